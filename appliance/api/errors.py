@@ -1,0 +1,70 @@
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "code"}}`` for every failure."""
+
+from __future__ import annotations
+
+import logging
+
+from litestar import MediaType, Request, Response
+from litestar.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_BUSY_S = 2
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 code: str | None = None, headers: dict[str, str] | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, object]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad_request(message: str, code: str = "invalid_value", param: str | None = None) -> ApiError:
+    return ApiError(400, message, "invalid_request_error", code, param=param)
+
+
+def busy() -> ApiError:
+    return ApiError(503, "Server is busy. Retry later.", "overloaded", "overloaded",
+                    headers={"Retry-After": str(RETRY_AFTER_BUSY_S)})
+
+
+def shutting_down() -> ApiError:
+    return ApiError(503, "The server is shutting down. Retry later.", "overloaded",
+                    "shutting_down", headers={"Retry-After": "10"})
+
+
+def backend_error() -> ApiError:
+    return ApiError(500, "inference backend error", "server_error", "backend_error")
+
+
+def api_error_handler(_: Request, exc: ApiError) -> Response:  # type: ignore[type-arg]
+    return Response(exc.body(), status_code=exc.status, headers=exc.headers,
+                    media_type=MediaType.JSON)
+
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+          429: "rate_limit_error"}
+
+
+def http_error_handler(_: Request, exc: HTTPException) -> Response:  # type: ignore[type-arg]
+    """Litestar's own errors (unknown route, wrong method, body too large) in our shape."""
+    status = exc.status_code
+    err = ApiError(status, str(exc.detail), _TYPES.get(status, "server_error"),
+                   headers=dict(exc.headers or {}))
+    return api_error_handler(_, err)
+
+
+def internal_error_handler(request: Request, exc: Exception) -> Response:  # type: ignore[type-arg]
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return api_error_handler(request, ApiError(500, "internal server error", "server_error"))

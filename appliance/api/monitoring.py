@@ -1,0 +1,35 @@
+"""Liveness and batch figures: ``/health`` and ``/slots`` (read the engine's snapshot only)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from litestar import get
+from litestar.datastructures import State
+
+from appliance.api.service import Services
+
+
+@get("/health", sync_to_thread=False)
+def health(state: State) -> dict[str, Any]:
+    """Liveness: never fails because the server is busy."""
+    services: Services = state.services
+    snap = services.engine.snapshot
+    return {"status": "ok", "model": services.model.name, "demo_model": services.model.is_demo,
+            "active": snap.active, "queued": snap.queued, "completed": snap.completed,
+            "max_batch_size": services.max_batch_size,
+            "uptime_s": round(time.time() - services.started_at, 1)}
+
+
+@get("/slots", sync_to_thread=False)
+def slots(state: State) -> dict[str, Any]:
+    services: Services = state.services
+    snap = services.engine.snapshot
+    return {"max_batch_size": services.max_batch_size, "active": snap.active,
+            "queued": snap.queued, "kv_bytes": snap.kv_bytes,
+            "slots": [asdict(s) for s in snap.slots], "queue": [asdict(s) for s in snap.queue]}
+
+
+ROUTES = [health, slots]

@@ -1,0 +1,162 @@
+"""OpenAI-compatible endpoints: thin handlers over :mod:`appliance.api.service`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Request, get, post
+from litestar.datastructures import State
+from litestar.response import Stream
+
+from appliance.api.errors import backend_error, bad_request
+from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
+from appliance.api.service import (
+    Generation,
+    Services,
+    chat_prompt,
+    check_model,
+    decode_body,
+    submit,
+)
+from appliance.engine.request import FinishEvent, TokenEvent
+
+FINISH_REASONS = {"stop": "stop", "length": "length", "quota": "length"}
+
+
+def _usage(finish: FinishEvent) -> dict[str, Any]:
+    u = finish.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def _sse(obj: dict[str, Any] | str) -> bytes:
+    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def _error_payload(finish: FinishEvent) -> dict[str, Any]:
+    return {"error": {"message": finish.error or "inference backend error",
+                      "type": "server_error", "code": "backend_error"}}
+
+
+def _services(state: State) -> Services:
+    return state.services  # type: ignore[no-any-return]
+
+
+async def _stream(gen: Generation, kind: str, rid: str, model: str,
+                  include_usage: bool) -> AsyncIterator[bytes]:
+    """OpenAI SSE chunks; a client that goes away cancels the request (finally)."""
+    created = int(time.time())
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+
+    def chunk(delta: dict[str, Any] | str, finish: str | None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if kind == "chat":
+            choice["delta"] = delta
+        else:
+            choice["text"] = delta
+            choice["logprobs"] = None
+        return {"id": rid, "object": obj, "created": created, "model": model,
+                "choices": [choice]}
+
+    try:
+        if kind == "chat":
+            yield _sse(chunk({"role": "assistant", "content": ""}, None))
+        async for event in gen.events():
+            if isinstance(event, TokenEvent):
+                yield _sse(chunk({"content": event.text} if kind == "chat" else event.text,
+                                 None))
+                continue
+            if event.reason in ("error", "cancelled"):
+                yield _sse(_error_payload(event))
+                break
+            if event.text:
+                yield _sse(chunk({"content": event.text} if kind == "chat" else event.text,
+                                 None))
+            yield _sse(chunk({} if kind == "chat" else "", FINISH_REASONS[event.reason]))
+            if include_usage:
+                yield _sse({"id": rid, "object": obj, "created": created, "model": model,
+                            "choices": [], "usage": _usage(event)})
+        yield _sse("[DONE]")
+    finally:
+        gen.close()
+
+
+def _stream_response(gen: Generation, kind: str, rid: str, model: str,
+                     include_usage: bool) -> Stream:
+    return Stream(_stream(gen, kind, rid, model, include_usage),
+                  media_type="text/event-stream",
+                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request, state: State) -> Any:  # type: ignore[type-arg]
+    services = _services(state)
+    body: ChatCompletionRequest = decode_body(await request.body(), ChatCompletionRequest)
+    check_model(services, body.model)
+    if body.response_format and body.response_format.get("type") not in (None, "text"):
+        raise bad_request("response_format other than 'text' is not supported.",
+                          "unsupported_value", "response_format")
+    prompt = chat_prompt(services.model.tokenizer, body.messages, body.tools)
+    gen = submit(services, prompt, body, body.max_completion_tokens or body.max_tokens)
+    rid = f"chatcmpl-{gen.handle.rid}"
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream:
+        return _stream_response(gen, "chat", rid, services.model.name, include_usage)
+    text, finish = await gen.text()
+    if finish.reason == "error":
+        raise backend_error()
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()),
+            "model": services.model.name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": FINISH_REASONS.get(finish.reason, finish.reason),
+                         "logprobs": None}],
+            "usage": _usage(finish)}
+
+
+@post("/v1/completions", status_code=200)
+async def completions(request: Request, state: State) -> Any:  # type: ignore[type-arg]
+    services = _services(state)
+    body: CompletionRequest = decode_body(await request.body(), CompletionRequest)
+    check_model(services, body.model)
+    if body.echo or body.suffix:
+        raise bad_request("'echo' and 'suffix' are not supported.", "unsupported_value")
+    if isinstance(body.prompt, str):
+        prompt = list(services.model.tokenizer.encode(body.prompt))
+    elif body.prompt and all(isinstance(p, int) for p in body.prompt):
+        prompt = [int(p) for p in body.prompt]
+        if any(not 0 <= t < services.model.vocab_size for t in prompt):
+            raise bad_request("Prompt token ids must be inside the vocabulary.", param="prompt")
+    elif len(body.prompt) == 1:
+        prompt = list(services.model.tokenizer.encode(str(body.prompt[0])))
+    else:
+        raise bad_request("Send one prompt per request (batches of prompts are not "
+                          "supported).", "unsupported_value", "prompt")
+    gen = submit(services, prompt, body, body.max_tokens or 16)
+    rid = f"cmpl-{gen.handle.rid}"
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream:
+        return _stream_response(gen, "text", rid, services.model.name, include_usage)
+    text, finish = await gen.text()
+    if finish.reason == "error":
+        raise backend_error()
+    return {"id": rid, "object": "text_completion", "created": int(time.time()),
+            "model": services.model.name,
+            "choices": [{"index": 0, "text": text, "logprobs": None,
+                         "finish_reason": FINISH_REASONS.get(finish.reason, finish.reason)}],
+            "usage": _usage(finish)}
+
+
+@get("/v1/models")
+async def list_models(state: State) -> dict[str, Any]:
+    m = _services(state).model
+    return {"object": "list", "data": [
+        {"id": m.name, "object": "model", "created": m.created, "owned_by": "appliance",
+         "demo": m.is_demo, "context_length": m.ctx_limit}]}
+
+
+ROUTES = [chat_completions, completions, list_models]

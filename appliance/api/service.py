@@ -1,0 +1,207 @@
+"""The bridge between HTTP handlers and the engine thread (shared by every API flavour)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from appliance.api.errors import ApiError, bad_request, busy, shutting_down
+from appliance.api.schemas import ChatMessage, SamplingFields
+from appliance.engine.core import Engine, EngineBusy, EngineStopping
+from appliance.engine.request import (
+    Event,
+    FinishEvent,
+    GenerationRequest,
+    SamplingParams,
+    asyncio_sink,
+)
+from appliance.sched.classes import Klass
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    name: str
+    path: str
+    is_demo: bool
+    ctx_limit: int
+    vocab_size: int
+    tokenizer: Any
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass(slots=True)
+class Services:
+    """Everything a handler may use; built once in ``create_app``."""
+
+    engine: Engine
+    model: ModelInfo
+    default_max_tokens: int
+    max_batch_size: int
+    started_at: float = field(default_factory=time.time)
+
+
+def decode_body(raw: bytes, kind: type[Any]) -> Any:
+    if not raw.strip():
+        raise bad_request("The request body is empty; send a JSON object.", "invalid_json")
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.ValidationError as exc:
+        raise bad_request(f"Invalid request: {exc}", "invalid_type") from None
+    except msgspec.DecodeError as exc:
+        raise bad_request(f"Malformed JSON: {exc}", "invalid_json") from None
+
+
+def check_model(services: Services, name: str | None) -> None:
+    if name and name not in (services.model.name, services.model.path, "default"):
+        raise ApiError(404, f"The model '{name}' does not exist. This server serves "
+                       f"'{services.model.name}' (see GET /v1/models).", "invalid_request_error",
+                       "model_not_found", param="model")
+
+
+def _check_range(name: str, value: float | None, lo: float, hi: float) -> None:
+    if value is not None and not lo <= value <= hi:
+        raise bad_request(f"'{name}' must be between {lo} and {hi}, got {value}.", param=name)
+
+
+def sampling_from(body: SamplingFields, vocab_size: int) -> SamplingParams:
+    _check_range("temperature", body.temperature, 0.0, 2.0)
+    _check_range("top_p", body.top_p, 0.0, 1.0)
+    _check_range("min_p", body.min_p, 0.0, 1.0)
+    _check_range("top_k", body.top_k, 0, 1 << 31)
+    _check_range("presence_penalty", body.presence_penalty, -2.0, 2.0)
+    _check_range("frequency_penalty", body.frequency_penalty, -2.0, 2.0)
+    _check_range("repetition_penalty", body.repetition_penalty, 0.0, 10.0)
+    if body.n != 1:
+        raise bad_request("Only n=1 is supported.", "unsupported_value", "n")
+    if body.logprobs:
+        raise bad_request("logprobs are not supported by this server.", "unsupported_value",
+                          "logprobs")
+    bias: list[tuple[int, float]] = []
+    for key, value in (body.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias keys must be token ids, got {key!r}.",
+                              param="logit_bias") from None
+        if not 0 <= token < vocab_size:
+            raise bad_request(f"logit_bias token {token} is outside the vocabulary "
+                              f"(0..{vocab_size - 1}).", param="logit_bias")
+        _check_range("logit_bias value", value, -100.0, 100.0)
+        bias.append((token, value))
+    return SamplingParams(
+        temperature=0.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0, repetition_penalty=body.repetition_penalty,
+        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+        logit_bias=tuple(bias), seed=body.seed)
+
+
+def stops_from(stop: str | list[str] | None) -> tuple[str, ...]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > 4:
+        raise bad_request("At most 4 stop sequences are allowed.", param="stop")
+    return tuple(s for s in stops if s)
+
+
+def max_tokens_from(value: int | None, default: int) -> int:
+    if value is None:
+        return default
+    if value < 1:
+        raise bad_request(f"'max_tokens' must be at least 1, got {value}.", param="max_tokens")
+    return value
+
+
+def message_text(message: ChatMessage) -> str:
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    parts = []
+    for part in message.content:
+        if part.type != "text":
+            raise bad_request(f"Content parts of type '{part.type}' are not supported; this "
+                              "model reads text only.", "unsupported_value", "messages")
+        parts.append(part.text or "")
+    return "".join(parts)
+
+
+def chat_prompt(tokenizer: Any, messages: list[ChatMessage],
+                tools: list[dict[str, Any]] | None = None) -> list[int]:
+    if not messages:
+        raise bad_request("'messages' must hold at least one message.", param="messages")
+    turns: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role not in ("system", "user", "assistant", "tool", "developer"):
+            raise bad_request(f"Unknown message role '{m.role}'.", param="messages")
+        turn: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                                "content": message_text(m)}
+        if m.tool_calls:
+            turn["tool_calls"] = m.tool_calls
+        if m.tool_call_id:
+            turn["tool_call_id"] = m.tool_call_id
+        turns.append(turn)
+    kwargs: dict[str, Any] = {"add_generation_prompt": True}
+    if tools:
+        kwargs["tools"] = tools
+    return list(tokenizer.apply_chat_template(turns, **kwargs))
+
+
+def check_context(n_prompt: int, ctx_limit: int) -> None:
+    if n_prompt == 0:
+        raise bad_request("The prompt is empty.", param="prompt")
+    if n_prompt >= ctx_limit:
+        raise bad_request(
+            f"This model's maximum context length is {ctx_limit} tokens. However, your "
+            f"prompt has {n_prompt} tokens, which leaves no room for an answer. Shorten the "
+            "prompt or the conversation.", "context_length_exceeded", "messages")
+
+
+class Generation:
+    """One submitted request, seen from the event loop."""
+
+    def __init__(self, engine: Engine, request: GenerationRequest) -> None:
+        self._engine = engine
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.finish: FinishEvent | None = None
+        try:
+            self.handle = engine.submit(
+                request, asyncio_sink(asyncio.get_running_loop(), self._queue))
+        except EngineBusy:
+            raise busy() from None
+        except EngineStopping:
+            raise shutting_down() from None
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Events until the finish; leaving early (client gone) cancels the request."""
+        try:
+            while self.finish is None:
+                event = await self._queue.get()
+                if isinstance(event, FinishEvent):
+                    self.finish = event
+                yield event
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Cancel the request unless it already finished (idempotent)."""
+        if self.finish is None:
+            self._engine.cancel(self.handle)
+
+    async def text(self) -> tuple[str, FinishEvent]:
+        parts = [e.text async for e in self.events()]
+        assert self.finish is not None
+        return "".join(parts), self.finish
+
+
+def submit(services: Services, prompt: list[int], body: SamplingFields, max_tokens: int | None,
+           user: str = "local", klass: Klass = Klass.INTERACTIVE) -> Generation:
+    check_context(len(prompt), services.model.ctx_limit)
+    request = GenerationRequest(
+        prompt=tuple(prompt),
+        max_tokens=max_tokens_from(max_tokens, services.default_max_tokens),
+        sampling=sampling_from(body, services.model.vocab_size), stop=stops_from(body.stop),
+        user=user, klass=klass)
+    return Generation(services.engine, request)

@@ -1,0 +1,183 @@
+"""The ``appliance`` command: serve | run | model pull/list/demo | bench."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from appliance import settings as settings_mod
+from appliance.settings import Settings
+
+log = logging.getLogger("appliance")
+
+OPENBLAS_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
+    "/usr/lib64/libopenblas.so.0",
+)
+REEXEC_MARK = "APPLIANCE_BLAS_REEXEC"
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def use_openblas(blas: str, argv: list[str]) -> None:
+    """On Linux, restart once with Debian's OpenBLAS preloaded (before MLX is imported).
+
+    The mlx[cpu] wheel bundles a reference BLAS that is ~30-50x slower for the matmuls of a
+    forward pass; OpenBLAS exports the same symbols, so preloading it takes its place.
+    """
+    if sys.platform != "linux" or blas == "bundled" or os.environ.get(REEXEC_MARK):
+        return
+    lib = next((p for p in OPENBLAS_CANDIDATES if Path(p).exists()), None)
+    if lib is None:
+        if blas == "openblas":
+            raise SystemExit("--blas openblas: libopenblas0-pthread is not installed")
+        return
+    if lib in os.environ.get("LD_PRELOAD", ""):
+        return
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD")) if p)
+    env[REEXEC_MARK] = "1"
+    os.execve(sys.executable, [sys.executable, "-m", "appliance", *argv], env)
+
+
+def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from appliance.app import build_services, create_app, shutdown_engine, start_engine
+
+    engine = start_engine(settings)
+    services = build_services(settings, engine)
+    timeout = settings.server.shutdown_timeout
+    app = create_app(services, on_shutdown=[lambda: shutdown_engine(engine, timeout)])
+    config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
+                            log_config=None, access_log=False, backlog=2048,
+                            timeout_graceful_shutdown=int(timeout) or None,
+                            timeout_keep_alive=30)
+    log.info("serving %s on http://%s:%d/", services.model.name, settings.server.host,
+             settings.server.port)
+    uvicorn.Server(config).run()
+    return 0
+
+
+def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    """One prompt through the same engine path as the server (same greedy output)."""
+    import queue
+
+    from appliance.api.schemas import ChatMessage
+    from appliance.api.service import chat_prompt
+    from appliance.app import start_engine
+    from appliance.engine.request import (
+        FinishEvent,
+        GenerationRequest,
+        SamplingParams,
+        blocking_sink,
+    )
+
+    engine = start_engine(settings)
+    try:
+        loaded = engine.loaded
+        assert loaded is not None
+        prompt = chat_prompt(loaded.tokenizer,  # type: ignore[attr-defined]
+                             [ChatMessage(role="user", content=args.prompt)])
+        events: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+        request = GenerationRequest(
+            prompt=tuple(prompt), max_tokens=args.max_tokens or settings.engine.default_max_tokens,
+            sampling=SamplingParams(temperature=args.temperature, seed=args.seed))
+        engine.submit(request, blocking_sink(events))
+        while True:
+            event = events.get()
+            if isinstance(event, FinishEvent):
+                sys.stdout.write(event.text + "\n")
+                if event.reason == "error":
+                    print(f"error: {event.error}", file=sys.stderr)
+                    return 1
+                return 0
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    finally:
+        engine.stop()
+
+
+def cmd_model(settings: Settings, args: argparse.Namespace) -> int:
+    from appliance import models
+
+    if args.model_cmd == "list":
+        for row in models.list_models(settings.models_dir):
+            print(row)
+        return 0
+    if args.model_cmd == "pull":
+        return models.pull(args.repo, settings.models_dir, revision=args.revision)
+    if args.model_cmd == "demo":
+        from appliance.engine.demo_model import build_model
+
+        out = build_model(Path(args.out), shape=args.shape, seed=args.seed)
+        print(out)
+        return 0
+    raise AssertionError(args.model_cmd)
+
+
+def cmd_bench(settings: Settings, args: argparse.Namespace, rest: list[str]) -> int:
+    if args.bench_cmd == "serve":
+        from appliance.bench.serve import main as bench_serve
+        return bench_serve(rest)
+    raise AssertionError(args.bench_cmd)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="appliance", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    serve = sub.add_parser("serve", help="run the daemon")
+    settings_mod.add_flags(serve)
+
+    run = sub.add_parser("run", help="answer one prompt through the engine and exit")
+    settings_mod.add_flags(run)
+    run.add_argument("-p", "--prompt", required=True)
+    run.add_argument("--max-tokens", type=int, default=None)
+    run.add_argument("--temperature", type=float, default=0.0)
+    run.add_argument("--seed", type=int, default=None)
+
+    model = sub.add_parser("model", help="pull, list or build models")
+    settings_mod.add_flags(model)
+    msub = model.add_subparsers(dest="model_cmd", required=True)
+    pull = msub.add_parser("pull", help="download an MLX model from the Hugging Face hub")
+    pull.add_argument("repo")
+    pull.add_argument("--revision", default=None)
+    msub.add_parser("list", help="the demo model and every pulled model")
+    demo = msub.add_parser("demo", help="rebuild the demo model (or a benchmark shape)")
+    demo.add_argument("--out", required=True)
+    demo.add_argument("--shape", default="demo", choices=("demo", "tiny", "smollm-135m"))
+    demo.add_argument("--seed", type=int, default=0)
+
+    bench = sub.add_parser("bench", help="benchmarks (see docs/BENCHMARKS.md)")
+    bench.add_argument("bench_cmd", choices=("serve",))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.cmd != "bench" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        settings = settings_mod.load(args if args.cmd != "bench" else None)
+    except ValueError as exc:
+        parser.error(str(exc))
+    setup_logging(settings.server.log_level)
+    if args.cmd in ("serve", "run"):
+        use_openblas(settings.engine.blas, argv)
+    if args.cmd == "serve":
+        return cmd_serve(settings, args)
+    if args.cmd == "run":
+        return cmd_run(settings, args)
+    if args.cmd == "model":
+        return cmd_model(settings, args)
+    return cmd_bench(settings, args, rest)

@@ -1,0 +1,73 @@
+"""The decode batch: one row per decoding sequence over mlx-lm's batched KV caches.
+
+Each sequence is prefilled alone into its own per-layer caches (so its KV is isolated and its
+numbers do not depend on its neighbours), then merged into the batch with
+``BatchKVCache.merge``/``extend``; finished or preempted rows leave with ``filter``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+
+def new_sequence_cache(model: Any) -> list[Any]:
+    return list(make_prompt_cache(model))
+
+
+def cache_nbytes(cache: list[Any] | None) -> int:
+    return sum(c.nbytes for c in cache) if cache else 0
+
+
+def prefill(model: Any, cache: list[Any], tokens: list[int], want_logits: bool) -> mx.array | None:
+    """Run ``tokens`` through the model into ``cache``; the last position's logits if asked."""
+    logits = model(mx.array(tokens)[None], cache=cache)
+    if want_logits:
+        last = logits[:, -1, :]
+        mx.eval(last)
+        return last
+    mx.eval([c.state for c in cache])
+    return None
+
+
+class DecodeBatch:
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.rids: list[int] = []
+        self._caches: list[Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self.rids)
+
+    @property
+    def nbytes(self) -> int:
+        return cache_nbytes(self._caches)
+
+    def add(self, rid: int, cache: list[Any]) -> None:
+        merged = [c.merge([c]) for c in cache]
+        if self._caches is None or not self.rids:
+            self._caches = merged
+        else:
+            for mine, theirs in zip(self._caches, merged, strict=True):
+                mine.extend(theirs)
+        self.rids.append(rid)
+
+    def step(self, inputs: list[int]) -> mx.array:
+        """One decode step for every row; returns logits [B, V] (lazy)."""
+        assert len(inputs) == len(self.rids)
+        logits = self.model(mx.array(inputs)[:, None], cache=self._caches)
+        return logits[:, -1, :]
+
+    def remove(self, rids: set[int]) -> None:
+        keep = [i for i, rid in enumerate(self.rids) if rid not in rids]
+        if len(keep) == len(self.rids):
+            return
+        self.rids = [self.rids[i] for i in keep]
+        if not keep:
+            self._caches = None
+            return
+        assert self._caches is not None
+        for c in self._caches:
+            c.filter(keep)

@@ -1,0 +1,159 @@
+"""The engine thread: it loads the model, owns MLX and runs the tick loop.
+
+Each tick: drain new requests and cancellations; ask the scheduler for a plan; run one
+batched decode step for every decoding sequence and the plan's prefill chunks; hand each
+token to its request's stream; finish sequences and free their KV; publish a snapshot for
+the monitoring endpoints. With nothing queued or running the thread blocks until a request
+arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from appliance.engine.request import Event, GenerationRequest, RequestHandle
+from appliance.engine.snapshot import EngineSnapshot
+from appliance.sched.scheduler import Scheduler, SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+FaultHook = Callable[[int, str], None]
+"""Test hook: called with (request id, phase) before that request's work; may raise."""
+
+
+class EngineBusy(RuntimeError):
+    """The queue is full (HTTP 503)."""
+
+
+class EngineStopping(RuntimeError):
+    """The daemon is draining and admits nothing new (HTTP 503)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model_path: Path
+    ctx_size: int = 0
+    max_queue_depth: int = 32
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
+                 fault: FaultHook | None = None) -> None:
+        self.config = config
+        self._clock = clock
+        self._fault = fault
+        self._inbox: queue.SimpleQueue[RequestHandle] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._accepting = True
+        self._stop = False
+        self._ready = threading.Event()
+        self._load_error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self.loaded: object | None = None  # LoadedModel once ready
+        self.snapshot = EngineSnapshot.empty()
+
+    # ---- lifecycle (any thread) ----
+    def start(self, timeout: float = 600.0) -> None:
+        self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("model did not load in time")
+        if self._load_error is not None:
+            raise RuntimeError(f"model failed to load: {self._load_error}") from self._load_error
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def stop_admitting(self) -> None:
+        with self._lock:
+            self._accepting = False
+
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            snap = self.snapshot
+            if snap.active == 0 and snap.queued == 0 and self._inbox.empty():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def cancel_all(self) -> None:
+        self._cancel_all = True
+        self._wake.set()
+
+    # ---- submission (asyncio thread) ----
+    def submit(self, request: GenerationRequest, sink: Callable[[Event], None]) -> RequestHandle:
+        with self._lock:
+            if not self._accepting:
+                raise EngineStopping("the server is shutting down")
+            if self._pending >= self.config.max_queue_depth:
+                raise EngineBusy("Server is busy. Retry later.")
+            self._pending += 1
+        handle = RequestHandle(request, sink)
+        self._inbox.put(handle)
+        self._wake.set()
+        return handle
+
+    def cancel(self, handle: RequestHandle) -> None:
+        handle.cancel()
+        self._wake.set()
+
+    # ---- the engine thread ----
+    def _main(self) -> None:
+        from appliance.engine.model import load_model
+        from appliance.engine.runner import Runner
+
+        try:
+            self.loaded = load_model(self.config.model_path, self.config.ctx_size)
+            runner = Runner(self.loaded, Scheduler(self.config.scheduler), self._clock,
+                            self._fault)
+        except BaseException as exc:  # reported to start()'s caller
+            self._load_error = exc
+            self._ready.set()
+            return
+        self._runner = runner
+        self._cancel_all = False
+        self._ready.set()
+        while not self._stop:
+            self._wake.clear()
+            runner.take(self._drain_inbox())
+            if self._cancel_all:
+                runner.cancel_everything()
+                self._cancel_all = False
+            try:
+                worked = runner.tick()
+            except Exception:
+                log.exception("engine tick failed; ending the requests in flight")
+                runner.fail_everything()
+                worked = True
+            left = runner.left_queue()
+            if left:
+                with self._lock:
+                    self._pending -= left
+            self.snapshot = runner.snapshot()
+            if not worked:
+                self._wake.wait(0.5)
+        runner.cancel_everything()
+        self.snapshot = runner.snapshot()
+
+    def _drain_inbox(self) -> list[RequestHandle]:
+        out = []
+        while True:
+            try:
+                out.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return out
+
+

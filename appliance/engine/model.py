@@ -1,0 +1,81 @@
+"""Loading a model through ``mlx_lm.load`` and the facts the rest of the daemon needs."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "demo_model"
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    """mlx-lm's TokenizerWrapper (HF tokenizer + streaming detokenizer + eos ids)."""
+    name: str
+    path: Path
+    is_demo: bool
+    ctx_limit: int
+    kv_bytes_per_token: int
+    weight_bytes: int
+    config: dict[str, Any]
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return set(self.tokenizer.eos_token_ids)
+
+
+def resolve_model_path(model: str, models_dir: Path) -> Path:
+    """Empty -> bundled demo; a directory -> itself; a repo id -> its pulled folder."""
+    if not model:
+        return DEMO_MODEL_DIR
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    pulled = models_dir / model.replace("/", "--")
+    if pulled.is_dir():
+        return pulled
+    raise FileNotFoundError(
+        f"model {model!r} is neither a directory nor a pulled model in {models_dir}; "
+        f"run 'appliance model pull {model}' first")
+
+
+def kv_bytes_per_token(config: dict[str, Any], dtype_size: int) -> int:
+    """layers x KV heads x head dim x 2 (K and V) x dtype size."""
+    text = config.get("text_config", config)
+    layers = int(text["num_hidden_layers"])
+    heads = int(text["num_attention_heads"])
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    head_dim = int(text.get("head_dim") or text["hidden_size"] // heads)
+    return layers * kv_heads * head_dim * 2 * dtype_size
+
+
+def load_model(path: Path, ctx_size: int = 0) -> LoadedModel:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm import load
+
+    model, tokenizer = load(str(path))
+    config = json.loads((path / "config.json").read_text())
+    params = tree_flatten(model.parameters())
+    weight_bytes = sum(v.nbytes for _, v in params)
+    dtype = params[0][1].dtype if params else mx.float32
+    dtype_size = 2 if dtype in (mx.bfloat16, mx.float16) else 4
+    model_limit = int(config.get("max_position_embeddings")
+                      or config.get("text_config", {}).get("max_position_embeddings") or 4096)
+    ctx_limit = ctx_size or model_limit
+    name = config.get("appliance_name") or path.name
+    loaded = LoadedModel(
+        model=model, tokenizer=tokenizer, name=name, path=path,
+        is_demo=bool(config.get("appliance_demo")), ctx_limit=ctx_limit,
+        kv_bytes_per_token=kv_bytes_per_token(config, dtype_size), weight_bytes=weight_bytes,
+        config=config)
+    log.info("model loaded: path=%s weights=%d bytes ctx=%d kv_per_token=%d demo=%s",
+             path, weight_bytes, ctx_limit, loaded.kv_bytes_per_token, loaded.is_demo)
+    return loaded

@@ -1,0 +1,123 @@
+"""Messages between the HTTP side and the engine thread (no MLX here).
+
+A handler builds a :class:`GenerationRequest`, submits it and reads :class:`TokenEvent` /
+:class:`FinishEvent` from its :class:`RequestHandle`. Cancellation is a flag the engine
+reads on its next tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from appliance.sched.classes import Klass
+
+_ids = itertools.count(1)
+
+
+def next_request_id() -> int:
+    return next(_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def needs_processors(self) -> bool:
+        return bool(self.logit_bias or self.repetition_penalty or self.presence_penalty
+                    or self.frequency_penalty)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    prompt: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    user: str = "local"
+    klass: Klass = Klass.INTERACTIVE
+    rid: int = field(default_factory=next_request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    token: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class FinishEvent:
+    reason: str
+    """stop | length | cancelled | error | quota"""
+    usage: Usage
+    text: str = ""
+    """Text held back until the end (partial stop-string matches, detokenizer tail)."""
+    error: str | None = None
+    ttft_s: float | None = None
+    preemptions: int = 0
+
+
+Event = TokenEvent | FinishEvent
+
+
+class RequestHandle:
+    """The caller's side of one request: events in, a cancel flag out."""
+
+    def __init__(self, request: GenerationRequest, sink: Callable[[Event], None]) -> None:
+        self.request = request
+        self._sink = sink
+        self._cancelled = threading.Event()
+
+    @property
+    def rid(self) -> int:
+        return self.request.rid
+
+    def emit(self, event: Event) -> None:
+        self._sink(event)
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+
+def asyncio_sink(loop: asyncio.AbstractEventLoop,
+                 q: asyncio.Queue[Event]) -> Callable[[Event], None]:
+    """Hand events from the engine thread to an asyncio queue."""
+    def sink(event: Event) -> None:
+        loop.call_soon_threadsafe(q.put_nowait, event)
+    return sink
+
+
+def blocking_sink(q: queue.SimpleQueue[Event]) -> Callable[[Event], None]:
+    return q.put

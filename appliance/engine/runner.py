@@ -1,0 +1,279 @@
+"""One tick of the engine: run the scheduler's plan on the model (engine thread only)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from appliance.engine.batch import DecodeBatch, cache_nbytes, new_sequence_cache, prefill
+from appliance.engine.model import LoadedModel
+from appliance.engine.request import FinishEvent, RequestHandle, TokenEvent, Usage
+from appliance.engine.sampling import RowSampler, sample_batch
+from appliance.engine.snapshot import EngineSnapshot, SlotInfo
+from appliance.engine.textstream import TextStream
+from appliance.sched.scheduler import Plan, Scheduler, SeqView
+from appliance.sched.states import RequestState, check_transition, finish_state
+
+log = logging.getLogger(__name__)
+
+BACKEND_ERROR = "inference backend error"
+
+
+@dataclass(slots=True, eq=False)
+class Seq:
+    handle: RequestHandle
+    arrival: float
+    tokens: list[int]
+    """Prompt plus generated tokens; after preemption all of them are prefilled again."""
+    n_prompt: int
+    max_tokens: int
+    sampler: RowSampler
+    text: TextStream
+    state: RequestState = RequestState.QUEUED
+    cache: list[Any] | None = None
+    computed: int = 0
+    next_token: int = -1
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    itl: list[float] = field(default_factory=list)
+    preemptions: int = 0
+
+    @property
+    def rid(self) -> int:
+        return self.handle.rid
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.n_prompt
+
+    def move(self, new: RequestState) -> None:
+        check_transition(self.state, new)
+        self.state = new
+
+    def view(self) -> SeqView:
+        r = self.handle.request
+        return SeqView(rid=self.rid, user=r.user, klass=r.klass, arrival=self.arrival,
+                       state=self.state, prefill_len=len(self.tokens), computed=self.computed)
+
+
+class Runner:
+    def __init__(self, loaded: LoadedModel, scheduler: Scheduler,
+                 clock: Callable[[], float], fault: Callable[[int, str], None] | None) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.scheduler = scheduler
+        self.clock = clock
+        self.fault = fault
+        self.vocab_size = int(loaded.config.get("vocab_size") or 0) or 1 << 30
+        self.eos = loaded.eos_token_ids
+        self.seqs: dict[int, Seq] = {}
+        self.batch = DecodeBatch(self.model)
+        self._left_queue = 0
+        self.completed = 0
+        self.ticks = 0
+        self.prompt_total = 0
+        self.generated_total = 0
+        self.preemptions_total = 0
+        self.errors_total = 0
+
+    # ---- intake ----
+    def take(self, handles: list[RequestHandle]) -> None:
+        now = self.clock()
+        for h in handles:
+            r = h.request
+            try:
+                sampler = RowSampler(r.sampling, self.vocab_size)
+            except ValueError as exc:
+                self._left_queue += 1
+                h.emit(FinishEvent("error", Usage(len(r.prompt), 0), error=str(exc)))
+                continue
+            max_tokens = min(r.max_tokens, self.loaded.ctx_limit - len(r.prompt))
+            seq = Seq(handle=h, arrival=now, tokens=list(r.prompt), n_prompt=len(r.prompt),
+                      max_tokens=max_tokens, sampler=sampler,
+                      text=TextStream(self.loaded.tokenizer.detokenizer, r.stop))
+            self.seqs[seq.rid] = seq
+            log.info("request queued rid=%d user=%s class=%s prompt_tokens=%d max_tokens=%d",
+                     seq.rid, r.user, r.klass.label, seq.n_prompt, max_tokens)
+
+    def left_queue(self) -> int:
+        """Requests that left the waiting queue for good since the last call."""
+        n, self._left_queue = self._left_queue, 0
+        return n
+
+    # ---- the tick ----
+    def tick(self) -> bool:
+        self._reap_cancelled()
+        if not self.seqs:
+            return False
+        now = self.clock()
+        plan = self.scheduler.step(now, [s.view() for s in self.seqs.values()])
+        self._apply(plan, now)
+        decoded = self._decode()
+        self._prefill(plan)
+        self.scheduler.update(plan, [s.view() for s in self.seqs.values()], decoded)
+        self.ticks += 1
+        return True
+
+    def _apply(self, plan: Plan, now: float) -> None:
+        for rid in plan.preempt:
+            self._preempt(self.seqs[rid])
+        for rid in plan.admit:
+            s = self.seqs[rid]
+            s.move(RequestState.PREFILLING)
+            s.cache = new_sequence_cache(self.model)
+            if s.admitted_at is None:
+                s.admitted_at = now
+                self._left_queue += 1
+
+    def _decode(self) -> bool:
+        if not len(self.batch):
+            return False
+        rows = [self.seqs[rid] for rid in self.batch.rids]
+        failed: dict[int, str] = {}
+        for s in rows:
+            try:
+                if self.fault:
+                    self.fault(s.rid, "decode")
+            except Exception as exc:
+                failed[s.rid] = repr(exc)
+        try:
+            logits = self.batch.step([s.next_token for s in rows])
+            tokens = sample_batch(logits, [s.sampler for s in rows], [s.tokens for s in rows],
+                                  on_row_error=lambda i, e: failed.setdefault(rows[i].rid,
+                                                                              repr(e)))
+        except Exception:
+            # The batched forward failed: nobody is to blame yet. Send every row back to be
+            # prefilled alone; a request that fails on its own then ends with an error.
+            log.exception("decode step failed; re-queueing %d rows", len(rows))
+            for s in rows:
+                self._preempt(s)
+            return True
+        now = self.clock()
+        done: set[int] = set()
+        for s, tok in zip(rows, tokens, strict=True):
+            if s.rid in failed or tok is None:
+                log.error("request failed rid=%d phase=decode: %s", s.rid, failed.get(s.rid))
+                self._finish(s, "error", error=BACKEND_ERROR)
+                done.add(s.rid)
+            elif self._accept(s, tok, now):
+                done.add(s.rid)
+        self.batch.remove(done)
+        return True
+
+    def _prefill(self, plan: Plan) -> None:
+        for rid, n in plan.prefill:
+            s = self.seqs.get(rid)
+            if s is None or s.state is not RequestState.PREFILLING:
+                continue
+            assert s.cache is not None
+            last = s.computed + n == len(s.tokens)
+            try:
+                if self.fault:
+                    self.fault(rid, "prefill")
+                logits = prefill(self.model, s.cache, s.tokens[s.computed:s.computed + n], last)
+                token = sample_batch(logits, [s.sampler], [s.tokens])[0] if last else None
+            except Exception as exc:
+                log.error("request failed rid=%d phase=prefill: %r", rid, exc)
+                self._finish(s, "error", error=BACKEND_ERROR)
+                continue
+            s.computed += n
+            self.prompt_total += n
+            if token is None:
+                continue
+            if not self._accept(s, token, self.clock()):
+                s.move(RequestState.DECODING)
+                self.batch.add(rid, s.cache)
+                s.cache = None
+
+    # ---- per-token bookkeeping ----
+    def _accept(self, s: Seq, token: int, now: float) -> bool:
+        """Record one new token; return True when the sequence finished."""
+        if s.first_token_at is None:
+            s.first_token_at = now
+        elif s.last_token_at is not None:
+            s.itl.append(now - s.last_token_at)
+        s.last_token_at = now
+        s.tokens.append(token)
+        self.generated_total += 1
+        if token in self.eos:
+            self._finish(s, "stop")
+            return True
+        text = s.text.push(token)
+        if text:
+            s.handle.emit(TokenEvent(token, text))
+        if s.text.stopped:
+            self._finish(s, "stop")
+            return True
+        if s.generated >= s.max_tokens:
+            self._finish(s, "length")
+            return True
+        s.next_token = token
+        return False
+
+    def _finish(self, s: Seq, reason: str, error: str | None = None) -> None:
+        if s.state is RequestState.QUEUED and s.admitted_at is None:
+            self._left_queue += 1
+        s.move(finish_state(reason))
+        tail = s.text.finish() if reason in ("stop", "length") else ""
+        s.cache = None
+        del self.seqs[s.rid]
+        self.completed += 1
+        if reason == "error":
+            self.errors_total += 1
+        ttft = None if s.first_token_at is None else s.first_token_at - s.arrival
+        usage = Usage(prompt_tokens=s.n_prompt, completion_tokens=s.generated)
+        s.handle.emit(FinishEvent(reason, usage, tail, error, ttft, s.preemptions))
+        log.info("request finished rid=%d reason=%s prompt_tokens=%d output_tokens=%d "
+                 "ttft_ms=%s preemptions=%d", s.rid, reason, usage.prompt_tokens,
+                 usage.completion_tokens, "-" if ttft is None else f"{ttft * 1000:.1f}",
+                 s.preemptions)
+
+    def _preempt(self, s: Seq) -> None:
+        """Back to the queue with its tokens kept; its KV is freed and rebuilt on readmission."""
+        self.batch.remove({s.rid})
+        s.cache = None
+        s.computed = 0
+        s.move(RequestState.QUEUED)
+        s.preemptions += 1
+        self.preemptions_total += 1
+        log.info("request preempted rid=%d tokens=%d", s.rid, len(s.tokens))
+
+    def _reap_cancelled(self) -> None:
+        gone = [s for s in self.seqs.values() if s.handle.cancelled]
+        if gone:
+            self.batch.remove({s.rid for s in gone})
+        for s in gone:
+            self._finish(s, "cancelled")
+
+    def cancel_everything(self) -> None:
+        for s in list(self.seqs.values()):
+            s.handle.cancel()
+        self._reap_cancelled()
+
+    def fail_everything(self) -> None:
+        self.batch.remove(set(self.seqs))
+        for s in list(self.seqs.values()):
+            self._finish(s, "error", error=BACKEND_ERROR)
+
+    # ---- monitoring ----
+    def snapshot(self) -> EngineSnapshot:
+        now = self.clock()
+        slots, waiting = [], []
+        for s in self.seqs.values():
+            r = s.handle.request
+            info = SlotInfo(rid=s.rid, user=r.user, klass=r.klass.label, state=s.state.value,
+                            prompt_tokens=s.n_prompt, prefilled=min(s.computed, s.n_prompt)
+                            if s.state is RequestState.PREFILLING else s.n_prompt
+                            if s.state is RequestState.DECODING else 0,
+                            generated=s.generated, max_tokens=s.max_tokens,
+                            waited_s=now - s.arrival)
+            (waiting if s.state is RequestState.QUEUED else slots).append(info)
+        kv = self.batch.nbytes + sum(cache_nbytes(s.cache) for s in self.seqs.values())
+        return EngineSnapshot(
+            active=len(slots), queued=len(waiting), completed=self.completed,
+            slots=tuple(slots), queue=tuple(waiting), kv_bytes=kv, ticks=self.ticks,
+            prompt_tokens_total=self.prompt_total, generated_tokens_total=self.generated_total,
+            preemptions_total=self.preemptions_total, errors_total=self.errors_total)

@@ -1,0 +1,101 @@
+"""Per-row sampling for a decode batch.
+
+Greedy rows without logits processors share one batched argmax. Other rows are sampled
+one by one with mlx-lm's filters (top-p, top-k, min-p) and logits processors (logit bias,
+repetition/presence/frequency penalties). A seeded row draws from its own PRNG key, so its
+output does not depend on who else is in the batch. No full-vocabulary log-softmax is
+computed for greedy rows: nobody asked for log-probabilities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
+
+from appliance.engine.request import SamplingParams
+
+
+class RowSampler:
+    """Sampling state of one sequence."""
+
+    def __init__(self, params: SamplingParams, vocab_size: int) -> None:
+        for token, _ in params.logit_bias:
+            if not 0 <= token < vocab_size:
+                raise ValueError(f"logit_bias token {token} is outside the vocabulary "
+                                 f"(0..{vocab_size - 1})")
+        if params.top_k >= vocab_size:
+            params = _replace_top_k(params)
+        self.params = params
+        self.processors = make_logits_processors(
+            logit_bias=dict(params.logit_bias) or None,
+            repetition_penalty=params.repetition_penalty,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+        )
+        self._key = mx.random.key(params.seed) if params.seed is not None else None
+
+    @property
+    def plain_greedy(self) -> bool:
+        return self.params.greedy and not self.processors
+
+    def sample(self, logits: mx.array, context: Sequence[int]) -> mx.array:
+        """logits: [1, V] for this row; returns a [1] token array (not yet evaluated)."""
+        if self.processors:
+            ctx = mx.array(list(context[-64:]) or [0])
+            for proc in self.processors:
+                logits = proc(ctx, logits)
+        p = self.params
+        if p.greedy:
+            return mx.argmax(logits, axis=-1)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if 0.0 < p.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, p.top_p)
+        if p.min_p > 0.0:
+            logprobs = apply_min_p(logprobs, p.min_p)
+        if p.top_k > 0:
+            logprobs = apply_top_k(logprobs, p.top_k)
+        scaled = logprobs * (1.0 / p.temperature)
+        if self._key is None:
+            return mx.random.categorical(scaled)
+        self._key, sub = mx.random.split(self._key)
+        return mx.random.categorical(scaled, key=sub)
+
+
+def _replace_top_k(params: SamplingParams) -> SamplingParams:
+    from dataclasses import replace
+    return replace(params, top_k=0)
+
+
+def sample_batch(logits: mx.array, samplers: Sequence[RowSampler],
+                 contexts: Sequence[Sequence[int]],
+                 on_row_error: Any = None) -> list[int | None]:
+    """Sample one token per row of ``logits`` [B, V].
+
+    A row whose sampling raises gets ``None`` and ``on_row_error(i, exc)`` is called;
+    the other rows are unaffected.
+    """
+    if all(s.plain_greedy for s in samplers):
+        return list(mx.argmax(logits, axis=-1).tolist())
+    out: list[mx.array | None] = [None] * len(samplers)
+    argmax = mx.argmax(logits, axis=-1) if any(s.plain_greedy for s in samplers) else None
+    for i, s in enumerate(samplers):
+        if s.plain_greedy:
+            assert argmax is not None
+            out[i] = argmax[i]
+            continue
+        try:
+            out[i] = s.sample(logits[i:i + 1], contexts[i]).reshape(())
+        except Exception as exc:  # one request's failure ends only that request
+            if on_row_error is None:
+                raise
+            on_row_error(i, exc)
+    rows = [i for i, t in enumerate(out) if t is not None]
+    result: list[int | None] = [None] * len(samplers)
+    if rows:
+        values = mx.stack([out[i] for i in rows]).tolist()
+        for i, v in zip(rows, values, strict=True):
+            result[i] = int(v)
+    return result

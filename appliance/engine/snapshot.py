@@ -1,0 +1,42 @@
+"""What the engine publishes after each tick for /health, /slots and the dashboard.
+
+An immutable value swapped in by reference: readers on other threads never lock and never
+slow the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    rid: int
+    user: str
+    klass: str
+    state: str
+    prompt_tokens: int
+    prefilled: int
+    """Tokens of the prompt whose KV is computed (progress of a chunked prefill)."""
+    generated: int
+    max_tokens: int
+    waited_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    active: int
+    queued: int
+    completed: int
+    slots: tuple[SlotInfo, ...]
+    queue: tuple[SlotInfo, ...]
+    kv_bytes: int
+    ticks: int
+    prompt_tokens_total: int
+    generated_tokens_total: int
+    preemptions_total: int
+    errors_total: int
+
+    @classmethod
+    def empty(cls) -> EngineSnapshot:
+        return cls(0, 0, 0, (), (), 0, 0, 0, 0, 0, 0)

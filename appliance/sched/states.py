@@ -1,0 +1,59 @@
+"""Request states as data: an enum, the finished set and the table of allowed moves."""
+
+from __future__ import annotations
+
+import enum
+
+
+class RequestState(enum.Enum):
+    QUEUED = "queued"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    FINISHED_STOP = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_CANCELLED = "cancelled"
+    FINISHED_ERROR = "error"
+    FINISHED_QUOTA = "quota"
+
+    @property
+    def finished(self) -> bool:
+        return self in FINISHED
+
+    @property
+    def running(self) -> bool:
+        return self in (RequestState.PREFILLING, RequestState.DECODING)
+
+
+FINISHED: frozenset[RequestState] = frozenset({
+    RequestState.FINISHED_STOP,
+    RequestState.FINISHED_LENGTH,
+    RequestState.FINISHED_CANCELLED,
+    RequestState.FINISHED_ERROR,
+    RequestState.FINISHED_QUOTA,
+})
+
+_ANY_FINISH = FINISHED
+ALLOWED: dict[RequestState, frozenset[RequestState]] = {
+    # A queued request can be admitted, or end without running (cancelled, error, quota).
+    RequestState.QUEUED: frozenset({RequestState.PREFILLING} | _ANY_FINISH),
+    # Prefill ends in the first token (decoding) or at once (stop/length after one token).
+    # Preemption sends a running request back to the queue with its tokens kept.
+    RequestState.PREFILLING: frozenset(
+        {RequestState.DECODING, RequestState.QUEUED} | _ANY_FINISH),
+    RequestState.DECODING: frozenset({RequestState.QUEUED} | _ANY_FINISH),
+    **{s: frozenset() for s in FINISHED},
+}
+
+
+class InvalidTransition(RuntimeError):
+    pass
+
+
+def check_transition(old: RequestState, new: RequestState) -> None:
+    if new not in ALLOWED[old]:
+        raise InvalidTransition(f"{old.value} -> {new.value} is not allowed")
+
+
+def finish_state(reason: str) -> RequestState:
+    """The finished state for an OpenAI-style finish reason."""
+    return RequestState(reason)

@@ -1,0 +1,203 @@
+"""One typed settings tree, built once at start-up and passed down.
+
+Precedence: defaults < TOML config file < ``APPLIANCE_*`` environment < command-line flags.
+Every field carries its documentation, its bounds and its flag in ``field(metadata=...)``;
+the CLI flags and the README table are derived from (and tested against) these fields.
+Nothing here reads the environment at import time: :func:`load` is called once in ``main()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tomllib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "APPLIANCE_"
+
+
+def _opt(default: Any, help: str, *, lo: float | None = None, hi: float | None = None,
+         choices: Sequence[str] | None = None) -> Any:
+    meta = {"help": help, "lo": lo, "hi": hi, "choices": tuple(choices) if choices else None}
+    return field(default=default, metadata=meta)
+
+
+def default_data_dir() -> str:
+    if sys.platform == "darwin":
+        return str(Path.home() / "Library" / "Application Support" / "appliance")
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "appliance")
+
+
+@dataclass(slots=True)
+class ServerSettings:
+    host: str = _opt("127.0.0.1", "Address to listen on. Use 0.0.0.0 to serve the LAN.")
+    port: int = _opt(8080, "TCP port of the HTTP server.", lo=1, hi=65535)
+    max_queue_depth: int = _opt(
+        32, "Requests that may wait for a slot; beyond this new ones get HTTP 503.", lo=1, hi=100_000)
+    shutdown_timeout: float = _opt(
+        30.0, "Seconds SIGTERM waits for running requests to finish before cancelling them.",
+        lo=0, hi=3600)
+    log_level: str = _opt("info", "Logging level.", choices=("debug", "info", "warning", "error"))
+
+
+@dataclass(slots=True)
+class EngineSettings:
+    model: str = _opt(
+        "", "Model directory, or a Hugging Face repo id pulled into the models folder. "
+        "Empty: the bundled demo model.")
+    max_batch_size: int = _opt(
+        8, "Most sequences prefilling or decoding at once.", lo=1, hi=1024)
+    ctx_size: int = _opt(
+        0, "Context length per sequence (prompt + output). 0: the model's own limit.",
+        lo=0, hi=1_048_576)
+    prefill_chunk_size: int = _opt(
+        -1, "Prompt tokens per prefill chunk. -1: 2048 while nothing decodes and 512 while a "
+        "decode batch runs; N fixes both; 0 disables chunking.", lo=-1, hi=1_048_576)
+    prefill_grant_interval: int = _opt(
+        16, "A parked prefill still gets a chunk at least every this many decode ticks.",
+        lo=1, hi=10_000)
+    no_batch: bool = _opt(False, "Serve one sequence at a time (max batch size 1).")
+    default_max_tokens: int = _opt(
+        512, "Output tokens when a request does not say.", lo=1, hi=1_048_576)
+    blas: str = _opt(
+        "auto", "Linux only: 'openblas' loads Debian's OpenBLAS in place of the slow reference "
+        "BLAS bundled in the mlx[cpu] wheel; 'auto' does so when it is installed.",
+        choices=("auto", "openblas", "bundled"))
+
+
+@dataclass(slots=True)
+class SchedSettings:
+    policy: str = _opt("fcfs", "Who goes next: 'fcfs' (arrival order within a class).",
+                       choices=("fcfs",))
+
+
+@dataclass(slots=True)
+class StoreSettings:
+    data_dir: str = _opt(default_data_dir(), "Folder for the database, pulled models and logs.")
+
+
+@dataclass(slots=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    sched: SchedSettings = field(default_factory=SchedSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
+
+    @property
+    def models_dir(self) -> Path:
+        return Path(self.store.data_dir).expanduser() / "models"
+
+
+SECTIONS: tuple[str, ...] = ("server", "engine", "sched", "store")
+
+
+def iter_fields() -> Iterator[tuple[str, dataclasses.Field[Any]]]:
+    """Every leaf setting as (section, field), in documentation order."""
+    for section in dataclasses.fields(Settings):
+        for f in dataclasses.fields(_section_type(section.name)):
+            yield section.name, f
+
+
+def _section_type(name: str) -> type:
+    return {"server": ServerSettings, "engine": EngineSettings, "sched": SchedSettings,
+            "store": StoreSettings}[name]
+
+
+def flag_name(f: dataclasses.Field[Any]) -> str:
+    return "--" + f.name.replace("_", "-")
+
+
+def env_name(f: dataclasses.Field[Any]) -> str:
+    return ENV_PREFIX + f.name.upper()
+
+
+def _field_type(f: dataclasses.Field[Any]) -> type:
+    return type(f.default)
+
+
+def _coerce(f: dataclasses.Field[Any], raw: Any, origin: str) -> Any:
+    kind = _field_type(f)
+    try:
+        if kind is bool:
+            if isinstance(raw, bool):
+                value: Any = raw
+            elif str(raw).lower() in ("1", "true", "yes", "on"):
+                value = True
+            elif str(raw).lower() in ("0", "false", "no", "off"):
+                value = False
+            else:
+                raise ValueError(raw)
+        elif kind is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError(raw)
+            value = int(raw)
+        elif kind is float:
+            value = float(raw)
+        else:
+            value = str(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{origin}: {f.name} must be {kind.__name__}, got {raw!r}") from None
+    meta = f.metadata
+    if meta.get("lo") is not None and value < meta["lo"]:
+        raise ValueError(f"{origin}: {f.name} must be >= {meta['lo']}, got {value}")
+    if meta.get("hi") is not None and value > meta["hi"]:
+        raise ValueError(f"{origin}: {f.name} must be <= {meta['hi']}, got {value}")
+    if meta.get("choices") and value not in meta["choices"]:
+        raise ValueError(f"{origin}: {f.name} must be one of {', '.join(meta['choices'])}, "
+                         f"got {value!r}")
+    return value
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per setting; unset flags stay None so lower layers show through."""
+    parser.add_argument("--config", type=Path, default=None,
+                        help="TOML config file (sections [server], [engine], [sched], [store]).")
+    for section, f in iter_fields():
+        if _field_type(f) is bool:
+            parser.add_argument(flag_name(f), dest=f.name, action="store_const", const=True,
+                                default=None, help=f.metadata["help"])
+        else:
+            parser.add_argument(flag_name(f), dest=f.name, default=None,
+                                help=f"{f.metadata['help']} (default: {f.default!r}; "
+                                f"[{section}] {f.name} / {env_name(f)})")
+
+
+def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None,
+         config_path: Path | None = None) -> Settings:
+    """Build the settings tree once: defaults < TOML < environment < flags."""
+    env = os.environ if env is None else env
+    if config_path is None and args is not None:
+        config_path = getattr(args, "config", None)
+    if config_path is None and env.get(ENV_PREFIX + "CONFIG"):
+        config_path = Path(env[ENV_PREFIX + "CONFIG"])
+    toml: dict[str, Any] = {}
+    if config_path is not None:
+        with open(config_path, "rb") as fh:
+            toml = tomllib.load(fh)
+        unknown = set(toml) - set(SECTIONS)
+        if unknown:
+            raise ValueError(f"{config_path}: unknown sections {sorted(unknown)}")
+    settings = Settings()
+    for section, f in iter_fields():
+        target = getattr(settings, section)
+        table = toml.get(section, {})
+        if f.name in table:
+            setattr(target, f.name, _coerce(f, table[f.name], str(config_path)))
+        if env_name(f) in env:
+            setattr(target, f.name, _coerce(f, env[env_name(f)], env_name(f)))
+        if args is not None and getattr(args, f.name, None) is not None:
+            setattr(target, f.name, _coerce(f, getattr(args, f.name), flag_name(f)))
+    for section in SECTIONS:
+        known = {f.name for s, f in iter_fields() if s == section}
+        extra = set(toml.get(section, {})) - known
+        if extra:
+            raise ValueError(f"{config_path}: unknown settings in [{section}]: {sorted(extra)}")
+    if settings.engine.no_batch:
+        settings.engine.max_batch_size = 1
+    return settings

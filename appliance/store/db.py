@@ -1,0 +1,105 @@
+"""SQLite engine and sessions.
+
+One database file, opened in WAL mode so readers never block the writer and the writer
+never blocks readers. Every connection gets ``foreign_keys=ON`` and a ``busy_timeout``.
+
+Transactions: pysqlite's own transaction handling is switched off (``isolation_level =
+None``) and we emit ``BEGIN`` ourselves, following SQLAlchemy's "Serializable isolation /
+Savepoints / Transactional DDL" recipe for pysqlite. Write sessions begin with ``BEGIN
+IMMEDIATE``: the write lock is taken up front, where ``busy_timeout`` waits for it. With a
+plain deferred ``BEGIN`` a transaction that reads and then writes can fail at once with
+"database is locked" when another writer committed in between (SQLite cannot wait there
+without breaking snapshot isolation). Read-only sessions (``write=False``) begin deferred
+and never wait for the writer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session, sessionmaker
+
+DEFAULT_BUSY_TIMEOUT_MS = 5000
+_BEGIN_OPTION = "appliance_sqlite_begin"
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite+pysqlite:///{Path(path).resolve()}"
+
+
+def make_engine(
+    path: Path,
+    *,
+    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    foreign_keys: bool = True,
+    echo: bool = False,
+) -> Engine:
+    """Open (creating if needed) the SQLite file at ``path``.
+
+    ``foreign_keys=False`` exists for migrations only: SQLite's batch "move and copy" table
+    rebuilds must run with foreign keys off (``migrations/env.py`` re-checks them with
+    ``PRAGMA foreign_key_check`` before committing).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(sqlite_url(path), echo=echo)
+    _install_pragmas(engine, busy_timeout_ms=busy_timeout_ms, foreign_keys=foreign_keys)
+    return engine
+
+
+def _install_pragmas(engine: Engine, *, busy_timeout_ms: int, foreign_keys: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Stop pysqlite from emitting BEGIN (and from committing before DDL) on its own.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            # NORMAL is durable across application crashes in WAL mode; only an OS crash or
+            # power cut can lose the last commits, which is the right trade for a ledger.
+            cursor.execute("PRAGMA synchronous = NORMAL")
+            cursor.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get(_BEGIN_OPTION, "IMMEDIATE")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def session_factory(engine: Engine, *, write: bool = True) -> sessionmaker[Session]:
+    """Sessions bound to ``engine``.
+
+    ``write=True`` (default): transactions start with ``BEGIN IMMEDIATE``.
+    ``write=False``: ``BEGIN DEFERRED``, for pure reads (pages, dashboards); a write inside
+    such a session may fail with "database is locked" instead of waiting.
+
+    Objects stay usable after commit (``expire_on_commit=False``), so callers can return
+    rows from a ``with factory.begin() as session:`` block.
+    """
+    bind = engine if write else engine.execution_options(**{_BEGIN_OPTION: "DEFERRED"})
+    return sessionmaker(bind=bind, expire_on_commit=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """An open database: the engine and its two kinds of sessions."""
+
+    engine: Engine
+    sessions: sessionmaker[Session]  # BEGIN IMMEDIATE: anything that may write
+    read_sessions: sessionmaker[Session]  # BEGIN DEFERRED: pure reads
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def open_store(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Store:
+    """Open the (already migrated) database at ``path``; see ``appliance.store.migrate``."""
+    engine = make_engine(path, busy_timeout_ms=busy_timeout_ms)
+    return Store(engine, session_factory(engine), session_factory(engine, write=False))

@@ -1,0 +1,122 @@
+"""API keys: create (plaintext returned once), list, revoke, authenticate.
+
+Functions take a ``Session`` and never commit: the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from appliance.store import auth
+from appliance.store.errors import NotFound
+from appliance.store.models import CLASSES, ApiKey, User
+from appliance.store.users import validate_class
+
+# last_used_at is refreshed at most this often, so authenticating a key is a read on
+# almost every request instead of a write.
+LAST_USED_RESOLUTION_S = 60.0
+
+
+def class_rank(klass: str) -> int:
+    """0 for the highest class (voice), larger is lower."""
+    return CLASSES.index(klass)
+
+
+def effective_max_class(user: User, key: ApiKey | None) -> str:
+    """The highest class a request may use: the lower of the user's and the key's maximum.
+
+    Applied at every request, so lowering a user's class also limits their existing keys.
+    """
+    if key is None:
+        return user.max_class
+    return max(user.max_class, key.max_class, key=class_rank)
+
+
+def create_api_key(
+    session: Session,
+    user: User,
+    name: str,
+    max_class: str | None = None,
+    *,
+    now: float | None = None,
+) -> tuple[ApiKey, str]:
+    """Create a key for ``user``; returns ``(row, plaintext)``.
+
+    The plaintext exists only in the return value: show it once, it cannot be recovered.
+    ``max_class`` defaults to the user's own maximum and may not exceed it.
+    """
+    klass = validate_class(max_class or user.max_class)
+    if class_rank(klass) < class_rank(user.max_class):
+        raise ValueError(f"key class {klass!r} is above the user's maximum {user.max_class!r}")
+    name = name.strip()
+    if not name or len(name) > 128:
+        raise ValueError("key name must be 1-128 characters")
+    prefix, plaintext = auth.generate_api_key()
+    while _find_by_prefix(session, prefix) is not None:  # 32-bit prefix: rare, but possible
+        prefix, plaintext = auth.generate_api_key()
+    key = ApiKey(
+        user_id=user.id,
+        name=name,
+        prefix=prefix,
+        key_hash=auth.hash_api_key(plaintext),
+        max_class=klass,
+        created_at=time.time() if now is None else now,
+    )
+    session.add(key)
+    session.flush()
+    return key, plaintext
+
+
+def _find_by_prefix(session: Session, prefix: str) -> ApiKey | None:
+    return session.scalars(select(ApiKey).where(ApiKey.prefix == prefix)).one_or_none()
+
+
+def list_keys(
+    session: Session, *, user_id: int | None = None, include_revoked: bool = False
+) -> list[ApiKey]:
+    """Keys, oldest first; all users' keys when ``user_id`` is None (admin view)."""
+    query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)
+    if user_id is not None:
+        query = query.where(ApiKey.user_id == user_id)
+    if not include_revoked:
+        query = query.where(ApiKey.revoked_at.is_(None))
+    return list(session.scalars(query))
+
+
+def revoke_key(
+    session: Session, prefix: str, *, user_id: int | None = None, now: float | None = None
+) -> ApiKey:
+    """Revoke the key with this public prefix. Revoking twice keeps the first time.
+
+    With ``user_id`` (a member managing their own keys) another user's key is reported as
+    ``NotFound``, exactly like a missing one.
+    """
+    key = _find_by_prefix(session, prefix)
+    if key is None or (user_id is not None and key.user_id != user_id):
+        raise NotFound(f"no API key {prefix!r}")
+    if key.revoked_at is None:
+        key.revoked_at = time.time() if now is None else now
+    return key
+
+
+def authenticate_key(
+    session: Session, plaintext: str, *, now: float | None = None
+) -> tuple[User, ApiKey] | None:
+    """The (user, key) for a presented key, or None when malformed, unknown, wrong,
+    revoked, or owned by a disabled user. Refreshes ``last_used_at`` at most once a minute.
+    """
+    prefix = auth.parse_api_key(plaintext)
+    if prefix is None:
+        return None
+    key = _find_by_prefix(session, prefix)
+    if key is None or not auth.api_key_matches(plaintext, key.key_hash):
+        return None
+    if key.revoked_at is not None or key.user.disabled:
+        return None
+    now = time.time() if now is None else now
+    if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION_S:
+        key.last_used_at = now
+    return key.user, key

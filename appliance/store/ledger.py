@@ -1,0 +1,124 @@
+"""The usage ledger: one row per finished request, and the sums read from it.
+
+``LedgerRecord`` is the message the engine hands to the ``StoreWriter``; it is a plain
+frozen dataclass so the engine thread never touches SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from appliance.store.models import LedgerEntry
+
+HOUR_S = 3600.0
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRecord:
+    """A finished request. Times are unix seconds (``time.time()``); ids and counts only,
+    never prompt or completion text."""
+
+    request_id: str
+    user_id: int
+    api_key_id: int | None
+    klass: str
+    endpoint: str
+    model: str
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    queued_at: float
+    admitted_at: float | None
+    first_token_at: float | None
+    finished_at: float
+    finish_reason: str
+    preemptions: int = 0
+    ttft_ms: float | None = None
+    itl_mean_ms: float | None = None
+    itl_p95_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Sums over a user's ledger rows in a time window."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    preemptions: int = 0
+    ttft_ms_mean: float | None = None
+    itl_ms_mean: float | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus output tokens (cached tokens are part of the prompt count)."""
+        return self.prompt_tokens + self.output_tokens
+
+    @property
+    def computed_tokens(self) -> int:
+        """Tokens the model actually processed: prompt-cache hits excluded."""
+        return self.prompt_tokens - self.cached_tokens + self.output_tokens
+
+
+def insert_records(session: Session, records: Sequence[LedgerRecord]) -> None:
+    """Insert rows in one statement; a request id already in the ledger is skipped, so
+    re-submitting a record is harmless."""
+    if not records:
+        return
+    stmt = sqlite_insert(LedgerEntry).on_conflict_do_nothing(
+        index_elements=[LedgerEntry.request_id]
+    )
+    session.execute(stmt, [dataclasses.asdict(r) for r in records])
+
+
+def usage_since(
+    session: Session, since: float, *, user_id: int | None = None
+) -> dict[int, Usage]:
+    """Usage per user over requests finished at or after ``since`` (unix seconds).
+
+    Users with no requests in the window are absent from the result.
+    """
+    query = (
+        select(
+            LedgerEntry.user_id,
+            func.count(),
+            func.coalesce(func.sum(LedgerEntry.prompt_tokens), 0),
+            func.coalesce(func.sum(LedgerEntry.cached_tokens), 0),
+            func.coalesce(func.sum(LedgerEntry.output_tokens), 0),
+            func.coalesce(func.sum(LedgerEntry.preemptions), 0),
+            func.avg(LedgerEntry.ttft_ms),
+            func.avg(LedgerEntry.itl_mean_ms),
+        )
+        .where(LedgerEntry.finished_at >= since)
+        .group_by(LedgerEntry.user_id)
+    )
+    if user_id is not None:
+        query = query.where(LedgerEntry.user_id == user_id)
+    return {
+        uid: Usage(int(n), int(p), int(c), int(o), int(pre), ttft, itl)
+        for uid, n, p, c, o, pre, ttft, itl in session.execute(query)
+    }
+
+
+def usage_last_hour(session: Session, now: float) -> dict[int, Usage]:
+    return usage_since(session, now - HOUR_S)
+
+
+def usage_last_day(session: Session, now: float) -> dict[int, Usage]:
+    return usage_since(session, now - DAY_S)
+
+
+def tokens_used_since(session: Session, user_id: int, since: float) -> int:
+    """Prompt + output tokens of ``user_id``'s requests finished since ``since`` (the
+    ``total_tokens`` clients see in their usage objects): what the rolling daily quota
+    counts."""
+    usage = usage_since(session, since, user_id=user_id).get(user_id)
+    return 0 if usage is None else usage.total_tokens

@@ -1,0 +1,196 @@
+"""SQLAlchemy rows for the appliance database (one SQLite file).
+
+Conventions:
+- every timestamp is a float of unix seconds (UTC by definition), never a datetime: the
+  engine measures request times with ``time.time()`` and the ledger is queried by ranges, so
+  one numeric representation everywhere avoids naive/aware datetime mix-ups in SQLite;
+- enumerations (role, request class, message role) are short strings guarded by CHECK
+  constraints, with the allowed values listed here as tuples;
+- constraint names follow ``NAMING_CONVENTION`` so Alembic batch migrations on SQLite can
+  address them.
+
+Schema changes go through a new Alembic revision in ``migrations/versions``; the test suite
+runs ``alembic check`` to catch drift between these models and the migrations.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import (
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+ROLES: tuple[str, ...] = ("admin", "member")
+# Request classes, highest priority first.
+CLASSES: tuple[str, ...] = ("voice", "interactive", "background")
+MESSAGE_ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    quoted = ", ".join(f"'{v}'" for v in values)
+    return f"{column} IN ({quoted})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class User(Base):
+    __tablename__ = "users"
+    __table_args__ = (
+        CheckConstraint(_in("role", ROLES), name="role"),
+        CheckConstraint(_in("max_class", CLASSES), name="max_class"),
+        CheckConstraint("weight > 0", name="weight_positive"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # NOCASE makes both the unique index and `name == ?` lookups case-insensitive
+    # (ASCII letters only, which is what user names are validated to).
+    name: Mapped[str] = mapped_column(String(64, collation="NOCASE"), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(16), default="member")
+    disabled: Mapped[bool] = mapped_column(default=False)
+    max_class: Mapped[str] = mapped_column(String(16), default="interactive")
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+    def __repr__(self) -> str:
+        return f"User(id={self.id}, role={self.role!r}, disabled={self.disabled})"
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    __table_args__ = (CheckConstraint(_in("max_class", CLASSES), name="max_class"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    # Public identifier embedded in the key (`apl_<prefix>_<secret>`); shown in listings.
+    prefix: Mapped[str] = mapped_column(String(16), unique=True)
+    # sha256 hex of the whole plaintext key; the plaintext is never stored.
+    key_hash: Mapped[str] = mapped_column(String(64))
+    max_class: Mapped[str] = mapped_column(String(16), default="interactive")
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    last_used_at: Mapped[float | None] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float)
+
+    user: Mapped[User] = relationship(lazy="joined")
+
+    def __repr__(self) -> str:
+        return f"ApiKey(id={self.id}, prefix={self.prefix!r}, user_id={self.user_id})"
+
+
+class Quota(Base):
+    """Per-user limits; a NULL limit (or no row at all) means unlimited."""
+
+    __tablename__ = "quotas"
+
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True
+    )
+    tokens_per_day: Mapped[int | None] = mapped_column(Integer)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer)
+    max_prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    max_output_tokens: Mapped[int | None] = mapped_column(Integer)
+
+
+class UsageCounter(Base):
+    """The fairness scheduler's virtual token counter for one user, persisted."""
+
+    __tablename__ = "usage_counters"
+
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True
+    )
+    vtc: Mapped[float] = mapped_column(Float, default=0.0)
+    updated_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+
+class LedgerEntry(Base):
+    """One row per finished request.
+
+    ``prompt_tokens`` counts the whole prompt; ``cached_tokens`` is the part of it served
+    from the prompt cache (a subset, as in OpenAI's usage object). Timestamps are unix
+    seconds; ``admitted_at``/``first_token_at`` stay NULL when the request never got there.
+    """
+
+    __tablename__ = "ledger"
+    __table_args__ = (Index("ix_ledger_user_id_finished_at", "user_id", "finished_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    api_key_id: Mapped[int | None] = mapped_column(
+        ForeignKey("api_keys.id", ondelete="SET NULL")
+    )
+    klass: Mapped[str] = mapped_column(String(16))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(255))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    queued_at: Mapped[float] = mapped_column(Float)
+    admitted_at: Mapped[float | None] = mapped_column(Float)
+    first_token_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float] = mapped_column(Float)
+    finish_reason: Mapped[str] = mapped_column(String(16))
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    itl_mean_ms: Mapped[float | None] = mapped_column(Float)
+    itl_p95_ms: Mapped[float | None] = mapped_column(Float)
+
+
+class Conversation(Base):
+    __tablename__ = "conversations"
+    __table_args__ = (Index("ix_conversations_user_id_updated_at", "user_id", "updated_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    title: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    updated_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+    messages: Mapped[list[Message]] = relationship(
+        back_populates="conversation",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+        order_by="Message.id",
+    )
+
+
+class Message(Base):
+    __tablename__ = "messages"
+    __table_args__ = (CheckConstraint(_in("role", MESSAGE_ROLES), name="role"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), index=True
+    )
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+
+    conversation: Mapped[Conversation] = relationship(back_populates="messages")
+
+    def __repr__(self) -> str:
+        # Never the content: logs and tracebacks must not carry what people wrote.
+        return f"Message(id={self.id}, conversation_id={self.conversation_id}, role={self.role!r})"

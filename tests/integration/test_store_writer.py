@@ -1,0 +1,247 @@
+"""The single SQLite writer: batching, flush, close, and living beside other connections."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from argon2 import PasswordHasher
+from sqlalchemy import func, select
+
+from appliance.store import conversations as convs
+from appliance.store import limits, migrate, users
+from appliance.store.db import Store, open_store
+from appliance.store.ledger import LedgerRecord
+from appliance.store.models import LedgerEntry
+from appliance.store.writer import StoreWriter
+
+FAST = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    path = tmp_path / "appliance.db"
+    migrate.upgrade(path)
+    return path
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[Store]:
+    opened = open_store(db_path)
+    with opened.sessions.begin() as s:
+        for name in ("alice", "bob", "carol"):
+            users.create_user(s, name, f"{name}-password", hasher=FAST)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def ids(store: Store) -> dict[str, int]:
+    with store.sessions() as s:
+        return {u.name: u.id for u in users.list_users(s)}
+
+
+def record(request_id: str, user_id: int, output: int = 10) -> LedgerRecord:
+    now = time.time()
+    return LedgerRecord(
+        request_id=request_id, user_id=user_id, api_key_id=None, klass="interactive",
+        endpoint="/api/chat", model="demo", prompt_tokens=20, cached_tokens=0,
+        output_tokens=output, queued_at=now - 1, admitted_at=now - 0.9,
+        first_token_at=now - 0.5, finished_at=now, finish_reason="stop",
+    )
+
+
+def ledger_rows(store: Store) -> int:
+    with store.read_sessions() as s:
+        return int(s.scalar(select(func.count()).select_from(LedgerEntry)) or 0)
+
+
+def wait_until(predicate: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+class ThreadRecordingFactory:
+    """Wraps a sessionmaker and notes which threads opened transactions."""
+
+    def __init__(self, store: Store) -> None:
+        self.inner = store.sessions
+        self.threads: set[str] = set()
+
+    def begin(self) -> Any:
+        self.threads.add(threading.current_thread().name)
+        return self.inner.begin()
+
+
+def test_it_batches_many_rows_into_few_transactions(store: Store, ids: dict[str, int]) -> None:
+    with StoreWriter(store.sessions, flush_interval=5.0) as writer:
+        for i in range(200):
+            writer.submit_ledger(record(f"req-{i}", ids["bob"]))
+        writer.submit_counters({ids["bob"]: 1.0})
+        writer.submit_counters({ids["bob"]: 2.0, ids["alice"]: 0.5})
+        assert writer.flush(timeout=10)
+        assert ledger_rows(store) == 200
+        # The first row after idle may commit alone; everything else waits for one batch.
+        assert writer.stats.commits <= 2
+        assert writer.stats.ledger_rows == 200
+    with store.read_sessions() as s:
+        assert limits.load_counters(s) == {ids["bob"]: 2.0, ids["alice"]: 0.5}
+
+
+def test_it_waits_flush_interval_between_commits(store: Store, ids: dict[str, int]) -> None:
+    with StoreWriter(store.sessions, flush_interval=1.0) as writer:
+        writer.submit_ledger(record("first", ids["alice"]))
+        assert wait_until(lambda: writer.stats.commits == 1)  # after idle: at once
+        submitted = time.monotonic()
+        writer.submit_ledger(record("second", ids["alice"]))
+        time.sleep(0.2)
+        assert ledger_rows(store) == 1  # still batching
+        assert wait_until(lambda: ledger_rows(store) == 2, timeout=5.0)
+        assert time.monotonic() - submitted >= 0.7
+
+
+def test_flush_makes_submitted_rows_visible_to_readers(store: Store, ids: dict[str, int]) -> None:
+    with StoreWriter(store.sessions, flush_interval=60.0) as writer:
+        writer.submit_ledger(record("warmup", ids["bob"]))
+        assert writer.flush(timeout=5)
+        writer.submit_ledger(record("r1", ids["bob"]))  # would wait a minute without flush
+        started = time.monotonic()
+        assert writer.flush(timeout=5)
+        assert time.monotonic() - started < 5
+        assert ledger_rows(store) == 2
+
+
+def test_close_flushes_everything_and_stops(store: Store, ids: dict[str, int]) -> None:
+    writer = StoreWriter(store.sessions, flush_interval=60.0)
+    writer.submit_ledger(record("warmup", ids["carol"]))
+    writer.flush()
+    for i in range(10):
+        writer.submit_ledger(record(f"late-{i}", ids["carol"]))
+    writer.submit_counters({ids["carol"]: 9.0})
+    writer.close(timeout=5)
+    assert ledger_rows(store) == 11
+    with store.read_sessions() as s:
+        assert limits.load_counters(s) == {ids["carol"]: 9.0}
+    writer.close()  # idempotent
+    assert writer.flush() is True
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.submit_ledger(record("too-late", ids["carol"]))
+
+
+def test_submit_never_blocks_the_engine_thread_while_the_database_is_locked(
+    store: Store, ids: dict[str, int], db_path: Path
+) -> None:
+    blocker = sqlite3.connect(db_path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # someone else holds the write lock
+    try:
+        with StoreWriter(store.sessions, flush_interval=0.0) as writer:
+            started = time.monotonic()
+            for i in range(100):
+                writer.submit_ledger(record(f"r{i}", ids["bob"]))
+                writer.submit_counters({ids["bob"]: float(i)})
+            assert time.monotonic() - started < 0.5
+            time.sleep(0.3)
+            blocker.execute("COMMIT")
+            assert writer.flush(timeout=10)
+            assert ledger_rows(store) == 100
+    finally:
+        blocker.close()
+
+
+def test_database_work_happens_only_on_the_writer_thread(
+    store: Store, ids: dict[str, int]
+) -> None:
+    factory = ThreadRecordingFactory(store)
+    writer = StoreWriter(factory, flush_interval=0.05, name="writer-under-test")  # type: ignore[arg-type]
+
+    def engine_loop() -> None:
+        for i in range(20):
+            writer.submit_ledger(record(f"e{i}", ids["alice"]))
+
+    engine_thread = threading.Thread(target=engine_loop, name="fake-engine")
+    engine_thread.start()
+    engine_thread.join()
+    writer.close()
+    assert factory.threads == {"writer-under-test"}
+    assert ledger_rows(store) == 20
+
+
+def test_a_bad_row_is_dropped_alone_and_logged_without_content(
+    store: Store, ids: dict[str, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="appliance.store.writer")
+    with StoreWriter(store.sessions, flush_interval=5.0) as writer:
+        writer.submit_ledger(record("good-1", ids["bob"]))
+        writer.submit_ledger(record("ghost", 9999))  # no such user: foreign key fails
+        writer.submit_ledger(record("good-2", ids["bob"]))
+        writer.submit_counters({9999: 1.0, ids["bob"]: 4.0})
+        writer.flush()
+        assert ledger_rows(store) == 2
+        assert writer.stats.dropped == 2
+    with store.read_sessions() as s:
+        assert limits.load_counters(s) == {ids["bob"]: 4.0}
+    dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert any("request_id=ghost user_id=9999" in m for m in dropped)
+    assert all("INSERT" not in r.getMessage() for r in caplog.records)
+
+
+def test_writer_reader_and_another_writer_never_see_database_is_locked(
+    store: Store, ids: dict[str, int]
+) -> None:
+    """The store writer, a web handler writing chat history and a dashboard reading,
+    all at once on one file: BEGIN IMMEDIATE + busy_timeout make writers queue up."""
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    alice, bob = ids["alice"], ids["bob"]
+
+    def guarded(fn: Any) -> Any:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # collected and asserted on below
+                errors.append(exc)
+        return run
+
+    def chat_writer() -> None:
+        with store.sessions.begin() as s:
+            conv_id = convs.create_conversation(s, alice, "busy").id
+        n = 0
+        while not stop.is_set():
+            with store.sessions.begin() as s:  # read-then-write in one transaction
+                convs.list_messages(s, alice, conv_id)
+                convs.add_message(s, alice, conv_id, "user", f"message {n}")
+            n += 1
+
+    def dashboard_reader() -> None:
+        while not stop.is_set():
+            with store.read_sessions() as s:
+                s.scalar(select(func.count()).select_from(LedgerEntry))
+                limits.load_counters(s)
+
+    with StoreWriter(store.sessions, flush_interval=0.0) as writer:
+        threads = [threading.Thread(target=guarded(f)) for f in (chat_writer, dashboard_reader)]
+        for t in threads:
+            t.start()
+        for i in range(300):
+            writer.submit_ledger(record(f"c{i}", bob))
+            writer.submit_counters({bob: float(i)})
+            if i % 50 == 0:
+                time.sleep(0.01)
+        assert writer.flush(timeout=30)
+        time.sleep(0.2)
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        assert writer.stats.dropped == 0
+    assert errors == []
+    assert ledger_rows(store) == 300

@@ -86,9 +86,17 @@ async def _stream(gen: Generation, kind: str, rid: str, model: str,
         gen.close()
 
 
+class EventStream(Stream):
+    """A Stream whose own media type wins over the route's (Litestar 2.25 prefers the route's)."""
+
+    def to_asgi_response(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["media_type"] = self.media_type
+        return super().to_asgi_response(*args, **kwargs)
+
+
 def _stream_response(gen: Generation, kind: str, rid: str, model: str,
                      include_usage: bool) -> Stream:
-    return Stream(_stream(gen, kind, rid, model, include_usage),
+    return EventStream(_stream(gen, kind, rid, model, include_usage),
                   media_type="text/event-stream",
                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

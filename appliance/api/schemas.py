@@ -55,6 +55,6 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str | int]
     echo: bool = False
     suffix: str | None = None

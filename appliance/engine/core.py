@@ -23,8 +23,8 @@ from appliance.sched.scheduler import Scheduler, SchedulerConfig
 
 log = logging.getLogger(__name__)
 
-FaultHook = Callable[[int, str], None]
-"""Test hook: called with (request id, phase) before that request's work; may raise."""
+FaultHook = Callable[[GenerationRequest, str], None]
+"""Test hook: called with (request, phase) before that request's prefill or decode; may raise."""
 
 
 class EngineBusy(RuntimeError):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.engine.batch import DecodeBatch, cache_nbytes, new_sequence_cache, prefill
+from appliance.engine.core import FaultHook
 from appliance.engine.model import LoadedModel
 from appliance.engine.request import FinishEvent, RequestHandle, TokenEvent, Usage
 from appliance.engine.sampling import RowSampler, sample_batch
@@ -61,7 +62,7 @@ class Seq:
 
 class Runner:
     def __init__(self, loaded: LoadedModel, scheduler: Scheduler,
-                 clock: Callable[[], float], fault: Callable[[int, str], None] | None) -> None:
+                 clock: Callable[[], float], fault: FaultHook | None) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.scheduler = scheduler
@@ -78,6 +79,7 @@ class Runner:
         self.generated_total = 0
         self.preemptions_total = 0
         self.errors_total = 0
+        self.cancelled_total = 0
 
     # ---- intake ----
     def take(self, handles: list[RequestHandle]) -> None:
@@ -136,7 +138,7 @@ class Runner:
         for s in rows:
             try:
                 if self.fault:
-                    self.fault(s.rid, "decode")
+                    self.fault(s.handle.request, "decode")
             except Exception as exc:
                 failed[s.rid] = repr(exc)
         try:
@@ -172,7 +174,7 @@ class Runner:
             last = s.computed + n == len(s.tokens)
             try:
                 if self.fault:
-                    self.fault(rid, "prefill")
+                    self.fault(s.handle.request, "prefill")
                 logits = prefill(self.model, s.cache, s.tokens[s.computed:s.computed + n], last)
                 token = sample_batch(logits, [s.sampler], [s.tokens])[0] if last else None
             except Exception as exc:
@@ -223,6 +225,8 @@ class Runner:
         self.completed += 1
         if reason == "error":
             self.errors_total += 1
+        elif reason == "cancelled":
+            self.cancelled_total += 1
         ttft = None if s.first_token_at is None else s.first_token_at - s.arrival
         usage = Usage(prompt_tokens=s.n_prompt, completion_tokens=s.generated)
         s.handle.emit(FinishEvent(reason, usage, tail, error, ttft, s.preemptions))
@@ -276,4 +280,5 @@ class Runner:
             active=len(slots), queued=len(waiting), completed=self.completed,
             slots=tuple(slots), queue=tuple(waiting), kv_bytes=kv, ticks=self.ticks,
             prompt_tokens_total=self.prompt_total, generated_tokens_total=self.generated_total,
-            preemptions_total=self.preemptions_total, errors_total=self.errors_total)
+            preemptions_total=self.preemptions_total, errors_total=self.errors_total,
+            cancelled_total=self.cancelled_total)

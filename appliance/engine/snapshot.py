@@ -36,7 +36,8 @@ class EngineSnapshot:
     generated_tokens_total: int
     preemptions_total: int
     errors_total: int
+    cancelled_total: int
 
     @classmethod
     def empty(cls) -> EngineSnapshot:
-        return cls(0, 0, 0, (), (), 0, 0, 0, 0, 0, 0)
+        return cls(0, 0, 0, (), (), 0, 0, 0, 0, 0, 0, 0)

@@ -1,0 +1,43 @@
+"""Shared fixtures: real models built through the project's own script, real servers."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+DEMO = Path(__file__).resolve().parent.parent / "appliance" / "demo_model"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def demo_model() -> Path:
+    """The bundled demo model (briefly trained: greedy output is word-like)."""
+    assert (DEMO / "config.json").exists(), "the demo model is missing from the package"
+    return DEMO
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random llama model with a real tokenizer, loaded via mlx_lm.load."""
+    from appliance.engine.demo_model import build_model
+
+    return build_model(tmp_path_factory.mktemp("models") / "tiny", shape="tiny")
+
+
+@pytest.fixture(autouse=True)
+def _no_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    yield
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,0 +1,144 @@
+"""The real MLX engine on a real model (CPU): parity, isolation, cancellation."""
+
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+
+import pytest
+
+from appliance.app import engine_config, start_engine
+from appliance.engine.core import Engine
+from appliance.engine.request import (
+    FinishEvent,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+    blocking_sink,
+)
+from tests.helpers import make_settings
+
+QUESTIONS = ["What is a list?", "Tell me about files.", "How do I sort numbers?",
+             "What does a dictionary hold?", "Explain the loop.", "Where is the kitchen?"]
+
+
+def _prompt(engine: Engine, text: str) -> tuple[int, ...]:
+    tok = engine.loaded.tokenizer  # type: ignore[attr-defined]
+    return tuple(tok.apply_chat_template([{"role": "user", "content": text}],
+                                         add_generation_prompt=True))
+
+
+def _collect(q: queue.SimpleQueue) -> tuple[list[int], FinishEvent]:  # type: ignore[type-arg]
+    tokens: list[int] = []
+    while True:
+        ev = q.get(timeout=120)
+        if isinstance(ev, FinishEvent):
+            return tokens, ev
+        assert isinstance(ev, TokenEvent)
+        tokens.append(ev.token)
+
+
+def _run(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[list[int], FinishEvent]]:
+    queues = []
+    for r in requests:
+        q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+        engine.submit(r, blocking_sink(q))
+        queues.append(q)
+    return [_collect(q) for q in queues]
+
+
+@pytest.fixture(scope="module")
+def demo_engine(demo_model: Path):  # type: ignore[no-untyped-def]
+    engine = start_engine(make_settings(demo_model, max_batch_size=8, max_queue_depth=64))
+    yield engine
+    engine.stop()
+
+
+def test_greedy_output_is_the_same_alone_and_in_a_batch(demo_engine: Engine) -> None:
+    reqs = [GenerationRequest(prompt=_prompt(demo_engine, q), max_tokens=24) for q in QUESTIONS]
+    alone = [_run(demo_engine, [r])[0] for r in reqs]
+    together = _run(demo_engine, [GenerationRequest(prompt=r.prompt, max_tokens=24)
+                                  for r in reqs])
+    for (a_tokens, a_fin), (b_tokens, b_fin) in zip(alone, together, strict=True):
+        assert a_fin.reason in ("stop", "length")
+        assert a_tokens == b_tokens
+        assert a_fin.usage == b_fin.usage
+
+
+def test_a_seeded_sample_does_not_depend_on_its_neighbours(demo_engine: Engine) -> None:
+    sampling = SamplingParams(temperature=1.0, seed=1234)
+    req = GenerationRequest(prompt=_prompt(demo_engine, QUESTIONS[0]), max_tokens=16,
+                            sampling=sampling)
+    alone = _run(demo_engine, [req])[0]
+    others = [GenerationRequest(prompt=_prompt(demo_engine, q), max_tokens=16,
+                                sampling=SamplingParams(temperature=0.7))
+              for q in QUESTIONS[1:4]]
+    mixed = _run(demo_engine, [*others[:2], GenerationRequest(
+        prompt=req.prompt, max_tokens=16, sampling=sampling), others[2]])[2]
+    assert alone[0] == mixed[0]
+
+
+def test_usage_counts_prompt_and_output_tokens(demo_engine: Engine) -> None:
+    prompt = _prompt(demo_engine, "Say something.")
+    tokens, fin = _run(demo_engine, [GenerationRequest(prompt=prompt, max_tokens=5)])[0]
+    assert fin.usage.prompt_tokens == len(prompt)
+    assert fin.usage.completion_tokens == len(tokens) or fin.reason == "stop"
+    assert fin.usage.completion_tokens <= 5
+    assert fin.ttft_s is not None and fin.ttft_s >= 0
+
+
+def test_chunked_prefill_gives_the_same_tokens_as_one_chunk(demo_model: Path) -> None:
+    text = " ".join(QUESTIONS * 6)
+    outputs = []
+    for chunk in (0, 16):
+        engine = start_engine(make_settings(demo_model, prefill_chunk_size=chunk))
+        try:
+            outputs.append(_run(engine, [GenerationRequest(prompt=_prompt(engine, text),
+                                                           max_tokens=12)])[0][0])
+        finally:
+            engine.stop()
+    assert outputs[0] == outputs[1]
+
+
+def test_an_error_in_one_request_ends_only_that_request(tiny_model: Path) -> None:
+    def fault(request: GenerationRequest, phase: str) -> None:
+        if request.max_tokens == 13 and phase == "decode":
+            raise RuntimeError("injected")
+
+    settings = make_settings(tiny_model)
+    from appliance.engine.core import Engine as _Engine
+    engine = _Engine(engine_config(settings), fault=fault)
+    engine.start()
+    try:
+        ban_eos = tuple((t, -100.0) for t in engine.loaded.eos_token_ids)  # type: ignore[attr-defined]
+        sp = SamplingParams(logit_bias=ban_eos)
+        reqs = [GenerationRequest(prompt=(1, 2, 3, i), max_tokens=m, sampling=sp)
+                for i, m in enumerate((20, 13, 20))]
+        results = _run(engine, reqs)
+        assert [fin.reason for _, fin in results] == ["length", "error", "length"]
+        assert results[1][1].error == "inference backend error"
+        assert [fin.usage.completion_tokens for _, fin in results] == [20, 1, 20]
+        # the daemon keeps serving
+        assert _run(engine, [GenerationRequest(prompt=(5, 6), max_tokens=3,
+                                               sampling=sp)])[0][1].reason == "length"
+    finally:
+        engine.stop()
+
+
+def test_a_cancelled_request_leaves_the_batch(tiny_model: Path) -> None:
+    engine = start_engine(make_settings(tiny_model))
+    try:
+        ban_eos = tuple((t, -100.0) for t in engine.loaded.eos_token_ids)  # type: ignore[attr-defined]
+        q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+        handle = engine.submit(GenerationRequest(prompt=(1, 2, 3), max_tokens=100_000,
+                                                 sampling=SamplingParams(logit_bias=ban_eos)),
+                               blocking_sink(q))
+        assert isinstance(q.get(timeout=60), TokenEvent)
+        engine.cancel(handle)
+        while not isinstance(ev := q.get(timeout=60), FinishEvent):
+            pass
+        assert ev.reason == "cancelled"
+        from tests.helpers import wait_until
+        wait_until(lambda: engine.snapshot.active == 0 and engine.snapshot.kv_bytes == 0)
+    finally:
+        engine.stop()

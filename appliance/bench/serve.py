@@ -1,0 +1,824 @@
+"""`appliance bench serve`: our server against `mlx_lm.server` on the same model, same run.
+
+Each server is started alone (one at a time) on a free 127.0.0.1 port with the same
+environment (OpenBLAS preloaded by default on Linux), warmed up, then driven by C = 1, 2, 4, 8
+concurrent streaming chat clients; each client sends N requests back to back. For every level
+we report aggregate output tokens/s, TTFT p50/p95 (request sent → first text chunk) and
+inter-token latency p50/p95 (gaps between text chunks), and the ratios ours/mlx_lm. The
+machine is shared and noisy, so only the ratios measured in the same run mean much.
+
+Run: ``python -m appliance.bench.serve [--model DIR] [--requests-per-client N] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+
+from appliance.bench.common import (
+    OPENBLAS_PATH,
+    RequestTiming,
+    ServerProcess,
+    ServerStartError,
+    default_blas,
+    describe_model,
+    free_port,
+    git_commit,
+    mean,
+    model_facts,
+    percentile,
+    running,
+    safe_ratio,
+    server_env,
+    stream_chat,
+    wait_ready,
+)
+
+OURS = "ours"
+MLX_LM = "mlx_lm"
+SERVER_NAMES = (OURS, MLX_LM)
+HOST = "127.0.0.1"
+DEFAULT_MODEL_SHAPE = "smollm-135m"
+DEFAULT_MODEL_DIR = Path(".bench/models") / DEFAULT_MODEL_SHAPE
+DEFAULT_OUTPUT_ROOT = Path(".bench/serve")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Short household questions; each request prefixes a serial number so that no two requests
+# of a run share a full prompt (neither server's prompt cache can replay an earlier answer).
+QUESTIONS: tuple[str, ...] = (
+    "What is a simple way to keep fresh herbs like basil and parsley from wilting in the "
+    "kitchen for a whole week, without buying any special containers?",
+    "Our living room radiator makes a loud knocking noise every morning when the heating "
+    "comes on. What usually causes that, and is it something I can fix myself safely?",
+    "Can you suggest three quick vegetarian dinners for a weeknight that a ten year old would "
+    "enjoy and that need no more than thirty minutes of cooking?",
+    "How often should I clean the filter of a dishwasher, and what are the signs that it "
+    "needs cleaning sooner than the manual says?",
+    "Explain in plain words why the sky looks blue during the day and turns red or orange "
+    "around sunset, as if you were talking to a curious child.",
+    "I want to start running in the mornings but I always give up after a week. What habits "
+    "would help me keep going for at least two months?",
+    "What should a family pack in a small emergency kit for a power cut that lasts two days "
+    "in winter, and where should we keep it?",
+    "Write a short friendly reminder message for the family group chat asking everyone to "
+    "put their dirty dishes in the dishwasher instead of the sink.",
+    "How do I remove a red wine stain from a light coloured cotton tablecloth if the stain is "
+    "already a day old and has dried completely?",
+    "What are the main differences between a heat pump and a gas boiler for heating a small "
+    "house, in terms of running cost and comfort?",
+    "Give me a simple weekly chore rota for a household of four people, two adults and two "
+    "teenagers, that feels fair to everyone involved.",
+    "Our tomato plants on the balcony have yellow leaves at the bottom. What could be wrong "
+    "and what should I change about watering or feeding them?",
+    "Summarise the rules of chess castling in a few sentences, including when a player is "
+    "not allowed to castle at all during a game.",
+    "What is a good bedtime routine for a toddler who keeps getting out of bed and asking for "
+    "water, stories and hugs long after the lights go out?",
+    "How can I tell whether eggs in the fridge are still good to eat, and how long do they "
+    "usually keep once they have been bought from the shop?",
+    "Suggest a few board games for a rainy afternoon with grandparents and young children "
+    "playing together, with rules that can be learned in five minutes.",
+)
+
+
+# --------------------------------------------------------------------------------------
+# aggregation (pure)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class LevelStats:
+    """One server at one concurrency level."""
+
+    concurrency: int
+    requests: int
+    errors: int
+    output_tokens: int
+    wall_s: float
+    tokens_per_s: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    itl_p50_s: float | None
+    itl_p95_s: float | None
+    tpot_mean_s: float | None
+    token_source: str
+    first_error: str | None = None
+
+
+@dataclass
+class LevelRatio:
+    """ours / reference at one concurrency level (throughput: higher is better for ours;
+    latencies: lower is better for ours)."""
+
+    concurrency: int
+    tokens_per_s: float | None
+    ttft_p95: float | None
+    itl_p95: float | None
+
+
+def token_source(timings: Sequence[RequestTiming]) -> str:
+    """`usage` when every request's count came from the server, `chunks` when none did."""
+    with_usage = sum(1 for t in timings if t.usage_tokens is not None)
+    if with_usage == len(timings):
+        return "usage"
+    return "chunks" if with_usage == 0 else "mixed"
+
+
+def time_per_output_token(timing: RequestTiming) -> float | None:
+    """(last text chunk - first text chunk) / (tokens - 1): decode pace of one request."""
+    if len(timing.chunk_times) < 2 or timing.output_tokens < 2:
+        return None
+    return (timing.chunk_times[-1] - timing.chunk_times[0]) / (timing.output_tokens - 1)
+
+
+def summarize_level(
+    concurrency: int, timings: Sequence[RequestTiming], wall_s: float
+) -> LevelStats:
+    """Aggregate per-request timings of one level. Failed requests count as errors only."""
+    ok = [t for t in timings if t.ok]
+    tokens = sum(t.output_tokens for t in ok)
+    ttfts = [t.ttft_s for t in ok if t.ttft_s is not None]
+    itls = [gap for t in ok for gap in t.inter_token_latencies]
+    tpots = [v for v in (time_per_output_token(t) for t in ok) if v is not None]
+    errors = [t for t in timings if not t.ok]
+    return LevelStats(
+        concurrency=concurrency,
+        requests=len(timings),
+        errors=len(errors),
+        output_tokens=tokens,
+        wall_s=wall_s,
+        tokens_per_s=safe_ratio(float(tokens), wall_s) if ok else None,
+        ttft_p50_s=percentile(ttfts, 50),
+        ttft_p95_s=percentile(ttfts, 95),
+        itl_p50_s=percentile(itls, 50),
+        itl_p95_s=percentile(itls, 95),
+        tpot_mean_s=mean(tpots),
+        token_source=token_source(ok) if ok else "none",
+        first_error=errors[0].error if errors else None,
+    )
+
+
+def compute_ratios(ours: Sequence[LevelStats], reference: Sequence[LevelStats]) -> list[LevelRatio]:
+    """ours / reference for every concurrency level both servers measured."""
+    by_level = {s.concurrency: s for s in reference}
+    ratios: list[LevelRatio] = []
+    for mine in ours:
+        ref = by_level.get(mine.concurrency)
+        if ref is None:
+            continue
+        ratios.append(
+            LevelRatio(
+                concurrency=mine.concurrency,
+                tokens_per_s=safe_ratio(mine.tokens_per_s, ref.tokens_per_s),
+                ttft_p95=safe_ratio(mine.ttft_p95_s, ref.ttft_p95_s),
+                itl_p95=safe_ratio(mine.itl_p95_s, ref.itl_p95_s),
+            )
+        )
+    return ratios
+
+
+# --------------------------------------------------------------------------------------
+# rendering (pure)
+# --------------------------------------------------------------------------------------
+
+
+def fmt_ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds * 1000:.0f}"
+
+
+def fmt_rate(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "–" if value is None else f"**{value:.2f}×**"
+
+
+TABLE_HEADER = (
+    "| C | server | ok/req | out tok | tok/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | ITL p95 ms |",
+    "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+)
+
+
+def level_row(name: str, stats: LevelStats) -> str:
+    ok = stats.requests - stats.errors
+    cells = (
+        str(stats.concurrency),
+        name,
+        f"{ok}/{stats.requests}",
+        str(stats.output_tokens),
+        fmt_rate(stats.tokens_per_s),
+        fmt_ms(stats.ttft_p50_s),
+        fmt_ms(stats.ttft_p95_s),
+        fmt_ms(stats.itl_p50_s),
+        fmt_ms(stats.itl_p95_s),
+    )
+    return "| " + " | ".join(cells) + " |"
+
+
+def ratio_row(label: str, ratio: LevelRatio) -> str:
+    cells = (
+        str(ratio.concurrency),
+        label,
+        "",
+        "",
+        fmt_ratio(ratio.tokens_per_s),
+        "",
+        fmt_ratio(ratio.ttft_p95),
+        "",
+        fmt_ratio(ratio.itl_p95),
+    )
+    return "| " + " | ".join(cells) + " |"
+
+
+def render_table(results: Mapping[str, Sequence[LevelStats]], ratios: Sequence[LevelRatio]) -> str:
+    """Markdown: one row per (level, server), then the ours/mlx_lm ratio row of that level."""
+    levels = sorted({s.concurrency for stats in results.values() for s in stats})
+    ratio_by_level = {r.concurrency: r for r in ratios}
+    lines = list(TABLE_HEADER)
+    for level in levels:
+        for name, stats in results.items():
+            lines += [level_row(name, s) for s in stats if s.concurrency == level]
+        if level in ratio_by_level:
+            lines.append(ratio_row(f"{OURS}/{MLX_LM}", ratio_by_level[level]))
+    return "\n".join(lines)
+
+
+def render_report(report: Mapping[str, Any]) -> str:
+    """The whole Markdown report: facts about the run, the table, notes."""
+    meta = report["meta"]
+    results = {
+        name: [LevelStats(**level) for level in server["levels"]]
+        for name, server in report["servers"].items()
+    }
+    ratios = [LevelRatio(**r) for r in report["ratios"]]
+    lines = [
+        f"### Serving benchmark: {', '.join(report['servers'])} ({meta['date']})",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- model: `{meta['model']['path']}` ({describe_model(meta['model'])})",
+        f"- BLAS: {meta['blas_report']}",
+        f"- git commit: `{meta['git_commit']}`; mlx {meta['versions'].get('mlx', '?')}, "
+        f"mlx-lm {meta['versions'].get('mlx_lm', '?')}, python {meta['versions']['python']}",
+        f"- machine: {meta['machine']}",
+        f"- workload: {meta['requests_per_client']} requests per client back to back, "
+        f"max_tokens {meta['max_tokens']}, temperature 0, distinct prompts; "
+        f"max batch {meta['max_batch_size']}",
+    ]
+    for name, server in report["servers"].items():
+        lines.append(f"- {name}: `{server['command']}` (log `{server['log']}`)")
+    lines += ["", render_table(results, ratios), ""]
+    lines += [
+        "tok/s: output tokens of all clients / wall time of the level. TTFT: request sent → "
+        "first text chunk. ITL: gaps between text chunks. Ratios are ours/mlx_lm: above 1 is "
+        "better for tok/s, below 1 is better for TTFT and ITL.",
+    ]
+    for name, server in report["servers"].items():
+        sources = sorted({lv["token_source"] for lv in server["levels"]})
+        if sources and sources != ["usage"]:
+            lines.append(f"- {name}: output tokens counted from {'/'.join(sources)}.")
+        if server.get("error"):
+            lines.append(f"- {name} FAILED: {server['error']}")
+        for lv in server["levels"]:
+            if lv["first_error"]:
+                lines.append(
+                    f"- {name} C={lv['concurrency']}: {lv['errors']} errors, first: "
+                    f"{lv['first_error']}"
+                )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+# workload
+# --------------------------------------------------------------------------------------
+
+
+def prompt_for(serial: int) -> str:
+    """The distinct prompt of the `serial`-th request of a run."""
+    return f"(Question {serial}) {QUESTIONS[serial % len(QUESTIONS)]}"
+
+
+@dataclass
+class Workload:
+    concurrency: list[int]
+    requests_per_client: int
+    max_tokens: int
+    include_usage: bool
+    warmup: bool
+    request_timeout_s: float
+
+
+@dataclass
+class Target:
+    """How to talk to one running server."""
+
+    name: str
+    base_url: str
+    headers: dict[str, str]
+    model: str | None
+
+
+def chat_payload(
+    target: Target, prompt: str, max_tokens: int, include_usage: bool
+) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+    }
+    if target.model is not None:
+        payload["model"] = target.model
+    if include_usage:
+        payload["stream_options"] = {"include_usage": True}
+    return payload
+
+
+async def client_loop(
+    client: httpx.AsyncClient,
+    target: Target,
+    workload: Workload,
+    client_id: int,
+    serials: Sequence[int],
+) -> list[RequestTiming]:
+    """One client: its requests strictly one after another."""
+    url = f"{target.base_url}/v1/chat/completions"
+    timings = []
+    for index, serial in enumerate(serials):
+        payload = chat_payload(
+            target, prompt_for(serial), workload.max_tokens, workload.include_usage
+        )
+        timings.append(
+            await stream_chat(
+                client, url, payload, target.headers, client_id=client_id, index=index
+            )
+        )
+    return timings
+
+
+def level_serials(level_offset: int, concurrency: int, per_client: int) -> list[list[int]]:
+    """Request serials of each client at one level: distinct across the whole run."""
+    return [
+        [level_offset + client * per_client + j for j in range(per_client)]
+        for client in range(concurrency)
+    ]
+
+
+async def run_level(
+    target: Target, workload: Workload, concurrency: int, level_offset: int
+) -> tuple[LevelStats, list[RequestTiming]]:
+    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency)
+    timeout = httpx.Timeout(workload.request_timeout_s, connect=30.0)
+    serials = level_serials(level_offset, concurrency, workload.requests_per_client)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        start = time.perf_counter()
+        per_client = await asyncio.gather(
+            *(client_loop(client, target, workload, i, serials[i]) for i in range(concurrency))
+        )
+        wall = time.perf_counter() - start
+    timings = [t for client_timings in per_client for t in client_timings]
+    return summarize_level(concurrency, timings, wall), timings
+
+
+async def warm_up(target: Target, workload: Workload) -> None:
+    """One lone request, then one burst at the highest concurrency; not measured.
+
+    The first request also absorbs lazy model loading (mlx_lm loads in its generation thread
+    after `/health` already answers). A failure here aborts this server's run.
+    """
+    burst = max(workload.concurrency)
+    short = Workload(
+        concurrency=[burst],
+        requests_per_client=1,
+        max_tokens=min(8, workload.max_tokens),
+        include_usage=workload.include_usage,
+        warmup=True,
+        request_timeout_s=max(workload.request_timeout_s, 300.0),
+    )
+    for concurrency in (1, burst):
+        stats, timings = await run_level(
+            target, short, concurrency, level_offset=-1000 * concurrency
+        )
+        if stats.errors:
+            raise RuntimeError(f"warm-up request failed on {target.name}: {stats.first_error}")
+
+
+async def discover_model(target: Target) -> str | None:
+    """The first id of `GET /v1/models`, or None when the server lists nothing."""
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        try:
+            resp = await client.get(f"{target.base_url}/v1/models", headers=target.headers)
+            data = resp.json().get("data") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        model_id = data[0].get("id")
+        return model_id if isinstance(model_id, str) else None
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# servers
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    model_dir: Path
+    servers: list[str]
+    workload: Workload
+    max_batch_size: int
+    blas: str
+    api_key: str | None
+    our_cmd: list[str]
+    our_env: dict[str, str]
+    mlx_cmd: list[str]
+    output_dir: Path
+    ready_timeout_s: float
+    command: str
+
+
+def server_argv(name: str, cfg: Config, port: int) -> list[str]:
+    """The full command line of one server under test."""
+    common = ["--model", str(cfg.model_dir), "--host", HOST, "--port", str(port)]
+    if name == OURS:
+        return [*cfg.our_cmd, *common, "--max-batch-size", str(cfg.max_batch_size)]
+    # mlx_lm batches up to --decode-concurrency sequences (default 32) and prefills up to
+    # --prompt-concurrency prompts together (default 8): cap both at our max batch size.
+    batch = str(cfg.max_batch_size)
+    return [*cfg.mlx_cmd, *common, "--decode-concurrency", batch, "--prompt-concurrency", batch]
+
+
+def make_server(name: str, cfg: Config, port: int) -> ServerProcess:
+    env = server_env(cfg.blas)
+    if name == OURS:
+        # Our CLI preloads OpenBLAS by itself unless told otherwise: keep both servers on
+        # the same BLAS.
+        env["APPLIANCE_BLAS"] = cfg.blas
+        env.update(cfg.our_env)
+    return ServerProcess(
+        name=name,
+        argv=server_argv(name, cfg, port),
+        env=env,
+        log_path=cfg.output_dir / f"{name}.log",
+    )
+
+
+def blas_loaded(server: ServerProcess) -> bool | None:
+    """Whether OpenBLAS is mapped into the server process (None where /proc is unavailable)."""
+    maps = server.mapped_libraries()
+    return None if not maps else "/libopenblas" in maps  # not numpy's libscipy_openblas
+
+
+async def bench_one_server(name: str, cfg: Config) -> dict[str, Any]:
+    port = free_port(HOST)
+    server = make_server(name, cfg, port)
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    result: dict[str, Any] = {
+        "command": shlex.join(server.argv),
+        "log": str(server.log_path),
+        "env_overrides": {k: v for k, v in sorted(server.env.items()) if os.environ.get(k) != v},
+        "levels": [],
+        "requests": [],
+        "error": None,
+    }
+    print(f"[bench] starting {name}: {result['command']}", file=sys.stderr, flush=True)
+    with running(server):
+        base_url = f"http://{HOST}:{port}"
+        result["health"] = await wait_ready(server, base_url, headers, cfg.ready_timeout_s)
+        result["pid"] = server.pid
+        result["openblas_loaded"] = blas_loaded(server)
+        model = (
+            "default_model"
+            if name == MLX_LM
+            else await discover_model(Target(name, base_url, headers, None))
+        )
+        target = Target(name=name, base_url=base_url, headers=headers, model=model)
+        result["request_model"] = model
+        if cfg.workload.warmup:
+            await warm_up(target, cfg.workload)
+        offset = 0
+        for concurrency in cfg.workload.concurrency:
+            stats, timings = await run_level(target, cfg.workload, concurrency, offset)
+            offset += concurrency * cfg.workload.requests_per_client
+            result["levels"].append(asdict(stats))
+            result["requests"] += [dict(t.summary(), concurrency=concurrency) for t in timings]
+            print(
+                f"[bench] {name} C={concurrency}: {fmt_rate(stats.tokens_per_s)} tok/s, "
+                f"TTFT p95 {fmt_ms(stats.ttft_p95_s)} ms, ITL p95 {fmt_ms(stats.itl_p95_s)} ms, "
+                f"{stats.errors} errors",
+                file=sys.stderr,
+                flush=True,
+            )
+    result["exit_code"] = server.proc.returncode if server.proc else None
+    return result
+
+
+async def bench_all(cfg: Config) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    for name in cfg.servers:
+        try:
+            results[name] = await bench_one_server(name, cfg)
+        except (ServerStartError, RuntimeError, httpx.HTTPError, OSError) as exc:
+            print(f"[bench] {name} failed: {exc}", file=sys.stderr, flush=True)
+            results[name] = {
+                "levels": [],
+                "requests": [],
+                "error": str(exc),
+                "log": str(cfg.output_dir / f"{name}.log"),
+                "command": "",
+            }
+    return results
+
+
+# --------------------------------------------------------------------------------------
+# report
+# --------------------------------------------------------------------------------------
+
+
+def package_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for dist, key in (("mlx", "mlx"), ("mlx-lm", "mlx_lm"), ("appliance", "appliance")):
+        try:
+            versions[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def blas_report(blas: str, servers: Mapping[str, Mapping[str, Any]]) -> str:
+    """Which BLAS was asked for, and whether each server process really mapped OpenBLAS."""
+    seen = ", ".join(
+        f"{name}: {_openblas_state(s.get('openblas_loaded'))}" for name, s in servers.items()
+    )
+    if blas == "openblas":
+        return f"OpenBLAS via LD_PRELOAD={OPENBLAS_PATH} ({seen})"
+    return f"the BLAS bundled with the mlx wheel, no LD_PRELOAD ({seen})"
+
+
+def _openblas_state(loaded: bool | None) -> str:
+    if loaded is None:
+        return "unchecked"
+    return "libopenblas mapped" if loaded else "no libopenblas mapped"
+
+
+def build_report(
+    cfg: Config, servers: dict[str, dict[str, Any]], started: dt.datetime
+) -> dict[str, Any]:
+    stats = {name: [LevelStats(**lv) for lv in s["levels"]] for name, s in servers.items()}
+    ratios = compute_ratios(stats[OURS], stats[MLX_LM]) if OURS in stats and MLX_LM in stats else []
+    meta = {
+        "date": started.isoformat(timespec="seconds"),
+        "command": cfg.command,
+        "model": model_facts(cfg.model_dir),
+        "blas": cfg.blas,
+        "blas_report": blas_report(cfg.blas, servers),
+        "git_commit": git_commit(REPO_ROOT),
+        "versions": package_versions(),
+        "machine": f"{platform.system()} {platform.machine()}, {_cpu_count()} CPUs",
+        "concurrency": cfg.workload.concurrency,
+        "requests_per_client": cfg.workload.requests_per_client,
+        "max_tokens": cfg.workload.max_tokens,
+        "max_batch_size": cfg.max_batch_size,
+        "include_usage": cfg.workload.include_usage,
+        "output_dir": str(cfg.output_dir),
+        "duration_s": round((dt.datetime.now(dt.UTC) - started).total_seconds(), 1),
+    }
+    return {"meta": meta, "servers": servers, "ratios": [asdict(r) for r in ratios]}
+
+
+def _cpu_count() -> int:
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0)
+    )
+
+
+# --------------------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------------------
+
+
+def parse_levels(text: str) -> list[int]:
+    levels = [int(part) for part in text.split(",") if part.strip()]
+    if not levels or any(level < 1 for level in levels):
+        raise argparse.ArgumentTypeError(
+            "concurrency levels must be positive integers, e.g. 1,2,4,8"
+        )
+    return levels
+
+
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--our-env expects KEY=VALUE, got {item!r}")
+        env[key] = value
+    return env
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="appliance bench serve",
+        description="Benchmark our server against mlx_lm.server on the same model, same run.",
+    )
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help=f"model directory (default: build {DEFAULT_MODEL_SHAPE} into "
+        f"{DEFAULT_MODEL_DIR}, cached)",
+    )
+    p.add_argument(
+        "--servers",
+        default=f"{OURS},{MLX_LM}",
+        help="comma-separated servers to run, in order (default: ours,mlx_lm)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=parse_levels,
+        default=[1, 2, 4, 8],
+        help="concurrent client counts (default: 1,2,4,8)",
+    )
+    p.add_argument(
+        "-n",
+        "--requests-per-client",
+        type=int,
+        default=4,
+        help="requests each client sends back to back per level (default: 4)",
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=64, help="max_tokens per request (default: 64)"
+    )
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=None,
+        help="our --max-batch-size and mlx_lm's --decode/--prompt-concurrency "
+        "(default: the highest concurrency level)",
+    )
+    p.add_argument(
+        "--blas",
+        choices=("openblas", "bundled"),
+        default=None,
+        help="preload Debian's OpenBLAS into both servers, or use mlx's bundled BLAS "
+        "(default: openblas when installed)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="sent as 'Authorization: Bearer KEY' to both servers (mlx_lm ignores it)",
+    )
+    p.add_argument(
+        "--our-cmd",
+        default=f"{shlex.quote(sys.executable)} -m appliance serve",
+        help="command prefix of our server; --model/--host/--port/--max-batch-size are appended",
+    )
+    p.add_argument(
+        "--our-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for our server (repeatable)",
+    )
+    p.add_argument(
+        "--mlx-cmd",
+        default=f"{shlex.quote(sys.executable)} -m mlx_lm server",
+        help="command prefix of mlx_lm.server",
+    )
+    p.add_argument(
+        "--no-usage",
+        action="store_true",
+        help="do not ask for stream_options.include_usage; count text chunks instead",
+    )
+    p.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up requests")
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        help="per-request read timeout in seconds (default: 600)",
+    )
+    p.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for GET /health (default: 300)",
+    )
+    p.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help=f"where server logs and the report go (default: {DEFAULT_OUTPUT_ROOT}/<time>)",
+    )
+    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    return p
+
+
+def resolve_model(model: Path | None) -> Path:
+    """The model directory; build (once, cached) the SmolLM-135M-shaped one when absent."""
+    if model is not None:
+        if not (model / "config.json").exists():
+            raise SystemExit(f"--model {model}: no config.json there")
+        return model.resolve()
+    if (DEFAULT_MODEL_DIR / "config.json").exists():
+        return DEFAULT_MODEL_DIR.resolve()
+    from appliance.engine.demo_model import build_model
+
+    print(
+        f"[bench] building {DEFAULT_MODEL_SHAPE} into {DEFAULT_MODEL_DIR} (once)...",
+        file=sys.stderr,
+        flush=True,
+    )
+    return build_model(DEFAULT_MODEL_DIR, shape=DEFAULT_MODEL_SHAPE).resolve()
+
+
+def config_from_args(args: argparse.Namespace, command: str, started: dt.datetime) -> Config:
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    unknown = sorted(set(servers) - set(SERVER_NAMES))
+    if unknown or not servers:
+        raise SystemExit(f"--servers: unknown {unknown}; choose from {', '.join(SERVER_NAMES)}")
+    if args.requests_per_client < 1 or args.max_tokens < 1:
+        raise SystemExit("--requests-per-client and --max-tokens must be at least 1")
+    blas = args.blas or default_blas()
+    if blas == "openblas" and not OPENBLAS_PATH.exists():
+        raise SystemExit(
+            f"--blas openblas: {OPENBLAS_PATH} not found (apt-get install libopenblas0-pthread)"
+        )
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    return Config(
+        model_dir=resolve_model(args.model),
+        servers=servers,
+        workload=Workload(
+            concurrency=args.concurrency,
+            requests_per_client=args.requests_per_client,
+            max_tokens=args.max_tokens,
+            include_usage=not args.no_usage,
+            warmup=not args.no_warmup,
+            request_timeout_s=args.request_timeout,
+        ),
+        max_batch_size=args.max_batch_size or max(args.concurrency),
+        blas=blas,
+        api_key=args.api_key,
+        our_cmd=shlex.split(args.our_cmd),
+        our_env=parse_env(args.our_env),
+        mlx_cmd=shlex.split(args.mlx_cmd),
+        output_dir=args.output_dir or DEFAULT_OUTPUT_ROOT / stamp,
+        ready_timeout_s=args.ready_timeout,
+        command=command,
+    )
+
+
+def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print the Markdown report; 0 when every server ran without errors."""
+    prog = "python -m appliance.bench.serve" if argv is None else "appliance bench serve"
+    args_list = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(args_list)
+    started = dt.datetime.now(dt.UTC)
+    cfg = config_from_args(args, shlex.join([*shlex.split(prog), *args_list]), started)
+    cfg.output_dir.mkdir(parents=True, exist_ok=True)
+    # SIGTERM unwinds through the `finally` that stops the servers.
+    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        servers = asyncio.run(bench_all(cfg))
+    except KeyboardInterrupt:
+        print(f"[bench] interrupted; logs in {cfg.output_dir}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    report = build_report(cfg, servers, started)
+    markdown = render_report(report)
+    print(markdown)
+    (cfg.output_dir / "report.md").write_text(markdown + "\n")
+    (cfg.output_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    failed = any(
+        s.get("error") or any(lv["errors"] for lv in s["levels"]) for s in servers.values()
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

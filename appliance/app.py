@@ -4,24 +4,39 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from litestar import Litestar
+from litestar.config.csrf import CSRFConfig
+from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
+from litestar.middleware import DefineMiddleware
+from litestar.template.config import TemplateConfig
 
-from appliance.api import monitoring, openai
+from appliance.api import account, admin, monitoring, openai
+from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
 from appliance.api.errors import (
     ApiError,
     api_error_handler,
     http_error_handler,
     internal_error_handler,
+    store_error_handler,
 )
 from appliance.api.service import ModelInfo, Services
 from appliance.engine.core import Engine, EngineConfig, FaultHook
 from appliance.engine.model import resolve_model_path
+from appliance.engine.request import Finished
 from appliance.sched.scheduler import SchedulerConfig
 from appliance.settings import Settings
+from appliance.store.db import Store
+from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
+from appliance.store.ledger import LedgerRecord
+from appliance.store.writer import StoreWriter
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "web" / "templates"
+CSRF_EXEMPT = ["^/v1", "^/api/", "^/hooks/", "^/health$"]
 
 log = logging.getLogger(__name__)
 
@@ -41,32 +56,53 @@ def engine_config(settings: Settings) -> EngineConfig:
             policy=settings.sched.policy))
 
 
-def start_engine(settings: Settings, fault: FaultHook | None = None) -> Engine:
+def start_engine(settings: Settings, fault: FaultHook | None = None,
+                 writer: StoreWriter | None = None) -> Engine:
     """Start the engine thread and wait until it has loaded the model."""
-    engine = Engine(engine_config(settings), fault=fault)
+    on_finish = None if writer is None else (lambda f: writer.submit_ledger(ledger_record(f)))
+    engine = Engine(engine_config(settings), fault=fault, on_finish=on_finish)
     engine.start()
     return engine
 
 
-def build_services(settings: Settings, engine: Engine) -> Services:
+def ledger_record(f: Finished) -> LedgerRecord:
+    r = f.request
+    return LedgerRecord(
+        request_id=str(r.rid), user_id=r.user_id, api_key_id=r.api_key_id,
+        klass=r.klass.label, endpoint=r.endpoint, model="", prompt_tokens=f.usage.prompt_tokens,
+        cached_tokens=f.usage.cached_tokens, output_tokens=f.usage.completion_tokens,
+        queued_at=f.queued_at, admitted_at=f.admitted_at, first_token_at=f.first_token_at,
+        finished_at=f.finished_at, finish_reason=f.reason, preemptions=f.preemptions,
+        ttft_ms=f.ttft_ms, itl_mean_ms=f.itl_mean_ms, itl_p95_ms=f.itl_p95_ms)
+
+
+def build_services(settings: Settings, engine: Engine, store: Store) -> Services:
     loaded: Any = engine.loaded
     info = ModelInfo(name=loaded.name, path=str(loaded.path), is_demo=loaded.is_demo,
                      ctx_limit=loaded.ctx_limit,
                      vocab_size=int(loaded.config.get("vocab_size") or 0) or 1 << 30,
                      tokenizer=loaded.tokenizer)
-    return Services(engine=engine, model=info,
+    return Services(engine=engine, model=info, store=store,
                     default_max_tokens=settings.engine.default_max_tokens,
                     max_batch_size=engine.config.scheduler.max_batch_size)
 
 
-def create_app(services: Services,
+def create_app(services: Services, secret: str,
                on_shutdown: Sequence[Callable[[], Any]] = ()) -> Litestar:
+    csrf = CSRFConfig(secret=secret, exclude=CSRF_EXEMPT, cookie_samesite="strict")
     return Litestar(
-        route_handlers=[*openai.ROUTES, *monitoring.ROUTES],
+        route_handlers=[*openai.ROUTES, *monitoring.ROUTES, *account.ROUTES, admin.router],
         state=State({"services": services}),
+        middleware=[DefineMiddleware(CsrfUnlessBearer, config=csrf),
+                    DefineMiddleware(AuthMiddleware, exclude=list(PUBLIC_PATHS))],
+        template_config=TemplateConfig(directory=TEMPLATES, engine=JinjaTemplateEngine),
         exception_handlers={
             ApiError: api_error_handler,
             HTTPException: http_error_handler,
+            NotFound: store_error_handler(404),
+            AlreadyExists: store_error_handler(409),
+            LastAdmin: store_error_handler(409),
+            ValueError: store_error_handler(400),
             Exception: internal_error_handler,
         },
         on_shutdown=list(on_shutdown),
@@ -83,3 +119,15 @@ def shutdown_engine(engine: Engine, timeout: float) -> None:
         log.warning("drain timeout after %.0f s; cancelling what is left", timeout)
         engine.cancel_all()
     engine.stop()
+
+
+def app_secret(data_dir: Path) -> str:
+    """A per-installation secret (CSRF tokens), made once and kept in the data folder."""
+    import secrets
+
+    path = data_dir / "secret.key"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(32))
+        path.chmod(0o600)
+    return path.read_text().strip()

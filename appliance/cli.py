@@ -1,4 +1,4 @@
-"""The ``appliance`` command: serve | run | model pull/list/demo | bench."""
+"""The ``appliance`` command: serve | run | model | migrate | user | key | bench."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ REEXEC_MARK = "APPLIANCE_BLAS_REEXEC"
 def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("alembic", "httpx", "huggingface_hub"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def use_openblas(blas: str, argv: list[str]) -> None:
@@ -50,12 +52,33 @@ def use_openblas(blas: str, argv: list[str]) -> None:
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from appliance.app import build_services, create_app, shutdown_engine, start_engine
+    from appliance.app import (
+        app_secret,
+        build_services,
+        create_app,
+        shutdown_engine,
+        start_engine,
+    )
+    from appliance.cli_admin import db_path
+    from appliance.store import migrate
+    from appliance.store.db import open_store
+    from appliance.store.writer import StoreWriter
 
-    engine = start_engine(settings)
-    services = build_services(settings, engine)
+    migrate.upgrade(db_path(settings))  # before the event loop starts
+    store = open_store(db_path(settings))
+    writer = StoreWriter(store.sessions)
+    engine = start_engine(settings, writer=writer)
+    services = build_services(settings, engine, store)
     timeout = settings.server.shutdown_timeout
-    app = create_app(services, on_shutdown=[lambda: shutdown_engine(engine, timeout)])
+
+    def drain() -> None:
+        shutdown_engine(engine, timeout)
+        writer.close()
+        store.close()
+        log.info("shut down cleanly")
+
+    secret = app_secret(Path(settings.store.data_dir).expanduser())
+    app = create_app(services, secret, on_shutdown=[drain])
     config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
                             log_config=None, access_log=False, backlog=2048,
                             timeout_graceful_shutdown=int(timeout) or None,
@@ -156,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--shape", default="demo", choices=("demo", "tiny", "smollm-135m"))
     demo.add_argument("--seed", type=int, default=0)
 
+    from appliance import cli_admin
+    cli_admin.add_parsers(sub)
+
     bench = sub.add_parser("bench", help="benchmarks (see docs/BENCHMARKS.md)")
     bench.add_argument("bench_cmd", choices=("serve",))
     return parser
@@ -180,4 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_run(settings, args)
     if args.cmd == "model":
         return cmd_model(settings, args)
+    if args.cmd in ("migrate", "user", "key"):
+        from appliance import cli_admin
+        return cli_admin.run(settings, args)
     return cmd_bench(settings, args, rest)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,14 +14,25 @@ from typing import Any
 import httpx
 import uvicorn
 
+from argon2 import PasswordHasher
+
 from appliance.app import build_services, create_app, shutdown_engine, start_engine
+from appliance.cli_admin import db_path
 from appliance.engine.core import Engine, FaultHook
 from appliance.settings import Settings
+from appliance.store import keys, migrate, users
+from appliance.store.db import Store, open_store
+from appliance.store.writer import StoreWriter
+
+FAST_HASHER = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+PEOPLE = {"alice": "admin", "bob": "member", "carol": "member"}
+PASSWORD = "correct horse battery"
 
 
 def make_settings(model: Path, **overrides: Any) -> Settings:
     s = Settings()
     s.engine.model = str(model)
+    s.store.data_dir = tempfile.mkdtemp(prefix="appliance-test-")
     for key, value in overrides.items():
         for section in (s.server, s.engine, s.sched, s.store):
             if hasattr(section, key):
@@ -35,9 +47,27 @@ def make_settings(model: Path, **overrides: Any) -> Settings:
 class LiveServer:
     url: str
     engine: Engine
+    store: Store
+    writer: StoreWriter
+    keys: dict[str, str]
+    """Plaintext API key of each persona (alice admin, bob and carol members)."""
+    user_ids: dict[str, int]
 
-    def client(self, **kw: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=60, **kw)
+    def client(self, who: str | None = None, **kw: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.keys[who]}"} if who else {}
+        return httpx.Client(base_url=self.url, timeout=60, headers=headers, **kw)
+
+
+def add_household(store: Store) -> tuple[dict[str, str], dict[str, int]]:
+    plain: dict[str, str] = {}
+    ids: dict[str, int] = {}
+    with store.sessions.begin() as s:
+        for name, role in PEOPLE.items():
+            user = users.create_user(s, name, PASSWORD, role=role, hasher=FAST_HASHER,
+                                     max_class="voice" if role == "admin" else "interactive")
+            _, plain[name] = keys.create_api_key(s, user, f"{name}-key")
+            ids[name] = user.id
+    return plain, ids
 
 
 def wait_until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
@@ -53,9 +83,13 @@ def wait_until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "con
 def live_server(settings: Settings, fault: FaultHook | None = None) -> Iterator[LiveServer]:
     from tests.conftest import free_port
 
-    engine = start_engine(settings, fault=fault)
-    services = build_services(settings, engine)
-    app = create_app(services)
+    migrate.upgrade(db_path(settings))
+    store = open_store(db_path(settings))
+    plain, ids = add_household(store)
+    writer = StoreWriter(store.sessions, flush_interval=0.05)
+    engine = start_engine(settings, fault=fault, writer=writer)
+    services = build_services(settings, engine, store)
+    app = create_app(services, secret="x" * 32)
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
                             access_log=False, timeout_graceful_shutdown=1, lifespan="on")
@@ -64,8 +98,10 @@ def live_server(settings: Settings, fault: FaultHook | None = None) -> Iterator[
     thread.start()
     wait_until(lambda: server.started, 30, "server start")
     try:
-        yield LiveServer(f"http://127.0.0.1:{port}", engine)
+        yield LiveServer(f"http://127.0.0.1:{port}", engine, store, writer, plain, ids)
     finally:
         server.should_exit = True
         thread.join(10)
         shutdown_engine(engine, 1)
+        writer.close()
+        store.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
@@ -60,7 +61,13 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 def http_error_handler(_: Request, exc: HTTPException) -> Response:  # type: ignore[type-arg]
     """Litestar's own errors (unknown route, wrong method, body too large) in our shape."""
     status = exc.status_code
-    err = ApiError(status, str(exc.detail), _TYPES.get(status, "server_error"),
+    message = str(exc.detail)
+    extra = getattr(exc, "extra", None)
+    if extra:  # validation details: which field, what was wrong
+        details = "; ".join(f"{e.get('key', '')}: {e.get('message', '')}" if isinstance(e, dict)
+                            else str(e) for e in (extra if isinstance(extra, list) else [extra]))
+        message = f"{message}: {details}"
+    err = ApiError(status, message, _TYPES.get(status, "server_error"),
                    headers=dict(exc.headers or {}))
     return api_error_handler(_, err)
 
@@ -68,3 +75,12 @@ def http_error_handler(_: Request, exc: HTTPException) -> Response:  # type: ign
 def internal_error_handler(request: Request, exc: Exception) -> Response:  # type: ignore[type-arg]
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return api_error_handler(request, ApiError(500, "internal server error", "server_error"))
+
+
+def store_error_handler(status: int) -> Any:
+    """Store errors (NotFound, AlreadyExists, LastAdmin, ValueError) as clear JSON errors."""
+    def handler(request: Request, exc: Exception) -> Response:  # type: ignore[type-arg]
+        type_ = {404: "not_found_error", 409: "conflict_error"}.get(status,
+                                                                    "invalid_request_error")
+        return api_error_handler(request, ApiError(status, str(exc), type_))
+    return handler

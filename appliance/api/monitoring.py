@@ -9,6 +9,7 @@ from typing import Any
 from litestar import get
 from litestar.datastructures import State
 
+from appliance.api.auth import admin_only
 from appliance.api.service import Services
 
 
@@ -23,7 +24,7 @@ def health(state: State) -> dict[str, Any]:
             "uptime_s": round(time.time() - services.started_at, 1)}
 
 
-@get("/slots", sync_to_thread=False)
+@get("/slots", sync_to_thread=False, guards=[admin_only])
 def slots(state: State) -> dict[str, Any]:
     services: Services = state.services
     snap = services.engine.snapshot

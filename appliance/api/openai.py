@@ -11,6 +11,7 @@ from litestar import Request, get, post
 from litestar.datastructures import State
 from litestar.response import Stream
 
+from appliance.api.auth import request_class
 from appliance.api.errors import backend_error, bad_request
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
 from appliance.api.service import (
@@ -22,6 +23,9 @@ from appliance.api.service import (
     submit,
 )
 from appliance.engine.request import FinishEvent, TokenEvent
+
+CLASS_HEADER = "x-appliance-class"
+"""Optional request header: run this request in a lower class (voice|interactive|background)."""
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "quota": "length"}
 
@@ -110,7 +114,9 @@ async def chat_completions(request: Request, state: State) -> Any:  # type: igno
         raise bad_request("response_format other than 'text' is not supported.",
                           "unsupported_value", "response_format")
     prompt = chat_prompt(services.model.tokenizer, body.messages, body.tools)
-    gen = submit(services, prompt, body, body.max_completion_tokens or body.max_tokens)
+    gen = submit(services, prompt, body, body.max_completion_tokens or body.max_tokens,
+                 request.user, request_class(request.user, request.headers.get(CLASS_HEADER)),
+                 "/v1/chat/completions")
     rid = f"chatcmpl-{gen.handle.rid}"
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:
@@ -144,7 +150,9 @@ async def completions(request: Request, state: State) -> Any:  # type: ignore[ty
     else:
         raise bad_request("Send one prompt per request (batches of prompts are not "
                           "supported).", "unsupported_value", "prompt")
-    gen = submit(services, prompt, body, body.max_tokens or 16)
+    gen = submit(services, prompt, body, body.max_tokens or 16, request.user,
+                 request_class(request.user, request.headers.get(CLASS_HEADER)),
+                 "/v1/completions")
     rid = f"cmpl-{gen.handle.rid}"
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:

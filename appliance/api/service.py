@@ -6,12 +6,13 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from appliance.api.errors import ApiError, bad_request, busy, shutting_down
 from appliance.api.schemas import ChatMessage, SamplingFields
+from appliance.api.throttle import LoginThrottle
 from appliance.engine.core import Engine, EngineBusy, EngineStopping
 from appliance.engine.request import (
     Event,
@@ -21,6 +22,10 @@ from appliance.engine.request import (
     asyncio_sink,
 )
 from appliance.sched.classes import Klass
+from appliance.store.db import Store
+
+if TYPE_CHECKING:
+    from appliance.api.auth import Principal
 
 
 @dataclass(slots=True)
@@ -40,8 +45,10 @@ class Services:
 
     engine: Engine
     model: ModelInfo
+    store: Store
     default_max_tokens: int
     max_batch_size: int
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
     started_at: float = field(default_factory=time.time)
 
 
@@ -197,11 +204,12 @@ class Generation:
 
 
 def submit(services: Services, prompt: list[int], body: SamplingFields, max_tokens: int | None,
-           user: str = "local", klass: Klass = Klass.INTERACTIVE) -> Generation:
+           principal: Principal, klass: Klass, endpoint: str) -> Generation:
     check_context(len(prompt), services.model.ctx_limit)
     request = GenerationRequest(
         prompt=tuple(prompt),
         max_tokens=max_tokens_from(max_tokens, services.default_max_tokens),
         sampling=sampling_from(body, services.model.vocab_size), stop=stops_from(body.stop),
-        user=user, klass=klass)
+        user=principal.name, klass=klass, user_id=principal.user_id,
+        api_key_id=principal.key_id, endpoint=endpoint)
     return Generation(services.engine, request)

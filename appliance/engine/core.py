@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.engine.request import Event, GenerationRequest, RequestHandle
+from appliance.engine.request import Event, Finished, GenerationRequest, RequestHandle
 from appliance.engine.snapshot import EngineSnapshot
 from appliance.sched.scheduler import Scheduler, SchedulerConfig
 
@@ -45,8 +45,10 @@ class EngineConfig:
 
 class Engine:
     def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
-                 fault: FaultHook | None = None) -> None:
+                 fault: FaultHook | None = None,
+                 on_finish: Callable[[Finished], None] | None = None) -> None:
         self.config = config
+        self._on_finish = on_finish
         self._clock = clock
         self._fault = fault
         self._inbox: queue.SimpleQueue[RequestHandle] = queue.SimpleQueue()
@@ -118,7 +120,7 @@ class Engine:
         try:
             self.loaded = load_model(self.config.model_path, self.config.ctx_size)
             runner = Runner(self.loaded, Scheduler(self.config.scheduler), self._clock,
-                            self._fault)
+                            self._fault, self._on_finish)
         except BaseException as exc:  # reported to start()'s caller
             self._load_error = exc
             self._ready.set()

@@ -53,6 +53,9 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     user: str = "local"
     klass: Klass = Klass.INTERACTIVE
+    user_id: int = 0
+    api_key_id: int | None = None
+    endpoint: str = ""
     rid: int = field(default_factory=next_request_id)
 
 
@@ -86,6 +89,28 @@ class FinishEvent:
 
 
 Event = TokenEvent | FinishEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """What the ledger records of a finished request (unix times; ids and counts only)."""
+
+    request: GenerationRequest
+    reason: str
+    usage: Usage
+    queued_at: float
+    admitted_at: float | None
+    first_token_at: float | None
+    finished_at: float
+    preemptions: int
+    itl_mean_ms: float | None
+    itl_p95_ms: float | None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        if self.first_token_at is None:
+            return None
+        return (self.first_token_at - self.queued_at) * 1000.0
 
 
 class RequestHandle:

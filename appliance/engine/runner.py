@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from appliance.engine.batch import DecodeBatch, cache_nbytes, new_sequence_cache, prefill
 from appliance.engine.core import FaultHook
 from appliance.engine.model import LoadedModel
-from appliance.engine.request import FinishEvent, RequestHandle, TokenEvent, Usage
+from appliance.engine.request import Finished, FinishEvent, RequestHandle, TokenEvent, Usage
 from appliance.engine.sampling import RowSampler, sample_batch
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
@@ -62,12 +63,14 @@ class Seq:
 
 class Runner:
     def __init__(self, loaded: LoadedModel, scheduler: Scheduler,
-                 clock: Callable[[], float], fault: FaultHook | None) -> None:
+                 clock: Callable[[], float], fault: FaultHook | None,
+                 on_finish: Callable[[Finished], None] | None = None) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.scheduler = scheduler
         self.clock = clock
         self.fault = fault
+        self.on_finish = on_finish
         self.vocab_size = int(loaded.config.get("vocab_size") or 0) or 1 << 30
         self.eos = loaded.eos_token_ids
         self.seqs: dict[int, Seq] = {}
@@ -230,10 +233,29 @@ class Runner:
         ttft = None if s.first_token_at is None else s.first_token_at - s.arrival
         usage = Usage(prompt_tokens=s.n_prompt, completion_tokens=s.generated)
         s.handle.emit(FinishEvent(reason, usage, tail, error, ttft, s.preemptions))
+        if self.on_finish is not None:
+            self.on_finish(self._record(s, reason, usage))
         log.info("request finished rid=%d reason=%s prompt_tokens=%d output_tokens=%d "
                  "ttft_ms=%s preemptions=%d", s.rid, reason, usage.prompt_tokens,
                  usage.completion_tokens, "-" if ttft is None else f"{ttft * 1000:.1f}",
                  s.preemptions)
+
+    def _record(self, s: Seq, reason: str, usage: Usage) -> Finished:
+        """Monotonic engine times turned into wall-clock times for the ledger."""
+        now = self.clock()
+        wall_now = time.time()
+
+        def wall(t: float | None) -> float | None:
+            return None if t is None else wall_now - (now - t)
+
+        itl = sorted(s.itl)
+        return Finished(
+            request=s.handle.request, reason=reason, usage=usage,
+            queued_at=wall_now - (now - s.arrival), admitted_at=wall(s.admitted_at),
+            first_token_at=wall(s.first_token_at), finished_at=wall_now,
+            preemptions=s.preemptions,
+            itl_mean_ms=sum(itl) / len(itl) * 1000.0 if itl else None,
+            itl_p95_ms=itl[min(len(itl) - 1, int(0.95 * len(itl)))] * 1000.0 if itl else None)
 
     def _preempt(self, s: Seq) -> None:
         """Back to the queue with its tokens kept; its KV is freed and rebuilt on readmission."""

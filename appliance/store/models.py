@@ -194,3 +194,15 @@ class Message(Base):
     def __repr__(self) -> str:
         # Never the content: logs and tracebacks must not carry what people wrote.
         return f"Message(id={self.id}, conversation_id={self.conversation_id}, role={self.role!r})"
+
+
+class WebSession(Base):
+    """A browser login. Only the SHA-256 of the cookie token is stored; a new token is made
+    at every login (the id rotates) and logout deletes the row."""
+
+    __tablename__ = "web_sessions"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    expires_at: Mapped[float] = mapped_column(Float)

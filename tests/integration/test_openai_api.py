@@ -33,7 +33,7 @@ def server(tiny_model: Path) -> Iterator[LiveServer]:
 
 @pytest.fixture()
 def client(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=server.keys["bob"], max_retries=0)
 
 
 def _ban_eos(server: LiveServer) -> dict[str, float]:
@@ -116,8 +116,8 @@ def test_a_prompt_over_the_context_gets_400_with_the_numbers(client: openai.Open
      "token ids"),
 ])
 def test_bad_input_gets_a_clear_400(server: LiveServer, body: bytes, fragment: str) -> None:
-    r = httpx.post(server.url + "/v1/chat/completions", content=body,
-                   headers={"content-type": "application/json"})
+    r = server.client("bob").post("/v1/chat/completions", content=body,
+                                  headers={"content-type": "application/json"})
     assert r.status_code == 400
     err = r.json()["error"]
     assert fragment in err["message"]
@@ -142,14 +142,14 @@ def test_an_injected_error_ends_only_that_request(client: openai.OpenAI,
     assert "inference backend error" in results[1].message
     assert results[0].completion_tokens == 20  # type: ignore[union-attr]
     assert results[2].completion_tokens == 20  # type: ignore[union-attr]
-    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"  # no auth needed
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_slot(server: LiveServer) -> None:
     before = server.engine.snapshot.cancelled_total
     body = {"messages": [{"role": "user", "content": "go on forever"}], "max_tokens": SLOW,
             "stream": True, "logit_bias": _ban_eos(server)}
-    with httpx.Client(base_url=server.url, timeout=60) as c:
+    with server.client("alice") as c:
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200
             lines = r.iter_lines()
@@ -170,20 +170,20 @@ def test_health_and_slots_report_batch_figures(server: LiveServer) -> None:
     health = httpx.get(server.url + "/health").json()
     assert health["status"] == "ok"
     assert {"active", "queued", "completed", "max_batch_size"} <= set(health)
-    slots = httpx.get(server.url + "/slots").json()
+    slots = server.client("alice").get("/slots").json()
     assert slots["max_batch_size"] == 8
 
 
 def test_a_full_queue_answers_503_with_retry_after(tiny_model: Path) -> None:
     settings = make_settings(tiny_model, max_batch_size=1, max_queue_depth=1)
-    with live_server(settings, fault=_fault) as s, httpx.Client(base_url=s.url, timeout=60) as c:
+    with live_server(settings, fault=_fault) as s, s.client("alice") as c:
         body = {"messages": [{"role": "user", "content": "long"}], "max_tokens": SLOW,
                 "stream": True, "logit_bias": _ban_eos(s)}
         with c.stream("POST", "/v1/chat/completions", json=body) as first:
             lines = first.iter_lines()  # keep a reference: a collected iterator closes the stream
             next(lines)
             wait_until(lambda: c.get("/health").json()["active"] == 1, what="first running")
-            with httpx.Client(base_url=s.url, timeout=60) as c2, \
+            with s.client("bob") as c2, \
                     c2.stream("POST", "/v1/chat/completions", json=body) as second:
                 wait_until(lambda: c.get("/health").json()["queued"] == 1, what="one queued")
                 third = c.post("/v1/chat/completions", json={**body, "stream": False})
@@ -198,7 +198,7 @@ def test_a_full_queue_answers_503_with_retry_after(tiny_model: Path) -> None:
 
 def test_sse_frames_are_well_formed(server: LiveServer) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+    with server.client("bob") as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.headers["content-type"].startswith("text/event-stream"), r.read()
         frames = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert frames[-1] == "[DONE]"

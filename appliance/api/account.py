@@ -1,0 +1,230 @@
+"""Logging in and out, and a member's own things: profile, usage, API keys, conversations.
+
+Every handler acts for ``request.user`` only; another member's conversation or key answers
+404, exactly like one that does not exist (no existence leak).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import msgspec
+from litestar import Request, Response, delete, get, patch, post
+from litestar.datastructures import Cookie, State
+from litestar.params import FromPath, JSONBody
+from litestar.response import Redirect, Template
+
+from appliance.api.auth import SESSION_COOKIE, Principal
+from appliance.api.errors import ApiError
+from appliance.api.service import decode_body
+from appliance.store import conversations as convs
+from appliance.store import keys as store_keys
+from appliance.store import ledger, users, websessions
+from appliance.store.db import Store
+from appliance.store.errors import NotFound
+from appliance.store.models import ApiKey, Conversation, Message
+
+
+class LoginBody(msgspec.Struct):
+    name: str
+    password: str
+
+
+class KeyBody(msgspec.Struct):
+    name: str
+    max_class: str | None = None
+
+
+class TitleBody(msgspec.Struct):
+    title: str = ""
+
+
+class MessageBody(msgspec.Struct):
+    role: str
+    content: str
+
+
+def _store(state: State) -> Store:
+    return state.services.store  # type: ignore[no-any-return]
+
+
+def key_json(k: ApiKey) -> dict[str, Any]:
+    return {"prefix": k.prefix, "name": k.name, "user_id": k.user_id, "max_class": k.max_class,
+            "created_at": k.created_at, "last_used_at": k.last_used_at,
+            "revoked": k.revoked_at is not None}
+
+
+def usage_json(u: ledger.Usage | None) -> dict[str, Any]:
+    u = u or ledger.Usage()
+    return {"requests": u.requests, "prompt_tokens": u.prompt_tokens,
+            "cached_tokens": u.cached_tokens, "output_tokens": u.output_tokens,
+            "total_tokens": u.total_tokens, "preemptions": u.preemptions,
+            "ttft_ms_mean": u.ttft_ms_mean, "itl_ms_mean": u.itl_ms_mean}
+
+
+def _conversation_json(c: Conversation, messages: list[Message] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": c.id, "title": c.title, "created_at": c.created_at,
+                           "updated_at": c.updated_at}
+    if messages is not None:
+        out["messages"] = [{"id": m.id, "role": m.role, "content": m.content,
+                            "created_at": m.created_at} for m in messages]
+    return out
+
+
+# ---- login / logout ----
+@get("/login", sync_to_thread=False)
+def login_page(request: Request) -> Template:  # type: ignore[type-arg]
+    return Template("login.html", context={"error": None})
+
+
+def _check_password(store: Store, name: str, password: str) -> Any:
+    with store.sessions.begin() as s:
+        user = users.authenticate_password(s, name, password)
+        if user is None:
+            return None
+        token = websessions.start_session(s, user)
+        return user.id, user.name, user.role, token
+
+
+@post("/login", status_code=200)
+async def login(request: Request, state: State) -> Response[Any]:  # type: ignore[type-arg]
+    is_form = request.content_type[0] != "application/json"
+    if is_form:
+        form = await request.form()
+        body = LoginBody(name=str(form.get("name", "")), password=str(form.get("password", "")))
+    else:
+        body = decode_body(await request.body(), LoginBody)
+    services = state.services
+    address = request.client.host if request.client else "?"
+    now = time.monotonic()
+    wait = services.throttle.retry_after(body.name, address, now)
+    if wait is not None:
+        raise ApiError(429, f"Too many failed logins; try again in {int(wait) + 1} s.",
+                       "rate_limit_error", "login_throttled",
+                       headers={"Retry-After": str(int(wait) + 1)})
+    found = await anyio.to_thread.run_sync(_check_password, services.store, body.name,
+                                           body.password)
+    if found is None:
+        services.throttle.failed(body.name, address, now)
+        if is_form:
+            return Template("login.html", context={"error": "Wrong name or password."},
+                            status_code=401)
+        raise ApiError(401, "Wrong name or password.", "authentication_error")
+    services.throttle.succeeded(body.name)
+    uid, name, role, token = found
+    old = request.cookies.get(SESSION_COOKIE)
+    if old:  # the id rotates: whatever session the browser had is over
+        await anyio.to_thread.run_sync(_end_session, services.store, old)
+    cookie = Cookie(key=SESSION_COOKIE, value=token, httponly=True, samesite="lax", path="/",
+                    max_age=int(websessions.SESSION_TTL_S))
+    if is_form:
+        return Redirect("/", status_code=303, cookies=[cookie])
+    return Response({"id": uid, "name": name, "role": role}, cookies=[cookie])
+
+
+def _end_session(store: Store, token: str) -> None:
+    with store.sessions.begin() as s:
+        websessions.end_session(s, token)
+
+
+@post("/logout", status_code=200)
+async def logout(request: Request, state: State) -> Response[Any]:  # type: ignore[type-arg]
+    token = request.cookies.get(SESSION_COOKIE)
+    if token:
+        await anyio.to_thread.run_sync(_end_session, state.services.store, token)
+    gone = Cookie(key=SESSION_COOKIE, value="", max_age=0, path="/", httponly=True,
+                  samesite="lax")
+    if request.content_type[0] != "application/json":
+        return Redirect("/login", status_code=303, cookies=[gone])
+    return Response({"logged_out": True}, cookies=[gone])
+
+
+# ---- me ----
+@get("/me", sync_to_thread=False)
+def me(request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+    p: Principal = request.user
+    return {"id": p.user_id, "name": p.name, "role": p.role, "max_class": p.max_class}
+
+
+@get("/me/usage", sync_to_thread=True)
+def my_usage(request: Request, state: State) -> dict[str, Any]:  # type: ignore[type-arg]
+    uid = request.user.user_id
+    now = time.time()
+    with _store(state).read_sessions() as s:
+        hour = ledger.usage_last_hour(s, now).get(uid)
+        day = ledger.usage_last_day(s, now).get(uid)
+    return {"last_hour": usage_json(hour), "last_day": usage_json(day)}
+
+
+@get("/me/keys", sync_to_thread=True)
+def my_keys(request: Request, state: State) -> list[dict[str, Any]]:  # type: ignore[type-arg]
+    with _store(state).read_sessions() as s:
+        return [key_json(k) for k in store_keys.list_keys(s, user_id=request.user.user_id,
+                                                          include_revoked=True)]
+
+
+@post("/me/keys", status_code=201, sync_to_thread=True)
+def create_my_key(request: Request, state: State, data: JSONBody[KeyBody]) -> dict[str, Any]:  # type: ignore[type-arg]
+    with _store(state).sessions.begin() as s:
+        user = users.get_user(s, request.user.user_id)
+        if user is None:
+            raise NotFound("no such user")
+        key, plaintext = store_keys.create_api_key(s, user, data.name, data.max_class)
+        return {**key_json(key), "key": plaintext}
+
+
+@delete("/me/keys/{prefix:str}", status_code=204, sync_to_thread=True)
+def revoke_my_key(request: Request, state: State, prefix: FromPath[str]) -> None:  # type: ignore[type-arg]
+    with _store(state).sessions.begin() as s:
+        store_keys.revoke_key(s, prefix, user_id=request.user.user_id)
+
+
+# ---- conversations ----
+@get("/conversations", sync_to_thread=True)
+def list_conversations(request: Request, state: State) -> list[dict[str, Any]]:  # type: ignore[type-arg]
+    with _store(state).read_sessions() as s:
+        return [_conversation_json(c) for c in convs.list_conversations(s, request.user.user_id)]
+
+
+@post("/conversations", status_code=201, sync_to_thread=True)
+def create_conversation(request: Request, state: State, data: JSONBody[TitleBody]) -> dict[str, Any]:  # type: ignore[type-arg]
+    with _store(state).sessions.begin() as s:
+        return _conversation_json(convs.create_conversation(s, request.user.user_id, data.title))
+
+
+@get("/conversations/{cid:int}", sync_to_thread=True)
+def get_conversation(request: Request, state: State, cid: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
+    with _store(state).read_sessions() as s:
+        c = convs.get_conversation(s, request.user.user_id, cid)
+        if c is None:
+            raise NotFound("no such conversation")
+        return _conversation_json(c, convs.list_messages(s, request.user.user_id, cid))
+
+
+@patch("/conversations/{cid:int}", sync_to_thread=True)
+def rename_conversation(request: Request, state: State, cid: FromPath[int], data: JSONBody[TitleBody]) -> dict[str, Any]:  # type: ignore[type-arg]
+    with _store(state).sessions.begin() as s:
+        convs.rename_conversation(s, request.user.user_id, cid, data.title)
+        c = convs.get_conversation(s, request.user.user_id, cid)
+        assert c is not None
+        return _conversation_json(c)
+
+
+@delete("/conversations/{cid:int}", status_code=204, sync_to_thread=True)
+def delete_conversation(request: Request, state: State, cid: FromPath[int]) -> None:  # type: ignore[type-arg]
+    with _store(state).sessions.begin() as s:
+        convs.delete_conversation(s, request.user.user_id, cid)
+
+
+@post("/conversations/{cid:int}/messages", status_code=201, sync_to_thread=True)
+def add_message(request: Request, state: State, cid: FromPath[int], data: JSONBody[MessageBody]) -> dict[str, Any]:  # type: ignore[type-arg]
+    with _store(state).sessions.begin() as s:
+        m = convs.add_message(s, request.user.user_id, cid, data.role, data.content)
+        return {"id": m.id, "role": m.role, "content": m.content, "created_at": m.created_at}
+
+
+ROUTES = [login_page, login, logout, me, my_usage, my_keys, create_my_key, revoke_my_key,
+          list_conversations, create_conversation, get_conversation, rename_conversation,
+          delete_conversation, add_message]

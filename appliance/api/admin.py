@@ -1,0 +1,158 @@
+"""Admin JSON API: users, roles, classes, weights, quotas, everybody's keys and usage.
+
+All routes are guarded by ``admin_only``; the web UI's admin pages use the same store calls.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+from litestar import Router, delete, get, patch, post, put
+from litestar.datastructures import State
+from litestar.params import FromPath, JSONBody
+
+from appliance.api.account import key_json, usage_json
+from appliance.api.auth import admin_only
+from appliance.store import keys as store_keys
+from appliance.store import ledger, limits, users, websessions
+from appliance.store.db import Store
+from appliance.store.errors import NotFound
+from appliance.store.models import User
+
+
+class NewUser(msgspec.Struct):
+    name: str
+    password: str
+    role: str = "member"
+    max_class: str = "interactive"
+    weight: float = 1.0
+
+
+class UserPatch(msgspec.Struct):
+    role: str | None = None
+    disabled: bool | None = None
+    max_class: str | None = None
+    weight: float | None = None
+    password: str | None = None
+
+
+class QuotaBody(msgspec.Struct):
+    tokens_per_day: int | None = None
+    max_concurrent: int | None = None
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+
+
+class NewKey(msgspec.Struct):
+    name: str
+    max_class: str | None = None
+
+
+def _store(state: State) -> Store:
+    return state.services.store  # type: ignore[no-any-return]
+
+
+def user_json(u: User) -> dict[str, Any]:
+    return {"id": u.id, "name": u.name, "role": u.role, "disabled": u.disabled,
+            "max_class": u.max_class, "weight": u.weight, "created_at": u.created_at}
+
+
+def _user(s: Any, uid: FromPath[int]) -> User:
+    u = users.get_user(s, uid)
+    if u is None:
+        raise NotFound("no such user")
+    return u
+
+
+@get("/users", sync_to_thread=True)
+def list_users(state: State) -> list[dict[str, Any]]:
+    with _store(state).read_sessions() as s:
+        return [user_json(u) for u in users.list_users(s)]
+
+
+@post("/users", status_code=201, sync_to_thread=True)
+def add_user(state: State, data: JSONBody[NewUser]) -> dict[str, Any]:
+    with _store(state).sessions.begin() as s:
+        return user_json(users.create_user(s, data.name, data.password, role=data.role,
+                                           max_class=data.max_class, weight=data.weight))
+
+
+@patch("/users/{uid:int}", sync_to_thread=True)
+def change_user(state: State, uid: FromPath[int], data: JSONBody[UserPatch]) -> dict[str, Any]:
+    with _store(state).sessions.begin() as s:
+        u = _user(s, uid)
+        if data.role is not None:
+            users.set_role(s, u, data.role)
+        if data.max_class is not None:
+            users.set_max_class(s, u, data.max_class)
+        if data.weight is not None:
+            users.set_weight(s, u, data.weight)
+        if data.password is not None:
+            users.set_password(s, u, data.password)
+            websessions.end_user_sessions(s, u.id)
+        if data.disabled is not None:
+            users.disable_user(s, u, data.disabled)
+            if data.disabled:
+                websessions.end_user_sessions(s, u.id)
+        return user_json(u)
+
+
+@get("/users/{uid:int}/quota", sync_to_thread=True)
+def get_quota(state: State, uid: FromPath[int]) -> dict[str, Any]:
+    with _store(state).read_sessions() as s:
+        _user(s, uid)
+        return _quota_dict(limits.get_quota(s, uid))
+
+
+def _quota_dict(q: limits.QuotaLimits) -> dict[str, int | None]:
+    return {"tokens_per_day": q.tokens_per_day, "max_concurrent": q.max_concurrent,
+            "max_prompt_tokens": q.max_prompt_tokens, "max_output_tokens": q.max_output_tokens}
+
+
+@put("/users/{uid:int}/quota", sync_to_thread=True)
+def set_quota(state: State, uid: FromPath[int], data: JSONBody[QuotaBody]) -> dict[str, Any]:
+    for name, value in msgspec.structs.asdict(data).items():
+        if value is not None and value < 0:
+            raise ValueError(f"{name} must be >= 0 or null (unlimited)")
+    with _store(state).sessions.begin() as s:
+        _user(s, uid)
+        q = limits.QuotaLimits(**msgspec.structs.asdict(data))
+        limits.set_quota(s, uid, q)
+        return _quota_dict(q)
+
+
+@get("/keys", sync_to_thread=True)
+def list_all_keys(state: State) -> list[dict[str, Any]]:
+    with _store(state).read_sessions() as s:
+        return [key_json(k) for k in store_keys.list_keys(s, include_revoked=True)]
+
+
+@post("/users/{uid:int}/keys", status_code=201, sync_to_thread=True)
+def create_key(state: State, uid: FromPath[int], data: JSONBody[NewKey]) -> dict[str, Any]:
+    with _store(state).sessions.begin() as s:
+        key, plaintext = store_keys.create_api_key(s, _user(s, uid), data.name, data.max_class)
+        return {**key_json(key), "key": plaintext}
+
+
+@delete("/keys/{prefix:str}", status_code=204, sync_to_thread=True)
+def revoke_key(state: State, prefix: FromPath[str]) -> None:
+    with _store(state).sessions.begin() as s:
+        store_keys.revoke_key(s, prefix)
+
+
+@get("/usage", sync_to_thread=True)
+def usage(state: State) -> dict[str, Any]:
+    now = time.time()
+    with _store(state).read_sessions() as s:
+        hour = ledger.usage_last_hour(s, now)
+        day = ledger.usage_last_day(s, now)
+        return {str(u.id): {"name": u.name, "last_hour": usage_json(hour.get(u.id)),
+                            "last_day": usage_json(day.get(u.id))}
+                for u in users.list_users(s)}
+
+
+router = Router(path="/admin", guards=[admin_only], route_handlers=[
+    list_users, add_user, change_user, get_quota, set_quota, list_all_keys, create_key,
+    revoke_key, usage])

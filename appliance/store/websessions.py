@@ -1,0 +1,49 @@
+"""Browser sessions: opaque cookie tokens, stored as SHA-256, rotated at every login."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from appliance.store.models import User, WebSession
+
+SESSION_TTL_S = 30 * 86400.0
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def start_session(session: Session, user: User, *, now: float | None = None,
+                  ttl_s: float = SESSION_TTL_S) -> str:
+    """A fresh token for ``user`` (never a reused one: the id rotates at login)."""
+    now = time.time() if now is None else now
+    token = secrets.token_urlsafe(32)
+    session.add(WebSession(token_hash=_hash(token), user_id=user.id, created_at=now,
+                           expires_at=now + ttl_s))
+    session.execute(delete(WebSession).where(WebSession.expires_at < now))
+    return token
+
+
+def session_user(session: Session, token: str, *, now: float | None = None) -> User | None:
+    """The enabled user behind ``token``, or None (unknown, expired, disabled)."""
+    now = time.time() if now is None else now
+    row = session.scalars(select(WebSession).where(
+        WebSession.token_hash == _hash(token))).one_or_none()
+    if row is None or row.expires_at < now:
+        return None
+    user = session.get(User, row.user_id)
+    return None if user is None or user.disabled else user
+
+
+def end_session(session: Session, token: str) -> None:
+    session.execute(delete(WebSession).where(WebSession.token_hash == _hash(token)))
+
+
+def end_user_sessions(session: Session, user_id: int) -> None:
+    """Log a user out everywhere (password change, disable)."""
+    session.execute(delete(WebSession).where(WebSession.user_id == user_id))

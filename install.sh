@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Install and start the appliance. Idempotent: run it again to upgrade or restart.
+#
+#   ./install.sh
+#
+# Environment (all optional):
+#   APPLIANCE_VENV          virtual environment to use        (default: ./.venv)
+#   APPLIANCE_DATA_DIR      database, pulled models, logs     (default: per platform)
+#   APPLIANCE_MODEL         model dir or Hugging Face repo id (default: bundled demo model)
+#   APPLIANCE_HOST / _PORT  where to listen                   (default: 127.0.0.1:8080)
+#   APPLIANCE_START         service | foreground | none       (default: service if systemd
+#                           or launchd is there, else foreground)
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT=$PWD
+VENV=${APPLIANCE_VENV:-$ROOT/.venv}
+case "$(uname)" in
+  Darwin) DEFAULT_DATA="$HOME/Library/Application Support/appliance" ;;
+  *) DEFAULT_DATA="${XDG_DATA_HOME:-$HOME/.local/share}/appliance" ;;
+esac
+export APPLIANCE_DATA_DIR=${APPLIANCE_DATA_DIR:-$DEFAULT_DATA}
+URL="http://${APPLIANCE_HOST:-127.0.0.1}:${APPLIANCE_PORT:-8080}/"
+step() { printf '==> %s\n' "$*"; }
+
+# 1. Debian's OpenBLAS: MLX's CPU wheel bundles a reference BLAS that is ~50x slower.
+if [ "$(uname)" = Linux ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
+   && ! dpkg -s libopenblas0-pthread >/dev/null 2>&1; then
+  step "installing libopenblas0-pthread"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas0-pthread) \
+    || echo "    could not install OpenBLAS; continuing with the bundled BLAS (slower)"
+fi
+
+# 2. The virtual environment and the package (skipped when already installed from this tree).
+if [ ! -x "$VENV/bin/python" ]; then
+  step "creating virtual environment $VENV"
+  python3 -m venv "$VENV"
+fi
+STAMP="$VENV/.appliance-install-stamp"
+WANT=$(cat pyproject.toml | sha256sum | cut -c1-16)
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$VENV/bin/python" -c "import appliance" 2>/dev/null; then
+  step "installing the appliance into $VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT"
+  echo "$WANT" > "$STAMP"
+else
+  step "package already installed"
+fi
+APP="$VENV/bin/appliance"
+
+# 3. The model: the bundled demo model needs nothing; a repo id is pulled once.
+mkdir -p "$APPLIANCE_DATA_DIR"
+if [ -n "${APPLIANCE_MODEL:-}" ] && [ ! -d "$APPLIANCE_MODEL" ] \
+   && [ ! -d "$APPLIANCE_DATA_DIR/models/${APPLIANCE_MODEL//\//--}" ]; then
+  step "pulling $APPLIANCE_MODEL"
+  "$APP" model pull "$APPLIANCE_MODEL"
+else
+  step "model: ${APPLIANCE_MODEL:-bundled demo model}"
+fi
+
+# 4. The database and the first admin (the password is printed once).
+step "migrating the database in $APPLIANCE_DATA_DIR"
+"$APP" migrate
+"$APP" user add admin --role admin --if-no-admin
+
+# 5. Start: systemd unit, launchd agent, or the foreground.
+START=${APPLIANCE_START:-}
+if [ -z "$START" ]; then
+  if [ "$(uname)" = Darwin ] || { command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; }; then
+    START=service
+  else
+    START=foreground
+  fi
+fi
+fill() { sed -e "s#@VENV@#$VENV#g" -e "s#@DATA_DIR@#$APPLIANCE_DATA_DIR#g" -e "s#@USER@#$(id -un)#g" "$1"; }
+case "$START" in
+  service)
+    if [ "$(uname)" = Darwin ]; then
+      PLIST="$HOME/Library/LaunchAgents/com.appliance.daemon.plist"
+      mkdir -p "$(dirname "$PLIST")"
+      fill systemd/com.appliance.daemon.plist > "$PLIST"
+      launchctl bootout "gui/$(id -u)" "$PLIST" 2>/dev/null || true
+      launchctl bootstrap "gui/$(id -u)" "$PLIST"
+      step "launchd agent started; logs in $APPLIANCE_DATA_DIR/appliance.log"
+    elif [ "$(id -u)" = 0 ]; then
+      fill systemd/appliance.service > /etc/systemd/system/appliance.service
+      systemctl daemon-reload && systemctl enable appliance >/dev/null && systemctl restart appliance
+      step "systemd unit appliance.service started (journalctl -u appliance)"
+    else
+      mkdir -p "$HOME/.config/systemd/user"
+      fill systemd/appliance.service | sed '/^User=/d' > "$HOME/.config/systemd/user/appliance.service"
+      systemctl --user daemon-reload && systemctl --user enable appliance >/dev/null \
+        && systemctl --user restart appliance
+      step "systemd user unit started (journalctl --user -u appliance)"
+    fi
+    step "open $URL"
+    ;;
+  foreground)
+    step "no service manager here: serving in the foreground on $URL (Ctrl-C stops)"
+    exec "$APP" serve
+    ;;
+  none) step "installed; start it with: $APP serve" ;;
+  *) echo "APPLIANCE_START must be service, foreground or none" >&2; exit 2 ;;
+esac

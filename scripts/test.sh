@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The test command. Installs what a fresh machine lacks, then lint, types and the suite.
+#   ./scripts/test.sh              everything
+#   ./scripts/test.sh tests/unit   a subset (arguments go to pytest)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages: OpenBLAS (fast CPU matmuls for MLX) and Chromium (browser tests).
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  missing=()
+  dpkg -s libopenblas0-pthread >/dev/null 2>&1 || missing+=(libopenblas0-pthread)
+  dpkg -s chromium >/dev/null 2>&1 || missing+=(chromium)
+  if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  fi
+fi
+
+VENV=${APPLIANCE_VENV:-.venv}
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+# The same BLAS the daemon uses (appliance.cli.use_openblas), for the tests' MLX work.
+for lib in /usr/lib/x86_64-linux-gnu/libopenblas.so.0 /usr/lib/aarch64-linux-gnu/libopenblas.so.0; do
+  if [ -e "$lib" ] && [ "$(uname)" = Linux ]; then export LD_PRELOAD="$lib${LD_PRELOAD:+:$LD_PRELOAD}"; break; fi
+done
+
+"$VENV/bin/ruff" check appliance web migrations tests
+"$VENV/bin/mypy" --no-error-summary appliance web migrations
+"$VENV/bin/python" -m pytest -q "$@"

@@ -1,0 +1,110 @@
+"""The scheduler as a pure step function: hand-built inputs, no MLX, no clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.sched.classes import Klass
+from appliance.sched.scheduler import CHUNK_BUSY, CHUNK_IDLE, Scheduler, SchedulerConfig, SeqView
+from appliance.sched.states import (
+    ALLOWED,
+    FINISHED,
+    InvalidTransition,
+    RequestState,
+    check_transition,
+)
+
+Q, P, D = RequestState.QUEUED, RequestState.PREFILLING, RequestState.DECODING
+
+
+def seq(rid: int, state: RequestState = Q, prompt: int = 10, computed: int = 0,
+        klass: Klass = Klass.INTERACTIVE, arrival: float | None = None,
+        user: str = "bob") -> SeqView:
+    return SeqView(rid=rid, user=user, klass=klass, arrival=float(rid if arrival is None
+                                                                  else arrival),
+                   state=state, prefill_len=prompt, computed=computed)
+
+
+def sched(**kw: object) -> Scheduler:
+    return Scheduler(SchedulerConfig(**kw))  # type: ignore[arg-type]
+
+
+def test_it_admits_in_arrival_order_up_to_the_batch_size() -> None:
+    plan = sched(max_batch_size=2).step(0.0, [seq(3), seq(1), seq(2)])
+    assert plan.admit == (1, 2)
+
+
+def test_running_requests_count_against_the_batch_size() -> None:
+    plan = sched(max_batch_size=2).step(0.0, [seq(1, D), seq(2), seq(3)])
+    assert plan.admit == (2,)
+
+
+def test_a_higher_class_is_admitted_first() -> None:
+    plan = sched(max_batch_size=1).step(0.0, [seq(1), seq(2, klass=Klass.VOICE)])
+    assert plan.admit == (2,)
+
+
+def test_prefill_uses_2048_tokens_while_nothing_decodes() -> None:
+    plan = sched().step(0.0, [seq(1, prompt=5000)])
+    assert plan.prefill == ((1, CHUNK_IDLE),)
+
+
+def test_prefill_uses_512_tokens_while_a_batch_decodes() -> None:
+    plan = sched().step(0.0, [seq(1, D), seq(2, prompt=5000)])
+    assert plan.prefill == ((2, CHUNK_BUSY),)
+
+
+def test_an_explicit_chunk_size_fixes_both() -> None:
+    assert sched(prefill_chunk_size=100).step(0.0, [seq(1, prompt=500)]).prefill == ((1, 100),)
+    assert sched(prefill_chunk_size=100).step(
+        0.0, [seq(1, D), seq(2, prompt=500)]).prefill == ((2, 100),)
+
+
+def test_chunk_size_zero_reads_the_whole_prompt_at_once() -> None:
+    plan = sched(prefill_chunk_size=0).step(0.0, [seq(1, prompt=9000)])
+    assert plan.prefill == ((1, 9000),)
+
+
+def test_short_prompts_share_one_tick_budget() -> None:
+    plan = sched().step(0.0, [seq(1, D), seq(2, prompt=300), seq(3, prompt=300)])
+    assert plan.prefill == ((2, 300), (3, CHUNK_BUSY - 300))
+
+
+def test_a_partly_read_prompt_continues_where_it_stopped() -> None:
+    plan = sched().step(0.0, [seq(1, P, prompt=3000, computed=2048)])
+    assert plan.prefill == ((1, 952),)
+
+
+def test_a_lower_class_prefill_is_parked_but_granted_every_interval() -> None:
+    s = sched(prefill_grant_interval=4)
+    seqs = [seq(1, D, klass=Klass.VOICE), seq(2, P, prompt=5000, klass=Klass.BACKGROUND)]
+    grants = []
+    for tick in range(12):
+        plan = s.step(float(tick), seqs)
+        grants.append(bool(plan.prefill))
+        s.update(plan, seqs, decoded=True)
+    assert grants == [False, False, False, True] * 3
+
+
+def test_a_parked_prefill_is_not_parked_when_nothing_outranks_it() -> None:
+    seqs = [seq(1, D, klass=Klass.BACKGROUND), seq(2, P, prompt=100, klass=Klass.BACKGROUND)]
+    assert sched().step(0.0, seqs).prefill == ((2, 100),)
+
+
+def test_the_plan_never_prefills_a_request_twice_or_beyond_its_prompt() -> None:
+    seqs = [seq(i, P, prompt=40, computed=i) for i in range(1, 8)]
+    plan = sched(max_batch_size=8).step(0.0, seqs)
+    rids = [r for r, _ in plan.prefill]
+    assert len(rids) == len(set(rids))
+    assert sum(n for _, n in plan.prefill) <= CHUNK_IDLE
+
+
+def test_state_table_allows_preemption_and_forbids_leaving_a_finished_state() -> None:
+    check_transition(D, Q)
+    check_transition(Q, P)
+    for finished in FINISHED:
+        assert ALLOWED[finished] == frozenset()
+        with pytest.raises(InvalidTransition):
+            check_transition(finished, Q)
+    with pytest.raises(InvalidTransition):
+        check_transition(Q, D)

@@ -1,0 +1,52 @@
+"""Settings: precedence, validation and documentation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from appliance import settings as S
+from appliance.cli import build_parser
+
+
+def parse(*flags: str) -> object:
+    return build_parser().parse_args(["serve", *flags])
+
+
+def test_flags_beat_environment_beat_file_beat_defaults(tmp_path: Path) -> None:
+    cfg = tmp_path / "a.toml"
+    cfg.write_text("[engine]\nmax_batch_size = 4\nctx_size = 100\n[server]\nport = 9000\n")
+    s = S.load(parse("--config", str(cfg), "--ctx-size", "300"),  # type: ignore[arg-type]
+               env={"APPLIANCE_MAX_BATCH_SIZE": "6"})
+    assert s.engine.max_batch_size == 6
+    assert s.engine.ctx_size == 300
+    assert s.server.port == 9000
+    assert s.server.max_queue_depth == 32
+
+
+def test_out_of_range_values_get_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
+        S.load(parse("--max-batch-size", "0"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="must be int"):
+        S.load(None, env={"APPLIANCE_PORT": "eighty"})
+    with pytest.raises(ValueError, match="must be one of"):
+        S.load(None, env={"APPLIANCE_POLICY": "random"})
+
+
+def test_unknown_config_keys_are_refused(tmp_path: Path) -> None:
+    cfg = tmp_path / "a.toml"
+    cfg.write_text("[engine]\nmax_batch = 4\n")
+    with pytest.raises(ValueError, match="unknown settings"):
+        S.load(None, env={}, config_path=cfg)
+
+
+def test_no_batch_means_one_sequence_at_a_time() -> None:
+    assert S.load(parse("--no-batch"), env={}).engine.max_batch_size == 1  # type: ignore[arg-type]
+
+
+def test_every_setting_is_documented_in_the_readme() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for _, f in S.iter_fields():
+        assert S.flag_name(f) in readme, f"{S.flag_name(f)} missing from README"
+        assert S.env_name(f) in readme, f"{S.env_name(f)} missing from README"

@@ -9,10 +9,10 @@ from typing import Any
 
 from litestar import Litestar
 from litestar.config.csrf import CSRFConfig
-from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
+from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
 
 from appliance.api import account, admin, monitoring, openai
@@ -93,8 +93,9 @@ def create_app(services: Services, secret: str,
     return Litestar(
         route_handlers=[*openai.ROUTES, *monitoring.ROUTES, *account.ROUTES, admin.router],
         state=State({"services": services}),
-        middleware=[DefineMiddleware(CsrfUnlessBearer, config=csrf),
-                    DefineMiddleware(AuthMiddleware, exclude=list(PUBLIC_PATHS))],
+        # Outermost first: who is asking (401) before whether the form is genuine (403).
+        middleware=[DefineMiddleware(AuthMiddleware, exclude=list(PUBLIC_PATHS)),
+                    DefineMiddleware(CsrfUnlessBearer, config=csrf)],
         template_config=TemplateConfig(directory=TEMPLATES, engine=JinjaTemplateEngine),
         exception_handlers={
             ApiError: api_error_handler,

@@ -17,6 +17,7 @@ from litestar.params import FromPath, JSONBody
 from litestar.response import Redirect, Template
 
 from appliance.api.auth import SESSION_COOKIE, Principal
+from appliance.api.db import threaded
 from appliance.api.errors import ApiError
 from appliance.api.service import decode_body
 from appliance.store import conversations as convs
@@ -148,7 +149,8 @@ def me(request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
     return {"id": p.user_id, "name": p.name, "role": p.role, "max_class": p.max_class}
 
 
-@get("/me/usage", sync_to_thread=True)
+@get("/me/usage")
+@threaded
 def my_usage(request: Request, state: State) -> dict[str, Any]:  # type: ignore[type-arg]
     uid = request.user.user_id
     now = time.time()
@@ -158,14 +160,16 @@ def my_usage(request: Request, state: State) -> dict[str, Any]:  # type: ignore[
     return {"last_hour": usage_json(hour), "last_day": usage_json(day)}
 
 
-@get("/me/keys", sync_to_thread=True)
+@get("/me/keys")
+@threaded
 def my_keys(request: Request, state: State) -> list[dict[str, Any]]:  # type: ignore[type-arg]
     with _store(state).read_sessions() as s:
         return [key_json(k) for k in store_keys.list_keys(s, user_id=request.user.user_id,
                                                           include_revoked=True)]
 
 
-@post("/me/keys", status_code=201, sync_to_thread=True)
+@post("/me/keys", status_code=201)
+@threaded
 def create_my_key(request: Request, state: State, data: JSONBody[KeyBody]) -> dict[str, Any]:  # type: ignore[type-arg]
     with _store(state).sessions.begin() as s:
         user = users.get_user(s, request.user.user_id)
@@ -175,35 +179,40 @@ def create_my_key(request: Request, state: State, data: JSONBody[KeyBody]) -> di
         return {**key_json(key), "key": plaintext}
 
 
-@delete("/me/keys/{prefix:str}", status_code=204, sync_to_thread=True)
+@delete("/me/keys/{prefix:str}", status_code=204)
+@threaded
 def revoke_my_key(request: Request, state: State, prefix: FromPath[str]) -> None:  # type: ignore[type-arg]
     with _store(state).sessions.begin() as s:
         store_keys.revoke_key(s, prefix, user_id=request.user.user_id)
 
 
 # ---- conversations ----
-@get("/conversations", sync_to_thread=True)
+@get("/conversations")
+@threaded
 def list_conversations(request: Request, state: State) -> list[dict[str, Any]]:  # type: ignore[type-arg]
     with _store(state).read_sessions() as s:
         return [_conversation_json(c) for c in convs.list_conversations(s, request.user.user_id)]
 
 
-@post("/conversations", status_code=201, sync_to_thread=True)
+@post("/conversations", status_code=201)
+@threaded
 def create_conversation(request: Request, state: State, data: JSONBody[TitleBody]) -> dict[str, Any]:  # type: ignore[type-arg]
     with _store(state).sessions.begin() as s:
         return _conversation_json(convs.create_conversation(s, request.user.user_id, data.title))
 
 
-@get("/conversations/{cid:int}", sync_to_thread=True)
+@get("/conversations/{cid:int}")
+@threaded
 def get_conversation(request: Request, state: State, cid: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
     with _store(state).read_sessions() as s:
         c = convs.get_conversation(s, request.user.user_id, cid)
         if c is None:
-            raise NotFound("no such conversation")
+            raise NotFound("conversation not found")
         return _conversation_json(c, convs.list_messages(s, request.user.user_id, cid))
 
 
-@patch("/conversations/{cid:int}", sync_to_thread=True)
+@patch("/conversations/{cid:int}")
+@threaded
 def rename_conversation(request: Request, state: State, cid: FromPath[int], data: JSONBody[TitleBody]) -> dict[str, Any]:  # type: ignore[type-arg]
     with _store(state).sessions.begin() as s:
         convs.rename_conversation(s, request.user.user_id, cid, data.title)
@@ -212,13 +221,15 @@ def rename_conversation(request: Request, state: State, cid: FromPath[int], data
         return _conversation_json(c)
 
 
-@delete("/conversations/{cid:int}", status_code=204, sync_to_thread=True)
+@delete("/conversations/{cid:int}", status_code=204)
+@threaded
 def delete_conversation(request: Request, state: State, cid: FromPath[int]) -> None:  # type: ignore[type-arg]
     with _store(state).sessions.begin() as s:
         convs.delete_conversation(s, request.user.user_id, cid)
 
 
-@post("/conversations/{cid:int}/messages", status_code=201, sync_to_thread=True)
+@post("/conversations/{cid:int}/messages", status_code=201)
+@threaded
 def add_message(request: Request, state: State, cid: FromPath[int], data: JSONBody[MessageBody]) -> dict[str, Any]:  # type: ignore[type-arg]
     with _store(state).sessions.begin() as s:
         m = convs.add_message(s, request.user.user_id, cid, data.role, data.content)

@@ -15,6 +15,7 @@ from litestar.params import FromPath, JSONBody
 
 from appliance.api.account import key_json, usage_json
 from appliance.api.auth import admin_only
+from appliance.api.db import threaded
 from appliance.store import keys as store_keys
 from appliance.store import ledger, limits, users, websessions
 from appliance.store.db import Store
@@ -66,20 +67,23 @@ def _user(s: Any, uid: FromPath[int]) -> User:
     return u
 
 
-@get("/users", sync_to_thread=True)
+@get("/users")
+@threaded
 def list_users(state: State) -> list[dict[str, Any]]:
     with _store(state).read_sessions() as s:
         return [user_json(u) for u in users.list_users(s)]
 
 
-@post("/users", status_code=201, sync_to_thread=True)
+@post("/users", status_code=201)
+@threaded
 def add_user(state: State, data: JSONBody[NewUser]) -> dict[str, Any]:
     with _store(state).sessions.begin() as s:
         return user_json(users.create_user(s, data.name, data.password, role=data.role,
                                            max_class=data.max_class, weight=data.weight))
 
 
-@patch("/users/{uid:int}", sync_to_thread=True)
+@patch("/users/{uid:int}")
+@threaded
 def change_user(state: State, uid: FromPath[int], data: JSONBody[UserPatch]) -> dict[str, Any]:
     with _store(state).sessions.begin() as s:
         u = _user(s, uid)
@@ -99,7 +103,8 @@ def change_user(state: State, uid: FromPath[int], data: JSONBody[UserPatch]) -> 
         return user_json(u)
 
 
-@get("/users/{uid:int}/quota", sync_to_thread=True)
+@get("/users/{uid:int}/quota")
+@threaded
 def get_quota(state: State, uid: FromPath[int]) -> dict[str, Any]:
     with _store(state).read_sessions() as s:
         _user(s, uid)
@@ -111,7 +116,8 @@ def _quota_dict(q: limits.QuotaLimits) -> dict[str, int | None]:
             "max_prompt_tokens": q.max_prompt_tokens, "max_output_tokens": q.max_output_tokens}
 
 
-@put("/users/{uid:int}/quota", sync_to_thread=True)
+@put("/users/{uid:int}/quota")
+@threaded
 def set_quota(state: State, uid: FromPath[int], data: JSONBody[QuotaBody]) -> dict[str, Any]:
     for name, value in msgspec.structs.asdict(data).items():
         if value is not None and value < 0:
@@ -123,26 +129,30 @@ def set_quota(state: State, uid: FromPath[int], data: JSONBody[QuotaBody]) -> di
         return _quota_dict(q)
 
 
-@get("/keys", sync_to_thread=True)
+@get("/keys")
+@threaded
 def list_all_keys(state: State) -> list[dict[str, Any]]:
     with _store(state).read_sessions() as s:
         return [key_json(k) for k in store_keys.list_keys(s, include_revoked=True)]
 
 
-@post("/users/{uid:int}/keys", status_code=201, sync_to_thread=True)
+@post("/users/{uid:int}/keys", status_code=201)
+@threaded
 def create_key(state: State, uid: FromPath[int], data: JSONBody[NewKey]) -> dict[str, Any]:
     with _store(state).sessions.begin() as s:
         key, plaintext = store_keys.create_api_key(s, _user(s, uid), data.name, data.max_class)
         return {**key_json(key), "key": plaintext}
 
 
-@delete("/keys/{prefix:str}", status_code=204, sync_to_thread=True)
+@delete("/keys/{prefix:str}", status_code=204)
+@threaded
 def revoke_key(state: State, prefix: FromPath[str]) -> None:
     with _store(state).sessions.begin() as s:
         store_keys.revoke_key(s, prefix)
 
 
-@get("/usage", sync_to_thread=True)
+@get("/usage")
+@threaded
 def usage(state: State) -> dict[str, Any]:
     now = time.time()
     with _store(state).read_sessions() as s:

@@ -1,0 +1,167 @@
+"""Every route against anonymous, member and admin callers, and own versus other's data.
+
+Expected codes: 401 without credentials, 403 for a member on admin routes, 404 for another
+member's conversation or key (exactly like one that does not exist), never a leak.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import PASSWORD, LiveServer, live_server, make_settings
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path) -> Iterator[LiveServer]:
+    with live_server(make_settings(tiny_model)) as s:
+        yield s
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+# (method, path, json body, expected for anonymous, member (bob), admin (alice))
+MATRIX: list[tuple[str, str, object, int, int, int]] = [
+    ("GET", "/health", None, 200, 200, 200),
+    ("GET", "/login", None, 200, 200, 200),
+    ("GET", "/v1/models", None, 401, 200, 200),
+    ("POST", "/v1/chat/completions", CHAT, 401, 200, 200),
+    ("POST", "/v1/completions", {"prompt": "a", "max_tokens": 2}, 401, 200, 200),
+    ("GET", "/slots", None, 401, 403, 200),
+    ("GET", "/me", None, 401, 200, 200),
+    ("GET", "/me/usage", None, 401, 200, 200),
+    ("GET", "/me/keys", None, 401, 200, 200),
+    ("POST", "/me/keys", {"name": "laptop"}, 401, 201, 201),
+    ("GET", "/conversations", None, 401, 200, 200),
+    ("POST", "/conversations", {"title": "t"}, 401, 201, 201),
+    ("GET", "/admin/users", None, 401, 403, 200),
+    ("POST", "/admin/users", {"name": "dave{n}", "password": "longenough1"}, 401, 403, 201),
+    ("PATCH", "/admin/users/{carol}", {"weight": 2.0}, 401, 403, 200),
+    ("GET", "/admin/users/{carol}/quota", None, 401, 403, 200),
+    ("PUT", "/admin/users/{carol}/quota", {"tokens_per_day": 1000}, 401, 403, 200),
+    ("GET", "/admin/keys", None, 401, 403, 200),
+    ("POST", "/admin/users/{carol}/keys", {"name": "x"}, 401, 403, 201),
+    ("GET", "/admin/usage", None, 401, 403, 200),
+    ("POST", "/logout", {}, 401, 200, 200),
+]
+
+
+def _path(server: LiveServer, path: str) -> str:
+    return path.replace("{carol}", str(server.user_ids["carol"]))
+
+
+def _body(body: object, n: int) -> object:
+    if isinstance(body, dict) and "name" in body and "{n}" in str(body["name"]):
+        return {**body, "name": str(body["name"]).replace("{n}", str(n))}
+    return body
+
+
+@pytest.mark.parametrize("method, path, body, anon, member, admin", MATRIX,
+                         ids=[f"{m} {p}" for m, p, *_ in MATRIX])
+def test_route_answers_each_kind_of_caller(server: LiveServer, method: str, path: str,
+                                           body: object, anon: int, member: int,
+                                           admin: int) -> None:
+    for n, (who, expected) in enumerate(((None, anon), ("bob", member), ("alice", admin))):
+        with server.client(who) as c:
+            r = c.request(method, _path(server, path), json=_body(body, n))
+        assert r.status_code == expected, (who, r.text)
+        if expected in (401, 403):
+            assert set(r.json()["error"]) >= {"message", "type"}
+
+
+def test_the_matrix_covers_every_route(server: LiveServer) -> None:
+    from appliance.app import create_app
+
+    app = create_app(server_services(server), secret="x" * 32)
+    covered = {(m, re.sub(r"\{\w+\}", "{}", p)) for m, p, *_ in MATRIX} | OWNED
+    for route in app.routes:
+        for method in getattr(route, "methods", ()):
+            if method in ("HEAD", "OPTIONS"):
+                continue
+            path = re.sub(r"\{[^}]+\}", "{}", route.path)
+            assert (method, path) in covered, f"{method} {route.path} is not in the matrix"
+
+
+def server_services(server: LiveServer) -> object:
+    from appliance.app import build_services
+    from tests.helpers import make_settings as _ms
+
+    return build_services(_ms(Path(server.engine.config.model_path)), server.engine, server.store)
+
+
+OWNED = {("GET", "/conversations/{}"), ("PATCH", "/conversations/{}"),
+         ("DELETE", "/conversations/{}"), ("POST", "/conversations/{}/messages"),
+         ("DELETE", "/me/keys/{}"), ("DELETE", "/admin/keys/{}"), ("POST", "/login")}
+
+
+def test_a_member_cannot_see_or_touch_another_members_conversation(server: LiveServer) -> None:
+    with server.client("bob") as bob, server.client("carol") as carol, \
+            server.client() as anon:
+        cid = bob.post("/conversations", json={"title": "bob's plans"}).json()["id"]
+        assert bob.post(f"/conversations/{cid}/messages",
+                        json={"role": "user", "content": "secret"}).status_code == 201
+        missing = carol.get("/conversations/999999")
+        for method, path, body in (("GET", f"/conversations/{cid}", None),
+                                   ("PATCH", f"/conversations/{cid}", {"title": "mine"}),
+                                   ("DELETE", f"/conversations/{cid}", None),
+                                   ("POST", f"/conversations/{cid}/messages",
+                                    {"role": "user", "content": "x"})):
+            r = carol.request(method, path, json=body)
+            assert r.status_code == 404
+            assert r.json()["error"]["message"] == missing.json()["error"]["message"]
+            assert "secret" not in r.text and "bob" not in r.text
+            assert anon.request(method, path, json=body).status_code == 401
+        assert [c["id"] for c in carol.get("/conversations").json()] == []
+        got = bob.get(f"/conversations/{cid}").json()
+        assert got["title"] == "bob's plans" and got["messages"][0]["content"] == "secret"
+        assert bob.delete(f"/conversations/{cid}").status_code == 204
+
+
+def test_a_member_cannot_revoke_another_members_key(server: LiveServer) -> None:
+    with server.client("bob") as bob, server.client("carol") as carol, \
+            server.client("alice") as alice:
+        prefix = bob.post("/me/keys", json={"name": "tablet"}).json()["prefix"]
+        assert carol.delete(f"/me/keys/{prefix}").status_code == 404
+        assert bob.delete("/admin/keys/" + prefix).status_code == 403
+        assert alice.delete("/admin/keys/" + prefix).status_code == 204
+        assert bob.delete(f"/me/keys/{prefix}").status_code == 204  # already revoked: idempotent
+        assert anon_status(server, "DELETE", f"/me/keys/{prefix}") == 401
+
+
+def anon_status(server: LiveServer, method: str, path: str) -> int:
+    return httpx.request(method, server.url + path).status_code
+
+
+def test_a_revoked_key_and_a_disabled_user_are_refused(server: LiveServer) -> None:
+    with server.client("alice") as alice:
+        made = alice.post("/admin/users", json={"name": "erin", "password": PASSWORD}).json()
+        key = alice.post(f"/admin/users/{made['id']}/keys", json={"name": "k"}).json()
+        with httpx.Client(base_url=server.url,
+                          headers={"Authorization": f"Bearer {key['key']}"}) as erin:
+            assert erin.get("/me").json()["name"] == "erin"
+            alice.patch(f"/admin/users/{made['id']}", json={"disabled": True})
+            assert erin.get("/me").status_code == 401
+            alice.patch(f"/admin/users/{made['id']}", json={"disabled": False})
+            assert erin.get("/me").status_code == 200
+            alice.delete(f"/admin/keys/{key['prefix']}")
+            assert erin.get("/me").status_code == 401
+
+
+def test_a_browser_session_cannot_call_the_openai_api(server: LiveServer) -> None:
+    with httpx.Client(base_url=server.url) as browser:
+        login(browser, "bob")
+        assert browser.get("/me").status_code == 200
+        r = browser.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 401
+        assert "Bearer" in r.json()["error"]["message"]
+
+
+def login(browser: httpx.Client, name: str, password: str = PASSWORD) -> httpx.Response:
+    browser.get("/login")
+    token = browser.cookies.get("csrftoken")
+    return browser.post("/login", data={"name": name, "password": password,
+                                        "_csrf_token": token or ""})

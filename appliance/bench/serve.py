@@ -20,6 +20,7 @@ import os
 import platform
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -275,8 +276,9 @@ def render_report(report: Mapping[str, Any]) -> str:
         f"- BLAS: {meta['blas_report']}",
         f"- git commit: `{meta['git_commit']}`; mlx {meta['versions'].get('mlx', '?')}, "
         f"mlx-lm {meta['versions'].get('mlx_lm', '?')}, python {meta['versions']['python']}",
-        f"- machine: {meta['machine']}",
-        f"- workload: {meta['requests_per_client']} requests per client back to back, "
+        f"- machine: {meta['machine']}; auth for ours: {meta.get('auth', 'none')}",
+        f"- workload: {meta.get('rounds', 1)} round(s) × {meta['requests_per_client']} "
+        "requests per client back to back, "
         f"max_tokens {meta['max_tokens']}, temperature 0, distinct prompts; "
         f"max batch {meta['max_batch_size']}",
     ]
@@ -451,6 +453,8 @@ class Config:
     output_dir: Path
     ready_timeout_s: float
     command: str
+    rounds: int = 1
+    auth: str = "none"
 
 
 def server_argv(name: str, cfg: Config, port: int) -> list[str]:
@@ -464,7 +468,7 @@ def server_argv(name: str, cfg: Config, port: int) -> list[str]:
     return [*cfg.mlx_cmd, *common, "--decode-concurrency", batch, "--prompt-concurrency", batch]
 
 
-def make_server(name: str, cfg: Config, port: int) -> ServerProcess:
+def make_server(name: str, cfg: Config, port: int, log: Path) -> ServerProcess:
     env = server_env(cfg.blas)
     if name == OURS:
         # Our CLI preloads OpenBLAS by itself unless told otherwise: keep both servers on
@@ -475,8 +479,76 @@ def make_server(name: str, cfg: Config, port: int) -> ServerProcess:
         name=name,
         argv=server_argv(name, cfg, port),
         env=env,
-        log_path=cfg.output_dir / f"{name}.log",
+        log_path=log,
     )
+
+
+DATA_DIR_ENV = "APPLIANCE_DATA_DIR"
+
+
+def needs_provisioning(cfg: Config) -> bool:
+    """Our server needs an API key and the user gave neither a key nor a data directory."""
+    return OURS in cfg.servers and cfg.api_key is None and DATA_DIR_ENV not in cfg.our_env
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def provision_api_key(cfg: Config) -> tuple[str, Path]:
+    """A fresh data directory for our server with one `bench` user and its API key.
+
+    Runs `appliance migrate`, `appliance user add bench` and `appliance key create bench`
+    with `APPLIANCE_DATA_DIR` pointing into the output directory, so the benchmark never
+    writes ledger rows into the household's real database.
+    """
+    data_dir = (cfg.output_dir / "ours-data").resolve()
+    env = server_env(cfg.blas)
+    env.update(cfg.our_env)
+    env[DATA_DIR_ENV] = str(data_dir)
+    admin = [sys.executable, "-m", "appliance"]
+    steps = (["migrate"], ["user", "add", "bench"], ["key", "create", "bench", "--name", "bench"])
+    out = ""
+    for step in steps:
+        proc = subprocess.run(
+            [*admin, *step],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"`appliance {' '.join(step)}` failed ({proc.returncode}): "
+                f"{(proc.stderr or proc.stdout).strip()[-500:]}"
+            )
+        out = proc.stdout
+    key = last_line(out)
+    if not key or " " in key:
+        raise RuntimeError(f"could not read the API key from `appliance key create`: {out!r}")
+    return key, data_dir
+
+
+def apply_provisioning(cfg: Config) -> None:
+    """Give our server a throwaway data dir and key when the user did not bring their own."""
+    if not needs_provisioning(cfg):
+        return
+    try:
+        key, data_dir = provision_api_key(cfg)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        print(
+            f"[bench] could not provision an API key for ours ({exc}); pass --api-key "
+            f"and --our-env {DATA_DIR_ENV}=DIR",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    cfg.api_key = key
+    cfg.auth = f"a throwaway 'bench' user and API key in {data_dir}"
+    cfg.our_env[DATA_DIR_ENV] = str(data_dir)
+    print(f"[bench] ours: bench user and API key in {data_dir}", file=sys.stderr, flush=True)
 
 
 def blas_loaded(server: ServerProcess) -> bool | None:
@@ -485,65 +557,135 @@ def blas_loaded(server: ServerProcess) -> bool | None:
     return None if not maps else "/libopenblas" in maps  # not numpy's libscipy_openblas
 
 
-async def bench_one_server(name: str, cfg: Config) -> dict[str, Any]:
+@dataclass
+class LevelRun:
+    """Raw outcome of one concurrency level on one server start."""
+
+    concurrency: int
+    wall_s: float
+    timings: list[RequestTiming]
+
+
+def pool_runs(runs: Sequence[LevelRun]) -> list[LevelStats]:
+    """Per level (in first-seen order), every round's requests together; tok/s over the
+    summed wall time of that level's rounds."""
+    by_level: dict[int, list[LevelRun]] = {}
+    for run in runs:
+        by_level.setdefault(run.concurrency, []).append(run)
+    return [
+        summarize_level(
+            level, [t for run in group for t in run.timings], sum(run.wall_s for run in group)
+        )
+        for level, group in by_level.items()
+    ]
+
+
+def round_order(servers: Sequence[str], round_index: int) -> list[str]:
+    """A B, then B A, ...: drift on a noisy machine hits both servers alike over 2 rounds."""
+    return list(servers) if round_index % 2 == 0 else list(reversed(servers))
+
+
+def combine_flags(values: Sequence[bool | None]) -> bool | None:
+    """All true → True; any false → False; otherwise (unchecked somewhere) None."""
+    if any(v is False for v in values):
+        return False
+    return True if values and all(v is True for v in values) else None
+
+
+def log_path(cfg: Config, name: str, round_index: int) -> Path:
+    suffix = "" if cfg.rounds == 1 else f"-round{round_index + 1}"
+    return cfg.output_dir / f"{name}{suffix}.log"
+
+
+async def bench_one_server(
+    name: str, cfg: Config, round_index: int, runs: list[LevelRun]
+) -> dict[str, Any]:
+    """Start one server, warm it up, run every level (appending to `runs`), stop it."""
     port = free_port(HOST)
-    server = make_server(name, cfg, port)
+    server = make_server(name, cfg, port, log_path(cfg, name, round_index))
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    result: dict[str, Any] = {
+    info: dict[str, Any] = {
+        "round": round_index + 1,
         "command": shlex.join(server.argv),
         "log": str(server.log_path),
         "env_overrides": {k: v for k, v in sorted(server.env.items()) if os.environ.get(k) != v},
-        "levels": [],
-        "requests": [],
         "error": None,
     }
-    print(f"[bench] starting {name}: {result['command']}", file=sys.stderr, flush=True)
-    with running(server):
-        base_url = f"http://{HOST}:{port}"
-        result["health"] = await wait_ready(server, base_url, headers, cfg.ready_timeout_s)
-        result["pid"] = server.pid
-        result["openblas_loaded"] = blas_loaded(server)
-        model = (
-            "default_model"
-            if name == MLX_LM
-            else await discover_model(Target(name, base_url, headers, None))
+    print(f"[bench] starting {name}: {info['command']}", file=sys.stderr, flush=True)
+    try:
+        with running(server):
+            await drive_server(name, cfg, server, port, headers, info, runs)
+    except (ServerStartError, RuntimeError, httpx.HTTPError, OSError) as exc:
+        print(f"[bench] {name} failed: {exc}", file=sys.stderr, flush=True)
+        info["error"] = str(exc)
+    info["exit_code"] = server.proc.returncode if server.proc else None
+    return info
+
+
+async def drive_server(
+    name: str,
+    cfg: Config,
+    server: ServerProcess,
+    port: int,
+    headers: dict[str, str],
+    info: dict[str, Any],
+    runs: list[LevelRun],
+) -> None:
+    base_url = f"http://{HOST}:{port}"
+    info["health"] = await wait_ready(server, base_url, headers, cfg.ready_timeout_s)
+    info["pid"] = server.pid
+    info["openblas_loaded"] = blas_loaded(server)
+    # mlx_lm loads another model when "model" names anything but the one it was started
+    # with; "default_model" is its own name for that one.
+    model = (
+        "default_model"
+        if name == MLX_LM
+        else await discover_model(Target(name, base_url, headers, None))
+    )
+    info["request_model"] = model
+    target = Target(name=name, base_url=base_url, headers=headers, model=model)
+    if cfg.workload.warmup:
+        await warm_up(target, cfg.workload)
+    offset = 0
+    for concurrency in cfg.workload.concurrency:
+        stats, timings = await run_level(target, cfg.workload, concurrency, offset)
+        offset += concurrency * cfg.workload.requests_per_client
+        runs.append(LevelRun(concurrency, stats.wall_s, timings))
+        print(
+            f"[bench] {name} C={concurrency}: {fmt_rate(stats.tokens_per_s)} tok/s, "
+            f"TTFT p95 {fmt_ms(stats.ttft_p95_s)} ms, ITL p95 {fmt_ms(stats.itl_p95_s)} ms, "
+            f"{stats.errors} errors",
+            file=sys.stderr,
+            flush=True,
         )
-        target = Target(name=name, base_url=base_url, headers=headers, model=model)
-        result["request_model"] = model
-        if cfg.workload.warmup:
-            await warm_up(target, cfg.workload)
-        offset = 0
-        for concurrency in cfg.workload.concurrency:
-            stats, timings = await run_level(target, cfg.workload, concurrency, offset)
-            offset += concurrency * cfg.workload.requests_per_client
-            result["levels"].append(asdict(stats))
-            result["requests"] += [dict(t.summary(), concurrency=concurrency) for t in timings]
-            print(
-                f"[bench] {name} C={concurrency}: {fmt_rate(stats.tokens_per_s)} tok/s, "
-                f"TTFT p95 {fmt_ms(stats.ttft_p95_s)} ms, ITL p95 {fmt_ms(stats.itl_p95_s)} ms, "
-                f"{stats.errors} errors",
-                file=sys.stderr,
-                flush=True,
-            )
-    result["exit_code"] = server.proc.returncode if server.proc else None
-    return result
+
+
+def server_result(starts: Sequence[dict[str, Any]], runs: Sequence[LevelRun]) -> dict[str, Any]:
+    """One server's JSON: pooled levels, per-start facts, per-request summaries."""
+    errors = [s["error"] for s in starts if s["error"]]
+    return {
+        "command": starts[0]["command"],
+        "log": ", ".join(s["log"] for s in starts),
+        "openblas_loaded": combine_flags([s.get("openblas_loaded") for s in starts]),
+        "error": "; ".join(errors) or None,
+        "levels": [asdict(stats) for stats in pool_runs(runs)],
+        "starts": list(starts),
+        "requests": [
+            dict(t.summary(), concurrency=run.concurrency) for run in runs for t in run.timings
+        ],
+    }
 
 
 async def bench_all(cfg: Config) -> dict[str, dict[str, Any]]:
-    results: dict[str, dict[str, Any]] = {}
-    for name in cfg.servers:
-        try:
-            results[name] = await bench_one_server(name, cfg)
-        except (ServerStartError, RuntimeError, httpx.HTTPError, OSError) as exc:
-            print(f"[bench] {name} failed: {exc}", file=sys.stderr, flush=True)
-            results[name] = {
-                "levels": [],
-                "requests": [],
-                "error": str(exc),
-                "log": str(cfg.output_dir / f"{name}.log"),
-                "command": "",
-            }
-    return results
+    """Every round, every server, one server at a time."""
+    starts: dict[str, list[dict[str, Any]]] = {name: [] for name in cfg.servers}
+    runs: dict[str, list[LevelRun]] = {name: [] for name in cfg.servers}
+    for round_index in range(cfg.rounds):
+        for name in round_order(cfg.servers, round_index):
+            if any(start["error"] for start in starts[name]):
+                continue  # it failed once; do not spend another round on it
+            starts[name].append(await bench_one_server(name, cfg, round_index, runs[name]))
+    return {name: server_result(starts[name], runs[name]) for name in cfg.servers}
 
 
 # --------------------------------------------------------------------------------------
@@ -597,6 +739,9 @@ def build_report(
         "requests_per_client": cfg.workload.requests_per_client,
         "max_tokens": cfg.workload.max_tokens,
         "max_batch_size": cfg.max_batch_size,
+        "rounds": cfg.rounds,
+        "auth": cfg.auth,
+        "server_order": [round_order(cfg.servers, r) for r in range(cfg.rounds)],
         "include_usage": cfg.workload.include_usage,
         "output_dir": str(cfg.output_dir),
         "duration_s": round((dt.datetime.now(dt.UTC) - started).total_seconds(), 1),
@@ -665,6 +810,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests each client sends back to back per level (default: 4)",
     )
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat the whole comparison, alternating the server order (A B, B A, ...) and "
+        "pooling the requests; 2 cancels most drift of a noisy machine (default: 1)",
+    )
+    p.add_argument(
         "--max-tokens", type=int, default=64, help="max_tokens per request (default: 64)"
     )
     p.add_argument(
@@ -690,6 +842,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--our-cmd",
         default=f"{shlex.quote(sys.executable)} -m appliance serve",
         help="command prefix of our server; --model/--host/--port/--max-batch-size are appended",
+    )
+    p.add_argument(
+        "--no-provision",
+        action="store_true",
+        help="without --api-key, ours normally gets a throwaway data dir (under the output "
+        "dir) with a 'bench' user and key; this flag skips that",
     )
     p.add_argument(
         "--our-env",
@@ -754,8 +912,8 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
     unknown = sorted(set(servers) - set(SERVER_NAMES))
     if unknown or not servers:
         raise SystemExit(f"--servers: unknown {unknown}; choose from {', '.join(SERVER_NAMES)}")
-    if args.requests_per_client < 1 or args.max_tokens < 1:
-        raise SystemExit("--requests-per-client and --max-tokens must be at least 1")
+    if min(args.requests_per_client, args.max_tokens, args.rounds) < 1:
+        raise SystemExit("--requests-per-client, --max-tokens and --rounds must be at least 1")
     blas = args.blas or default_blas()
     if blas == "openblas" and not OPENBLAS_PATH.exists():
         raise SystemExit(
@@ -782,6 +940,8 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
         output_dir=args.output_dir or DEFAULT_OUTPUT_ROOT / stamp,
         ready_timeout_s=args.ready_timeout,
         command=command,
+        rounds=args.rounds,
+        auth="--api-key" if args.api_key else "none",
     )
 
 
@@ -797,6 +957,8 @@ def main(argv: list[str] | None = None) -> int:
     started = dt.datetime.now(dt.UTC)
     cfg = config_from_args(args, shlex.join([*shlex.split(prog), *args_list]), started)
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
+    if not args.no_provision:
+        apply_provisioning(cfg)
     # SIGTERM unwinds through the `finally` that stops the servers.
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:

@@ -7,6 +7,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,13 +24,21 @@ from appliance.bench.common import (
     usage_completion_tokens,
 )
 from appliance.bench.serve import (
+    Config,
     LevelRatio,
+    LevelRun,
     LevelStats,
+    Workload,
+    combine_flags,
     compute_ratios,
+    last_line,
     level_serials,
+    needs_provisioning,
+    pool_runs,
     prompt_for,
     render_report,
     render_table,
+    round_order,
     summarize_level,
     time_per_output_token,
     token_source,
@@ -172,6 +181,36 @@ def test_summarize_level_all_failed() -> None:
 
 def test_token_source_mixed() -> None:
     assert token_source([timing([0.1], usage=1), timing([0.1])]) == "mixed"
+
+
+def test_pool_runs_merges_rounds_per_level() -> None:
+    runs = [
+        LevelRun(1, 2.0, [timing([0.1, 0.2], usage=2)]),
+        LevelRun(2, 4.0, [timing([0.3, 0.4], usage=2), timing([0.5, 0.6], usage=2)]),
+        LevelRun(1, 6.0, [timing([0.3, 0.4], usage=6)]),
+    ]
+    pooled = pool_runs(runs)
+    assert [s.concurrency for s in pooled] == [1, 2]
+    one = pooled[0]
+    assert one.requests == 2
+    assert one.output_tokens == 8
+    assert one.wall_s == pytest.approx(8.0)
+    assert one.tokens_per_s == pytest.approx(1.0)  # 8 tokens over 2 s + 6 s
+    assert one.ttft_p50_s == pytest.approx(0.2)
+    assert pooled[1].tokens_per_s == pytest.approx(1.0)
+
+
+def test_round_order_alternates() -> None:
+    assert round_order(["ours", "mlx_lm"], 0) == ["ours", "mlx_lm"]
+    assert round_order(["ours", "mlx_lm"], 1) == ["mlx_lm", "ours"]
+    assert round_order(["ours", "mlx_lm"], 2) == ["ours", "mlx_lm"]
+
+
+def test_combine_flags() -> None:
+    assert combine_flags([True, True]) is True
+    assert combine_flags([True, False]) is False
+    assert combine_flags([True, None]) is None
+    assert combine_flags([]) is None
 
 
 # ---- ratios and the table -------------------------------------------------------------
@@ -343,3 +382,38 @@ def test_stream_chat_records_stream_errors() -> None:
     body = sse_body('data: {"error": {"message": "inference backend error"}}')
     t = run_stream(lambda request: httpx.Response(200, content=body))
     assert t.error is not None and "inference backend error" in t.error
+
+
+# ---- provisioning decisions ------------------------------------------------------------
+
+
+def config(**overrides: Any) -> Config:
+    values: dict[str, Any] = {
+        "model_dir": Path("/m"),
+        "servers": ["ours", "mlx_lm"],
+        "workload": Workload([1], 1, 8, True, False, 10.0),
+        "max_batch_size": 8,
+        "blas": "bundled",
+        "api_key": None,
+        "our_cmd": ["python", "-m", "appliance", "serve"],
+        "our_env": {},
+        "mlx_cmd": ["python", "-m", "mlx_lm", "server"],
+        "output_dir": Path("/tmp/out"),
+        "ready_timeout_s": 1.0,
+        "command": "x",
+    }
+    values.update(overrides)
+    return Config(**values)
+
+
+def test_needs_provisioning_only_without_key_or_data_dir() -> None:
+    assert needs_provisioning(config())
+    assert not needs_provisioning(config(api_key="k"))
+    assert not needs_provisioning(config(our_env={"APPLIANCE_DATA_DIR": "/d"}))
+    assert not needs_provisioning(config(servers=["mlx_lm"]))
+
+
+def test_last_line_reads_the_key_printed_last() -> None:
+    out = "key cdf39f98 for bench (class interactive); shown once:\napl_cdf_xyz\n\n"
+    assert last_line(out) == "apl_cdf_xyz"
+    assert last_line("") == ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -85,6 +86,10 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
                             timeout_keep_alive=30)
     log.info("serving %s on http://%s:%d/", services.model.name, settings.server.host,
              settings.server.port)
+    # uvicorn re-raises the signal that stopped it once it has shut down, which would end
+    # the process with -15 after a clean drain; with a quiet handler underneath we exit 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     uvicorn.Server(config).run()
     return 0
 

@@ -1,0 +1,134 @@
+"""The daemon as a process: SIGTERM drains, kill -9 loses at most one flush interval of
+ledger rows and never corrupts the database, logs carry no secrets or text, and
+`appliance run` gives the server's greedy answer."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from appliance.store.writer import DEFAULT_FLUSH_INTERVAL_S
+from tests.daemon import PASSWORD, cli, make_household, start_daemon
+
+CHAT = {"messages": [{"role": "user", "content": "Tell me a story"}]}
+
+
+def test_sigterm_lets_running_and_queued_requests_finish_then_exits_0(
+        tiny_model: Path, tmp_path: Path) -> None:
+    keys = make_household(tmp_path)
+    d = start_daemon(tiny_model, tmp_path, "--max-batch-size", "1")
+    eos = json.loads((tiny_model / "config.json").read_text())["eos_token_id"]
+    ban = {str(t): -100.0 for t in (eos if isinstance(eos, list) else [eos])}
+    body = {**CHAT, "max_tokens": 1500, "logit_bias": ban}
+    with cf.ThreadPoolExecutor(4) as pool, d.client(keys["bob"]) as c:
+        futures = [pool.submit(c.post, "/v1/chat/completions", json=body) for _ in range(4)]
+        deadline = time.monotonic() + 30
+        while c.get("/health").json()["active"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert d.terminate() == 0
+        replies = [f.result() for f in futures]
+    assert [r.status_code for r in replies] == [200] * 4
+    for r in replies:
+        assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
+    assert "shut down cleanly" in d.log.read_text()
+
+
+def test_kill_9_under_load_leaves_a_clean_database_and_a_complete_ledger(
+        tiny_model: Path, tmp_path: Path) -> None:
+    keys = make_household(tmp_path)
+    d = start_daemon(tiny_model, tmp_path)
+    done: list[tuple[str, float]] = []
+    stop = time.monotonic() + 4.0
+
+    def worker(n: int) -> None:
+        with d.client(keys["bob"]) as c:
+            while time.monotonic() < stop:
+                try:
+                    r = c.post("/v1/chat/completions",
+                               json={**CHAT, "max_tokens": 20 + n, "temperature": 0.8})
+                except httpx.TransportError:
+                    return
+                if r.status_code == 200:
+                    done.append((r.json()["id"].removeprefix("chatcmpl-"), time.time()))
+
+    with cf.ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(worker, n) for n in range(6)]
+        time.sleep(3.0)
+        killed_at = time.time()
+        d.kill()
+        for f in futures:
+            f.result()
+    assert len(done) > 10
+    db = tmp_path / "appliance.db"
+    con = sqlite3.connect(db)
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        rows = {r[0]: r for r in con.execute(
+            "SELECT request_id, finish_reason, output_tokens, finished_at FROM ledger")}
+    finally:
+        con.close()
+    margin = DEFAULT_FLUSH_INTERVAL_S + 0.5  # one flush interval plus the commit itself
+    must_have = [rid for rid, t in done if t < killed_at - margin]
+    missing = [rid for rid in must_have if rid not in rows]
+    assert not missing, f"{len(missing)} of {len(must_have)} rows lost"
+    assert all(r[1] and r[2] is not None and r[3] for r in rows.values())
+    # the daemon starts again on the same database
+    d2 = start_daemon(tiny_model, tmp_path, log_name="restart.log")
+    with d2.client(keys["bob"]) as c:
+        assert c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2}).status_code == 200
+    assert d2.terminate() == 0
+
+
+def test_logs_carry_no_password_key_or_text(tiny_model: Path, tmp_path: Path) -> None:
+    keys = make_household(tmp_path)
+    d = start_daemon(tiny_model, tmp_path, "--log-level", "debug")
+    secret_prompt = "PINEAPPLE-ZEPPELIN-4471"
+    with d.client(keys["bob"]) as c:
+        reply = c.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": secret_prompt}], "max_tokens": 24})
+        answer = reply.json()["choices"][0]["message"]["content"]
+        c.post("/v1/chat/completions", json={"messages": "not a list"})
+    with httpx.Client(base_url=d.url) as browser:
+        browser.get("/login")
+        browser.post("/login", data={"name": "alice", "password": PASSWORD,
+                                     "_csrf_token": browser.cookies.get("csrftoken") or ""})
+        browser.post("/login", data={"name": "alice", "password": "wrong-" + PASSWORD,
+                                     "_csrf_token": browser.cookies.get("csrftoken") or ""})
+    assert d.terminate() == 0
+    log = d.log.read_text()
+    assert "request finished" in log  # the log is not simply empty
+    for secret in (PASSWORD, keys["alice"], keys["bob"], secret_prompt, "PINEAPPLE"):
+        assert secret not in log
+    if len(answer.strip()) >= 12:
+        assert answer.strip() not in log
+
+
+def test_appliance_run_gives_the_servers_greedy_answer(demo_model: Path,
+                                                      tmp_path: Path) -> None:
+    prompt = "What is a list?"
+    out = subprocess.run([sys.executable, "-m", "appliance", "run", "--model", str(demo_model),
+                          "-p", prompt, "--max-tokens", "20"], capture_output=True, text=True,
+                         timeout=300, check=True,
+                         env={"APPLIANCE_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    keys = make_household(tmp_path)
+    d = start_daemon(demo_model, tmp_path)
+    with d.client(keys["bob"]) as c:
+        served = c.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": prompt}], "max_tokens": 20,
+            "temperature": 0}).json()["choices"][0]["message"]["content"]
+    d.terminate()
+    assert out.stdout.rstrip("\n") == served
+
+
+def test_model_pull_without_network_fails_clearly(tmp_path: Path) -> None:
+    with pytest.raises(subprocess.CalledProcessError) as err:
+        cli(tmp_path, "model", "pull", "mlx-community/SmolLM-135M-Instruct-4bit")
+    assert "could not pull" in err.value.stdout

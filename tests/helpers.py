@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import uvicorn
-
 from argon2 import PasswordHasher
 
 from appliance.app import build_services, create_app, shutdown_engine, start_engine

@@ -17,7 +17,7 @@ def db_path(settings: Settings) -> Path:
     return Path(settings.store.data_dir).expanduser() / "appliance.db"
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     from appliance import settings as settings_mod
 
     mig = sub.add_parser("migrate", help="create or upgrade the database")

@@ -48,7 +48,7 @@ class MessageBody(msgspec.Struct):
 
 
 def _store(state: State) -> Store:
-    return state.services.store  # type: ignore[no-any-return]
+    return state.services.store
 
 
 def key_json(k: ApiKey) -> dict[str, Any]:
@@ -76,7 +76,7 @@ def _conversation_json(c: Conversation, messages: list[Message] | None = None) -
 
 # ---- login / logout ----
 @get("/login", sync_to_thread=False)
-def login_page(request: Request) -> Template:  # type: ignore[type-arg]
+def login_page(request: Request) -> Template:
     return Template("login.html", context={"error": None})
 
 
@@ -90,7 +90,7 @@ def _check_password(store: Store, name: str, password: str) -> Any:
 
 
 @post("/login", status_code=200)
-async def login(request: Request, state: State) -> Response[Any]:  # type: ignore[type-arg]
+async def login(request: Request, state: State) -> Response[Any]:
     is_form = request.content_type[0] != "application/json"
     if is_form:
         form = await request.form()
@@ -131,7 +131,7 @@ def _end_session(store: Store, token: str) -> None:
 
 
 @post("/logout", status_code=200)
-async def logout(request: Request, state: State) -> Response[Any]:  # type: ignore[type-arg]
+async def logout(request: Request, state: State) -> Response[Any]:
     token = request.cookies.get(SESSION_COOKIE)
     if token:
         await anyio.to_thread.run_sync(_end_session, state.services.store, token)
@@ -144,14 +144,14 @@ async def logout(request: Request, state: State) -> Response[Any]:  # type: igno
 
 # ---- me ----
 @get("/me", sync_to_thread=False)
-def me(request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+def me(request: Request) -> dict[str, Any]:
     p: Principal = request.user
     return {"id": p.user_id, "name": p.name, "role": p.role, "max_class": p.max_class}
 
 
 @get("/me/usage")
 @threaded
-def my_usage(request: Request, state: State) -> dict[str, Any]:  # type: ignore[type-arg]
+def my_usage(request: Request, state: State) -> dict[str, Any]:
     uid = request.user.user_id
     now = time.time()
     with _store(state).read_sessions() as s:
@@ -162,7 +162,7 @@ def my_usage(request: Request, state: State) -> dict[str, Any]:  # type: ignore[
 
 @get("/me/keys")
 @threaded
-def my_keys(request: Request, state: State) -> list[dict[str, Any]]:  # type: ignore[type-arg]
+def my_keys(request: Request, state: State) -> list[dict[str, Any]]:
     with _store(state).read_sessions() as s:
         return [key_json(k) for k in store_keys.list_keys(s, user_id=request.user.user_id,
                                                           include_revoked=True)]
@@ -170,7 +170,7 @@ def my_keys(request: Request, state: State) -> list[dict[str, Any]]:  # type: ig
 
 @post("/me/keys", status_code=201)
 @threaded
-def create_my_key(request: Request, state: State, data: JSONBody[KeyBody]) -> dict[str, Any]:  # type: ignore[type-arg]
+def create_my_key(request: Request, state: State, data: JSONBody[KeyBody]) -> dict[str, Any]:
     with _store(state).sessions.begin() as s:
         user = users.get_user(s, request.user.user_id)
         if user is None:
@@ -181,7 +181,7 @@ def create_my_key(request: Request, state: State, data: JSONBody[KeyBody]) -> di
 
 @delete("/me/keys/{prefix:str}", status_code=204)
 @threaded
-def revoke_my_key(request: Request, state: State, prefix: FromPath[str]) -> None:  # type: ignore[type-arg]
+def revoke_my_key(request: Request, state: State, prefix: FromPath[str]) -> None:
     with _store(state).sessions.begin() as s:
         store_keys.revoke_key(s, prefix, user_id=request.user.user_id)
 
@@ -189,21 +189,21 @@ def revoke_my_key(request: Request, state: State, prefix: FromPath[str]) -> None
 # ---- conversations ----
 @get("/conversations")
 @threaded
-def list_conversations(request: Request, state: State) -> list[dict[str, Any]]:  # type: ignore[type-arg]
+def list_conversations(request: Request, state: State) -> list[dict[str, Any]]:
     with _store(state).read_sessions() as s:
         return [_conversation_json(c) for c in convs.list_conversations(s, request.user.user_id)]
 
 
 @post("/conversations", status_code=201)
 @threaded
-def create_conversation(request: Request, state: State, data: JSONBody[TitleBody]) -> dict[str, Any]:  # type: ignore[type-arg]
+def create_conversation(request: Request, state: State, data: JSONBody[TitleBody]) -> dict[str, Any]:
     with _store(state).sessions.begin() as s:
         return _conversation_json(convs.create_conversation(s, request.user.user_id, data.title))
 
 
 @get("/conversations/{cid:int}")
 @threaded
-def get_conversation(request: Request, state: State, cid: FromPath[int]) -> dict[str, Any]:  # type: ignore[type-arg]
+def get_conversation(request: Request, state: State, cid: FromPath[int]) -> dict[str, Any]:
     with _store(state).read_sessions() as s:
         c = convs.get_conversation(s, request.user.user_id, cid)
         if c is None:
@@ -213,7 +213,7 @@ def get_conversation(request: Request, state: State, cid: FromPath[int]) -> dict
 
 @patch("/conversations/{cid:int}")
 @threaded
-def rename_conversation(request: Request, state: State, cid: FromPath[int], data: JSONBody[TitleBody]) -> dict[str, Any]:  # type: ignore[type-arg]
+def rename_conversation(request: Request, state: State, cid: FromPath[int], data: JSONBody[TitleBody]) -> dict[str, Any]:
     with _store(state).sessions.begin() as s:
         convs.rename_conversation(s, request.user.user_id, cid, data.title)
         c = convs.get_conversation(s, request.user.user_id, cid)
@@ -223,14 +223,14 @@ def rename_conversation(request: Request, state: State, cid: FromPath[int], data
 
 @delete("/conversations/{cid:int}", status_code=204)
 @threaded
-def delete_conversation(request: Request, state: State, cid: FromPath[int]) -> None:  # type: ignore[type-arg]
+def delete_conversation(request: Request, state: State, cid: FromPath[int]) -> None:
     with _store(state).sessions.begin() as s:
         convs.delete_conversation(s, request.user.user_id, cid)
 
 
 @post("/conversations/{cid:int}/messages", status_code=201)
 @threaded
-def add_message(request: Request, state: State, cid: FromPath[int], data: JSONBody[MessageBody]) -> dict[str, Any]:  # type: ignore[type-arg]
+def add_message(request: Request, state: State, cid: FromPath[int], data: JSONBody[MessageBody]) -> dict[str, Any]:
     with _store(state).sessions.begin() as s:
         m = convs.add_message(s, request.user.user_id, cid, data.role, data.content)
         return {"id": m.id, "role": m.role, "content": m.content, "created_at": m.created_at}

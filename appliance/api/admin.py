@@ -52,7 +52,7 @@ class NewKey(msgspec.Struct):
 
 
 def _store(state: State) -> Store:
-    return state.services.store  # type: ignore[no-any-return]
+    return state.services.store
 
 
 def user_json(u: User) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def backend_error() -> ApiError:
     return ApiError(500, "inference backend error", "server_error", "backend_error")
 
 
-def api_error_handler(_: Request, exc: ApiError) -> Response:  # type: ignore[type-arg]
+def api_error_handler(_: Request, exc: ApiError) -> Response:
     return Response(exc.body(), status_code=exc.status, headers=exc.headers,
                     media_type=MediaType.JSON)
 
@@ -58,7 +58,7 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           429: "rate_limit_error"}
 
 
-def http_error_handler(_: Request, exc: HTTPException) -> Response:  # type: ignore[type-arg]
+def http_error_handler(_: Request, exc: HTTPException) -> Response:
     """Litestar's own errors (unknown route, wrong method, body too large) in our shape."""
     status = exc.status_code
     message = str(exc.detail)
@@ -72,14 +72,14 @@ def http_error_handler(_: Request, exc: HTTPException) -> Response:  # type: ign
     return api_error_handler(_, err)
 
 
-def internal_error_handler(request: Request, exc: Exception) -> Response:  # type: ignore[type-arg]
+def internal_error_handler(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return api_error_handler(request, ApiError(500, "internal server error", "server_error"))
 
 
 def store_error_handler(status: int) -> Any:
     """Store errors (NotFound, AlreadyExists, LastAdmin, ValueError) as clear JSON errors."""
-    def handler(request: Request, exc: Exception) -> Response:  # type: ignore[type-arg]
+    def handler(request: Request, exc: Exception) -> Response:
         type_ = {404: "not_found_error", 409: "conflict_error"}.get(status,
                                                                     "invalid_request_error")
         return api_error_handler(request, ApiError(status, str(exc), type_))

@@ -48,7 +48,7 @@ def _error_payload(finish: FinishEvent) -> dict[str, Any]:
 
 
 def _services(state: State) -> Services:
-    return state.services  # type: ignore[no-any-return]
+    return state.services
 
 
 async def _stream(gen: Generation, kind: str, rid: str, model: str,
@@ -106,7 +106,7 @@ def _stream_response(gen: Generation, kind: str, rid: str, model: str,
 
 
 @post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request, state: State) -> Any:  # type: ignore[type-arg]
+async def chat_completions(request: Request, state: State) -> Any:
     services = _services(state)
     body: ChatCompletionRequest = decode_body(await request.body(), ChatCompletionRequest)
     check_model(services, body.model)
@@ -133,7 +133,7 @@ async def chat_completions(request: Request, state: State) -> Any:  # type: igno
 
 
 @post("/v1/completions", status_code=200)
-async def completions(request: Request, state: State) -> Any:  # type: ignore[type-arg]
+async def completions(request: Request, state: State) -> Any:
     services = _services(state)
     body: CompletionRequest = decode_body(await request.body(), CompletionRequest)
     check_model(services, body.model)

@@ -61,11 +61,12 @@ def load_model(path: Path, ctx_size: int = 0) -> LoadedModel:
     from mlx.utils import tree_flatten
     from mlx_lm import load
 
-    model, tokenizer = load(str(path))
+    loaded: Any = load(str(path))
+    model, tokenizer = loaded[0], loaded[1]
     config = json.loads((path / "config.json").read_text())
-    params = tree_flatten(model.parameters())
-    weight_bytes = sum(v.nbytes for _, v in params)
-    dtype = params[0][1].dtype if params else mx.float32
+    params: list[Any] = [kv[1] for kv in tree_flatten(model.parameters())]
+    weight_bytes = sum(v.nbytes for v in params)
+    dtype = params[0].dtype if params else mx.float32
     dtype_size = 2 if dtype in (mx.bfloat16, mx.float16) else 4
     model_limit = int(config.get("max_position_embeddings")
                       or config.get("text_config", {}).get("max_position_embeddings") or 4096)

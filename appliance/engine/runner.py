@@ -179,7 +179,8 @@ class Runner:
                 if self.fault:
                     self.fault(s.handle.request, "prefill")
                 logits = prefill(self.model, s.cache, s.tokens[s.computed:s.computed + n], last)
-                token = sample_batch(logits, [s.sampler], [s.tokens])[0] if last else None
+                token = (sample_batch(logits, [s.sampler], [s.tokens])[0]
+                         if logits is not None else None)
             except Exception as exc:
                 log.error("request failed rid=%d phase=prefill: %r", rid, exc)
                 self._finish(s, "error", error=BACKEND_ERROR)
@@ -287,7 +288,8 @@ class Runner:
     # ---- monitoring ----
     def snapshot(self) -> EngineSnapshot:
         now = self.clock()
-        slots, waiting = [], []
+        slots: list[SlotInfo] = []
+        waiting: list[SlotInfo] = []
         for s in self.seqs.values():
             r = s.handle.request
             info = SlotInfo(rid=s.rid, user=r.user, klass=r.klass.label, state=s.state.value,

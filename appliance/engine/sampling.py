@@ -78,7 +78,8 @@ def sample_batch(logits: mx.array, samplers: Sequence[RowSampler],
     the other rows are unaffected.
     """
     if all(s.plain_greedy for s in samplers):
-        return list(mx.argmax(logits, axis=-1).tolist())
+        tokens: list[int] = mx.argmax(logits, axis=-1).tolist()  # type: ignore[assignment]
+        return list(tokens)
     out: list[mx.array | None] = [None] * len(samplers)
     argmax = mx.argmax(logits, axis=-1) if any(s.plain_greedy for s in samplers) else None
     for i, s in enumerate(samplers):
@@ -92,10 +93,10 @@ def sample_batch(logits: mx.array, samplers: Sequence[RowSampler],
             if on_row_error is None:
                 raise
             on_row_error(i, exc)
-    rows = [i for i, t in enumerate(out) if t is not None]
+    live = [(i, t) for i, t in enumerate(out) if t is not None]
     result: list[int | None] = [None] * len(samplers)
-    if rows:
-        values = mx.stack([out[i] for i in rows]).tolist()
-        for i, v in zip(rows, values, strict=True):
+    if live:
+        values: list[int] = mx.stack([t for _, t in live]).tolist()  # type: ignore[assignment]
+        for (i, _), v in zip(live, values, strict=True):
             result[i] = int(v)
     return result

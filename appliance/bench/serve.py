@@ -937,7 +937,7 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
         our_cmd=shlex.split(args.our_cmd),
         our_env=parse_env(args.our_env),
         mlx_cmd=shlex.split(args.mlx_cmd),
-        output_dir=args.output_dir or DEFAULT_OUTPUT_ROOT / stamp,
+        output_dir=(args.output_dir or DEFAULT_OUTPUT_ROOT / stamp).resolve(),
         ready_timeout_s=args.ready_timeout,
         command=command,
         rounds=args.rounds,

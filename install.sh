@@ -10,6 +10,7 @@
 #   APPLIANCE_HOST / _PORT  where to listen                   (default: 127.0.0.1:8080)
 #   APPLIANCE_START         service | foreground | none       (default: service if systemd
 #                           or launchd is there, else foreground)
+#   APPLIANCE_PIP_ARGS      extra pip arguments, e.g. "--no-index --find-links DIR" offline
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$PWD
@@ -39,7 +40,8 @@ STAMP="$VENV/.appliance-install-stamp"
 WANT=$(cat pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$VENV/bin/python" -c "import appliance" 2>/dev/null; then
   step "installing the appliance into $VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT"
+  # shellcheck disable=SC2086
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check ${APPLIANCE_PIP_ARGS:-} -e "$ROOT"
   echo "$WANT" > "$STAMP"
 else
   step "package already installed"

@@ -91,7 +91,8 @@ def create_app(services: Services, secret: str,
                on_shutdown: Sequence[Callable[[], Any]] = ()) -> Litestar:
     csrf = CSRFConfig(secret=secret, exclude=CSRF_EXEMPT, cookie_samesite="strict")
     return Litestar(
-        route_handlers=[*openai.ROUTES, *monitoring.ROUTES, *account.ROUTES, admin.router],
+        route_handlers=[*openai.ROUTES, *monitoring.ROUTES, *account.ROUTES, admin.router,
+                        *web_routes()],
         state=State({"services": services}),
         # Outermost first: who is asking (401) before whether the form is genuine (403).
         middleware=[DefineMiddleware(AuthMiddleware, exclude=list(PUBLIC_PATHS)),
@@ -111,6 +112,15 @@ def create_app(services: Services, secret: str,
         logging_config=None,
         openapi_config=None,
     )
+
+
+def web_routes() -> list[Any]:
+    """The browser pages (``web/``), when present."""
+    try:
+        from web.routes import ROUTES
+    except ImportError:
+        return []
+    return list(ROUTES)
 
 
 def shutdown_engine(engine: Engine, timeout: float) -> None:

@@ -51,6 +51,10 @@ class Services:
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
     started_at: float = field(default_factory=time.time)
 
+    def policy_changed(self) -> None:
+        """Call after an admin changes weights, classes or quotas: the running scheduler
+        re-reads them (wired by the fairness scheduler; a no-op until then)."""
+
 
 def decode_body(raw: bytes, kind: type[Any]) -> Any:
     if not raw.strip():

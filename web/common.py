@@ -1,0 +1,135 @@
+"""What every page handler shares: the services, the caller, form fields, page context."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from litestar import Request
+from litestar.response import Template
+
+from appliance.api.auth import Principal
+from appliance.api.service import Services
+from web import markdown
+from web.assets import vendor_scripts
+
+if TYPE_CHECKING:
+    from web.state import WebState
+
+PAGE = {"web_page": True}
+"""``opt`` of a handler that renders a whole page: an anonymous visitor is sent to /login."""
+
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; "
+       "object-src 'none'")
+"""No inline script, no eval, nothing from elsewhere: even a markup bug could not run code."""
+
+CLASSES = ("voice", "interactive", "background")
+ROLES = ("member", "admin")
+
+
+def services(request: Request[Any, Any, Any]) -> Services:
+    return request.app.state.services
+
+
+def me(request: Request[Any, Any, Any]) -> Principal:
+    return request.user
+
+
+def web_state(request: Request[Any, Any, Any]) -> WebState:
+    """The web UI's own state (live streams, the dashboard hub), made on first use."""
+    from web.state import WebState
+
+    state = request.app.state
+    ws = state.get("web")
+    if ws is None:
+        ws = WebState(services(request), request.app.template_engine)
+        state["web"] = ws
+    return ws
+
+
+def is_htmx(request: Request[Any, Any, Any]) -> bool:
+    return request.headers.get("hx-request") == "true"
+
+
+async def form_fields(request: Request[Any, Any, Any]) -> dict[str, str]:
+    """A form's fields, or a JSON object's (API clients and tests may send either)."""
+    if request.content_type[0] == "application/json":
+        raw = await request.body()
+        try:
+            data = msgspec.json.decode(raw) if raw.strip() else {}
+        except msgspec.DecodeError:
+            data = {}
+        if not isinstance(data, dict):
+            return {}
+        return {str(k): "" if v is None else str(v) for k, v in data.items()}
+    form = await request.form()
+    return {k: str(v) for k, v in form.items() if k != "_csrf_token"}
+
+
+# ---- formatting helpers for templates (numbers and times only) ----
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "—"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def fmt_ms(ms: float | None) -> str:
+    if ms is None:
+        return "—"
+    return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.0f} ms"
+
+
+def fmt_num(n: float | None) -> str:
+    if n is None:
+        return "—"
+    if isinstance(n, float) and not n.is_integer():
+        return f"{n:,.1f}"
+    return f"{int(n):,}"
+
+
+def fmt_secs(s: float | None) -> str:
+    if s is None:
+        return "—"
+    if s < 60:
+        return f"{s:.1f} s"
+    m, sec = divmod(int(s), 60)
+    return f"{m} min {sec:02d} s" if m < 60 else f"{m // 60} h {m % 60:02d} min"
+
+
+def fmt_when(t: float | None) -> str:
+    if t is None:
+        return "never"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def percent(part: float | None, whole: float | None) -> int:
+    if not part or not whole:
+        return 0
+    return max(0, min(100, round(100 * part / whole)))
+
+
+HELPERS = SimpleNamespace(md=markdown.render, bytes=fmt_bytes, ms=fmt_ms, num=fmt_num,
+                          secs=fmt_secs, when=fmt_when, percent=percent)
+
+
+def base_context(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    svc = services(request)
+    user = request.scope.get("user")
+    return {"me": user if isinstance(user, Principal) else None, "model": svc.model,
+            "scripts": vendor_scripts(), "h": HELPERS, "classes": CLASSES, "roles": ROLES}
+
+
+def page(request: Request[Any, Any, Any], template: str, *, status_code: int = 200,
+         headers: Mapping[str, str] | None = None, **context: Any) -> Template:
+    """A whole page or a partial, with the shared context (who, which model, helpers)."""
+    return Template(template, context={**base_context(request), **context},
+                    status_code=status_code, headers=dict(headers or {}))

@@ -1,0 +1,169 @@
+"""The dashboard's live data: one shared frame per interval, whatever the number of viewers.
+
+Cost to the engine: each frame reads ``engine.snapshot`` (an immutable value the engine swaps
+in after every tick; no lock) and renders a few small templates on the event loop. Ledger
+figures come from one query in a worker thread at most every ``STATS_TTL_S``, shared by all
+viewers. Frames are cached per audience (admins share one; each member sees their own) and
+per interval, so five open dashboards cost what one does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from appliance.api.service import Services
+from appliance.engine.snapshot import EngineSnapshot, SlotInfo
+from web import charts, stats
+from web.common import HELPERS
+
+INTERVAL_S = 0.5
+"""How often a viewer gets fresh figures."""
+STATS_TTL_S = 2.0
+"""How long ledger figures are reused before the next query."""
+HISTORY_S = 120.0
+"""Span of the throughput chart."""
+CLASS_ORDER = ("voice", "interactive", "background")
+
+
+@dataclass(frozen=True, slots=True)
+class Audience:
+    admin: bool
+    user_id: int
+    name: str
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return ("admin", 0) if self.admin else ("member", self.user_id)
+
+
+@dataclass(frozen=True, slots=True)
+class KvView:
+    in_use: int
+    reserved: int | None
+    prompt_cache: int | None
+    budget: int | None
+
+
+class Hub:
+    def __init__(self, services: Services, templates: Any) -> None:
+        self._services = services
+        self._templates = templates
+        self._frames: dict[tuple[str, int], tuple[int, dict[str, str]]] = {}
+        self._samples: deque[tuple[float, int]] = deque(maxlen=int(HISTORY_S / INTERVAL_S) + 1)
+        self._stats: tuple[float, list[stats.UserService]] | None = None
+        self._stats_lock: asyncio.Lock | None = None
+
+    async def frame(self, audience: Audience) -> dict[str, str]:
+        """Event name -> HTML fragment, the same object for every viewer in one interval."""
+        tick = int(time.monotonic() / INTERVAL_S)
+        cached = self._frames.get(audience.key)
+        if cached is not None and cached[0] == tick:
+            return cached[1]
+        snap = self._services.engine.snapshot
+        self._sample(snap)
+        table = await self.service_table()
+        frame = self._render(audience, snap, table)
+        self._frames[audience.key] = (tick, frame)
+        return frame
+
+    async def service_table(self) -> list[stats.UserService]:
+        now = time.monotonic()
+        if self._stats is not None and now - self._stats[0] < STATS_TTL_S:
+            return self._stats[1]
+        if self._stats_lock is None:
+            self._stats_lock = asyncio.Lock()
+        async with self._stats_lock:
+            if self._stats is not None and time.monotonic() - self._stats[0] < STATS_TTL_S:
+                return self._stats[1]
+            table = await anyio.to_thread.run_sync(self._read_table)
+            self._stats = (time.monotonic(), table)
+            return table
+
+    def _read_table(self) -> list[stats.UserService]:
+        with self._services.store.read_sessions() as s:
+            return stats.service_table(s, time.time())
+
+    # ---- throughput samples (taken only while someone watches) ----
+    def _sample(self, snap: EngineSnapshot) -> None:
+        now = time.monotonic()
+        if self._samples and now - self._samples[-1][0] < INTERVAL_S * 0.9:
+            return
+        self._samples.append((now, snap.generated_tokens_total))
+
+    def rates(self) -> list[float]:
+        """Generated tokens per second between consecutive samples, oldest first."""
+        s = list(self._samples)
+        return [max(0.0, (b[1] - a[1]) / (b[0] - a[0])) for a, b in zip(s, s[1:], strict=False)
+                if b[0] > a[0]]
+
+    # ---- rendering ----
+    def _render(self, audience: Audience, snap: EngineSnapshot,
+                table: list[stats.UserService]) -> dict[str, str]:
+        rates = self.rates()
+        recent = rates[-4:]
+        rate = sum(recent) / len(recent) if recent else 0.0
+        table = _with_live_counters(table, getattr(snap, "counters", None))
+        ctx: dict[str, Any] = {
+            "h": HELPERS, "snap": snap, "admin": audience.admin, "me_name": audience.name,
+            "max_batch": self._services.max_batch_size, "rate": rate,
+            "chart": charts.spark(rates, width=320, height=60),
+            "kv": kv_view(snap),
+            "slots": [s for s in snap.slots if audience.admin or s.user == audience.name],
+            "others": 0 if audience.admin else sum(s.user != audience.name for s in snap.slots),
+            "queue": queue_by_class(snap.queue, None if audience.admin else audience.name),
+            "users": table if audience.admin else
+            [u for u in table if u.user_id == audience.user_id],
+            "spark": charts.spark, "updated": time.strftime("%H:%M:%S"),
+        }
+        names = ("summary", "slots", "queue", "kv", "throughput", "users")
+        return {name: self._templates.get_template(f"_dash_{name}.html").render(**ctx)
+                for name in names}
+
+
+def kv_view(snap: EngineSnapshot) -> KvView:
+    """KV figures; the budget, reservations and prompt cache appear once the engine
+    publishes them (``kv_budget_bytes``, ``kv_reserved_bytes``, ``prompt_cache_bytes``)."""
+    return KvView(in_use=snap.kv_bytes,
+                  reserved=getattr(snap, "kv_reserved_bytes", None),
+                  prompt_cache=getattr(snap, "prompt_cache_bytes", None),
+                  budget=getattr(snap, "kv_budget_bytes", None))
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedView:
+    klass: str
+    count: int
+    longest_wait_s: float
+    requests: tuple[SlotInfo, ...]
+    """The requests shown: all of them for admins, the viewer's own for members."""
+
+
+def queue_by_class(queue: tuple[SlotInfo, ...], only_user: str | None) -> list[QueuedView]:
+    out = []
+    for klass in CLASS_ORDER:
+        group = [q for q in queue if q.klass == klass]
+        shown = tuple(sorted((q for q in group if only_user is None or q.user == only_user),
+                             key=lambda q: -q.waited_s))
+        out.append(QueuedView(klass, len(group), max((q.waited_s for q in group), default=0.0),
+                              shown))
+    return out
+
+
+def _with_live_counters(table: list[stats.UserService],
+                        live: Mapping[Any, float] | None) -> list[stats.UserService]:
+    """Overlay the scheduler's live counters (by user id or name) on the persisted ones."""
+    if not live:
+        return table
+    out = []
+    for u in table:
+        value = live.get(u.user_id, live.get(u.name))
+        out.append(u if value is None else dataclasses.replace(u, counter=float(value)))
+    return out

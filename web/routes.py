@@ -1,0 +1,28 @@
+"""The browser UI's routes (``create_app`` includes ``ROUTES`` when this module exists)."""
+
+from __future__ import annotations
+
+from litestar import Router
+from litestar.datastructures import CacheControlHeader, ResponseHeader
+from litestar.static_files import create_static_files_router
+
+from web import chat, dashboard, keys, manage
+from web.assets import STATIC
+from web.common import CSP
+from web.errors import EXCEPTION_HANDLERS
+
+SECURITY_HEADERS = [
+    ResponseHeader(name="Content-Security-Policy", value=CSP),
+    ResponseHeader(name="X-Content-Type-Options", value="nosniff"),
+    ResponseHeader(name="Referrer-Policy", value="same-origin"),
+]
+
+pages = Router(
+    path="/", route_handlers=[*chat.ROUTES, *dashboard.ROUTES, *keys.ROUTES, manage.router],
+    exception_handlers=EXCEPTION_HANDLERS, response_headers=SECURITY_HEADERS,
+    include_in_schema=False)
+
+static = create_static_files_router(
+    path="/static", directories=[STATIC], cache_control=CacheControlHeader(max_age=3600))
+
+ROUTES = [pages, static]

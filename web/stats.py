@@ -1,0 +1,125 @@
+"""Per-user service figures from the ledger, for the dashboard (read in a worker thread).
+
+One pass over the last day's ledger rows gives, per user: tokens served in the last hour and
+day (prompt + output, what the daily quota counts), requests, preemptions, time to first
+token p50/p95, inter-token latency p50/p95, and tokens per minute over the last hour.
+
+ITL percentiles come from per-request figures (the ledger keeps each request's mean and p95
+inter-token latency, not every gap): p50 is the median of the requests' means, p95 the 95th
+percentile of the requests' p95s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from appliance.store import limits, users
+from appliance.store.ledger import DAY_S, HOUR_S
+from appliance.store.models import LedgerEntry
+
+SERIES_BUCKETS = 60
+"""Points in each user's chart: one per minute over the last hour."""
+MAX_ROWS = 50_000
+"""Rows read per refresh at most (newest first): bounds the cost on a very busy day."""
+
+
+@dataclass(frozen=True, slots=True)
+class UserService:
+    user_id: int
+    name: str
+    role: str
+    disabled: bool
+    max_class: str
+    weight: float
+    counter: float | None
+    tokens_hour: int
+    tokens_day: int
+    tokens_per_day: int | None
+    """The daily quota (None: unlimited)."""
+    requests_day: int
+    preemptions_day: int
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    itl_p50_ms: float | None
+    itl_p95_ms: float | None
+    series: tuple[int, ...]
+    """Tokens served per minute over the last hour, oldest first."""
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(slots=True)
+class _Acc:
+    tokens_hour: int = 0
+    tokens_day: int = 0
+    requests: int = 0
+    preemptions: int = 0
+    ttft: list[float] | None = None
+    itl_mean: list[float] | None = None
+    itl_p95: list[float] | None = None
+    series: list[int] | None = None
+
+    def add(self, now: float, finished: float, tokens: int, pre: int, ttft: float | None,
+            itl_mean: float | None, itl_p95: float | None) -> None:
+        self.tokens_day += tokens
+        self.requests += 1
+        self.preemptions += pre
+        for value, bucket in ((ttft, "ttft"), (itl_mean, "itl_mean"), (itl_p95, "itl_p95")):
+            if value is not None:
+                got = getattr(self, bucket)
+                if got is None:
+                    got = []
+                    setattr(self, bucket, got)
+                got.append(value)
+        age = now - finished
+        if age < HOUR_S:
+            self.tokens_hour += tokens
+            if self.series is None:
+                self.series = [0] * SERIES_BUCKETS
+            index = SERIES_BUCKETS - 1 - int(age // (HOUR_S / SERIES_BUCKETS))
+            self.series[max(index, 0)] += tokens
+
+
+def service_table(session: Session, now: float,
+                  live_counters: Mapping[int, float] | None = None) -> list[UserService]:
+    """Every user's service over the last hour and day (disabled users included)."""
+    rows = session.execute(
+        select(LedgerEntry.user_id, LedgerEntry.finished_at,
+               LedgerEntry.prompt_tokens + LedgerEntry.output_tokens, LedgerEntry.preemptions,
+               LedgerEntry.ttft_ms, LedgerEntry.itl_mean_ms, LedgerEntry.itl_p95_ms)
+        .where(LedgerEntry.finished_at >= now - DAY_S)
+        .order_by(LedgerEntry.finished_at.desc()).limit(MAX_ROWS))
+    acc: dict[int, _Acc] = {}
+    for uid, finished, tokens, pre, ttft, itl_mean, itl_p95 in rows:
+        acc.setdefault(uid, _Acc()).add(now, finished, int(tokens or 0), int(pre or 0), ttft,
+                                        itl_mean, itl_p95)
+    quotas = limits.load_quotas(session)
+    counters = dict(limits.load_counters(session))
+    counters.update(live_counters or {})
+    out = []
+    for u in users.list_users(session):
+        a = acc.get(u.id, _Acc())
+        quota = quotas.get(u.id)
+        out.append(UserService(
+            user_id=u.id, name=u.name, role=u.role, disabled=u.disabled,
+            max_class=u.max_class, weight=u.weight, counter=counters.get(u.id),
+            tokens_hour=a.tokens_hour, tokens_day=a.tokens_day,
+            tokens_per_day=quota.tokens_per_day if quota else None,
+            requests_day=a.requests, preemptions_day=a.preemptions,
+            ttft_p50_ms=percentile(a.ttft or [], 50), ttft_p95_ms=percentile(a.ttft or [], 95),
+            itl_p50_ms=percentile(a.itl_mean or [], 50),
+            itl_p95_ms=percentile(a.itl_p95 or [], 95),
+            series=tuple(a.series or [0] * SERIES_BUCKETS)))
+    return out

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 from litestar import Request, Response, get, post
-from litestar.params import FromPath
+from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 from markupsafe import escape
 
@@ -82,7 +82,8 @@ async def chat_page(request: Request[Any, Any, Any], cid: FromPath[int]) -> Temp
 
 
 @get("/chat/list")
-async def chat_list(request: Request[Any, Any, Any], current: int | None = None) -> Template:
+async def chat_list(request: Request[Any, Any, Any],
+                    current: FromQuery[int | None] = None) -> Template:
     listed, _, _ = await anyio.to_thread.run_sync(_load, services(request), me(request).user_id,
                                                   None)
     return page(request, "_conversations.html", conversations=listed,

@@ -47,6 +47,19 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("POST", "/admin/users/{carol}/keys", {"name": "x"}, 401, 403, 201),
     ("GET", "/admin/usage", None, 401, 403, 200),
     ("POST", "/logout", {}, 401, 200, 200),
+    # Browser UI (web/). An anonymous visitor to a page is sent to /login (303); partials,
+    # form posts and streams answer 401. A form post without htmx redirects (303) after it
+    # succeeds. Streams and per-object routes: OWNED, tested in tests/integration/test_web_*.
+    ("GET", "/", None, 303, 303, 303),
+    ("GET", "/chat", None, 303, 200, 200),
+    ("GET", "/chat/list", None, 401, 200, 200),
+    ("POST", "/chat/send", {"message": "hi"}, 401, 200, 200),
+    ("GET", "/dashboard", None, 303, 200, 200),
+    ("GET", "/keys", None, 303, 200, 200),
+    ("POST", "/keys", {"name": "web"}, 401, 201, 201),
+    ("GET", "/manage/users", None, 303, 403, 200),
+    ("POST", "/manage/users", {"name": "webuser{n}", "password": "longenough1"}, 401, 403, 303),
+    ("POST", "/manage/users/{carol}", {"weight": "1.5"}, 401, 403, 303),
 ]
 
 
@@ -95,7 +108,11 @@ def server_services(server: LiveServer) -> object:
 
 OWNED = {("GET", "/conversations/{}"), ("PATCH", "/conversations/{}"),
          ("DELETE", "/conversations/{}"), ("POST", "/conversations/{}/messages"),
-         ("DELETE", "/me/keys/{}"), ("DELETE", "/admin/keys/{}"), ("POST", "/login")}
+         ("DELETE", "/me/keys/{}"), ("DELETE", "/admin/keys/{}"), ("POST", "/login"),
+         # web/: tests/integration/test_web_pages.py::test_owned_web_routes_answer_each_caller
+         ("GET", "/chat/{}"), ("POST", "/chat/{}/delete"), ("GET", "/chat/streams/{}"),
+         ("POST", "/chat/streams/{}/stop"), ("GET", "/dashboard/stream"),
+         ("POST", "/keys/{}/revoke"), ("GET", "/static/{}")}
 
 
 def test_a_member_cannot_see_or_touch_another_members_conversation(server: LiveServer) -> None:

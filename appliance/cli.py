@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from appliance import settings as settings_mod
 from appliance.settings import Settings
@@ -48,6 +49,19 @@ def use_openblas(blas: str, argv: list[str]) -> None:
     env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD")) if p)
     env[REEXEC_MARK] = "1"
     os.execve(sys.executable, [sys.executable, "-m", "appliance", *argv], env)
+
+
+def exit_now(rc: int) -> NoReturn:
+    """Leave without running C++ static destructors.
+
+    MLX used from a thread other than the main one can abort at interpreter exit
+    ("terminate called without an active exception", ml-explore/mlx#3126). By the time we
+    get here the engine has stopped and the store is flushed and closed, so nothing is lost.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(rc)
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
@@ -205,10 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(settings.server.log_level)
     if args.cmd in ("serve", "run"):
         use_openblas(settings.engine.blas, argv)
-    if args.cmd == "serve":
-        return cmd_serve(settings, args)
-    if args.cmd == "run":
-        return cmd_run(settings, args)
+    if args.cmd in ("serve", "run"):
+        rc = cmd_serve(settings, args) if args.cmd == "serve" else cmd_run(settings, args)
+        exit_now(rc)
     if args.cmd == "model":
         return cmd_model(settings, args)
     if args.cmd in ("migrate", "user", "key"):

@@ -21,7 +21,7 @@ _BULLET = re.compile(r"^\s{0,3}[-*+]\s+(.*)$")
 _NUMBER = re.compile(r"^\s{0,3}\d{1,9}[.)]\s+(.*)$")
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
-_BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*|__(?=\S)(.+?)(?<=\S)__")
+_BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*|(?<!\w)__(?=\S)(.+?)(?<=\S)__(?!\w)")
 _ITALIC = re.compile(r"(?<![\w*])\*(?=\S)(.+?)(?<=\S)\*(?![\w*])|(?<!\w)_(?=\S)(.+?)(?<=\S)_(?!\w)")
 
 

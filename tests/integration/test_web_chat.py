@@ -53,7 +53,7 @@ def test_a_message_streams_tokens_then_the_whole_answer_and_both_are_kept(
         assert r.status_code == 200
         cid = int(r.headers["hx-push-url"].rsplit("/", 1)[1])
         assert r.headers["hx-trigger"] == "conversations-changed"
-        assert "Hello there" in r.text and 'id="conversation-id" value="%d"' % cid in r.text
+        assert "Hello there" in r.text and f'id="conversation-id" value="{cid}"' in r.text
         events = sse_events(carol.get(f"/chat/streams/{stream_id(r.text)}").text)
         names = [name for name, _ in events]
         assert names[-1] == "done" and names.count("done") == 1

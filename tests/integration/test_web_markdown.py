@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from web import markdown, sse
 from tests.browser.support import HOSTILE, sse_events
+from web import markdown, sse
 
 
 def test_markdown_escapes_markup_before_anything_else() -> None:

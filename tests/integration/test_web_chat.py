@@ -161,7 +161,7 @@ def test_hostile_model_output_is_escaped_token_by_token_and_in_the_final_answer(
                           'onerror="window.__pwned=2">', "\n\n**done**"])
     ws = WebState.__new__(WebState)
     ws.answers = {}
-    ws.services = SimpleNamespace(store=None)
+    ws.services = SimpleNamespace(store=None)  # type: ignore[assignment]
     answer = LiveAnswer(gen, 1, 1)  # type: ignore[arg-type]
     templates = Environment(loader=FileSystemLoader(WEB / "templates"), autoescape=True)
     ctx = {"h": HELPERS, "model": SimpleNamespace(name="<b>model</b>", is_demo=False)}

@@ -28,6 +28,7 @@ from tests.helpers import (
 )
 from web import live, stats
 from web.assets import WEB
+from web.common import HELPERS
 
 
 @pytest.fixture(scope="module")
@@ -199,8 +200,8 @@ def test_viewers_share_one_frame_and_one_ledger_read(monkeypatch: pytest.MonkeyP
 def test_the_kv_gauge_shows_budget_reserved_and_prompt_cache_once_published() -> None:
     snap = SimpleNamespace(kv_bytes=3 << 20, kv_budget_bytes=8 << 20,
                            kv_reserved_bytes=5 << 20, prompt_cache_bytes=1 << 20)
-    html = _templates().get_template("_dash_kv.html").render(
-        kv=live.kv_view(snap), h=__import__("web.common", fromlist=["HELPERS"]).HELPERS)
+    view = live.kv_view(snap)  # type: ignore[arg-type]
+    html = _templates().get_template("_dash_kv.html").render(kv=view, h=HELPERS)
     assert 'max="8388608" value="3145728"' in html and "38%" in html
     assert "5.0 MiB" in html and "1.0 MiB" in html and "8.0 MiB" in html
     plain = live.kv_view(EngineSnapshot.empty())

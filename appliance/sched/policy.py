@@ -1,12 +1,16 @@
 """Queue policies: the order in which waiting (and prefilling) requests are served.
 
-Small and pluggable: ``fcfs`` now; the fairness issue adds ``fair`` beside it.
+Small and pluggable, chosen by a setting: ``fair`` (the default: classes with aging, then
+the virtual token counters of :mod:`appliance.sched.fair`) and ``fcfs`` (class, then
+arrival).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
+
+from appliance.sched.fair import DEFAULT_AGING_SECONDS, FairPolicy, VirtualCounters
 
 if TYPE_CHECKING:
     from appliance.sched.scheduler import SeqView
@@ -19,6 +23,11 @@ class QueuePolicy(Protocol):
         """Return ``seqs`` best-first. Must not mutate anything."""
         ...
 
+    def admit_order(self, now: float, queued: Sequence[SeqView],
+                    running: Sequence[SeqView]) -> list[SeqView]:
+        """``queued`` best-first for free slots, knowing what already runs. Pure."""
+        ...
+
 
 class FcfsPolicy:
     """Higher class first, then arrival order (then request id, for determinism)."""
@@ -28,12 +37,21 @@ class FcfsPolicy:
     def order(self, now: float, seqs: Sequence[SeqView]) -> list[SeqView]:
         return sorted(seqs, key=lambda s: (-int(s.klass), s.arrival, s.rid))
 
+    def admit_order(self, now: float, queued: Sequence[SeqView],
+                    running: Sequence[SeqView]) -> list[SeqView]:
+        return self.order(now, queued)
 
-POLICIES: dict[str, type] = {"fcfs": FcfsPolicy}
+
+POLICIES: dict[str, type] = {"fair": FairPolicy, "fcfs": FcfsPolicy}
 
 
-def make_policy(name: str) -> QueuePolicy:
-    try:
-        return POLICIES[name]()  # type: ignore[no-any-return]
-    except KeyError:
-        raise ValueError(f"unknown scheduling policy {name!r}") from None
+def make_policy(name: str, counters: VirtualCounters | None = None,
+                aging_seconds: float = DEFAULT_AGING_SECONDS) -> QueuePolicy:
+    """Build a policy by name; ``fair`` reads ``counters`` (its own when None)."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown scheduling policy {name!r}; use one of "
+                         f"{', '.join(sorted(POLICIES))}")
+    if name == "fair":
+        vtc = VirtualCounters() if counters is None else counters
+        return FairPolicy(vtc=vtc, aging_seconds=aging_seconds)
+    return POLICIES[name]()

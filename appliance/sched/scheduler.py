@@ -1,21 +1,40 @@
 """Who goes next: the scheduler as a step function over explicit inputs.
 
-``plan = scheduler.step(now, view)``; the engine runs the plan; then
-``scheduler.update(plan, decoded=...)``. No clock reads, no database, no MLX in here:
-tests build the inputs by hand.
+``plan = scheduler.step(now, view, cache_tokens=...)``; the engine runs the plan; then
+``scheduler.update(plan, view, decoded=..., served=...)``. No clock reads, no database, no
+MLX in here: tests build the inputs by hand. Fairness lives in fair.py, KV accounting in
+memory.py, quota checks in quota.py, and simulator.py runs this scheduler on synthetic
+workloads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from appliance.sched.classes import Klass
-from appliance.sched.policy import QueuePolicy, make_policy
+from appliance.sched.fair import (
+    DEFAULT_AGING_SECONDS,
+    DEFAULT_W_IN,
+    DEFAULT_W_OUT,
+    VirtualCounters,
+)
+from appliance.sched.invariants import check_plan
+from appliance.sched.memory import (
+    PREEMPTION_POLICIES,
+    KvBudget,
+    chunk_growth,
+    held,
+    reservation,
+    victim_order,
+)
+from appliance.sched.policy import POLICIES, QueuePolicy, make_policy
 from appliance.sched.states import RequestState
 
 CHUNK_IDLE = 2048
 CHUNK_BUSY = 512
+
+Chunks = tuple[tuple[int, int], ...]
 
 
 @dataclass(slots=True)
@@ -31,6 +50,15 @@ class SeqView:
     """Tokens whose KV must exist before decoding (prompt, plus kept output after preemption)."""
     computed: int = 0
     """Tokens of ``prefill_len`` whose KV is already computed."""
+    kv_tokens: int | None = None
+    """KV tokens this request holds now as the engine measures them (padding included).
+    None: estimated as ``computed`` while prefilling and ``prefill_len`` while decoding."""
+    max_tokens: int | None = None
+    """Most output tokens the request may produce in all; None: unknown (admission then
+    reserves only prompt + 1 even with preemption off)."""
+    generated: int = 0
+    """Output tokens produced so far (kept across preemption, and counted in ``prefill_len``
+    once it is re-prefilled)."""
 
     @property
     def remaining(self) -> int:
@@ -43,7 +71,44 @@ class SchedulerConfig:
     prefill_chunk_size: int = -1
     """-1: CHUNK_IDLE while nothing decodes, CHUNK_BUSY while decoding; N fixes both; 0: off."""
     prefill_grant_interval: int = 16
-    policy: str = "fcfs"
+    policy: str = "fair"
+    """Queue order: ``fair`` (class with aging, then virtual token counter) or ``fcfs``."""
+    w_in: float = DEFAULT_W_IN
+    """Counter cost of one computed prefill token."""
+    w_out: float = DEFAULT_W_OUT
+    """Counter cost of one output token."""
+    aging_seconds: float = DEFAULT_AGING_SECONDS
+    """A waiting request rises one class per this many seconds (fair policy); 0: no aging."""
+    background_reserve: int = 1
+    """Batch slots kept for background work (fair policy): while a background request is
+    queued and fewer than this many background requests run, background takes the next free
+    slots before any other class. Never more than ``max_batch_size - 1`` (so a batch of 1
+    has none). fcfs keeps strict class order, with neither aging nor reserve."""
+    kv_budget_tokens: int | None = None
+    """KV budget in tokens (``--kv-cache-budget`` bytes / KV bytes per token); None: none."""
+    kv_admission_watermark: float = 0.01
+    """Share of the KV budget admission leaves free while a decode batch runs."""
+    enable_preemption: bool = False
+    """Admit on prompt + first token and preempt when memory runs out (else: reserve each
+    request's worst case, prompt + max_tokens, and never preempt)."""
+    preemption_policy: str = "fair"
+    """Victim order: ``fair`` (lowest effective class, then highest counter),
+    ``longest-first`` or ``lowest-priority``."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown scheduling policy {self.policy!r}")
+        if self.preemption_policy not in PREEMPTION_POLICIES:
+            raise ValueError(f"unknown preemption policy {self.preemption_policy!r}; use "
+                             f"{', '.join(PREEMPTION_POLICIES)}")
+        if self.aging_seconds < 0 or self.background_reserve < 0:
+            raise ValueError("aging_seconds and background_reserve must be >= 0")
+        if self.kv_budget_tokens is not None and self.kv_budget_tokens < 1:
+            raise ValueError("kv_budget_tokens must be >= 1 (or None for no budget)")
+        if not 0 <= self.kv_admission_watermark < 1:
+            raise ValueError("kv_admission_watermark must be in [0, 1)")
 
     def chunk(self, decoding: bool) -> int | None:
         """Prefill tokens allowed this tick; None means unlimited (chunking off)."""
@@ -53,57 +118,206 @@ class SchedulerConfig:
             return self.prefill_chunk_size
         return CHUNK_BUSY if decoding else CHUNK_IDLE
 
+    @property
+    def reserved_background_slots(self) -> int:
+        if self.policy != "fair":
+            return 0
+        return min(self.background_reserve, self.max_batch_size - 1)
+
+    @property
+    def budget(self) -> KvBudget | None:
+        if self.kv_budget_tokens is None:
+            return None
+        return KvBudget(self.kv_budget_tokens, self.kv_admission_watermark)
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:
     admit: tuple[int, ...] = ()
     preempt: tuple[int, ...] = ()
-    prefill: tuple[tuple[int, int], ...] = ()
+    prefill: Chunks = ()
     """(rid, tokens) prefill chunks to run this tick, in order."""
+    reject: tuple[int, ...] = ()
+    """Queued requests that cannot fit the KV budget even alone: the engine finishes them
+    (``length`` when they already produced output, else ``error``)."""
+    evict_tokens: int = 0
+    """Cold prompt-cache tokens the engine frees before running this tick."""
 
     @property
     def empty(self) -> bool:
-        return not (self.admit or self.preempt or self.prefill)
+        return not (self.admit or self.preempt or self.prefill or self.reject
+                    or self.evict_tokens)
+
+
+def _backlogged(seqs: Iterable[SeqView]) -> set[str]:
+    return {s.user for s in seqs if s.state is RequestState.QUEUED or s.state.running}
+
+
+def _decoding(seqs: Iterable[SeqView]) -> list[SeqView]:
+    return [s for s in seqs if s.state is RequestState.DECODING]
 
 
 @dataclass(slots=True)
 class Scheduler:
     config: SchedulerConfig
     policy: QueuePolicy = field(init=False)
+    counters: VirtualCounters = field(init=False)
+    """Per-user virtual token counters: ``snapshot()``/``restore()`` persist them,
+    ``set_weight()`` sets a user's share. Kept under every policy (the dashboard shows them,
+    and ``fair`` preemption reads them)."""
     _parked_ticks: dict[int, int] = field(default_factory=dict)
+    _stepped: dict[int, SeqView] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.policy = make_policy(self.config.policy)
+        self.counters = VirtualCounters(w_in=self.config.w_in, w_out=self.config.w_out)
+        self.policy = make_policy(self.config.policy, self.counters, self.config.aging_seconds)
 
-    def step(self, now: float, seqs: Sequence[SeqView]) -> Plan:
-        """Plan one tick.
+    def step(self, now: float, seqs: Sequence[SeqView], cache_tokens: int = 0) -> Plan:
+        """Plan one tick. ``cache_tokens``: KV tokens held by cold prompt-cache entries.
 
         The rule:
-        1. Admission: queued requests in policy order (class first, then the policy's
-           tie-break: arrival for fcfs) fill free slots up to ``max_batch_size``.
-        2. Prefill budget: one chunk of tokens per tick (2048 with no decode batch running,
+        0. Counters: a user who just became backlogged (queued or running) is lifted,
+           ``c = max(c, lowest counter of the backlogged users)``: idle time banks no credit.
+        1. Memory (with a KV budget): a queued request that cannot fit even alone is
+           rejected. If this tick's growth (one token per decoding request plus the prefill
+           chunks) would overflow the budget, cold prompt-cache tokens go first; then, with
+           preemption on, running requests are preempted in ``preemption_policy`` order
+           until it fits (nothing is admitted in that tick); with it off, prefill chunks
+           shrink (admission reserved every request's worst case, so decoding always fits).
+        2. Admission: free slots (up to ``max_batch_size``) go to queued requests in policy
+           order. fair: effective class (one class up per ``aging_seconds`` waited, never
+           above the highest class queued), then the lowest counter (counting prefill
+           already granted but not yet computed, as VTC charges a prompt on admission),
+           then arrival; fcfs: class, then arrival. Background reserve (fair): while
+           background work is queued and fewer than ``background_reserve`` background
+           requests run, the best background requests take the first free slots.
+           Admission stops at the first request whose KV reservation (memory.py) does not
+           fit under the budget, less the watermark while a decode batch runs: nothing
+           overtakes it for being smaller.
+        3. Prefill budget: one chunk of tokens per tick (2048 with no decode batch running,
            512 with one, or the fixed ``prefill_chunk_size``), shared by prefilling
            requests in policy order; a prompt shorter than the budget leaves the rest to
            the next one, so several short prompts are read in one tick.
-        3. Parking: a prefill of a lower class than some decoding request waits, so a
+        4. Parking: a prefill of a lower class than some decoding request waits, so a
            background document never stalls a voice answer; it still gets one chunk at
            least every ``prefill_grant_interval`` decode ticks.
         """
-        queued = [s for s in seqs if s.state is RequestState.QUEUED]
+        self._stepped = {s.rid: s for s in seqs}
+        self.counters.observe(_backlogged(seqs))
         running = [s for s in seqs if s.state.running]
-        free = self.config.max_batch_size - len(running)
-        admitted = self.policy.order(now, queued)[: max(free, 0)]
-        admit_ids = {s.rid for s in admitted}
+        reject = self._hopeless([s for s in seqs if s.state is RequestState.QUEUED])
+        queued = [s for s in seqs if s.state is RequestState.QUEUED and s.rid not in reject]
 
-        decoding = [s for s in running if s.state is RequestState.DECODING]
+        evict, victims = self._reclaim(now, running, cache_tokens)
+        running = [s for s in running if s.rid not in victims]
+        admitted = [] if victims else self._admit(now, queued, running)
+
+        decoding = _decoding(running)
         prefilling = [s for s in running if s.state is RequestState.PREFILLING] + admitted
-        prefill = self._prefill_plan(now, prefilling, decoding)
-        plan = Plan(admit=tuple(s.rid for s in admitted), prefill=prefill)
-        self._check(plan, seqs, running, admit_ids)
+        chunks = self._prefill_plan(now, prefilling, decoding)
+        chunks, more = self._fit(chunks, running, cache_tokens - evict)
+        plan = Plan(admit=tuple(s.rid for s in admitted), preempt=victims, prefill=chunks,
+                    reject=tuple(sorted(reject)), evict_tokens=evict + more)
+        check_plan(self.config, plan, seqs, cache_tokens)
         return plan
 
+    # ---- 1. memory ----
+    def _hopeless(self, queued: list[SeqView]) -> set[int]:
+        budget = self.config.budget
+        if budget is None:
+            return set()
+        optimistic = self.config.enable_preemption
+        return {s.rid for s in queued if reservation(s, optimistic) > budget.tokens}
+
+    def _growth(self, now: float, running: list[SeqView]) -> dict[int, int]:
+        """KV tokens each running request adds this tick (before admission)."""
+        decoding = _decoding(running)
+        prefilling = [s for s in running if s.state is RequestState.PREFILLING]
+        grow = {s.rid: 1 for s in decoding}
+        by_id = {s.rid: s for s in prefilling}
+        for rid, n in self._prefill_plan(now, prefilling, decoding):
+            grow[rid] = chunk_growth(by_id[rid], n)
+        return grow
+
+    def _reclaim(self, now: float, running: list[SeqView],
+                 cache: int) -> tuple[int, tuple[int, ...]]:
+        """(prompt-cache tokens to evict, requests to preempt) so that this tick fits."""
+        budget = self.config.budget
+        if budget is None:
+            return 0, ()
+        grow = self._growth(now, running)
+        over = sum(held(s) for s in running) + sum(grow.values()) + cache - budget.tokens
+        evict = min(cache, max(over, 0))
+        over -= evict
+        if over <= 0 or not self.config.enable_preemption:
+            return evict, ()
+        victims: list[int] = []
+        for v in victim_order(self.config.preemption_policy, now, running, self.counters,
+                              self.config.aging_seconds):
+            if over <= 0:
+                break
+            victims.append(v.rid)
+            over -= held(v) + grow.get(v.rid, 0)
+        return evict, tuple(victims)
+
+    def _fit(self, chunks: Chunks, running: list[SeqView], cache: int) -> tuple[Chunks, int]:
+        """Shrink prefill chunks (after evicting more cold cache) so the tick fits the budget.
+
+        Returns the chunks and the extra prompt-cache tokens to evict."""
+        budget = self.config.budget
+        if budget is None:
+            return chunks, 0
+        by_id = {s.rid: s for s in running} | self._stepped
+        base = sum(held(s) for s in running) + len(_decoding(running))
+        want = sum(chunk_growth(by_id[rid], n) for rid, n in chunks)
+        evict = min(cache, max(base + cache + want - budget.tokens, 0))
+        room = budget.tokens - base - (cache - evict)
+        fitted: list[tuple[int, int]] = []
+        for rid, n in chunks:
+            s = by_id[rid]
+            if chunk_growth(s, n) > room:
+                n = min(n, room, s.remaining - 1)  # a partial chunk yields no token
+            if n > 0:
+                fitted.append((rid, n))
+                room -= chunk_growth(s, n)
+        return tuple(fitted), evict
+
+    # ---- 2. admission ----
+    def _admit(self, now: float, queued: list[SeqView],
+               running: list[SeqView]) -> list[SeqView]:
+        free = self.config.max_batch_size - len(running)
+        if free <= 0 or not queued:
+            return []
+        ordered = self._admission_order(now, queued, running)
+        budget = self.config.budget
+        if budget is None:
+            return ordered[:free]
+        optimistic = self.config.enable_preemption
+        room = budget.limit(decoding=bool(_decoding(running)))
+        room -= sum(reservation(s, optimistic) for s in running)
+        admitted: list[SeqView] = []
+        for s in ordered[:free]:
+            need = reservation(s, optimistic)
+            if need > room:
+                break
+            admitted.append(s)
+            room -= need
+        return admitted
+
+    def _admission_order(self, now: float, queued: list[SeqView],
+                         running: list[SeqView]) -> list[SeqView]:
+        ordered = self.policy.admit_order(now, queued, running)
+        bg = Klass.BACKGROUND
+        short = self.config.reserved_background_slots - sum(s.klass is bg for s in running)
+        if short <= 0:
+            return ordered
+        first = [s for s in ordered if s.klass is bg][:short]
+        ids = {s.rid for s in first}
+        return first + [s for s in ordered if s.rid not in ids]
+
+    # ---- 3./4. prefill chunks and parking ----
     def _prefill_plan(self, now: float, prefilling: list[SeqView],
-                      decoding: list[SeqView]) -> tuple[tuple[int, int], ...]:
+                      decoding: list[SeqView]) -> Chunks:
         budget = self.config.chunk(decoding=bool(decoding))
         top_decoding = max((s.klass for s in decoding), default=None)
         due: list[SeqView] = []
@@ -132,8 +346,21 @@ class Scheduler:
                 left -= n
         return tuple(chunks)
 
-    def update(self, plan: Plan, seqs: Sequence[SeqView], decoded: bool) -> None:
-        """After the tick: count decode ticks for parked prefills, forget finished ones."""
+    # ---- after the tick ----
+    def update(self, plan: Plan, seqs: Sequence[SeqView], decoded: bool,
+               served: Mapping[str, tuple[int, int]] | None = None) -> None:
+        """After the tick: charge the work to the users' counters, note who is still
+        backlogged, count decode ticks for parked prefills and forget finished ones.
+
+        ``served``: user -> (prefill tokens computed, output tokens) this tick, as the engine
+        counted them (prompt-cache hits excluded). None: derived from the plan, assuming
+        every chunk ran and every decoding request produced one token.
+        """
+        work = self._work_done(plan, decoded) if served is None else served
+        for user, (prefill_tokens, output_tokens) in work.items():
+            if prefill_tokens or output_tokens:
+                self.counters.charge(user, prefill_tokens, output_tokens)
+        self.counters.observe(_backlogged(seqs))
         granted = {rid for rid, _ in plan.prefill}
         live = {s.rid for s in seqs if s.state is RequestState.PREFILLING}
         for rid in list(self._parked_ticks):
@@ -145,15 +372,19 @@ class Scheduler:
             elif decoded:
                 self._parked_ticks[rid] = self._parked_ticks.get(rid, 0) + 1
 
-    def _check(self, plan: Plan, seqs: Sequence[SeqView], running: list[SeqView],
-               admit_ids: set[int]) -> None:
-        assert len(running) + len(plan.admit) <= max(self.config.max_batch_size, len(running))
-        ids = [s.rid for s in seqs]
-        assert len(ids) == len(set(ids)), "a request appears twice"
-        by_id = {s.rid: s for s in seqs}
-        prefilled = [rid for rid, _ in plan.prefill]
-        assert len(prefilled) == len(set(prefilled))
+    def _work_done(self, plan: Plan, decoded: bool) -> dict[str, tuple[int, int]]:
+        work: dict[str, tuple[int, int]] = {}
+
+        def add(user: str, p: int, o: int) -> None:
+            p0, o0 = work.get(user, (0, 0))
+            work[user] = (p0 + p, o0 + o)
+
+        gone = set(plan.preempt) | set(plan.reject)
+        if decoded:
+            for s in _decoding(self._stepped.values()):
+                if s.rid not in gone:
+                    add(s.user, 0, 1)
         for rid, n in plan.prefill:
-            s = by_id[rid]
-            assert s.state is RequestState.PREFILLING or rid in admit_ids
-            assert 0 < n <= s.remaining
+            s = self._stepped[rid]
+            add(s.user, n, 1 if n >= s.remaining else 0)
+        return work

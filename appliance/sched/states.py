@@ -21,7 +21,7 @@ class RequestState(enum.Enum):
 
     @property
     def running(self) -> bool:
-        return self in (RequestState.PREFILLING, RequestState.DECODING)
+        return self is RequestState.PREFILLING or self is RequestState.DECODING
 
 
 FINISHED: frozenset[RequestState] = frozenset({

@@ -20,10 +20,10 @@ class Spark:
 def spark(values: Sequence[float], width: int = 120, height: int = 28,
           peak: float | None = None) -> Spark:
     """Values left (oldest) to right (newest); the top of the chart is ``peak`` or the max."""
-    top = max(peak if peak is not None else 0.0, *values, 1e-9) if values else 1.0
+    if len(values) < 2:  # nothing to draw yet: a flat line at zero
+        values = [values[0], values[0]] if values else [0.0, 0.0]
+    top = max(peak if peak is not None else 0.0, *values, 1e-9) * 1.15  # headroom
     n = len(values)
-    if n == 0:
-        return Spark(width, height, "", "", 0.0)
     step = width / max(n - 1, 1)
     pts = [(round(i * step, 1), round(height - 1 - (height - 2) * v / top, 1))
            for i, v in enumerate(values)]

@@ -9,6 +9,7 @@ safe Markdown. Stop, a closed tab or a vanished stream cancel the request in the
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +85,9 @@ async def chat_page(request: Request[Any, Any, Any], cid: FromPath[int]) -> Temp
 @get("/chat/list")
 async def chat_list(request: Request[Any, Any, Any],
                     current: FromQuery[int | None] = None) -> Template:
+    if current is None:  # htmx says which page asks: /chat/<id> marks that conversation
+        found = re.search(r"/chat/(\d+)$", request.headers.get("hx-current-url", ""))
+        current = int(found.group(1)) if found else None
     listed, _, _ = await anyio.to_thread.run_sync(_load, services(request), me(request).user_id,
                                                   None)
     return page(request, "_conversations.html", conversations=listed,
@@ -132,7 +136,8 @@ async def send(request: Request[Any, Any, Any]) -> Template:
         gen.close()
         raise
     sid = web_state(request).add_answer(LiveAnswer(gen, who.user_id, saved))
-    headers = {"HX-Push-Url": f"/chat/{saved}", "HX-Trigger": "conversations-changed"} \
+    headers = {"HX-Push-Url": f"/chat/{saved}",
+               "HX-Trigger-After-Settle": "conversations-changed"} \
         if created else {}
     return page(request, "_exchange.html", headers=headers, question=text, sid=sid,
                 cid=saved, title=" ".join(text.split())[:TITLE_CHARS] if created else None)

@@ -52,7 +52,7 @@ def test_a_message_streams_tokens_then_the_whole_answer_and_both_are_kept(
         r = carol.post("/chat/send", data={"message": "Hello there", "conversation": ""})
         assert r.status_code == 200
         cid = int(r.headers["hx-push-url"].rsplit("/", 1)[1])
-        assert r.headers["hx-trigger"] == "conversations-changed"
+        assert r.headers["hx-trigger-after-settle"] == "conversations-changed"
         assert "Hello there" in r.text and f'id="conversation-id" value="{cid}"' in r.text
         events = sse_events(carol.get(f"/chat/streams/{stream_id(r.text)}").text)
         names = [name for name, _ in events]

@@ -45,6 +45,7 @@
       document.getElementById('message').value = '';
     }
   });
+  document.addEventListener('htmx:afterSwap', updateSend);
   document.addEventListener('htmx:afterSettle', function () { updateSend(); scrollDown(false); });
   document.addEventListener('htmx:sseMessage', function () { scrollDown(false); });
   document.addEventListener('htmx:sseClose', updateSend);

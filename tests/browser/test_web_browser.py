@@ -1,0 +1,226 @@
+"""The web UI in headless Chromium (Debian's, driven by Playwright with executable_path).
+
+Screenshots go to a temporary folder, or to ``$APPLIANCE_SCREENSHOTS`` (the README's come
+from ``APPLIANCE_SCREENSHOTS=docs/screenshots pytest tests/browser``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from appliance.engine.request import GenerationRequest, RequestHandle
+from tests.browser.support import HOSTILE, SLOW_MAX_TOKENS, slow_fault
+from tests.helpers import PASSWORD, LiveServer, live_server, make_settings, wait_until
+
+pytestmark = pytest.mark.browser
+playwright = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--no-first-run"]
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest.fixture(scope="module")
+def model(request: pytest.FixtureRequest, tiny_model: Path) -> Path:
+    """The bundled demo model when it is there (it reads better in screenshots)."""
+    try:
+        return Path(request.getfixturevalue("demo_model"))
+    except (AssertionError, pytest.FixtureLookupError):
+        return tiny_model
+
+
+@pytest.fixture(scope="module")
+def server(model: Path) -> Iterator[LiveServer]:
+    settings = make_settings(model, max_batch_size=2, default_max_tokens=120)
+    with live_server(settings, fault=slow_fault) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Chromium is not installed (scripts/test.sh installs Debian's)")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = Path(os.environ.get("APPLIANCE_SCREENSHOTS") or tmp_path_factory.mktemp("shots"))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+class Page:
+    """A logged-in tab that records script errors and CSP violations."""
+
+    def __init__(self, chromium: Any, server: LiveServer, who: str,
+                 viewport: dict[str, int] = DESKTOP) -> None:
+        self.context = chromium.new_context(viewport=viewport)
+        self.page = self.context.new_page()
+        self.problems: list[str] = []
+        self.page.on("pageerror", lambda e: self.problems.append(f"error: {e}"))
+        self.page.on("console", lambda m: self.problems.append(m.text)
+                     if m.type == "error" else None)
+        self.page.goto(server.url + "/chat")
+        assert self.page.url.endswith("/login")  # sent there first
+        self.page.fill("input[name=name]", who)
+        self.page.fill("input[name=password]", PASSWORD)
+        self.page.click("button[type=submit]")
+        self.page.wait_for_url("**/chat")
+
+    def close(self) -> None:
+        self.context.close()
+        assert self.problems == [], self.problems
+
+
+def _slow(server: LiveServer, who: str) -> RequestHandle:
+    request = GenerationRequest(prompt=tuple(range(3, 40)), max_tokens=SLOW_MAX_TOKENS,
+                                user=who, user_id=server.user_ids[who])
+    return server.engine.submit(request, lambda event: None)
+
+
+def test_a_chat_answer_streams_token_by_token_and_stop_cancels_it(
+        chromium: Any, server: LiveServer, shots: Path) -> None:
+    tab = Page(chromium, server, "bob")  # bob's requests decode slowly (test hook)
+    page = tab.page
+    assert page.locator("header .logout button").inner_text() == "Log out"
+    assert server.engine.config.model_path.name in page.locator("header .model").inner_text()
+    page.fill("#message", "What should we cook tonight?")
+    page.press("#message", "Enter")
+    live = page.locator(".msg.streaming .body.live")
+    page.wait_for_function("() => (document.querySelector('.msg.streaming .body.live') || "
+                           "{textContent: ''}).textContent.length > 0")
+    first = len(live.text_content() or "")
+    page.wait_for_function(f"() => document.querySelector('.msg.streaming .body.live')"
+                           f".textContent.length > {first}")
+    assert page.locator(".msg.streaming").count() == 1  # tokens came before the end
+    assert page.is_disabled("#send")
+    assert server.engine.snapshot.active == 1
+    page.screenshot(path=str(shots / "chat-streaming-desktop.png"))
+    page.click(".msg.streaming .stop")
+    page.wait_for_selector(".msg.assistant.cancelled .note")
+    assert page.locator(".msg.streaming").count() == 0
+    assert "Stopped." in page.locator(".msg.assistant.cancelled").inner_text()
+    wait_until(lambda: server.engine.snapshot.active == 0, 10, "the slot freed on the server")
+    page.wait_for_selector("#send:enabled")
+    assert page.url.endswith(f"/chat/{page.input_value('#conversation-id')}")
+    assert page.locator("#conversation-list a[aria-current=page]").count() == 1
+    page.click("header .logout button")
+    page.wait_for_url("**/login")
+    tab.close()
+
+
+def test_the_dashboard_fills_a_slot_and_the_queue_rises_without_a_reload(
+        chromium: Any, server: LiveServer, shots: Path) -> None:
+    tab = Page(chromium, server, "alice")
+    page = tab.page
+    page.goto(server.url + "/dashboard")
+    page.evaluate("window.__sameDocument = true")
+    page.wait_for_selector('#active-count[data-value="0"]', state="attached")
+    handles = [_slow(server, "carol")]
+    try:
+        page.wait_for_selector("#dash-slots tr.slot")
+        assert "carol" in page.locator("#dash-slots tr.slot").inner_text()
+        handles += [_slow(server, who) for who in ("bob", "carol", "bob")]
+        page.wait_for_selector('#queued-count[data-value="2"]', state="attached")
+        page.wait_for_selector('#active-count[data-value="2"]', state="attached")
+        page.wait_for_selector('#dash-queue li[data-class="interactive"][data-count="2"]')
+        assert page.evaluate("window.__sameDocument") is True  # updated in place, over SSE
+        page.screenshot(path=str(shots / "dashboard-desktop.png"), full_page=True)
+        page.set_viewport_size(PHONE)
+        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+        page.screenshot(path=str(shots / "dashboard-phone.png"), full_page=True)
+    finally:
+        for h in handles:
+            server.engine.cancel(h)
+    page.wait_for_selector('#active-count[data-value="0"]', state="attached")
+    page.wait_for_selector('#queued-count[data-value="0"]', state="attached")
+    tab.close()
+
+
+def test_a_quota_set_on_the_users_page_is_enforced(chromium: Any, server: LiveServer,
+                                                    shots: Path) -> None:
+    admin = Page(chromium, server, "alice")
+    carol_id = server.user_ids["carol"]
+    card = f"#user-{carol_id}"
+
+    def set_daily(value: str) -> None:
+        admin.page.goto(server.url + "/manage/users")
+        admin.page.fill(f"{card} input[name=tokens_per_day]", value)
+        admin.page.click(f"{card} button[type=submit]")
+        admin.page.wait_for_selector(f"{card} .notice.ok")
+
+    set_daily("1")
+    admin.page.screenshot(path=str(shots / "users-desktop.png"), full_page=True)
+    admin.page.set_viewport_size(PHONE)
+    assert admin.page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    admin.page.set_viewport_size(DESKTOP)
+    carol = Page(chromium, server, "carol")
+    try:
+        carol.page.fill("#message", "Hello")
+        carol.page.click("#send")
+        notice = carol.page.wait_for_selector("#messages .notice.error")
+        assert notice is not None and "Over your quota" in notice.inner_text()
+        assert carol.page.input_value("#message") == "Hello"  # kept to send again later
+        carol.problems = [p for p in carol.problems if "429" not in p]  # the expected refusal
+        set_daily("")
+        carol.page.click("#send")
+        carol.page.wait_for_selector("#messages .msg.assistant:not(.streaming)")
+    finally:
+        set_daily("")
+    carol.close()
+    admin.close()
+
+
+def test_hostile_names_titles_and_answers_stay_inert_text(chromium: Any,
+                                                          server: LiveServer) -> None:
+    with server.client("carol") as api:
+        cid = api.post("/conversations", json={"title": HOSTILE}).json()["id"]
+        api.post(f"/conversations/{cid}/messages", json={"role": "user", "content": HOSTILE})
+        api.post(f"/conversations/{cid}/messages",
+                 json={"role": "assistant", "content": f"**Sure:** {HOSTILE}"})
+        api.post("/me/keys", json={"name": HOSTILE})
+    tab = Page(chromium, server, "carol")
+    page = tab.page
+    for path in (f"/chat/{cid}", "/keys"):
+        page.goto(server.url + path)
+        assert page.evaluate("typeof window.__pwned") == "undefined"
+        assert page.locator("main img").count() == 0
+        assert "<script>window.__pwned=1</script>" in page.locator("main").inner_text()
+    page.goto(f"{server.url}/chat/{cid}")
+    assert page.locator(".msg.assistant strong").first.inner_text() == "Sure:"
+    tab.close()
+
+
+def test_phone_screens_fit_without_sideways_scrolling(chromium: Any, server: LiveServer,
+                                                       shots: Path) -> None:
+    tab = Page(chromium, server, "carol", viewport=PHONE)
+    page = tab.page
+    page.fill("#message", "Give me three tips for a tidy kitchen.")
+    page.click("#send")
+    page.wait_for_selector("#messages .msg.assistant:not(.streaming)")
+    for path, name in (("", "chat"), ("/dashboard", "dashboard-member"), ("/keys", "keys")):
+        if path:
+            page.goto(server.url + path)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= PHONE["width"], f"{name} is {width}px wide"
+        page.screenshot(path=str(shots / f"{name}-phone.png"), full_page=True)
+    page.set_viewport_size(DESKTOP)
+    page.goto(page.url.replace("/keys", "/chat"))
+    page.screenshot(path=str(shots / "chat-desktop.png"), full_page=True)
+    tab.close()
+    login = chromium.new_page(viewport=PHONE)
+    login.goto(server.url + "/login")
+    login.screenshot(path=str(shots / "login-phone.png"))
+    login.close()

@@ -1,0 +1,244 @@
+"""Benchmark: the engine's aggregate throughput with open dashboards versus none, same run.
+
+    python -m web.bench_dashboards [--model DIR|tiny] [--dashboards 5] [--clients 8]
+                                   [--rounds 4] [--phase-s 10] [--out FILE.json]
+
+One server in this process (engine thread + event loop, as the daemon runs). A load process
+keeps ``--clients`` streaming chat requests in flight the whole time. Phases alternate in
+ABBA order (none, open, open, none, ...); during an "open" phase a viewer process keeps
+``--dashboards`` admin dashboards connected to ``/dashboard/stream`` (reconnecting as a
+browser does). Throughput is the engine's own generated-token counter over each phase.
+Clients live in other processes so only the server's cost of the dashboards is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+SETTLE_S = 1.5
+"""After opening or closing the dashboards, wait this long before measuring."""
+
+
+# ---- the load and viewer processes (HTTP only) ----
+def run_load(url: str, key: str, clients: int, max_tokens: int, ban: list[int]) -> None:
+    """Keep ``clients`` streaming chat completions in flight until killed."""
+    def client(n: int) -> None:
+        i = 0
+        with httpx.Client(base_url=url, timeout=120,
+                          headers={"Authorization": f"Bearer {key}"}) as c:
+            while True:
+                i += 1
+                body = {"messages": [{"role": "user", "content": f"Story {n}-{i}, please."}],
+                        "max_tokens": max_tokens, "stream": True, "temperature": 0,
+                        "logit_bias": {str(t): -100 for t in ban}}
+                with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                    for _ in r.iter_lines():
+                        pass
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def run_viewers(url: str, key: str, dashboards: int, seconds: float) -> None:
+    """Keep ``dashboards`` dashboard streams open for ``seconds``; print what they got."""
+    deadline = time.monotonic() + seconds
+    counts = [0] * dashboards
+    connections = [0] * dashboards
+
+    def viewer(n: int) -> None:
+        with httpx.Client(base_url=url, timeout=30,
+                          headers={"Authorization": f"Bearer {key}"}) as c:
+            while time.monotonic() < deadline:
+                connections[n] += 1
+                with c.stream("GET", "/dashboard/stream") as r:
+                    for line in r.iter_lines():
+                        counts[n] += line.startswith("event:")
+                        if time.monotonic() >= deadline:
+                            return
+    threads = [threading.Thread(target=viewer, args=(n,)) for n in range(dashboards)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps({"events": sum(counts), "connections": sum(connections)}), flush=True)
+
+
+# ---- the server and the measurement ----
+def _server(model: Path, batch: int) -> tuple[Any, Any, dict[str, str], str, Any]:
+    """Engine, store, API keys, URL and a stop function, wired exactly as the daemon is."""
+    import uvicorn
+    from argon2 import PasswordHasher
+
+    from appliance.app import build_services, create_app, start_engine
+    from appliance.cli_admin import db_path
+    from appliance.settings import Settings
+    from appliance.store import keys, migrate, users
+    from appliance.store.db import open_store
+    from appliance.store.writer import StoreWriter
+
+    settings = Settings()
+    settings.engine.model = str(model)
+    settings.engine.max_batch_size = batch
+    settings.store.data_dir = tempfile.mkdtemp(prefix="appliance-bench-")
+    migrate.upgrade(db_path(settings))
+    store = open_store(db_path(settings))
+    plain: dict[str, str] = {}
+    with store.sessions.begin() as s:
+        for name, role in (("bench-admin", "admin"), ("bench-load", "member")):
+            user = users.create_user(s, name, "bench-password", role=role,
+                                     hasher=PasswordHasher(time_cost=1, memory_cost=1024))
+            plain[name] = keys.create_api_key(s, user, name)[1]
+    writer = StoreWriter(store.sessions)
+    engine = start_engine(settings, writer=writer)
+    app = create_app(build_services(settings, engine, store), secret="b" * 32)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False,
+                            timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+
+    def stop() -> None:
+        from appliance.app import shutdown_engine
+        server.should_exit = True
+        thread.join(10)
+        shutdown_engine(engine, 1)
+        writer.close()
+        store.close()
+    return engine, store, plain, f"http://127.0.0.1:{port}", stop
+
+
+def _spawn(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "web.bench_dashboards", *args],
+                            stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+
+
+def _measure(engine: Any, seconds: float) -> float:
+    start_t, start_n = time.monotonic(), engine.snapshot.generated_tokens_total
+    time.sleep(seconds)
+    return (engine.snapshot.generated_tokens_total - start_n) / (time.monotonic() - start_t)
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    model = _model(args.model)
+    engine, _, keys, url, stop = _server(model, args.batch)
+    ban = list(getattr(engine.loaded, "eos_token_ids", []) or [])
+    load = _spawn("--role", "load", "--url", url, "--key", keys["bench-load"], "--clients",
+                  str(args.clients), "--max-tokens", str(args.max_tokens),
+                  "--ban", ",".join(map(str, ban)))
+    phases: list[dict[str, Any]] = []
+    try:
+        time.sleep(args.warmup_s)
+        for r in range(args.rounds):
+            for kind in (("none", "open") if r % 2 == 0 else ("open", "none")):
+                viewers = None
+                if kind == "open":
+                    viewers = _spawn("--role", "viewers", "--url", url, "--key",
+                                     keys["bench-admin"], "--dashboards", str(args.dashboards),
+                                     "--seconds", str(args.phase_s + SETTLE_S))
+                time.sleep(SETTLE_S)
+                rate = _measure(engine, args.phase_s)
+                phase: dict[str, Any] = {"round": r, "dashboards": args.dashboards
+                                         if kind == "open" else 0, "tokens_per_s": rate}
+                if viewers is not None:
+                    out, _ = viewers.communicate(timeout=60)
+                    phase.update(json.loads(out.strip().splitlines()[-1]))
+                phases.append(phase)
+                print(f"  round {r} {kind:>4}: {rate:8.1f} tok/s"
+                      + (f"  ({phase['events']} dashboard events)" if viewers else ""),
+                      flush=True)
+    finally:
+        load.kill()
+        load.wait()
+        stop()
+    none = [p["tokens_per_s"] for p in phases if p["dashboards"] == 0]
+    open_ = [p["tokens_per_s"] for p in phases if p["dashboards"] > 0]
+    base, with_dash = statistics.mean(none), statistics.mean(open_)
+    return {"model": str(model), "clients": args.clients, "batch": args.batch,
+            "dashboards": args.dashboards, "phase_s": args.phase_s, "phases": phases,
+            "tokens_per_s_none": base, "tokens_per_s_open": with_dash,
+            "stdev_none": statistics.stdev(none) if len(none) > 1 else 0.0,
+            "stdev_open": statistics.stdev(open_) if len(open_) > 1 else 0.0,
+            "difference_pct": 100.0 * (with_dash - base) / base if base else None}
+
+
+def _model(choice: str) -> Path:
+    if choice == "tiny":  # random weights, built like the test fixture (imports MLX)
+        from appliance.engine.demo_model import build_model
+        return Path(build_model(Path(tempfile.mkdtemp()) / "tiny", shape="tiny"))
+    if choice:
+        return Path(choice)
+    from appliance.engine.model import DEMO_MODEL_DIR
+    return Path(DEMO_MODEL_DIR)
+
+
+def _openblas(argv: list[str]) -> None:
+    """Run with Debian's OpenBLAS preloaded, as ``appliance serve`` does (Linux)."""
+    from appliance.cli import OPENBLAS_CANDIDATES
+    lib = next((p for p in OPENBLAS_CANDIDATES if Path(p).exists()), None)
+    if sys.platform != "linux" or lib is None or lib in os.environ.get("LD_PRELOAD", ""):
+        return
+    env = {**os.environ, "LD_PRELOAD": ":".join(p for p in (lib, os.environ.get("LD_PRELOAD"))
+                                                 if p)}
+    os.execve(sys.executable, [sys.executable, "-m", "web.bench_dashboards", *argv], env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m web.bench_dashboards", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="", help="model directory, 'tiny', or empty: the demo")
+    p.add_argument("--dashboards", type=int, default=5)
+    p.add_argument("--clients", type=int, default=8, help="requests kept in flight")
+    p.add_argument("--batch", type=int, default=8, help="--max-batch-size of the server")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=4, help="each round: one phase of each kind")
+    p.add_argument("--phase-s", type=float, default=10.0)
+    p.add_argument("--warmup-s", type=float, default=5.0)
+    p.add_argument("--blas", choices=("auto", "bundled"), default="auto")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    p.add_argument("--role", choices=("main", "load", "viewers"), default="main",
+                   help=argparse.SUPPRESS)
+    p.add_argument("--url", help=argparse.SUPPRESS)
+    p.add_argument("--key", help=argparse.SUPPRESS)
+    p.add_argument("--ban", default="", help=argparse.SUPPRESS)
+    p.add_argument("--seconds", type=float, default=10.0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.role == "load":
+        run_load(args.url, args.key, args.clients, args.max_tokens,
+                 [int(t) for t in args.ban.split(",") if t])
+        return 0
+    if args.role == "viewers":
+        run_viewers(args.url, args.key, args.dashboards, args.seconds)
+        return 0
+    if args.blas == "auto":
+        _openblas(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    result = bench(args)
+    print(f"engine throughput: {result['tokens_per_s_none']:.1f} tok/s with no dashboard, "
+          f"{result['tokens_per_s_open']:.1f} tok/s with {args.dashboards} open: "
+          f"{result['difference_pct']:+.2f}% (goal: within 2%)")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

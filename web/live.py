@@ -115,7 +115,7 @@ class Hub:
             "h": HELPERS, "snap": snap, "admin": audience.admin, "me_name": audience.name,
             "max_batch": self._services.max_batch_size, "rate": rate,
             "chart": charts.spark(rates, width=320, height=60),
-            "kv": kv_view(snap),
+            "kv": kv_view(snap, getattr(self._services.engine, "kv_budget_bytes", None)),
             "slots": [s for s in snap.slots if audience.admin or s.user == audience.name],
             "others": 0 if audience.admin else sum(s.user != audience.name for s in snap.slots),
             "queue": queue_by_class(snap.queue, None if audience.admin else audience.name),
@@ -128,13 +128,14 @@ class Hub:
                 for name in names}
 
 
-def kv_view(snap: EngineSnapshot) -> KvView:
-    """KV figures; the budget, reservations and prompt cache appear once the engine
-    publishes them (``kv_budget_bytes``, ``kv_reserved_bytes``, ``prompt_cache_bytes``)."""
+def kv_view(snap: EngineSnapshot, budget: int | None = None) -> KvView:
+    """KV figures; reservations and the prompt cache appear once the engine publishes them
+    in its snapshot (``kv_reserved_bytes``, ``prompt_cache_bytes``); the budget comes from
+    the snapshot or, failing that, ``budget`` (the engine's ``kv_budget_bytes``)."""
     return KvView(in_use=snap.kv_bytes,
                   reserved=getattr(snap, "kv_reserved_bytes", None),
                   prompt_cache=getattr(snap, "prompt_cache_bytes", None),
-                  budget=getattr(snap, "kv_budget_bytes", None))
+                  budget=getattr(snap, "kv_budget_bytes", None) or budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +160,12 @@ def queue_by_class(queue: tuple[SlotInfo, ...], only_user: str | None) -> list[Q
 
 def _with_live_counters(table: list[stats.UserService],
                         live: Mapping[Any, float] | None) -> list[stats.UserService]:
-    """Overlay the scheduler's live counters (by user id or name) on the persisted ones."""
+    """Overlay the scheduler's live counters (keyed by user id, as a number or text, or by
+    name) on the persisted ones."""
     if not live:
         return table
     out = []
     for u in table:
-        value = live.get(u.user_id, live.get(u.name))
+        value = next((live[k] for k in (u.user_id, str(u.user_id), u.name) if k in live), None)
         out.append(u if value is None else dataclasses.replace(u, counter=float(value)))
     return out

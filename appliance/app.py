@@ -15,6 +15,7 @@ from litestar.middleware import DefineMiddleware
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
 
+from appliance import fairness_state
 from appliance.api import account, admin, monitoring, openai
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
 from appliance.api.errors import (
@@ -29,7 +30,7 @@ from appliance.engine.core import Engine, EngineConfig, FaultHook
 from appliance.engine.model import resolve_model_path
 from appliance.engine.request import Finished
 from appliance.sched.scheduler import SchedulerConfig
-from appliance.settings import Settings
+from appliance.settings import Settings, parse_bytes
 from appliance.store.db import Store
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
 from appliance.store.ledger import LedgerRecord
@@ -49,19 +50,39 @@ def engine_config(settings: Settings) -> EngineConfig:
         model_path=resolve_model_path(e.model, settings.models_dir),
         ctx_size=e.ctx_size,
         max_queue_depth=settings.server.max_queue_depth,
+        kv_cache_budget=parse_bytes(e.kv_cache_budget),
         scheduler=SchedulerConfig(
             max_batch_size=1 if e.no_batch else e.max_batch_size,
             prefill_chunk_size=e.prefill_chunk_size,
             prefill_grant_interval=e.prefill_grant_interval,
-            policy=settings.sched.policy))
+            policy=settings.sched.policy, w_in=settings.sched.w_in, w_out=settings.sched.w_out,
+            aging_seconds=settings.sched.aging_seconds,
+            background_reserve=settings.sched.background_reserve,
+            kv_admission_watermark=e.kv_admission_watermark,
+            enable_preemption=e.enable_preemption, preemption_policy=e.preemption_policy))
 
 
 def start_engine(settings: Settings, fault: FaultHook | None = None,
-                 writer: StoreWriter | None = None) -> Engine:
-    """Start the engine thread and wait until it has loaded the model."""
-    on_finish = None if writer is None else (lambda f: writer.submit_ledger(ledger_record(f)))
-    engine = Engine(engine_config(settings), fault=fault, on_finish=on_finish)
+                 writer: StoreWriter | None = None, store: Store | None = None) -> Engine:
+    """Start the engine thread, wait until it has loaded the model, and give it the
+    persisted fairness state (counters, weights, the last day's usage) when there is a
+    store."""
+    on_finish = on_counters = None
+    if writer is not None:
+        def on_finish(f: Finished) -> None:
+            writer.submit_ledger(ledger_record(f))
+
+        def on_counters(values: dict[str, float]) -> None:
+            writer.submit_counters({int(k): v for k, v in values.items() if k.isdigit()})
+    engine = Engine(engine_config(settings), fault=fault, on_finish=on_finish,
+                    on_counters=on_counters)
+    if store is not None:
+        engine.usage.load(fairness_state.usage_rows(store))
     engine.start()
+    if store is not None:
+        counters, weights = fairness_state.load(store)
+        engine.restore_counters(counters)
+        engine.set_weights(weights)
     return engine
 
 
@@ -83,6 +104,7 @@ def build_services(settings: Settings, engine: Engine, store: Store) -> Services
                      vocab_size=int(loaded.config.get("vocab_size") or 0) or 1 << 30,
                      tokenizer=loaded.tokenizer)
     return Services(engine=engine, model=info, store=store,
+                    on_policy_change=lambda: engine.set_weights(fairness_state.load(store)[1]),
                     default_max_tokens=settings.engine.default_max_tokens,
                     max_batch_size=engine.config.scheduler.max_batch_size)
 

@@ -65,6 +65,19 @@ class EngineSettings:
     no_batch: bool = _opt(False, "Serve one sequence at a time (max batch size 1).")
     default_max_tokens: int = _opt(
         512, "Output tokens when a request does not say.", lo=1, hi=1_048_576)
+    kv_cache_budget: str = _opt(
+        "auto", "KV cache budget: bytes (suffix K, M or G allowed), 'auto' (half of the memory "
+        "available once the model is loaded, less 1 GiB, at least 64 MiB) or 'none'.")
+    kv_admission_watermark: float = _opt(
+        0.01, "Share of the KV budget admission keeps free while a decode batch runs.",
+        lo=0.0, hi=0.5)
+    enable_preemption: bool = _opt(
+        False, "Admit on prompt + first token and preempt when the KV budget runs out (else "
+        "each request reserves prompt + max_tokens and nothing is preempted).")
+    preemption_policy: str = _opt(
+        "fair", "Victim order: 'fair' (lowest effective class, then highest counter), "
+        "'longest-first' or 'lowest-priority'.",
+        choices=("fair", "longest-first", "lowest-priority"))
     blas: str = _opt(
         "auto", "Linux only: 'openblas' loads Debian's OpenBLAS in place of the slow reference "
         "BLAS bundled in the mlx[cpu] wheel; 'auto' does so when it is installed.",
@@ -73,8 +86,16 @@ class EngineSettings:
 
 @dataclass(slots=True)
 class SchedSettings:
-    policy: str = _opt("fcfs", "Who goes next: 'fcfs' (arrival order within a class).",
-                       choices=("fcfs",))
+    policy: str = _opt(
+        "fair", "Who goes next: 'fair' (class with aging, then the lowest virtual token "
+        "counter) or 'fcfs' (class, then arrival).", choices=("fair", "fcfs"))
+    w_in: float = _opt(1.0, "Counter cost of one computed prompt token.", lo=0.0, hi=1000.0)
+    w_out: float = _opt(2.0, "Counter cost of one output token.", lo=0.0, hi=1000.0)
+    aging_seconds: float = _opt(
+        30.0, "A waiting request rises one class per this many seconds (fair); 0: no aging.",
+        lo=0.0, hi=86400.0)
+    background_reserve: int = _opt(
+        1, "Batch slots kept for backlogged background work (fair).", lo=0, hi=1024)
 
 
 @dataclass(slots=True)
@@ -198,6 +219,27 @@ def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None =
         extra = set(toml.get(section, {})) - known
         if extra:
             raise ValueError(f"{config_path}: unknown settings in [{section}]: {sorted(extra)}")
+    parse_bytes(settings.engine.kv_cache_budget)  # fail at start-up, not at first use
     if settings.engine.no_batch:
         settings.engine.max_batch_size = 1
     return settings
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(value: str) -> int | str | None:
+    """'auto' -> 'auto', 'none' -> None, '512M' -> 536870912; anything else is a ValueError."""
+    text = value.strip().upper().removesuffix("B")
+    if text in ("AUTO", "NONE"):
+        return "auto" if text == "AUTO" else None
+    unit = text[-1:] if text[-1:] in _UNITS and not text[-1:].isdigit() else ""
+    number = text[: len(text) - len(unit)]
+    try:
+        amount = float(number) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"kv_cache_budget must be bytes (e.g. 2G), 'auto' or 'none', got "
+                         f"{value!r}") from None
+    if amount < 1:
+        raise ValueError(f"kv_cache_budget must be positive, got {value!r}")
+    return int(amount)

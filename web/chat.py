@@ -128,7 +128,7 @@ async def send(request: Request[Any, Any, Any]) -> Template:
     prompt = chat_prompt(svc.model.tokenizer, turns)
     max_tokens = await quota.admit(svc, who, len(prompt))
     klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
-    gen = submit(svc, prompt, SamplingFields(), max_tokens, who, klass, ENDPOINT)
+    gen = await submit(svc, prompt, SamplingFields(), max_tokens, who, klass, ENDPOINT)
     try:
         saved, created = await anyio.to_thread.run_sync(_save_question, svc, who.user_id, cid,
                                                         text)

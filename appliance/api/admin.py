@@ -120,8 +120,8 @@ def _quota_dict(q: limits.QuotaLimits) -> dict[str, int | None]:
 @threaded
 def set_quota(state: State, uid: FromPath[int], data: JSONBody[QuotaBody]) -> dict[str, Any]:
     for name, value in msgspec.structs.asdict(data).items():
-        if value is not None and value < 0:
-            raise ValueError(f"{name} must be >= 0 or null (unlimited)")
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1 or null (unlimited)")
     with _store(state).sessions.begin() as s:
         _user(s, uid)
         q = limits.QuotaLimits(**msgspec.structs.asdict(data))

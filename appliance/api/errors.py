@@ -44,8 +44,8 @@ def shutting_down() -> ApiError:
                     "shutting_down", headers={"Retry-After": "10"})
 
 
-def backend_error() -> ApiError:
-    return ApiError(500, "inference backend error", "server_error", "backend_error")
+def backend_error(message: str | None = None) -> ApiError:
+    return ApiError(500, message or "inference backend error", "server_error", "backend_error")
 
 
 def api_error_handler(_: Request, exc: ApiError) -> Response:

@@ -27,7 +27,8 @@ from appliance.engine.request import FinishEvent, TokenEvent
 CLASS_HEADER = "x-appliance-class"
 """Optional request header: run this request in a lower class (voice|interactive|background)."""
 
-FINISH_REASONS = {"stop": "stop", "length": "length", "quota": "length"}
+FINISH_REASONS = {"stop": "stop", "length": "length", "quota": "quota"}
+"""OpenAI's reasons, plus ``quota``: the user's daily tokens ran out mid-answer."""
 
 
 def _usage(finish: FinishEvent) -> dict[str, Any]:
@@ -114,7 +115,7 @@ async def chat_completions(request: Request, state: State) -> Any:
         raise bad_request("response_format other than 'text' is not supported.",
                           "unsupported_value", "response_format")
     prompt = chat_prompt(services.model.tokenizer, body.messages, body.tools)
-    gen = submit(services, prompt, body, body.max_completion_tokens or body.max_tokens,
+    gen = await submit(services, prompt, body, body.max_completion_tokens or body.max_tokens,
                  request.user, request_class(request.user, request.headers.get(CLASS_HEADER)),
                  "/v1/chat/completions")
     rid = f"chatcmpl-{gen.handle.rid}"
@@ -123,7 +124,7 @@ async def chat_completions(request: Request, state: State) -> Any:
         return _stream_response(gen, "chat", rid, services.model.name, include_usage)
     text, finish = await gen.text()
     if finish.reason == "error":
-        raise backend_error()
+        raise backend_error(finish.error)
     return {"id": rid, "object": "chat.completion", "created": int(time.time()),
             "model": services.model.name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -150,7 +151,7 @@ async def completions(request: Request, state: State) -> Any:
     else:
         raise bad_request("Send one prompt per request (batches of prompts are not "
                           "supported).", "unsupported_value", "prompt")
-    gen = submit(services, prompt, body, body.max_tokens or 16, request.user,
+    gen = await submit(services, prompt, body, body.max_tokens or 16, request.user,
                  request_class(request.user, request.headers.get(CLASS_HEADER)),
                  "/v1/completions")
     rid = f"cmpl-{gen.handle.rid}"
@@ -159,7 +160,7 @@ async def completions(request: Request, state: State) -> Any:
         return _stream_response(gen, "text", rid, services.model.name, include_usage)
     text, finish = await gen.text()
     if finish.reason == "error":
-        raise backend_error()
+        raise backend_error(finish.error)
     return {"id": rid, "object": "text_completion", "created": int(time.time()),
             "model": services.model.name,
             "choices": [{"index": 0, "text": text, "logprobs": None,

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import msgspec
 
 from appliance.api.errors import ApiError, bad_request, busy, shutting_down
 from appliance.api.schemas import ChatMessage, SamplingFields
 from appliance.api.throttle import LoginThrottle
-from appliance.engine.core import Engine, EngineBusy, EngineStopping
+from appliance.engine.core import Engine, EngineBusy, EngineStopping, UserBusy
 from appliance.engine.request import (
     Event,
     FinishEvent,
@@ -22,6 +23,15 @@ from appliance.engine.request import (
     asyncio_sink,
 )
 from appliance.sched.classes import Klass
+from appliance.sched.quota import (
+    CONCURRENCY_RETRY_S,
+    DAY_S,
+    QuotaLimits,
+    QuotaVerdict,
+    check_admission,
+    effective_max_tokens,
+)
+from appliance.store import limits
 from appliance.store.db import Store
 
 if TYPE_CHECKING:
@@ -50,10 +60,13 @@ class Services:
     max_batch_size: int
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
     started_at: float = field(default_factory=time.time)
+    on_policy_change: Callable[[], None] | None = None
 
     def policy_changed(self) -> None:
         """Call after an admin changes weights, classes or quotas: the running scheduler
-        re-reads them (wired by the fairness scheduler; a no-op until then)."""
+        re-reads the weights (quotas and classes are read at every request anyway)."""
+        if self.on_policy_change is not None:
+            self.on_policy_change()
 
 
 def decode_body(raw: bytes, kind: type[Any]) -> Any:
@@ -173,17 +186,21 @@ def check_context(n_prompt: int, ctx_limit: int) -> None:
 class Generation:
     """One submitted request, seen from the event loop."""
 
-    def __init__(self, engine: Engine, request: GenerationRequest) -> None:
+    def __init__(self, engine: Engine, request: GenerationRequest,
+                 max_concurrent: int | None = None) -> None:
         self._engine = engine
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self.finish: FinishEvent | None = None
         try:
             self.handle = engine.submit(
-                request, asyncio_sink(asyncio.get_running_loop(), self._queue))
+                request, asyncio_sink(asyncio.get_running_loop(), self._queue), max_concurrent)
         except EngineBusy:
             raise busy() from None
         except EngineStopping:
             raise shutting_down() from None
+        except UserBusy as exc:
+            raise ApiError(429, str(exc), "rate_limit_error", "max_concurrent",
+                           headers={"Retry-After": str(CONCURRENCY_RETRY_S)}) from None
 
     async def events(self) -> AsyncIterator[Event]:
         """Events until the finish; leaving early (client gone) cancels the request."""
@@ -207,13 +224,39 @@ class Generation:
         return "".join(parts), self.finish
 
 
-def submit(services: Services, prompt: list[int], body: SamplingFields, max_tokens: int | None,
-           principal: Principal, klass: Klass, endpoint: str) -> Generation:
+def quota_of(store: Store, user_id: int) -> QuotaLimits:
+    with store.read_sessions() as s:
+        q = limits.get_quota(s, user_id)
+    return QuotaLimits(tokens_per_day=q.tokens_per_day, max_concurrent=q.max_concurrent,
+                       max_prompt_tokens=q.max_prompt_tokens,
+                       max_output_tokens=q.max_output_tokens)
+
+
+def quota_error(verdict: QuotaVerdict) -> ApiError:
+    headers = {} if verdict.retry_after_s is None else {"Retry-After": str(verdict.retry_after_s)}
+    return ApiError(429, f"Over quota: {verdict.message}.", "rate_limit_error", verdict.limit,
+                    headers=headers)
+
+
+async def submit(services: Services, prompt: list[int], body: SamplingFields,
+                 max_tokens: int | None, principal: Principal, klass: Klass,
+                 endpoint: str) -> Generation:
+    """Check the request against the context and the user's quotas, then queue it."""
     check_context(len(prompt), services.model.ctx_limit)
+    sampling = sampling_from(body, services.model.vocab_size)
+    quota = await anyio.to_thread.run_sync(quota_of, services.store, principal.user_id)
+    if max_tokens is not None:
+        max_tokens_from(max_tokens, 1)
+    out = effective_max_tokens(quota, max_tokens, services.default_max_tokens)
+    now = time.time()
+    key = str(principal.user_id)
+    usage = services.engine.usage
+    verdict = check_admission(quota, usage.total(key, now), 0, len(prompt), out, klass,
+                              principal.klass, now, now - DAY_S, usage.events(key, now))
+    if verdict is not None:
+        raise quota_error(verdict)
     request = GenerationRequest(
-        prompt=tuple(prompt),
-        max_tokens=max_tokens_from(max_tokens, services.default_max_tokens),
-        sampling=sampling_from(body, services.model.vocab_size), stop=stops_from(body.stop),
+        prompt=tuple(prompt), max_tokens=out, sampling=sampling, stop=stops_from(body.stop),
         user=principal.name, klass=klass, user_id=principal.user_id,
-        api_key_id=principal.key_id, endpoint=endpoint)
-    return Generation(services.engine, request)
+        api_key_id=principal.key_id, endpoint=endpoint, tokens_per_day=quota.tokens_per_day)
+    return Generation(services.engine, request, quota.max_concurrent)

@@ -42,6 +42,11 @@ class DecodeBatch:
         return len(self.rids)
 
     @property
+    def padded_len(self) -> int:
+        """KV positions every row holds (rows are left-padded to the longest)."""
+        return int(self._caches[0].size()) if self._caches and self.rids else 0
+
+    @property
     def nbytes(self) -> int:
         return cache_nbytes(self._caches)
 

@@ -14,12 +14,17 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from appliance.engine.request import Event, Finished, GenerationRequest, RequestHandle
 from appliance.engine.snapshot import EngineSnapshot
 from appliance.sched.scheduler import Scheduler, SchedulerConfig
+from appliance.sched.usage import RollingUsage
+
+if TYPE_CHECKING:
+    from appliance.engine.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -35,22 +40,45 @@ class EngineStopping(RuntimeError):
     """The daemon is draining and admits nothing new (HTTP 503)."""
 
 
+class UserBusy(RuntimeError):
+    """The user already has their maximum number of requests in progress (HTTP 429)."""
+
+
+AUTO_HEADROOM = 1 << 30
+AUTO_MIN = 64 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model_path: Path
     ctx_size: int = 0
     max_queue_depth: int = 32
     scheduler: SchedulerConfig = SchedulerConfig()
+    kv_cache_budget: int | str | None = None
+    """Bytes, 'auto' (half of the memory available after loading, less 1 GiB) or None."""
+
+
+def budget_bytes(setting: int | str | None, available: int) -> int | None:
+    if setting == "auto":
+        return max(available // 2 - AUTO_HEADROOM, AUTO_MIN)
+    return setting if isinstance(setting, int) else None
 
 
 class Engine:
     def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
                  fault: FaultHook | None = None,
-                 on_finish: Callable[[Finished], None] | None = None) -> None:
+                 on_finish: Callable[[Finished], None] | None = None,
+                 on_counters: Callable[[dict[str, float]], None] | None = None) -> None:
         self.config = config
         self._on_finish = on_finish
+        self._on_counters = on_counters
         self._clock = clock
         self._fault = fault
+        self.usage = RollingUsage()
+        """Tokens per user in the rolling day (daily quotas); any thread may read it."""
+        self.kv_budget_bytes: int | None = None
+        self._live: dict[str, int] = {}
+        self._control: queue.SimpleQueue[Callable[[Runner], None]] = queue.SimpleQueue()
         self._inbox: queue.SimpleQueue[RequestHandle] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -96,12 +124,18 @@ class Engine:
         self._wake.set()
 
     # ---- submission (asyncio thread) ----
-    def submit(self, request: GenerationRequest, sink: Callable[[Event], None]) -> RequestHandle:
+    def submit(self, request: GenerationRequest, sink: Callable[[Event], None],
+               max_concurrent: int | None = None) -> RequestHandle:
         with self._lock:
             if not self._accepting:
                 raise EngineStopping("the server is shutting down")
             if self._pending >= self.config.max_queue_depth:
                 raise EngineBusy("Server is busy. Retry later.")
+            live = self._live.get(request.user_key, 0)
+            if max_concurrent is not None and live >= max_concurrent:
+                raise UserBusy(f"{live} requests in progress; your limit is {max_concurrent} "
+                               "at a time; retry when one finishes")
+            self._live[request.user_key] = live + 1
             self._pending += 1
         handle = RequestHandle(request, sink)
         self._inbox.put(handle)
@@ -112,15 +146,50 @@ class Engine:
         handle.cancel()
         self._wake.set()
 
+    def live_requests(self, user_key: str) -> int:
+        with self._lock:
+            return self._live.get(user_key, 0)
+
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """New per-user weights for the running scheduler (applied on the next tick)."""
+        def apply(runner: Runner) -> None:
+            for user, w in weights.items():
+                runner.scheduler.counters.set_weight(user, w)
+        self._control.put(apply)
+        self._wake.set()
+
+    def restore_counters(self, values: dict[str, float]) -> None:
+        self._control.put(lambda runner: runner.scheduler.counters.restore(values))
+        self._wake.set()
+
+    def _done(self, user_key: str) -> None:
+        with self._lock:
+            left = self._live.get(user_key, 0) - 1
+            if left > 0:
+                self._live[user_key] = left
+            else:
+                self._live.pop(user_key, None)
+
     # ---- the engine thread ----
     def _main(self) -> None:
         from appliance.engine.model import load_model
         from appliance.engine.runner import Runner
 
         try:
+            import psutil
+
             self.loaded = load_model(self.config.model_path, self.config.ctx_size)
-            runner = Runner(self.loaded, Scheduler(self.config.scheduler), self._clock,
-                            self._fault, self._on_finish)
+            self.kv_budget_bytes = budget_bytes(self.config.kv_cache_budget,
+                                                psutil.virtual_memory().available)
+            sched = self.config.scheduler
+            if self.kv_budget_bytes is not None:
+                sched = replace(sched, kv_budget_tokens=max(
+                    1, self.kv_budget_bytes // self.loaded.kv_bytes_per_token))
+            log.info("kv budget: %s bytes (%s tokens)", self.kv_budget_bytes,
+                     sched.kv_budget_tokens)
+            runner = Runner(self.loaded, Scheduler(sched), self._clock, self._fault,
+                            self._on_finish, usage=self.usage, on_done=self._done,
+                            on_counters=self._on_counters)
         except BaseException as exc:  # reported to start()'s caller
             self._load_error = exc
             self._ready.set()
@@ -130,6 +199,8 @@ class Engine:
         self._ready.set()
         while not self._stop:
             self._wake.clear()
+            while not self._control.empty():
+                self._control.get_nowait()(runner)
             runner.take(self._drain_inbox())
             if self._cancel_all:
                 runner.cancel_everything()
@@ -148,6 +219,7 @@ class Engine:
             if not worked:
                 self._wake.wait(0.5)
         runner.cancel_everything()
+        runner.flush_counters()
         self.snapshot = runner.snapshot()
 
     def _drain_inbox(self) -> list[RequestHandle]:

@@ -56,7 +56,14 @@ class GenerationRequest:
     user_id: int = 0
     api_key_id: int | None = None
     endpoint: str = ""
+    tokens_per_day: int | None = None
+    """The user's daily token quota: the request finishes with ``quota`` when it is used up."""
     rid: int = field(default_factory=next_request_id)
+
+    @property
+    def user_key(self) -> str:
+        """How the scheduler, counters and usage know the user (the user id, as text)."""
+        return str(self.user_id)
 
 
 @dataclass(frozen=True, slots=True)

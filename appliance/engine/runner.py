@@ -17,10 +17,14 @@ from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
 from appliance.sched.scheduler import Plan, Scheduler, SeqView
 from appliance.sched.states import RequestState, check_transition, finish_state
+from appliance.sched.usage import RollingUsage
 
 log = logging.getLogger(__name__)
 
 BACKEND_ERROR = "inference backend error"
+TOO_LARGE = "the request cannot fit in the KV cache budget"
+COUNTERS_EVERY_S = 2.0
+"""How often the fairness counters are handed to the store writer."""
 
 
 @dataclass(slots=True, eq=False)
@@ -42,6 +46,7 @@ class Seq:
     last_token_at: float | None = None
     itl: list[float] = field(default_factory=list)
     preemptions: int = 0
+    prompt_charged: bool = False
 
     @property
     def rid(self) -> int:
@@ -55,22 +60,32 @@ class Seq:
         check_transition(self.state, new)
         self.state = new
 
-    def view(self) -> SeqView:
+    def view(self, kv_tokens: int | None = None) -> SeqView:
         r = self.handle.request
-        return SeqView(rid=self.rid, user=r.user, klass=r.klass, arrival=self.arrival,
-                       state=self.state, prefill_len=len(self.tokens), computed=self.computed)
+        return SeqView(rid=self.rid, user=r.user_key, klass=r.klass, arrival=self.arrival,
+                       state=self.state, prefill_len=len(self.tokens), computed=self.computed,
+                       kv_tokens=kv_tokens, max_tokens=self.max_tokens,
+                       generated=self.generated)
 
 
 class Runner:
     def __init__(self, loaded: LoadedModel, scheduler: Scheduler,
                  clock: Callable[[], float], fault: FaultHook | None,
-                 on_finish: Callable[[Finished], None] | None = None) -> None:
+                 on_finish: Callable[[Finished], None] | None = None, *,
+                 usage: RollingUsage | None = None,
+                 on_done: Callable[[str], None] | None = None,
+                 on_counters: Callable[[dict[str, float]], None] | None = None) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.scheduler = scheduler
         self.clock = clock
         self.fault = fault
         self.on_finish = on_finish
+        self.on_done = on_done
+        self.on_counters = on_counters
+        self.usage = usage or RollingUsage()
+        self._served: dict[str, list[int]] = {}
+        self._counters_at = 0.0
         self.vocab_size = int(loaded.config.get("vocab_size") or 0) or 1 << 30
         self.eos = loaded.eos_token_ids
         self.seqs: dict[int, Seq] = {}
@@ -94,6 +109,8 @@ class Runner:
             except ValueError as exc:
                 self._left_queue += 1
                 h.emit(FinishEvent("error", Usage(len(r.prompt), 0), error=str(exc)))
+                if self.on_done is not None:
+                    self.on_done(r.user_key)
                 continue
             max_tokens = min(r.max_tokens, self.loaded.ctx_limit - len(r.prompt))
             seq = Seq(handle=h, arrival=now, tokens=list(r.prompt), n_prompt=len(r.prompt),
@@ -114,15 +131,53 @@ class Runner:
         if not self.seqs:
             return False
         now = self.clock()
-        plan = self.scheduler.step(now, [s.view() for s in self.seqs.values()])
+        plan = self.scheduler.step(now, self._views())
+        self._served = {}
         self._apply(plan, now)
         decoded = self._decode()
         self._prefill(plan)
-        self.scheduler.update(plan, [s.view() for s in self.seqs.values()], decoded)
+        self._enforce_quotas()
+        served = {u: (p, o) for u, (p, o) in self._served.items()}
+        self.scheduler.update(plan, self._views(), decoded, served)
         self.ticks += 1
+        if now - self._counters_at >= COUNTERS_EVERY_S:
+            self.flush_counters()
+            self._counters_at = now
         return True
 
+    def _views(self) -> list[SeqView]:
+        padded = self.batch.padded_len
+        return [s.view(padded if s.state is RequestState.DECODING else None)
+                for s in self.seqs.values()]
+
+    def _serve(self, s: Seq, prefill: int, output: int) -> None:
+        """Count work for the fairness counters and the daily quota."""
+        user = s.handle.request.user_key
+        row = self._served.setdefault(user, [0, 0])
+        row[0] += prefill
+        row[1] += output
+        self.usage.add(user, time.time(), output)
+
+    def _enforce_quotas(self) -> None:
+        """A request whose user has used up the day's tokens finishes with ``quota``."""
+        now = time.time()
+        over = [s for s in self.seqs.values() if s.handle.request.tokens_per_day is not None
+                and self.usage.total(s.handle.request.user_key, now)
+                >= s.handle.request.tokens_per_day]
+        if over:
+            self.batch.remove({s.rid for s in over})
+        for s in over:
+            self._finish(s, "quota")
+
+    def flush_counters(self) -> None:
+        if self.on_counters is not None:
+            self.on_counters(self.scheduler.counters.snapshot())
+
     def _apply(self, plan: Plan, now: float) -> None:
+        for rid in plan.reject:
+            s = self.seqs[rid]
+            self._finish(s, "length" if s.generated else "error",
+                         error=None if s.generated else TOO_LARGE)
         for rid in plan.preempt:
             self._preempt(self.seqs[rid])
         for rid in plan.admit:
@@ -163,8 +218,10 @@ class Runner:
                 log.error("request failed rid=%d phase=decode: %s", s.rid, failed.get(s.rid))
                 self._finish(s, "error", error=BACKEND_ERROR)
                 done.add(s.rid)
-            elif self._accept(s, tok, now):
-                done.add(s.rid)
+            else:
+                self._serve(s, 0, 1)
+                if self._accept(s, tok, now):
+                    done.add(s.rid)
         self.batch.remove(done)
         return True
 
@@ -187,8 +244,12 @@ class Runner:
                 continue
             s.computed += n
             self.prompt_total += n
+            self._serve(s, n, 0 if token is None else 1)
             if token is None:
                 continue
+            if not s.prompt_charged:  # the daily quota counts the prompt once
+                self.usage.add(s.handle.request.user_key, time.time(), s.n_prompt)
+                s.prompt_charged = True
             if not self._accept(s, token, self.clock()):
                 s.move(RequestState.DECODING)
                 self.batch.add(rid, s.cache)
@@ -234,6 +295,8 @@ class Runner:
         ttft = None if s.first_token_at is None else s.first_token_at - s.arrival
         usage = Usage(prompt_tokens=s.n_prompt, completion_tokens=s.generated)
         s.handle.emit(FinishEvent(reason, usage, tail, error, ttft, s.preemptions))
+        if self.on_done is not None:
+            self.on_done(s.handle.request.user_key)
         if self.on_finish is not None:
             self.on_finish(self._record(s, reason, usage))
         log.info("request finished rid=%d reason=%s prompt_tokens=%d output_tokens=%d "

@@ -368,4 +368,5 @@ class Runner:
             slots=tuple(slots), queue=tuple(waiting), kv_bytes=kv, ticks=self.ticks,
             prompt_tokens_total=self.prompt_total, generated_tokens_total=self.generated_total,
             preemptions_total=self.preemptions_total, errors_total=self.errors_total,
-            cancelled_total=self.cancelled_total)
+            cancelled_total=self.cancelled_total,
+            counters=self.scheduler.counters.snapshot())

@@ -6,7 +6,8 @@ slow the engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,8 @@ class EngineSnapshot:
     preemptions_total: int
     errors_total: int
     cancelled_total: int
+    counters: Mapping[str, float] = field(default_factory=dict)
+    """The fairness scheduler's virtual token counter of each user (by user id as text)."""
 
     @classmethod
     def empty(cls) -> EngineSnapshot:

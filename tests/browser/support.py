@@ -9,7 +9,8 @@ from contextlib import contextmanager
 
 import httpx
 
-from appliance.engine.request import GenerationRequest
+from appliance.engine.core import Engine
+from appliance.engine.request import GenerationRequest, RequestHandle, SamplingParams
 from tests.helpers import PASSWORD
 
 SLOW_USERS = frozenset({"bob"})
@@ -24,6 +25,15 @@ def slow_fault(request: GenerationRequest, phase: str) -> None:
     if phase == "decode" and (request.user in SLOW_USERS
                               or request.max_tokens == SLOW_MAX_TOKENS):
         time.sleep(SLOW_TOKEN_S)
+
+
+def slow_request(engine: Engine, user: str, user_id: int) -> RequestHandle:
+    """A request that keeps a slot busy until cancelled: slowed by the hook, EOS banned."""
+    eos = getattr(engine.loaded, "eos_token_ids", ()) or ()
+    request = GenerationRequest(
+        prompt=tuple(range(5, 40)), max_tokens=SLOW_MAX_TOKENS, user=user, user_id=user_id,
+        sampling=SamplingParams(logit_bias=tuple((int(t), -100.0) for t in eos)))
+    return engine.submit(request, lambda event: None)
 
 
 @contextmanager

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from appliance.engine.request import GenerationRequest, RequestHandle
-from tests.browser.support import HOSTILE, SLOW_MAX_TOKENS, slow_fault
+from appliance.engine.request import RequestHandle
+from tests.browser.support import HOSTILE, slow_fault, slow_request
 from tests.helpers import PASSWORD, LiveServer, live_server, make_settings, wait_until
 
 pytestmark = pytest.mark.browser
@@ -29,17 +29,21 @@ PHONE = {"width": 390, "height": 844}
 
 
 @pytest.fixture(scope="module")
-def model(request: pytest.FixtureRequest, tiny_model: Path) -> Path:
-    """The bundled demo model when it is there (it reads better in screenshots)."""
-    try:
-        return Path(request.getfixturevalue("demo_model"))
-    except (AssertionError, pytest.FixtureLookupError):
-        return tiny_model
+def server(tiny_model: Path) -> Iterator[LiveServer]:
+    """Random weights: long, deterministic garbage answers that outlast the test's checks."""
+    settings = make_settings(tiny_model, max_batch_size=2, default_max_tokens=120)
+    with live_server(settings, fault=slow_fault) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
-def server(model: Path) -> Iterator[LiveServer]:
-    settings = make_settings(model, max_batch_size=2, default_max_tokens=120)
+def demo_server(request: pytest.FixtureRequest, tiny_model: Path) -> Iterator[LiveServer]:
+    """The bundled demo model when it is there (it reads better in screenshots)."""
+    try:
+        model = Path(request.getfixturevalue("demo_model"))
+    except (AssertionError, pytest.FixtureLookupError):
+        model = tiny_model
+    settings = make_settings(model, max_batch_size=2, default_max_tokens=80)
     with live_server(settings, fault=slow_fault) as s:
         yield s
 
@@ -85,13 +89,11 @@ class Page:
 
 
 def _slow(server: LiveServer, who: str) -> RequestHandle:
-    request = GenerationRequest(prompt=tuple(range(3, 40)), max_tokens=SLOW_MAX_TOKENS,
-                                user=who, user_id=server.user_ids[who])
-    return server.engine.submit(request, lambda event: None)
+    return slow_request(server.engine, who, server.user_ids[who])
 
 
 def test_a_chat_answer_streams_token_by_token_and_stop_cancels_it(
-        chromium: Any, server: LiveServer, shots: Path) -> None:
+        chromium: Any, server: LiveServer) -> None:
     tab = Page(chromium, server, "bob")  # bob's requests decode slowly (test hook)
     page = tab.page
     assert page.locator("header .logout button").inner_text() == "Log out"
@@ -107,7 +109,6 @@ def test_a_chat_answer_streams_token_by_token_and_stop_cancels_it(
     assert page.locator(".msg.streaming").count() == 1  # tokens came before the end
     assert page.is_disabled("#send")
     assert server.engine.snapshot.active == 1
-    page.screenshot(path=str(shots / "chat-streaming-desktop.png"))
     page.click(".msg.streaming .stop")
     page.wait_for_selector(".msg.assistant.cancelled .note")
     assert page.locator(".msg.streaming").count() == 0
@@ -122,7 +123,7 @@ def test_a_chat_answer_streams_token_by_token_and_stop_cancels_it(
 
 
 def test_the_dashboard_fills_a_slot_and_the_queue_rises_without_a_reload(
-        chromium: Any, server: LiveServer, shots: Path) -> None:
+        chromium: Any, server: LiveServer) -> None:
     tab = Page(chromium, server, "alice")
     page = tab.page
     page.goto(server.url + "/dashboard")
@@ -137,10 +138,6 @@ def test_the_dashboard_fills_a_slot_and_the_queue_rises_without_a_reload(
         page.wait_for_selector('#active-count[data-value="2"]', state="attached")
         page.wait_for_selector('#dash-queue li[data-class="interactive"][data-count="2"]')
         assert page.evaluate("window.__sameDocument") is True  # updated in place, over SSE
-        page.screenshot(path=str(shots / "dashboard-desktop.png"), full_page=True)
-        page.set_viewport_size(PHONE)
-        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
-        page.screenshot(path=str(shots / "dashboard-phone.png"), full_page=True)
     finally:
         for h in handles:
             server.engine.cancel(h)
@@ -149,8 +146,7 @@ def test_the_dashboard_fills_a_slot_and_the_queue_rises_without_a_reload(
     tab.close()
 
 
-def test_a_quota_set_on_the_users_page_is_enforced(chromium: Any, server: LiveServer,
-                                                    shots: Path) -> None:
+def test_a_quota_set_on_the_users_page_is_enforced(chromium: Any, server: LiveServer) -> None:
     admin = Page(chromium, server, "alice")
     carol_id = server.user_ids["carol"]
     card = f"#user-{carol_id}"
@@ -162,10 +158,6 @@ def test_a_quota_set_on_the_users_page_is_enforced(chromium: Any, server: LiveSe
         admin.page.wait_for_selector(f"{card} .notice.ok")
 
     set_daily("1")
-    admin.page.screenshot(path=str(shots / "users-desktop.png"), full_page=True)
-    admin.page.set_viewport_size(PHONE)
-    assert admin.page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
-    admin.page.set_viewport_size(DESKTOP)
     carol = Page(chromium, server, "carol")
     try:
         carol.page.fill("#message", "Hello")
@@ -203,24 +195,51 @@ def test_hostile_names_titles_and_answers_stay_inert_text(chromium: Any,
     tab.close()
 
 
-def test_phone_screens_fit_without_sideways_scrolling(chromium: Any, server: LiveServer,
-                                                       shots: Path) -> None:
-    tab = Page(chromium, server, "carol", viewport=PHONE)
-    page = tab.page
-    page.fill("#message", "Give me three tips for a tidy kitchen.")
-    page.click("#send")
-    page.wait_for_selector("#messages .msg.assistant:not(.streaming)")
-    for path, name in (("", "chat"), ("/dashboard", "dashboard-member"), ("/keys", "keys")):
-        if path:
-            page.goto(server.url + path)
-        width = page.evaluate("document.documentElement.scrollWidth")
-        assert width <= PHONE["width"], f"{name} is {width}px wide"
-        page.screenshot(path=str(shots / f"{name}-phone.png"), full_page=True)
+def _fits(page: Any, name: str) -> None:
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= page.viewport_size["width"], f"{name} is {width}px wide"
+
+
+def _shoot(page: Any, shots: Path, name: str) -> None:
+    """Desktop and phone screenshots of the page as it is; no sideways scrolling on either."""
+    for size, suffix in ((DESKTOP, "desktop"), (PHONE, "phone")):
+        page.set_viewport_size(size)
+        _fits(page, f"{name} at {suffix} width")
+        page.screenshot(path=str(shots / f"{name}-{suffix}.png"), full_page=True)
     page.set_viewport_size(DESKTOP)
-    page.goto(page.url.replace("/keys", "/chat"))
-    page.screenshot(path=str(shots / "chat-desktop.png"), full_page=True)
-    tab.close()
+
+
+def test_every_page_fits_desktop_and_phone_screens(chromium: Any, demo_server: LiveServer,
+                                                    shots: Path) -> None:
+    server = demo_server
+    carol = Page(chromium, server, "carol")
+    for question in ("What can you do?", "Give me three tips for a tidy kitchen."):
+        carol.page.fill("#message", question)
+        carol.page.click("#send")
+        carol.page.wait_for_selector("#messages .msg.assistant:not(.streaming) >> nth="
+                                     + str(0 if question.startswith("What") else 1))
+    carol.page.wait_for_selector("#send:enabled")
+    _shoot(carol.page, shots, "chat")
+    carol.page.goto(server.url + "/dashboard")
+    _shoot(carol.page, shots, "dashboard-member")
+    carol.close()
+
+    alice = Page(chromium, server, "alice")
+    alice.page.goto(server.url + "/dashboard")
+    handles = [_slow(server, who) for who in ("bob", "carol", "bob", "carol")]
+    try:
+        alice.page.wait_for_selector('#queued-count[data-value="2"]', state="attached")
+        alice.page.wait_for_timeout(1500)  # a few throughput samples for the chart
+        _shoot(alice.page, shots, "dashboard")
+    finally:
+        for h in handles:
+            server.engine.cancel(h)
+    for path, name in (("/manage/users", "users"), ("/keys", "keys")):
+        alice.page.goto(server.url + path)
+        _shoot(alice.page, shots, name)
+    alice.close()
     login = chromium.new_page(viewport=PHONE)
     login.goto(server.url + "/login")
+    _fits(login, "login")
     login.screenshot(path=str(shots / "login-phone.png"))
     login.close()

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from jinja2 import Environment, FileSystemLoader
 
-from appliance.engine.request import GenerationRequest, RequestHandle
+from appliance.engine.request import RequestHandle
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.store import keys, ledger, limits, users
 from appliance.store.ledger import LedgerRecord
 from appliance.store.models import User
-from tests.browser.support import HOSTILE, SLOW_MAX_TOKENS, browser, slow_fault, sse_events
+from tests.browser.support import HOSTILE, browser, slow_fault, slow_request, sse_events
 from tests.helpers import (
     FAST_HASHER,
     PASSWORD,
@@ -49,9 +49,7 @@ def load(server: LiveServer) -> Iterator[list[RequestHandle]]:
 
 
 def _submit(server: LiveServer, handles: list[RequestHandle], user: str, uid: int) -> None:
-    request = GenerationRequest(prompt=tuple(range(5, 25)), max_tokens=SLOW_MAX_TOKENS,
-                                user=user, user_id=uid)
-    handles.append(server.engine.submit(request, lambda event: None))
+    handles.append(slow_request(server.engine, user, uid))
 
 
 def _frames(server: LiveServer, who: str, frames: int) -> list[tuple[str, str]]:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from appliance.engine.request import GenerationRequest, RequestHandle
+from appliance.engine.request import RequestHandle
 from appliance.store.models import LedgerEntry
-from tests.browser.support import SLOW_MAX_TOKENS, browser, slow_fault, stream_id
+from tests.browser.support import browser, slow_fault, slow_request, stream_id
 from tests.helpers import LiveServer, live_server, make_settings, wait_until
 from web import chat
 
@@ -22,9 +22,7 @@ def server(tiny_model: Path) -> Iterator[LiveServer]:
 
 
 def _slow(server: LiveServer, user: str) -> RequestHandle:
-    request = GenerationRequest(prompt=(1, 2, 3), max_tokens=SLOW_MAX_TOKENS, user=user,
-                                user_id=server.user_ids[user])
-    return server.engine.submit(request, lambda event: None)
+    return slow_request(server.engine, user, server.user_ids[user])
 
 
 def _quota(server: LiveServer, who: str, **fields: str) -> None:

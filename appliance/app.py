@@ -16,7 +16,7 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
 
 from appliance import fairness_state
-from appliance.api import account, admin, monitoring, openai
+from appliance.api import account, admin, metrics, monitoring, openai
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
 from appliance.api.errors import (
     ApiError,
@@ -113,7 +113,8 @@ def create_app(services: Services, secret: str,
                on_shutdown: Sequence[Callable[[], Any]] = ()) -> Litestar:
     csrf = CSRFConfig(secret=secret, exclude=CSRF_EXEMPT, cookie_samesite="strict")
     return Litestar(
-        route_handlers=[*openai.ROUTES, *monitoring.ROUTES, *account.ROUTES, admin.router,
+        route_handlers=[*openai.ROUTES, *monitoring.ROUTES, *metrics.ROUTES, *account.ROUTES,
+                        admin.router,
                         *web_routes()],
         state=State({"services": services}),
         # Outermost first: who is asking (401) before whether the form is genuine (403).

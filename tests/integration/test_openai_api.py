@@ -204,3 +204,19 @@ def test_sse_frames_are_well_formed(server: LiveServer) -> None:
     assert frames[-1] == "[DONE]"
     for f in frames[:-1]:
         assert json.loads(f)["object"] == "chat.completion.chunk"
+
+
+def test_metrics_are_prometheus_text_with_engine_figures(server: LiveServer) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with server.client("bob") as bob:
+        bob.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "m"}], "max_tokens": 3})
+    with server.client("alice") as alice:
+        r = alice.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    assert families["appliance_generated_tokens"].samples[0].value >= 3
+    assert "appliance_active_sequences" in families
+    users = {s.labels["user_id"] for s in families["appliance_user_virtual_tokens"].samples}
+    assert str(server.user_ids["bob"]) in users

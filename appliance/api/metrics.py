@@ -23,7 +23,7 @@ class SnapshotCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self.services.engine.snapshot
-        gauges = {
+        gauges: dict[str, tuple[str, float]] = {
             "appliance_active_sequences": ("Sequences prefilling or decoding.", snap.active),
             "appliance_queued_requests": ("Requests waiting for a slot.", snap.queued),
             "appliance_kv_bytes": ("Bytes held by live KV caches.", snap.kv_bytes),
@@ -35,7 +35,7 @@ class SnapshotCollector(Collector):
             gauges["appliance_kv_budget_bytes"] = ("KV cache budget.", budget)
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)
-        counters = {
+        counters: dict[str, tuple[str, float]] = {
             "appliance_requests_finished": ("Requests finished (any reason).", snap.completed),
             "appliance_prompt_tokens": ("Prompt tokens computed.", snap.prompt_tokens_total),
             "appliance_generated_tokens": ("Output tokens generated.",

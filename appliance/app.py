@@ -51,6 +51,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         ctx_size=e.ctx_size,
         max_queue_depth=settings.server.max_queue_depth,
         kv_cache_budget=parse_bytes(e.kv_cache_budget),
+        prompt_cache_entries=e.prompt_cache_entries,
         scheduler=SchedulerConfig(
             max_batch_size=1 if e.no_batch else e.max_batch_size,
             prefill_chunk_size=e.prefill_chunk_size,

@@ -68,6 +68,9 @@ class EngineSettings:
     kv_cache_budget: str = _opt(
         "auto", "KV cache budget: bytes (suffix K, M or G allowed), 'auto' (half of the memory "
         "available once the model is loaded, less 1 GiB, at least 64 MiB) or 'none'.")
+    prompt_cache_entries: int = _opt(
+        64, "Finished requests whose KV is kept so the same user's next turn reuses it "
+        "(scoped per user); 0 turns the prompt cache off.", lo=0, hi=100_000)
     kv_admission_watermark: float = _opt(
         0.01, "Share of the KV budget admission keeps free while a decode batch runs.",
         lo=0.0, hi=0.5)

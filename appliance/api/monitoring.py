@@ -33,4 +33,11 @@ def slots(state: State) -> dict[str, Any]:
             "slots": [asdict(s) for s in snap.slots], "queue": [asdict(s) for s in snap.queue]}
 
 
-ROUTES = [health, slots]
+@get("/v1/cache/stats", sync_to_thread=False)
+def cache_stats(state: State) -> dict[str, Any]:
+    """The prompt cache: entries, bytes, lookups, hits, tokens reused, evictions."""
+    stats = state.services.engine.snapshot.prompt_cache
+    return {"enabled": stats is not None, **(stats or {})}
+
+
+ROUTES = [health, slots, cache_stats]

@@ -65,6 +65,12 @@ class DecodeBatch:
         logits = self.model(mx.array(inputs)[:, None], cache=self._caches)
         return logits[:, -1, :]
 
+    def extract(self, rid: int) -> list[Any]:
+        """A copy of one row's KV (per layer, without the row's left padding)."""
+        assert self._caches is not None
+        idx = self.rids.index(rid)
+        return [c.extract(idx) for c in self._caches]
+
     def remove(self, rids: set[int]) -> None:
         keep = [i for i, rid in enumerate(self.rids) if rid not in rids]
         if len(keep) == len(self.rids):

@@ -56,6 +56,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
     kv_cache_budget: int | str | None = None
     """Bytes, 'auto' (half of the memory available after loading, less 1 GiB) or None."""
+    prompt_cache_entries: int = 0
+    """Finished requests whose KV is kept for reuse (0: no prompt cache)."""
 
 
 def budget_bytes(setting: int | str | None, available: int) -> int | None:
@@ -189,7 +191,8 @@ class Engine:
                      sched.kv_budget_tokens)
             runner = Runner(self.loaded, Scheduler(sched), self._clock, self._fault,
                             self._on_finish, usage=self.usage, on_done=self._done,
-                            on_counters=self._on_counters)
+                            on_counters=self._on_counters,
+                            prompt_cache_entries=self.config.prompt_cache_entries)
         except BaseException as exc:  # reported to start()'s caller
             self._load_error = exc
             self._ready.set()

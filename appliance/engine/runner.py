@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Any
 from appliance.engine.batch import DecodeBatch, cache_nbytes, new_sequence_cache, prefill
 from appliance.engine.core import FaultHook
 from appliance.engine.model import LoadedModel
+from appliance.engine.prompt_cache import PromptCache
 from appliance.engine.request import Finished, FinishEvent, RequestHandle, TokenEvent, Usage
 from appliance.engine.sampling import RowSampler, sample_batch
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
@@ -47,6 +49,8 @@ class Seq:
     itl: list[float] = field(default_factory=list)
     preemptions: int = 0
     prompt_charged: bool = False
+    cached_tokens: int = 0
+    """Prompt tokens served from the prompt cache at first admission."""
 
     @property
     def rid(self) -> int:
@@ -74,7 +78,8 @@ class Runner:
                  on_finish: Callable[[Finished], None] | None = None, *,
                  usage: RollingUsage | None = None,
                  on_done: Callable[[str], None] | None = None,
-                 on_counters: Callable[[dict[str, float]], None] | None = None) -> None:
+                 on_counters: Callable[[dict[str, float]], None] | None = None,
+                 prompt_cache_entries: int = 0) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.scheduler = scheduler
@@ -85,6 +90,7 @@ class Runner:
         self.on_counters = on_counters
         self.usage = usage or RollingUsage()
         self._served: dict[str, list[int]] = {}
+        self.prompt_cache = PromptCache(prompt_cache_entries) if prompt_cache_entries else None
         self._counters_at = 0.0
         self.vocab_size = int(loaded.config.get("vocab_size") or 0) or 1 << 30
         self.eos = loaded.eos_token_ids
@@ -131,7 +137,9 @@ class Runner:
         if not self.seqs:
             return False
         now = self.clock()
-        plan = self.scheduler.step(now, self._views())
+        cached = self.prompt_cache.nbytes if self.prompt_cache else 0
+        plan = self.scheduler.step(now, self._views(),
+                                   cache_tokens=cached // self.loaded.kv_bytes_per_token)
         self._served = {}
         self._apply(plan, now)
         decoded = self._decode()
@@ -174,6 +182,8 @@ class Runner:
             self.on_counters(self.scheduler.counters.snapshot())
 
     def _apply(self, plan: Plan, now: float) -> None:
+        if plan.evict_tokens and self.prompt_cache is not None:
+            self.prompt_cache.evict_bytes(plan.evict_tokens * self.loaded.kv_bytes_per_token)
         for rid in plan.reject:
             s = self.seqs[rid]
             self._finish(s, "length" if s.generated else "error",
@@ -183,8 +193,9 @@ class Runner:
         for rid in plan.admit:
             s = self.seqs[rid]
             s.move(RequestState.PREFILLING)
-            s.cache = new_sequence_cache(self.model)
+            s.cache, s.computed = self._cached_prefix(s)
             if s.admitted_at is None:
+                s.cached_tokens = min(s.computed, s.n_prompt)
                 s.admitted_at = now
                 self._left_queue += 1
 
@@ -231,6 +242,9 @@ class Runner:
             if s is None or s.state is not RequestState.PREFILLING:
                 continue
             assert s.cache is not None
+            n = min(n, len(s.tokens) - s.computed)  # a cache hit may have done part of it
+            if n <= 0:
+                continue
             last = s.computed + n == len(s.tokens)
             try:
                 if self.fault:
@@ -280,7 +294,31 @@ class Runner:
         s.next_token = token
         return False
 
+    def _cached_prefix(self, s: Seq) -> tuple[list[Any], int]:
+        """Fresh caches for an admitted request, starting from its user's longest cached
+        prefix when there is one."""
+        if self.prompt_cache is not None:
+            cache, reused = self.prompt_cache.fetch(s.handle.request.user_key, s.tokens)
+            if cache is not None:
+                return cache, reused
+        return new_sequence_cache(self.model), 0
+
+    def _keep_prefix(self, s: Seq) -> None:
+        """Keep a finished request's KV (all its tokens but the last, never fed back)."""
+        if self.prompt_cache is None:
+            return
+        if s.rid in self.batch.rids:
+            cache = self.batch.extract(s.rid)
+        elif s.cache is not None and s.state is RequestState.PREFILLING:
+            cache = s.cache
+        else:
+            return
+        if cache and cache[0].size() == len(s.tokens) - 1:
+            self.prompt_cache.store(s.handle.request.user_key, s.tokens[:-1], cache)
+
     def _finish(self, s: Seq, reason: str, error: str | None = None) -> None:
+        if reason in ("stop", "length", "quota"):
+            self._keep_prefix(s)
         if s.state is RequestState.QUEUED and s.admitted_at is None:
             self._left_queue += 1
         s.move(finish_state(reason))
@@ -293,7 +331,8 @@ class Runner:
         elif reason == "cancelled":
             self.cancelled_total += 1
         ttft = None if s.first_token_at is None else s.first_token_at - s.arrival
-        usage = Usage(prompt_tokens=s.n_prompt, completion_tokens=s.generated)
+        usage = Usage(prompt_tokens=s.n_prompt, completion_tokens=s.generated,
+                      cached_tokens=s.cached_tokens)
         s.handle.emit(FinishEvent(reason, usage, tail, error, ttft, s.preemptions))
         if self.on_done is not None:
             self.on_done(s.handle.request.user_key)
@@ -363,10 +402,12 @@ class Runner:
                             waited_s=now - s.arrival)
             (waiting if s.state is RequestState.QUEUED else slots).append(info)
         kv = self.batch.nbytes + sum(cache_nbytes(s.cache) for s in self.seqs.values())
+        pc = self.prompt_cache
         return EngineSnapshot(
             active=len(slots), queued=len(waiting), completed=self.completed,
             slots=tuple(slots), queue=tuple(waiting), kv_bytes=kv, ticks=self.ticks,
             prompt_tokens_total=self.prompt_total, generated_tokens_total=self.generated_total,
             preemptions_total=self.preemptions_total, errors_total=self.errors_total,
             cancelled_total=self.cancelled_total,
-            counters=self.scheduler.counters.snapshot())
+            counters=self.scheduler.counters.snapshot(),
+            prompt_cache=None if pc is None else dataclasses.asdict(pc.stats))

@@ -40,6 +40,8 @@ class EngineSnapshot:
     cancelled_total: int
     counters: Mapping[str, float] = field(default_factory=dict)
     """The fairness scheduler's virtual token counter of each user (by user id as text)."""
+    prompt_cache: Mapping[str, int] | None = None
+    """entries, bytes, lookups, hits, tokens_reused, evictions; None when it is off."""
 
     @classmethod
     def empty(cls) -> EngineSnapshot:

@@ -49,7 +49,9 @@ def _run(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[list[i
 
 @pytest.fixture(scope="module")
 def demo_engine(demo_model: Path):  # type: ignore[no-untyped-def]
-    engine = start_engine(make_settings(demo_model, max_batch_size=8, max_queue_depth=64))
+    # The prompt cache is off here: these tests compare batching, not cache reuse.
+    engine = start_engine(make_settings(demo_model, max_batch_size=8, max_queue_depth=64,
+                                        prompt_cache_entries=0))
     yield engine
     engine.stop()
 

@@ -33,6 +33,7 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("POST", "/v1/completions", {"prompt": "a", "max_tokens": 2}, 401, 200, 200),
     ("GET", "/slots", None, 401, 403, 200),
     ("GET", "/metrics", None, 401, 403, 200),
+    ("GET", "/v1/cache/stats", None, 401, 200, 200),
     ("GET", "/me", None, 401, 200, 200),
     ("GET", "/me/usage", None, 401, 200, 200),
     ("GET", "/me/keys", None, 401, 200, 200),

@@ -1,0 +1,74 @@
+"""The prompt (prefix) cache: KV of earlier requests reused by later ones of the same user.
+
+Multi-turn chat re-sends its whole history; the KV of the previous turn's prompt and answer
+is kept after it finishes and the next turn only computes what is new. Entries are scoped
+per user: a shared cache would let one member learn what another asked through timing.
+Built on mlx-lm's ``LRUPromptCache`` (a token trie with LRU eviction); cached tokens are
+not computed, so they cost nothing on the user's fairness counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+
+@dataclass(slots=True)
+class CacheStats:
+    entries: int = 0
+    bytes: int = 0
+    lookups: int = 0
+    hits: int = 0
+    tokens_reused: int = 0
+    evictions: int = 0
+
+
+class PromptCache:
+    def __init__(self, max_entries: int) -> None:
+        self._lru = LRUPromptCache(max_size=max_entries)
+        self.stats = CacheStats()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._lru.nbytes)
+
+    def fetch(self, user: str, tokens: list[int]) -> tuple[list[Any] | None, int]:
+        """A private copy of the longest cached prefix of ``tokens`` for ``user`` and its
+        length; at least one token is always left to compute (its logits start the answer)."""
+        self.stats.lookups += 1
+        cache, rest = self._lru.fetch_nearest_cache(user, tokens)
+        if cache is None:
+            return None, 0
+        reused = len(tokens) - len(rest)
+        if reused >= len(tokens):
+            if not can_trim_prompt_cache(cache):
+                return None, 0
+            trim_prompt_cache(cache, reused - len(tokens) + 1)
+            reused = len(tokens) - 1
+        if reused <= 0:
+            return None, 0
+        self.stats.hits += 1
+        self.stats.tokens_reused += reused
+        return cache, reused
+
+    def store(self, user: str, tokens: list[int], cache: list[Any]) -> None:
+        """Keep ``cache`` (the KV of exactly ``tokens``) for ``user``'s next turn."""
+        if tokens:
+            self._lru.insert_cache(user, list(tokens), cache)
+        self._refresh()
+
+    def evict_bytes(self, nbytes: int) -> None:
+        """Free at least ``nbytes`` (coldest entries first)."""
+        before = len(self._lru)
+        self._lru.trim_to(n_bytes=max(self.nbytes - nbytes, 0))
+        self.stats.evictions += before - len(self._lru)
+        self._refresh()
+
+    def clear(self) -> None:
+        self.evict_bytes(self.nbytes)
+
+    def _refresh(self) -> None:
+        self.stats.entries = len(self._lru)
+        self.stats.bytes = self.nbytes

@@ -1,0 +1,56 @@
+"""The prompt cache: a user's next turn reuses the KV of the last one, scoped per user."""
+
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+
+from appliance.app import start_engine
+from appliance.engine.core import Engine
+from appliance.engine.request import FinishEvent, GenerationRequest, TokenEvent, blocking_sink
+from tests.helpers import make_settings
+
+
+def _chat(engine: Engine, turns: list[dict[str, str]]) -> tuple[int, ...]:
+    tok = engine.loaded.tokenizer  # type: ignore[attr-defined]
+    return tuple(tok.apply_chat_template(turns, add_generation_prompt=True))
+
+
+def _ask(engine: Engine, prompt: tuple[int, ...], user_id: int) -> tuple[str, FinishEvent]:
+    q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+    engine.submit(GenerationRequest(prompt=prompt, max_tokens=16, user_id=user_id),
+                  blocking_sink(q))
+    text = []
+    while not isinstance(ev := q.get(timeout=120), FinishEvent):
+        assert isinstance(ev, TokenEvent)
+        text.append(ev.text)
+    return "".join(text) + ev.text, ev
+
+
+def _conversation(engine: Engine, user_id: int) -> list[tuple[str, FinishEvent]]:
+    turns = [{"role": "user", "content": "What is a list?"}]
+    first = _ask(engine, _chat(engine, turns), user_id)
+    turns += [{"role": "assistant", "content": first[0]},
+              {"role": "user", "content": "And a dictionary?"}]
+    return [first, _ask(engine, _chat(engine, turns), user_id)]
+
+
+def test_the_second_turn_reuses_the_first_and_answers_the_same(demo_model: Path) -> None:
+    cold = start_engine(make_settings(demo_model, prompt_cache_entries=0))
+    try:
+        expected = _conversation(cold, 1)
+    finally:
+        cold.stop()
+    warm = start_engine(make_settings(demo_model))
+    try:
+        got = _conversation(warm, 1)
+        stats = warm.snapshot.prompt_cache
+        other = _conversation(warm, 2)  # another user: nothing of user 1's is reused
+    finally:
+        warm.stop()
+    assert [t for t, _ in got] == [t for t, _ in expected]
+    assert got[0][1].usage.cached_tokens == 0
+    assert got[1][1].usage.cached_tokens > got[0][1].usage.prompt_tokens // 2
+    assert expected[1][1].usage.cached_tokens == 0
+    assert stats is not None and stats["hits"] >= 1 and stats["tokens_reused"] > 0
+    assert other[0][1].usage.cached_tokens == 0

@@ -211,17 +211,16 @@ class Runner:
             except Exception as exc:
                 failed[s.rid] = repr(exc)
         try:
+            if self.fault:
+                for s in rows:
+                    self.fault(s.handle.request, "batch")
             logits = self.batch.step([s.next_token for s in rows])
             tokens = sample_batch(logits, [s.sampler for s in rows], [s.tokens for s in rows],
                                   on_row_error=lambda i, e: failed.setdefault(rows[i].rid,
                                                                               repr(e)))
         except Exception:
-            # The batched forward failed: nobody is to blame yet. Send every row back to be
-            # prefilled alone; a request that fails on its own then ends with an error.
-            log.exception("decode step failed; re-queueing %d rows", len(rows))
-            for s in rows:
-                self._preempt(s)
-            return True
+            log.exception("batched decode step failed; retrying its %d rows alone", len(rows))
+            tokens = self._decode_alone(rows, failed)
         now = self.clock()
         done: set[int] = set()
         for s, tok in zip(rows, tokens, strict=True):
@@ -235,6 +234,26 @@ class Runner:
                     done.add(s.rid)
         self.batch.remove(done)
         return True
+
+    def _decode_alone(self, rows: list[Seq], failed: dict[int, str]) -> list[int | None]:
+        """After a failed batched step, step each row on its own: a row that fails alone
+        ends with an error, the others go on in a rebuilt batch."""
+        caches = {s.rid: self.batch.extract(s.rid) for s in rows}
+        self.batch = DecodeBatch(self.model)
+        tokens: list[int | None] = []
+        for s in rows:
+            single = DecodeBatch(self.model)
+            single.add(s.rid, caches[s.rid])
+            try:
+                if self.fault:
+                    self.fault(s.handle.request, "batch")
+                token = sample_batch(single.step([s.next_token]), [s.sampler], [s.tokens])[0]
+            except Exception as exc:
+                failed[s.rid] = repr(exc)
+                token = None
+            tokens.append(token)
+            self.batch.add(s.rid, single.extract(s.rid))
+        return tokens
 
     def _prefill(self, plan: Plan) -> None:
         for rid, n in plan.prefill:

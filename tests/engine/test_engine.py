@@ -144,3 +144,31 @@ def test_a_cancelled_request_leaves_the_batch(tiny_model: Path) -> None:
         wait_until(lambda: engine.snapshot.active == 0 and engine.snapshot.kv_bytes == 0)
     finally:
         engine.stop()
+
+
+def test_a_failed_batched_step_is_retried_row_by_row_and_only_the_culprit_ends(
+        tiny_model: Path) -> None:
+    def fault(request: GenerationRequest, phase: str) -> None:
+        if request.max_tokens == 13 and phase == "batch":
+            raise RuntimeError("injected into the batched forward")
+
+    settings = make_settings(tiny_model, prompt_cache_entries=0)
+    from appliance.engine.core import Engine as _Engine
+    alone = start_engine(settings)
+    try:
+        ban_eos = tuple((t, -100.0) for t in alone.loaded.eos_token_ids)  # type: ignore[attr-defined]
+        sp = SamplingParams(logit_bias=ban_eos)
+        expected = _run(alone, [GenerationRequest(prompt=(1, 2, 3, 0), max_tokens=20,
+                                                  sampling=sp)])[0]
+    finally:
+        alone.stop()
+    engine = _Engine(engine_config(settings), fault=fault)
+    engine.start()
+    try:
+        reqs = [GenerationRequest(prompt=(1, 2, 3, i), max_tokens=m, sampling=sp)
+                for i, m in enumerate((20, 13, 20))]
+        results = _run(engine, reqs)
+    finally:
+        engine.stop()
+    assert [fin.reason for _, fin in results] == ["length", "error", "length"]
+    assert results[0][0] == expected[0]  # the survivor's tokens are unchanged

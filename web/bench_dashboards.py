@@ -1,10 +1,10 @@
 """Benchmark: the engine's aggregate throughput with open dashboards versus none, same run.
 
     python -m web.bench_dashboards [--model DIR|tiny] [--dashboards 5] [--clients 8]
-                                   [--rounds 4] [--phase-s 10] [--out FILE.json]
+                                   [--rounds 10] [--phase-s 6] [--stream] [--out FILE.json]
 
 One server in this process (engine thread + event loop, as the daemon runs). A load process
-keeps ``--clients`` streaming chat requests in flight the whole time. Phases alternate in
+keeps ``--clients`` chat requests in flight the whole time (``--stream``: streamed). Phases alternate in
 ABBA order (none, open, open, none, ...); during an "open" phase a viewer process keeps
 ``--dashboards`` admin dashboards connected to ``/dashboard/stream`` (reconnecting as a
 browser does). Throughput is the engine's own generated-token counter over each phase.
@@ -32,8 +32,9 @@ SETTLE_S = 1.5
 
 
 # ---- the load and viewer processes (HTTP only) ----
-def run_load(url: str, key: str, clients: int, max_tokens: int, ban: list[int]) -> None:
-    """Keep ``clients`` streaming chat completions in flight until killed."""
+def run_load(url: str, key: str, clients: int, max_tokens: int, ban: list[int],
+             stream: bool) -> None:
+    """Keep ``clients`` chat completions in flight until killed."""
     def client(n: int) -> None:
         i = 0
         with httpx.Client(base_url=url, timeout=120,
@@ -41,7 +42,7 @@ def run_load(url: str, key: str, clients: int, max_tokens: int, ban: list[int]) 
             while True:
                 i += 1
                 body = {"messages": [{"role": "user", "content": f"Story {n}-{i}, please."}],
-                        "max_tokens": max_tokens, "stream": True, "temperature": 0,
+                        "max_tokens": max_tokens, "stream": stream, "temperature": 0,
                         "logit_bias": {str(t): -100 for t in ban}}
                 with c.stream("POST", "/v1/chat/completions", json=body) as r:
                     for _ in r.iter_lines():
@@ -79,7 +80,7 @@ def run_viewers(url: str, key: str, dashboards: int, seconds: float) -> None:
 
 # ---- the server and the measurement ----
 def _server(model: Path, batch: int) -> tuple[Any, Any, dict[str, str], str, Any]:
-    """Engine, store, API keys, URL and a stop function, wired exactly as the daemon is."""
+    """Engine, app, API keys, URL and a stop function, wired exactly as the daemon is."""
     import uvicorn
     from argon2 import PasswordHasher
 
@@ -121,7 +122,7 @@ def _server(model: Path, batch: int) -> tuple[Any, Any, dict[str, str], str, Any
         shutdown_engine(engine, 1)
         writer.close()
         store.close()
-    return engine, store, plain, f"http://127.0.0.1:{port}", stop
+    return engine, app, plain, f"http://127.0.0.1:{port}", stop
 
 
 def _spawn(*args: str) -> subprocess.Popen[str]:
@@ -130,19 +131,42 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
                             cwd=Path(__file__).resolve().parent.parent)
 
 
-def _measure(engine: Any, seconds: float) -> float:
-    start_t, start_n = time.monotonic(), engine.snapshot.generated_tokens_total
+def _hub_busy(app: Any) -> float:
+    web = app.state.get("web")
+    return 0.0 if web is None else float(web.hub.busy_s)
+
+
+def _measure(engine: Any, app: Any, seconds: float) -> tuple[float, float]:
+    """Generated tokens per second, and the share of one core the dashboard frames took."""
+    start_t, start_n, start_b = (time.monotonic(), engine.snapshot.generated_tokens_total,
+                                 _hub_busy(app))
     time.sleep(seconds)
-    return (engine.snapshot.generated_tokens_total - start_n) / (time.monotonic() - start_t)
+    took = time.monotonic() - start_t
+    return ((engine.snapshot.generated_tokens_total - start_n) / took,
+            (_hub_busy(app) - start_b) / took)
+
+
+def paired(phases: list[dict[str, Any]]) -> tuple[float, float]:
+    """Mean and 95% half-width of the per-round change (open vs none in the same round);
+    ABBA order cancels a steady drift between rounds."""
+    by_round: dict[int, dict[int, float]] = {}
+    for p in phases:
+        by_round.setdefault(p["round"], {})[p["dashboards"] > 0] = p["tokens_per_s"]
+    changes = [100.0 * (r[True] - r[False]) / r[False] for r in by_round.values()
+               if len(r) == 2 and r[False]]
+    if len(changes) < 2:
+        return (changes[0] if changes else 0.0), float("nan")
+    half = 1.96 * statistics.stdev(changes) / len(changes) ** 0.5
+    return statistics.mean(changes), half
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     model = _model(args.model)
-    engine, _, keys, url, stop = _server(model, args.batch)
+    engine, app, keys, url, stop = _server(model, args.batch)
     ban = list(getattr(engine.loaded, "eos_token_ids", []) or [])
     load = _spawn("--role", "load", "--url", url, "--key", keys["bench-load"], "--clients",
                   str(args.clients), "--max-tokens", str(args.max_tokens),
-                  "--ban", ",".join(map(str, ban)))
+                  "--ban", ",".join(map(str, ban)), *(["--stream"] if args.stream else []))
     phases: list[dict[str, Any]] = []
     try:
         time.sleep(args.warmup_s)
@@ -154,9 +178,10 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                                      keys["bench-admin"], "--dashboards", str(args.dashboards),
                                      "--seconds", str(args.phase_s + SETTLE_S))
                 time.sleep(SETTLE_S)
-                rate = _measure(engine, args.phase_s)
+                rate, busy = _measure(engine, app, args.phase_s)
                 phase: dict[str, Any] = {"round": r, "dashboards": args.dashboards
-                                         if kind == "open" else 0, "tokens_per_s": rate}
+                                         if kind == "open" else 0, "tokens_per_s": rate,
+                                         "frame_cpu_share": busy}
                 if viewers is not None:
                     out, _ = viewers.communicate(timeout=60)
                     phase.update(json.loads(out.strip().splitlines()[-1]))
@@ -171,12 +196,16 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     none = [p["tokens_per_s"] for p in phases if p["dashboards"] == 0]
     open_ = [p["tokens_per_s"] for p in phases if p["dashboards"] > 0]
     base, with_dash = statistics.mean(none), statistics.mean(open_)
+    change, half = paired(phases)
     return {"model": str(model), "clients": args.clients, "batch": args.batch,
             "dashboards": args.dashboards, "phase_s": args.phase_s, "phases": phases,
-            "tokens_per_s_none": base, "tokens_per_s_open": with_dash,
+            "cpus": os.cpu_count(), "tokens_per_s_none": base, "tokens_per_s_open": with_dash,
             "stdev_none": statistics.stdev(none) if len(none) > 1 else 0.0,
             "stdev_open": statistics.stdev(open_) if len(open_) > 1 else 0.0,
-            "difference_pct": 100.0 * (with_dash - base) / base if base else None}
+            "difference_pct": 100.0 * (with_dash - base) / base if base else None,
+            "paired_difference_pct": change, "paired_ci95_pct": half,
+            "frame_cpu_share_open": statistics.mean(
+                p["frame_cpu_share"] for p in phases if p["dashboards"] > 0)}
 
 
 def _model(choice: str) -> Path:
@@ -209,8 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=8, help="requests kept in flight")
     p.add_argument("--batch", type=int, default=8, help="--max-batch-size of the server")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=4, help="each round: one phase of each kind")
-    p.add_argument("--phase-s", type=float, default=10.0)
+    p.add_argument("--stream", action="store_true",
+                   help="the load streams its answers (more HTTP work beside the engine)")
+    p.add_argument("--rounds", type=int, default=10,
+                   help="each round: one phase of each kind")
+    p.add_argument("--phase-s", type=float, default=6.0)
     p.add_argument("--warmup-s", type=float, default=5.0)
     p.add_argument("--blas", choices=("auto", "bundled"), default="auto")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
@@ -223,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.role == "load":
         run_load(args.url, args.key, args.clients, args.max_tokens,
-                 [int(t) for t in args.ban.split(",") if t])
+                 [int(t) for t in args.ban.split(",") if t], args.stream)
         return 0
     if args.role == "viewers":
         run_viewers(args.url, args.key, args.dashboards, args.seconds)
@@ -234,7 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     result = bench(args)
     print(f"engine throughput: {result['tokens_per_s_none']:.1f} tok/s with no dashboard, "
           f"{result['tokens_per_s_open']:.1f} tok/s with {args.dashboards} open: "
-          f"{result['difference_pct']:+.2f}% (goal: within 2%)")
+          f"{result['difference_pct']:+.2f}%; paired by round "
+          f"{result['paired_difference_pct']:+.2f}% ± {result['paired_ci95_pct']:.2f}% "
+          f"(95%; goal: within 2%); dashboard frames took "
+          f"{100 * result['frame_cpu_share_open']:.2f}% of one core")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
     return 0

@@ -60,6 +60,9 @@ class Hub:
         self._samples: deque[tuple[float, int]] = deque(maxlen=int(HISTORY_S / INTERVAL_S) + 1)
         self._stats: tuple[float, list[stats.UserService]] | None = None
         self._stats_lock: asyncio.Lock | None = None
+        self.frames_made = 0
+        self.busy_s = 0.0
+        """Event-loop time spent making frames (sampling and rendering): what viewers cost."""
 
     async def frame(self, audience: Audience) -> dict[str, str]:
         """Event name -> HTML fragment, the same object for every viewer in one interval."""
@@ -67,11 +70,14 @@ class Hub:
         cached = self._frames.get(audience.key)
         if cached is not None and cached[0] == tick:
             return cached[1]
+        table = await self.service_table()
+        started = time.perf_counter()
         snap = self._services.engine.snapshot
         self._sample(snap)
-        table = await self.service_table()
         frame = self._render(audience, snap, table)
         self._frames[audience.key] = (tick, frame)
+        self.frames_made += 1
+        self.busy_s += time.perf_counter() - started
         return frame
 
     async def service_table(self) -> list[stats.UserService]:

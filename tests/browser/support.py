@@ -18,10 +18,15 @@ SLOW_USERS = frozenset({"bob"})
 SLOW_TOKEN_S = 0.04
 SLOW_MAX_TOKENS = 99_999
 """A request with this max_tokens is slowed too, whoever sends it."""
+FAILING_MAX_TOKENS = 13
+"""A request with this max_tokens fails in the engine (an injected backend error)."""
 
 
 def slow_fault(request: GenerationRequest, phase: str) -> None:
-    """Test hook: keep some requests running long enough to watch, without timing luck."""
+    """Test hook: keep some requests running long enough to watch, without timing luck;
+    make others fail as a broken model would."""
+    if phase == "decode" and request.max_tokens == FAILING_MAX_TOKENS:
+        raise RuntimeError("injected fault")
     if phase == "decode" and (request.user in SLOW_USERS
                               or request.max_tokens == SLOW_MAX_TOKENS):
         time.sleep(SLOW_TOKEN_S)

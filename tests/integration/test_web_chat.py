@@ -185,6 +185,17 @@ def test_hostile_model_output_is_escaped_token_by_token_and_in_the_final_answer(
     assert saved == ["".join(gen.pieces)]  # kept verbatim; escaped only when shown
 
 
+@pytest.mark.parametrize("reason, note", [
+    ("cancelled", "Stopped."), ("length", "reached its length limit"),
+    ("quota", "daily token quota ran out"), ("error", "The model failed on this answer")])
+def test_each_way_an_answer_ends_is_said_plainly(reason: str, note: str) -> None:
+    html = Environment(loader=FileSystemLoader(WEB / "templates"), autoescape=True
+                       ).get_template("_answer.html").render(
+        h=HELPERS, model=SimpleNamespace(name="m"), content="partial", reason=reason,
+        error=None)
+    assert note in html and f"msg assistant {reason}" in html
+
+
 def test_an_answer_nobody_opens_is_cancelled() -> None:
     ws = WebState.__new__(WebState)
     ws.answers = {}

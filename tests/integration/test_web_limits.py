@@ -9,7 +9,14 @@ import pytest
 
 from appliance.engine.request import RequestHandle
 from appliance.store.models import LedgerEntry
-from tests.browser.support import browser, slow_fault, slow_request, stream_id
+from tests.browser.support import (
+    FAILING_MAX_TOKENS,
+    browser,
+    slow_fault,
+    slow_request,
+    sse_events,
+    stream_id,
+)
 from tests.helpers import LiveServer, live_server, make_settings, wait_until
 from web import chat
 
@@ -89,6 +96,22 @@ def test_the_output_quota_caps_the_answer(server: LiveServer) -> None:
                     user_id=server.user_ids["carol"], endpoint=chat.ENDPOINT)]
         wait_until(lambda: len(outputs()) == 1, 10, "ledger row")
         assert outputs()[0] <= 3
+    finally:
+        _quota(server, "carol", max_output_tokens="")
+
+
+def test_an_answer_the_model_fails_on_says_so_and_is_not_kept(server: LiveServer) -> None:
+    _quota(server, "carol", max_output_tokens=str(FAILING_MAX_TOKENS))  # the hook fails these
+    try:
+        with browser(server.url, "carol") as carol:
+            r = carol.post("/chat/send", data={"message": "break, please"})
+            cid = int(r.headers["hx-push-url"].rsplit("/", 1)[1])
+            name, done = sse_events(carol.get(f"/chat/streams/{stream_id(r.text)}").text)[-1]
+        assert name == "done" and "The model failed on this answer" in done
+        assert 'role="alert"' in done
+        with server.client("carol") as api:
+            roles = [m["role"] for m in api.get(f"/conversations/{cid}").json()["messages"]]
+        assert roles == ["user"]
     finally:
         _quota(server, "carol", max_output_tokens="")
 

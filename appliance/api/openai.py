@@ -115,22 +115,8 @@ async def chat_completions(request: Request, state: State) -> Any:
         raise bad_request("response_format other than 'text' is not supported.",
                           "unsupported_value", "response_format")
     prompt = chat_prompt(services.model.tokenizer, body.messages, body.tools)
-    gen = await submit(services, prompt, body, body.max_completion_tokens or body.max_tokens,
-                 request.user, request_class(request.user, request.headers.get(CLASS_HEADER)),
-                 "/v1/chat/completions")
-    rid = f"chatcmpl-{gen.handle.rid}"
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    if body.stream:
-        return _stream_response(gen, "chat", rid, services.model.name, include_usage)
-    text, finish = await gen.text()
-    if finish.reason == "error":
-        raise backend_error(finish.error)
-    return {"id": rid, "object": "chat.completion", "created": int(time.time()),
-            "model": services.model.name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": FINISH_REASONS.get(finish.reason, finish.reason),
-                         "logprobs": None}],
-            "usage": _usage(finish)}
+    return await _respond(request, services, body, prompt,
+                          body.max_completion_tokens or body.max_tokens, "chat")
 
 
 @post("/v1/completions", status_code=200)
@@ -151,20 +137,32 @@ async def completions(request: Request, state: State) -> Any:
     else:
         raise bad_request("Send one prompt per request (batches of prompts are not "
                           "supported).", "unsupported_value", "prompt")
-    gen = await submit(services, prompt, body, body.max_tokens or 16, request.user,
-                 request_class(request.user, request.headers.get(CLASS_HEADER)),
-                 "/v1/completions")
-    rid = f"cmpl-{gen.handle.rid}"
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return await _respond(request, services, body, prompt, body.max_tokens or 16, "text")
+
+
+async def _respond(request: Request, services: Services,
+                   body: ChatCompletionRequest | CompletionRequest, prompt: list[int],
+                   max_tokens: int | None, kind: str) -> Any:
+    """Queue the request, then stream it (SSE) or answer with the whole text."""
+    endpoint = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+    gen = await submit(services, prompt, body, max_tokens, request.user,
+                       request_class(request.user, request.headers.get(CLASS_HEADER)),
+                       endpoint)
+    rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{gen.handle.rid}"
     if body.stream:
-        return _stream_response(gen, "text", rid, services.model.name, include_usage)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _stream_response(gen, kind, rid, services.model.name, include_usage)
     text, finish = await gen.text()
     if finish.reason == "error":
         raise backend_error(finish.error)
-    return {"id": rid, "object": "text_completion", "created": int(time.time()),
-            "model": services.model.name,
-            "choices": [{"index": 0, "text": text, "logprobs": None,
-                         "finish_reason": FINISH_REASONS.get(finish.reason, finish.reason)}],
+    reason = FINISH_REASONS.get(finish.reason, finish.reason)
+    if kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None,
+                                  "message": {"role": "assistant", "content": text}}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+    return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": int(time.time()), "model": services.model.name, "choices": [choice],
             "usage": _usage(finish)}
 
 

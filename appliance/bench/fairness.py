@@ -15,8 +15,9 @@ throwaway data dir holding the personas' users and keys) runs these phases one a
    batch holds while dave sends voice requests as in 2. → voice TTFT relative to solo.
 
 Output tokens/s over the loaded phases (3-5) compares the throughput of the two policies.
-Output lengths are fixed: end-of-sequence tokens get a logit bias of -100, so both policies
-serve exactly the same work. Service is attributed in time from what the client sees:
+Prompt and output lengths are drawn per request from seeded generators (the same sequence
+under both policies), and end-of-sequence tokens get a logit bias of -100 so that every
+request writes exactly its ``max_tokens``: both policies get the same work. Service is attributed in time from what the client sees:
 prompt tokens computed (``prompt_tokens - cached_tokens`` of the usage chunk) at the first
 text chunk, output tokens spread over the text chunks; a user is backlogged at a moment when
 one of their requests was sent and has not produced its first text chunk yet.
@@ -92,6 +93,9 @@ DEMO_MODEL_DIR = REPO_ROOT / "appliance" / "demo_model"
 DEFAULT_OUTPUT_ROOT = Path(".bench/fairness")
 POLICIES = ("fcfs", "fair")
 CLASS_HEADER = "x-appliance-class"
+
+START_SPREAD_S = 2.0
+"""The slots of a multi-request lane start at random within this many seconds."""
 
 HEAVY = "alice"
 LIGHT = "bob"
@@ -541,7 +545,7 @@ def render_report(meta: Mapping[str, Any], summaries: Mapping[str, PolicySummary
 @dataclass(frozen=True)
 class Shape:
     prompt_tokens: tuple[int, int]
-    max_tokens: int
+    max_tokens: tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -660,10 +664,10 @@ class Config:
     request_timeout_s: float
     drain_timeout_s: float
     command: str
-    heavy: Shape = Shape((600, 1000), 256)
-    light: Shape = Shape((30, 30), 32)
-    voice: Shape = Shape((30, 30), 24)
-    background: Shape = Shape((300, 600), 128)
+    heavy: Shape = Shape((600, 1000), (192, 320))
+    light: Shape = Shape((30, 30), (32, 32))
+    voice: Shape = Shape((30, 30), (24, 24))
+    background: Shape = Shape((300, 600), (96, 160))
     light_think_s: tuple[float, float] = (0.3, 1.0)
     voice_think_s: tuple[float, float] = (0.5, 1.5)
 
@@ -689,10 +693,12 @@ def phase_specs(cfg: Config) -> list[PhaseSpec]:
 
 
 def describe_workload(cfg: Config) -> str:
+    def span(lo: int, hi: int) -> str:
+        return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
     def shape(s: Shape) -> str:
-        lo, hi = s.prompt_tokens
-        prompt = f"~{lo}" if lo == hi else f"{lo}-{hi}"
-        return f"{prompt}-token prompts, {s.max_tokens} output tokens"
+        return (f"{span(*s.prompt_tokens)}-token prompts, {span(*s.max_tokens)} output "
+                "tokens")
 
     return (
         f"{HEAVY} (heavy) {cfg.heavy_concurrency} in flight, {shape(cfg.heavy)}; "
@@ -732,13 +738,15 @@ async def lane_slot(run: PhaseRun, client: httpx.AsyncClient, lane: Lane, slot: 
     target = run.targets[lane.user]
     url = f"{target.base_url}/v1/chat/completions"
     rng = random.Random(f"{run.seed}:{run.spec.name}:{lane.user}:{slot}")
+    if lane.concurrency > 1:  # a user's parallel requests do not all start (and end) together
+        await asyncio.sleep(rng.uniform(0.0, START_SPREAD_S))
     for index in itertools.count():
         if lane.requests is not None and index >= lane.requests:
             return
         if run.deadline is not None and time.perf_counter() >= run.deadline:
             return
         payload = chat_payload(target, run.prompts.make(lane.shape.prompt_tokens, rng),
-                               lane.shape.max_tokens, include_usage=True)
+                               rng.randint(*lane.shape.max_tokens), include_usage=True)
         if run.logit_bias:
             payload["logit_bias"] = dict(run.logit_bias)
         sent = time.perf_counter() - run.t0

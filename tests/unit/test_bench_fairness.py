@@ -19,6 +19,7 @@ from appliance.bench.fairness import (
     GOAL_SD_AVG,
     GOAL_SD_MAX,
     GOAL_THROUGHPUT,
+    GOAL_THROUGHPUT_SAME_MIX,
     GOAL_VOICE,
     HEAVY,
     HEAVY_LIGHT,
@@ -40,10 +41,10 @@ from appliance.bench.fairness import (
     TtftStats,
     admin_steps,
     build_parser,
+    combined_rate,
     config_from_args,
     eos_token_ids,
     evaluate_goals,
-    loaded_throughput,
     output_tokens_between,
     phase_specs,
     ratio_of_p95,
@@ -244,6 +245,7 @@ def test_summarize_policy_collects_ratios_service_and_throughput() -> None:
     assert s.phase_tokens_per_s[BACKLOGGED] == pytest.approx((10 + 4) / 20)
     assert s.phase_tokens_per_s[VOICE_BACKGROUND] == pytest.approx(55 / 10)
     assert s.tokens_per_s == pytest.approx((105 + 14 + 55) / 40)
+    assert s.same_mix_tokens_per_s == pytest.approx((105 + 55) / 20)
     assert s.request_errors == 0
 
 
@@ -253,13 +255,14 @@ def test_summarize_policy_with_missing_phases_after_a_failure() -> None:
     assert s.error == "exited with 2"
     assert s.light_solo is not None and s.light_loaded is None and s.light_ratio is None
     assert s.service is None and s.tokens_per_s is None and s.phase_tokens_per_s == {}
+    assert s.same_mix_tokens_per_s is None
 
 
-def test_loaded_throughput_needs_every_loaded_phase_for_the_total() -> None:
+def test_combined_rate_needs_every_named_phase() -> None:
     some = {HEAVY_LIGHT: phases()[HEAVY_LIGHT]}
-    per_phase, total = loaded_throughput(some, spans())
-    assert set(per_phase) == {HEAVY_LIGHT} and total is None
-    assert set(loaded_throughput(phases(), spans())[0]) == set(LOADED_PHASES)
+    assert combined_rate(some, spans(), (HEAVY_LIGHT,)) == pytest.approx(10.5)
+    assert combined_rate(some, spans(), LOADED_PHASES) is None
+    assert combined_rate(some, spans(), ()) is None
 
 
 @pytest.mark.parametrize(
@@ -277,6 +280,7 @@ def test_evaluate_goals_fair_against_fcfs() -> None:
     fcfs.service = ServiceDifference(10.0, 2, 2, avg=400.0, max=1000.0)
     fair.service = ServiceDifference(10.0, 2, 2, avg=100.0, max=600.0)
     fcfs.tokens_per_s, fair.tokens_per_s = 300.0, 295.0
+    fcfs.same_mix_tokens_per_s, fair.same_mix_tokens_per_s = 300.0, 280.0
     goals = {g.name: g for g in evaluate_goals({"fcfs": fcfs, "fair": fair})}
     assert goals[GOAL_LIGHT].value == pytest.approx(1.8) and goals[GOAL_LIGHT].met
     assert goals[GOAL_VOICE].value == pytest.approx(2.0) and goals[GOAL_VOICE].met is False
@@ -284,11 +288,12 @@ def test_evaluate_goals_fair_against_fcfs() -> None:
     assert goals[GOAL_SD_MAX].value == pytest.approx(0.6) and goals[GOAL_SD_MAX].met is False
     assert goals[GOAL_THROUGHPUT].value == pytest.approx(295 / 300)
     assert goals[GOAL_THROUGHPUT].met
+    assert goals[GOAL_THROUGHPUT_SAME_MIX].met is False
 
 
 def test_goals_are_unknown_without_the_fair_run() -> None:
     goals = evaluate_goals({"fcfs": summary(policy="fcfs")})
-    assert [g.met for g in goals] == [None] * 5
+    assert [g.met for g in goals] == [None] * 6
 
 
 # ---- rendering --------------------------------------------------------------------------

@@ -49,6 +49,26 @@
   document.addEventListener('htmx:afterSettle', function () { updateSend(); scrollDown(false); });
   document.addEventListener('htmx:sseMessage', function () { scrollDown(false); });
   document.addEventListener('htmx:sseClose', updateSend);
+  // An answer's stream that fails (connection lost, logged out, answer gone) is not retried:
+  // the server cancelled the request when the stream went away.
+  document.addEventListener('htmx:sseError', function (e) {
+    var elt = e.target;
+    var source = e.detail && e.detail.source;
+    if (!elt || !elt.classList || !elt.classList.contains('streaming') ||
+        !source || source.readyState !== EventSource.CLOSED) { return; }
+    source.close();
+    elt.removeAttribute('sse-connect');
+    elt.classList.remove('streaming');
+    elt.classList.add('interrupted');
+    var stop = elt.querySelector('.stop');
+    if (stop) { stop.remove(); }
+    var note = document.createElement('p');
+    note.className = 'notice error';
+    note.setAttribute('role', 'alert');
+    note.textContent = 'The connection to the answer was lost, so it stopped. Send again to retry.';
+    elt.appendChild(note);
+    updateSend();
+  });
   document.addEventListener('htmx:sendError', function () {
     notice('The appliance cannot be reached. Check the connection and try again.');
   });

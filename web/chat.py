@@ -126,8 +126,8 @@ async def send(request: Request[Any, Any, Any]) -> Template:
     turns = [ChatMessage(role=m.role, content=m.content) for m in history]
     turns.append(ChatMessage(role="user", content=text))
     prompt = chat_prompt(svc.model.tokenizer, turns)
-    max_tokens = await quota.admit(svc, who, len(prompt))
     klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
+    max_tokens = await quota.admit(svc, who, len(prompt), klass)
     gen = await submit(svc, prompt, SamplingFields(), max_tokens, who, klass, ENDPOINT)
     try:
         saved, created = await anyio.to_thread.run_sync(_save_question, svc, who.user_id, cid,

@@ -17,6 +17,7 @@ from appliance.api.auth import Principal
 from appliance.api.errors import ApiError
 from appliance.api.service import Services
 from appliance.sched import quota
+from appliance.sched.classes import Klass
 from appliance.store import limits
 from appliance.store.models import LedgerEntry
 
@@ -35,7 +36,7 @@ def _inputs(services: Services, user_id: int, now: float
         return mine, [(float(t), int(n or 0)) for t, n in rows]
 
 
-async def admit(services: Services, who: Principal, prompt_tokens: int) -> int:
+async def admit(services: Services, who: Principal, prompt_tokens: int, klass: Klass) -> int:
     """The answer's max_tokens (the server default within the user's limit); 429 when this
     request would break one of the user's limits."""
     now = time.time()
@@ -44,7 +45,7 @@ async def admit(services: Services, who: Principal, prompt_tokens: int) -> int:
     snap = services.engine.snapshot
     running = sum(s.user == who.name for s in (*snap.slots, *snap.queue))
     verdict = quota.check_admission(
-        mine, sum(n for _, n in events), running, prompt_tokens, max_tokens, who.klass,
+        mine, sum(n for _, n in events), running, prompt_tokens, max_tokens, klass,
         who.klass, now, now - quota.DAY_S, events)
     if verdict is None:
         return max_tokens

@@ -1,0 +1,3 @@
+"""The appliance: a fair household LLM server on MLX."""
+
+__version__ = "0.1.0"

@@ -12,10 +12,12 @@ from litestar.config.csrf import CSRFConfig
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
 
-from appliance import fairness_state
+from appliance import __version__, fairness_state
 from appliance.api import account, admin, metrics, monitoring, openai
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
 from appliance.api.errors import (
@@ -134,7 +136,9 @@ def create_app(services: Services, secret: str,
         on_shutdown=list(on_shutdown),
         request_max_body_size=MAX_BODY_BYTES,
         logging_config=None,
-        openapi_config=None,
+        # JSON only: Litestar's Swagger/ReDoc pages load scripts from CDNs (offline here)
+        openapi_config=OpenAPIConfig(title="The appliance", version=__version__,
+                                     path="/schema", render_plugins=[JsonRenderPlugin()]),
     )
 
 

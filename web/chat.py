@@ -27,7 +27,7 @@ from appliance.engine.request import FinishEvent, TokenEvent
 from appliance.sched.classes import Klass
 from appliance.store import conversations as convs
 from appliance.store.errors import NotFound
-from web import quota, sse
+from web import sse
 from web.common import PAGE, base_context, form_fields, is_htmx, me, page, services, web_state
 from web.state import LiveAnswer, WebState
 
@@ -127,8 +127,8 @@ async def send(request: Request[Any, Any, Any]) -> Template:
     turns.append(ChatMessage(role="user", content=text))
     prompt = chat_prompt(svc.model.tokenizer, turns)
     klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
-    max_tokens = await quota.admit(svc, who, len(prompt), klass)
-    gen = await submit(svc, prompt, SamplingFields(), max_tokens, who, klass, ENDPOINT)
+    # submit() checks the user's quotas (429) and clamps the default max_tokens to them
+    gen = await submit(svc, prompt, SamplingFields(), None, who, klass, ENDPOINT)
     try:
         saved, created = await anyio.to_thread.run_sync(_save_question, svc, who.user_id, cid,
                                                         text)

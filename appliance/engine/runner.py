@@ -17,6 +17,7 @@ from appliance.engine.request import Finished, FinishEvent, RequestHandle, Token
 from appliance.engine.sampling import RowSampler, sample_batch
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
+from appliance.sched.memory import held, reservation
 from appliance.sched.scheduler import Plan, Scheduler, SeqView
 from appliance.sched.states import RequestState, check_transition, finish_state
 from appliance.sched.usage import RollingUsage
@@ -407,6 +408,11 @@ class Runner:
             self._finish(s, "error", error=BACKEND_ERROR)
 
     # ---- monitoring ----
+    def _reserved_tokens(self) -> int:
+        optimistic = self.scheduler.config.enable_preemption
+        return sum(max(reservation(v, optimistic) - held(v), 0) for v in self._views()
+                   if v.state.running)
+
     def snapshot(self) -> EngineSnapshot:
         now = self.clock()
         slots: list[SlotInfo] = []
@@ -429,4 +435,5 @@ class Runner:
             preemptions_total=self.preemptions_total, errors_total=self.errors_total,
             cancelled_total=self.cancelled_total,
             counters=self.scheduler.counters.snapshot(),
-            prompt_cache=None if pc is None else dataclasses.asdict(pc.stats))
+            prompt_cache=None if pc is None else dataclasses.asdict(pc.stats),
+            kv_reserved_bytes=self._reserved_tokens() * self.loaded.kv_bytes_per_token)

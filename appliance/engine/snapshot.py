@@ -42,6 +42,12 @@ class EngineSnapshot:
     """The fairness scheduler's virtual token counter of each user (by user id as text)."""
     prompt_cache: Mapping[str, int] | None = None
     """entries, bytes, lookups, hits, tokens_reused, evictions; None when it is off."""
+    kv_reserved_bytes: int = 0
+    """KV the scheduler has set aside for running requests beyond what they hold now."""
+
+    @property
+    def prompt_cache_bytes(self) -> int:
+        return int(self.prompt_cache["bytes"]) if self.prompt_cache else 0
 
     @classmethod
     def empty(cls) -> EngineSnapshot:

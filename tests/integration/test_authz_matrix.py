@@ -28,6 +28,9 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("GET", "/health", None, 200, 200, 200),
     ("GET", "/login", None, 200, 200, 200),
+    ("GET", "/schema", None, 401, 200, 200),
+    ("GET", "/schema/openapi.json", None, 401, 200, 200),
+    ("GET", "/schema/openapi.yaml", None, 401, 404, 404),  # GET /schema/{path}: JSON only
     ("GET", "/v1/models", None, 401, 200, 200),
     ("POST", "/v1/chat/completions", CHAT, 401, 200, 200),
     ("POST", "/v1/completions", {"prompt": "a", "max_tokens": 2}, 401, 200, 200),
@@ -108,7 +111,8 @@ def server_services(server: LiveServer) -> object:
     return build_services(_ms(Path(server.engine.config.model_path)), server.engine, server.store)
 
 
-OWNED = {("GET", "/conversations/{}"), ("PATCH", "/conversations/{}"),
+OWNED = {("GET", "/schema/{}"),  # probed by the /schema/openapi.yaml row above
+         ("GET", "/conversations/{}"), ("PATCH", "/conversations/{}"),
          ("DELETE", "/conversations/{}"), ("POST", "/conversations/{}/messages"),
          ("DELETE", "/me/keys/{}"), ("DELETE", "/admin/keys/{}"), ("POST", "/login"),
          # web/: tests/integration/test_web_pages.py::test_owned_web_routes_answer_each_caller

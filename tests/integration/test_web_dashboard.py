@@ -203,7 +203,7 @@ def test_the_kv_gauge_shows_budget_reserved_and_prompt_cache_once_published() ->
     assert 'max="8388608" value="3145728"' in html and "38%" in html
     assert "5.0 MiB" in html and "1.0 MiB" in html and "8.0 MiB" in html
     plain = live.kv_view(EngineSnapshot.empty())
-    assert plain.budget is None and plain.reserved is None
+    assert plain.budget is None and plain.reserved == 0  # the engine now publishes it
 
 
 def test_queue_groups_by_class_with_the_longest_wait_first() -> None:

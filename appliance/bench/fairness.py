@@ -330,8 +330,12 @@ class PolicySummary:
     policy: str
     error: str | None = None
     light_solo: TtftStats | None = None
+    """The ratio's baseline: bob alone (on every server, pooled, when given)."""
+    light_solo_own: TtftStats | None = None
+    """bob alone on this server only."""
     light_loaded: TtftStats | None = None
     voice_solo: TtftStats | None = None
+    voice_solo_own: TtftStats | None = None
     voice_loaded: TtftStats | None = None
     light_ratio: float | None = None
     voice_ratio: float | None = None
@@ -348,17 +352,23 @@ class PolicySummary:
 
 def summarize_policy(policy: str, phases: Mapping[str, Sequence[Record]],
                      spans: Mapping[str, PhaseWindow], window_s: float, windows: int,
-                     w_in: float, w_out: float, error: str | None = None) -> PolicySummary:
-    """Everything the table shows for one policy, from the phases' raw records."""
-    def stats(phase: str, user: str) -> TtftStats | None:
-        if phase not in phases:
+                     w_in: float, w_out: float, error: str | None = None,
+                     solo: Mapping[str, Sequence[Record]] | None = None) -> PolicySummary:
+    """Everything the table shows for one policy, from the phases' raw records. ``solo``:
+    the solo phases' records to divide by (default: this server's own)."""
+    def stats(phase: str, user: str, source: Mapping[str, Sequence[Record]] = phases
+              ) -> TtftStats | None:
+        if phase not in source:
             return None
         span = spans.get(phase, PhaseWindow(0.0, math.inf))
-        return ttft_stats(phases[phase], user, span.start_s, span.end_s)
+        return ttft_stats(source[phase], user, span.start_s, span.end_s)
 
+    baseline = phases if solo is None else solo
     s = PolicySummary(policy=policy, error=error)
-    s.light_solo, s.light_loaded = stats(SOLO_LIGHT, LIGHT), stats(HEAVY_LIGHT, LIGHT)
-    s.voice_solo, s.voice_loaded = stats(SOLO_VOICE, VOICE), stats(VOICE_BACKGROUND, VOICE)
+    s.light_solo, s.light_loaded = stats(SOLO_LIGHT, LIGHT, baseline), stats(HEAVY_LIGHT, LIGHT)
+    s.voice_solo = stats(SOLO_VOICE, VOICE, baseline)
+    s.voice_loaded = stats(VOICE_BACKGROUND, VOICE)
+    s.light_solo_own, s.voice_solo_own = stats(SOLO_LIGHT, LIGHT), stats(SOLO_VOICE, VOICE)
     if s.light_solo and s.light_loaded:
         s.light_ratio = ratio_of_p95(s.light_loaded, s.light_solo)
     if s.voice_solo and s.voice_loaded:
@@ -376,6 +386,13 @@ def summarize_policy(policy: str, phases: Mapping[str, Sequence[Record]],
     s.same_mix_tokens_per_s = combined_rate(phases, spans, SAME_MIX_PHASES)
     s.request_errors = sum(1 for recs in phases.values() for r in recs if not r.timing.ok)
     return s
+
+
+def pool_solo(runs: Sequence[Mapping[str, Sequence[Record]]]) -> dict[str, list[Record]]:
+    """The solo phases of every server together: with one request at a time the policy
+    cannot matter, and twice the samples make a steadier p95 to divide by."""
+    return {name: [r for phases in runs for r in phases.get(name, ())]
+            for name in (SOLO_LIGHT, SOLO_VOICE) if any(name in phases for phases in runs)}
 
 
 def combined_rate(phases: Mapping[str, Sequence[Record]], spans: Mapping[str, PhaseWindow],
@@ -486,12 +503,18 @@ def render_table(summaries: Mapping[str, PolicySummary], goals: Sequence[Goal],
     lines = [
         "| figure | " + " | ".join(names) + " | goal | met |",
         "|---|" + "---:|" * len(names) + "---|---|",
-        row("light user (bob) TTFT p50 / p95 ms, solo", lambda s: fmt_pair(s.light_solo)),
+        row("light user (bob) TTFT p50 / p95 ms, solo on this server",
+            lambda s: fmt_pair(s.light_solo_own)),
+        row("light user TTFT p50 / p95 ms, solo, all servers pooled (baseline)",
+            lambda s: fmt_pair(s.light_solo)),
         row("light user TTFT p50 / p95 ms, heavy user backlogged",
             lambda s: fmt_pair(s.light_loaded)),
         row("light-user TTFT p95 relative to solo", lambda s: fmt_x(s.light_ratio),
             f"fair ≤ {LIGHT_TTFT_GOAL:g}×", GOAL_LIGHT),
-        row("voice (dave) TTFT p50 / p95 ms, solo", lambda s: fmt_pair(s.voice_solo)),
+        row("voice (dave) TTFT p50 / p95 ms, solo on this server",
+            lambda s: fmt_pair(s.voice_solo_own)),
+        row("voice TTFT p50 / p95 ms, solo, all servers pooled (baseline)",
+            lambda s: fmt_pair(s.voice_solo)),
         row("voice TTFT p50 / p95 ms, background backlog", lambda s: fmt_pair(s.voice_loaded)),
         row("voice TTFT p95 relative to solo", lambda s: fmt_x(s.voice_ratio),
             f"fair ≤ {VOICE_TTFT_GOAL:g}×", GOAL_VOICE),
@@ -532,9 +555,9 @@ def render_report(meta: Mapping[str, Any], summaries: Mapping[str, PolicySummary
         lines.append(f"- {name}: `{server['command']}` (log `{server['log']}`)")
     lines += ["", render_table(summaries, goals, meta["window_s"]), ""]
     lines += [
-        "TTFT: request sent → first text chunk, from the client. Solo baselines ran on the "
-        "same server just before its loaded phases; the ratios divide by that server's own "
-        "solo p95. Service: w_in × prompt tokens computed + w_out × output tokens, per user "
+        "TTFT: request sent → first text chunk, from the client. Each server ran the solo "
+        "baselines just before its loaded phases; the ratios divide by the p95 of all servers' "
+        "solo requests pooled (one request at a time, so the policy cannot matter). Service: w_in × prompt tokens computed + w_out × output tokens, per user "
         f"per {meta['window_s']:g} s window (60 s in the VTC paper; shorter here to get several "
         "windows from a short run), counted only in windows where both users had a request "
         "waiting throughout. Goals apply to fair; fcfs is the reference.",
@@ -910,9 +933,10 @@ def provision(cfg: Config, data_dir: Path) -> dict[str, str]:
 def summarize_all(cfg: Config, servers: Mapping[str, Mapping[str, Any]]
                   ) -> dict[str, PolicySummary]:
     spans = {spec.name: spec.window() for spec in phase_specs(cfg)}
+    solo = pool_solo([info["phases"] for info in servers.values()])
     return {
         policy: summarize_policy(policy, info["phases"], spans, cfg.window_s, cfg.windows,
-                                 cfg.w_in, cfg.w_out, error=info["error"])
+                                 cfg.w_in, cfg.w_out, error=info["error"], solo=solo)
         for policy, info in servers.items()
     }
 

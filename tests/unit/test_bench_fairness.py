@@ -47,6 +47,7 @@ from appliance.bench.fairness import (
     evaluate_goals,
     output_tokens_between,
     phase_specs,
+    pool_solo,
     ratio_of_p95,
     render_report,
     render_table,
@@ -256,6 +257,27 @@ def test_summarize_policy_with_missing_phases_after_a_failure() -> None:
     assert s.light_solo is not None and s.light_loaded is None and s.light_ratio is None
     assert s.service is None and s.tokens_per_s is None and s.phase_tokens_per_s == {}
     assert s.same_mix_tokens_per_s is None
+
+
+def test_pool_solo_joins_every_servers_solo_requests() -> None:
+    a, b = phases(), phases()
+    b[SOLO_LIGHT] = [rec(LIGHT, float(i), [0.5]) for i in range(5)]
+    del b[SOLO_VOICE]
+    pooled = pool_solo([a, b])
+    assert len(pooled[SOLO_LIGHT]) == 10 and len(pooled[SOLO_VOICE]) == 5
+    assert HEAVY_LIGHT not in pooled
+    assert pool_solo([{HEAVY_LIGHT: []}]) == {}
+
+
+def test_ratios_divide_by_the_pooled_solo_baseline() -> None:
+    slow_solo = {SOLO_LIGHT: [rec(LIGHT, float(i), [0.02]) for i in range(5)],
+                 SOLO_VOICE: [rec(VOICE, float(i), [0.08]) for i in range(5)]}
+    s = summarize_policy("fair", phases(), spans(), 10.0, 2, 1.0, 2.0, solo=slow_solo)
+    assert s.light_ratio == pytest.approx(0.1 / 0.02)
+    assert s.voice_ratio == pytest.approx(0.05 / 0.08)
+    assert s.light_solo is not None and s.light_solo.p95_s == pytest.approx(0.02)
+    assert s.light_solo_own is not None and s.light_solo_own.p95_s == pytest.approx(0.05)
+    assert s.voice_solo_own is not None and s.voice_solo_own.p95_s == pytest.approx(0.04)
 
 
 def test_combined_rate_needs_every_named_phase() -> None:

@@ -1137,7 +1137,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
     template = cfg.output_dir / "data-template"
     log(f"provisioning users {', '.join(p.name for p in PERSONAS)} in {template}")
-    keys = provision(cfg, template)
+    try:
+        keys = provision(cfg, template)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        log(f"could not provision the users: {exc}")
+        return 1
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:
         servers = asyncio.run(bench_all(cfg, keys, template))

@@ -62,7 +62,8 @@ def engine_config(settings: Settings) -> EngineConfig:
             aging_seconds=settings.sched.aging_seconds,
             background_reserve=settings.sched.background_reserve,
             kv_admission_watermark=e.kv_admission_watermark,
-            enable_preemption=e.enable_preemption, preemption_policy=e.preemption_policy))
+            enable_preemption=e.enable_preemption, preemption_policy=e.preemption_policy,
+            class_preemption=e.class_preemption))
 
 
 def start_engine(settings: Settings, fault: FaultHook | None = None,

@@ -77,6 +77,10 @@ class EngineSettings:
     enable_preemption: bool = _opt(
         False, "Admit on prompt + first token and preempt when the KV budget runs out (else "
         "each request reserves prompt + max_tokens and nothing is preempted).")
+    class_preemption: bool = _opt(
+        True, "When every slot is taken and a higher-class request waits (voice over "
+        "interactive over background), one lower-class request yields its slot; its KV is "
+        "parked in the prompt cache so it resumes without recomputing.")
     preemption_policy: str = _opt(
         "fair", "Victim order: 'fair' (lowest effective class, then highest counter), "
         "'longest-first' or 'lowest-priority'.",
@@ -184,8 +188,14 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                         help="TOML config file (sections [server], [engine], [sched], [store]).")
     for section, f in iter_fields():
         if _field_type(f) is bool:
-            parser.add_argument(flag_name(f), dest=f.name, action="store_const", const=True,
-                                default=None, help=f.metadata["help"])
+            # --x and --no-x; a flag that is itself a negation (--no-batch) only sets True
+            # (BooleanOptionalAction would read "--no-batch" as False)
+            negated = flag_name(f).startswith("--no-")
+            parser.add_argument(flag_name(f), dest=f.name, default=None,
+                                action="store_const" if negated
+                                else argparse.BooleanOptionalAction,
+                                **({"const": True} if negated else {}),
+                                help=f.metadata["help"])
         else:
             parser.add_argument(flag_name(f), dest=f.name, default=None,
                                 help=f"{f.metadata['help']} (default: {f.default!r}; "

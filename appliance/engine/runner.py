@@ -190,7 +190,7 @@ class Runner:
             self._finish(s, "length" if s.generated else "error",
                          error=None if s.generated else TOO_LARGE)
         for rid in plan.preempt:
-            self._preempt(self.seqs[rid])
+            self._preempt(self.seqs[rid], keep_kv=rid in plan.keep_kv)
         for rid in plan.admit:
             s = self.seqs[rid]
             s.move(RequestState.PREFILLING)
@@ -324,7 +324,8 @@ class Runner:
         return new_sequence_cache(self.model), 0
 
     def _keep_prefix(self, s: Seq) -> None:
-        """Keep a finished request's KV (all its tokens but the last, never fed back)."""
+        """Keep a request's KV in the prompt cache under the tokens it covers (when it
+        finished: all its tokens but the last, which was never fed back)."""
         if self.prompt_cache is None:
             return
         if s.rid in self.batch.rids:
@@ -333,8 +334,9 @@ class Runner:
             cache = s.cache
         else:
             return
-        if cache and cache[0].size() == len(s.tokens) - 1:
-            self.prompt_cache.store(s.handle.request.user_key, s.tokens[:-1], cache)
+        size = int(cache[0].size()) if cache else 0
+        if 0 < size < len(s.tokens):
+            self.prompt_cache.store(s.handle.request.user_key, s.tokens[:size], cache)
 
     def _finish(self, s: Seq, reason: str, error: str | None = None) -> None:
         if reason in ("stop", "length", "quota"):
@@ -380,8 +382,12 @@ class Runner:
             itl_mean_ms=sum(itl) / len(itl) * 1000.0 if itl else None,
             itl_p95_ms=itl[min(len(itl) - 1, int(0.95 * len(itl)))] * 1000.0 if itl else None)
 
-    def _preempt(self, s: Seq) -> None:
-        """Back to the queue with its tokens kept; its KV is freed and rebuilt on readmission."""
+    def _preempt(self, s: Seq, keep_kv: bool = False) -> None:
+        """Back to the queue with its tokens kept. Its KV is freed and rebuilt on
+        readmission, or, when it only yields a slot (``keep_kv``), parked in the prompt cache
+        so readmission computes just the last token."""
+        if keep_kv:
+            self._keep_prefix(s)
         self.batch.remove({s.rid})
         s.cache = None
         s.computed = 0

@@ -94,6 +94,10 @@ class SchedulerConfig:
     preemption_policy: str = "fair"
     """Victim order: ``fair`` (lowest effective class, then highest counter),
     ``longest-first`` or ``lowest-priority``."""
+    class_preemption: bool = True
+    """When every slot is taken and a request of a higher class waits, one running request
+    of a lower class yields its slot (its KV is kept in the prompt cache, so it resumes
+    without recomputing). Independent of ``enable_preemption``, which is about memory."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -142,6 +146,9 @@ class Plan:
     (``length`` when they already produced output, else ``error``)."""
     evict_tokens: int = 0
     """Cold prompt-cache tokens the engine frees before running this tick."""
+    keep_kv: tuple[int, ...] = ()
+    """Preempted requests that yield a slot to a higher class (not to free memory): the
+    engine keeps their KV in the prompt cache so they resume without recomputing."""
 
     @property
     def empty(self) -> bool:
@@ -209,15 +216,17 @@ class Scheduler:
         queued = [s for s in seqs if s.state is RequestState.QUEUED and s.rid not in reject]
 
         evict, victims = self._reclaim(now, running, cache_tokens)
-        running = [s for s in running if s.rid not in victims]
+        yielded = () if victims else self._yield_slot(now, queued, running)
+        running = [s for s in running if s.rid not in victims and s.rid not in yielded]
         admitted = [] if victims else self._admit(now, queued, running)
 
         decoding = _decoding(running)
         prefilling = [s for s in running if s.state is RequestState.PREFILLING] + admitted
         chunks = self._prefill_plan(now, prefilling, decoding)
         chunks, more = self._fit(chunks, running, cache_tokens - evict)
-        plan = Plan(admit=tuple(s.rid for s in admitted), preempt=victims, prefill=chunks,
-                    reject=tuple(sorted(reject)), evict_tokens=evict + more)
+        plan = Plan(admit=tuple(s.rid for s in admitted), preempt=victims + yielded,
+                    prefill=chunks, reject=tuple(sorted(reject)), evict_tokens=evict + more,
+                    keep_kv=yielded)
         check_plan(self.config, plan, seqs, cache_tokens)
         return plan
 
@@ -281,6 +290,26 @@ class Scheduler:
                 fitted.append((rid, n))
                 room -= chunk_growth(s, n)
         return tuple(fitted), evict
+
+    def _yield_slot(self, now: float, queued: list[SeqView],
+                    running: list[SeqView]) -> tuple[int, ...]:
+        """With every slot taken, one running request of a lower class than the best queued
+        one yields (victim in ``preemption_policy`` order). Base classes on both sides, so an
+        aged request never pushes out one of the class it aged into; the background
+        reserve is kept."""
+        if (not self.config.class_preemption or not queued
+                or len(running) < self.config.max_batch_size):
+            return ()
+        best = self._admission_order(now, queued, running)[0]
+        lower = [s for s in running if s.klass < best.klass]
+        bg = sum(s.klass is Klass.BACKGROUND for s in running)
+        if bg <= self.config.reserved_background_slots:
+            lower = [s for s in lower if s.klass is not Klass.BACKGROUND]
+        if not lower:
+            return ()
+        victim = victim_order(self.config.preemption_policy, now, lower, self.counters,
+                              self.config.aging_seconds)[0]
+        return (victim.rid,)
 
     # ---- 2. admission ----
     def _admit(self, now: float, queued: list[SeqView],

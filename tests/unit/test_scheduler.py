@@ -108,3 +108,32 @@ def test_state_table_allows_preemption_and_forbids_leaving_a_finished_state() ->
             check_transition(finished, Q)
     with pytest.raises(InvalidTransition):
         check_transition(Q, D)
+
+
+def test_a_voice_request_takes_the_slot_of_a_background_one_when_all_are_taken() -> None:
+    s = sched(max_batch_size=2, background_reserve=0)
+    running = [seq(1, D, klass=Klass.BACKGROUND), seq(2, D, klass=Klass.INTERACTIVE)]
+    plan = s.step(10.0, [*running, seq(3, klass=Klass.VOICE)])
+    assert plan.preempt == (1,) and plan.keep_kv == (1,)
+    assert plan.admit == (3,)
+
+
+def test_no_slot_is_taken_from_an_equal_class_or_while_a_slot_is_free() -> None:
+    full = [seq(1, D), seq(2, D)]
+    assert sched(max_batch_size=2).step(0.0, [*full, seq(3)]).preempt == ()
+    assert sched(max_batch_size=3).step(
+        0.0, [seq(1, D, klass=Klass.BACKGROUND), seq(2, klass=Klass.VOICE)]).preempt == ()
+
+
+def test_the_background_reserve_is_not_taken_by_a_higher_class() -> None:
+    running = [seq(1, D, klass=Klass.BACKGROUND), seq(2, D, klass=Klass.INTERACTIVE)]
+    plan = sched(max_batch_size=2, background_reserve=1).step(
+        0.0, [*running, seq(3, klass=Klass.VOICE)])
+    assert plan.preempt == (2,)
+
+
+def test_class_preemption_can_be_switched_off() -> None:
+    running = [seq(1, D, klass=Klass.BACKGROUND), seq(2, D, klass=Klass.BACKGROUND)]
+    plan = sched(max_batch_size=2, class_preemption=False, background_reserve=0).step(
+        0.0, [*running, seq(3, klass=Klass.VOICE)])
+    assert plan.preempt == () and plan.admit == ()

@@ -29,8 +29,8 @@ class RowSampler:
         if params.top_k >= vocab_size:
             params = _replace_top_k(params)
         self.params = params
-        self.processors = make_logits_processors(
-            logit_bias=dict(params.logit_bias) or None,
+        self._bias: mx.array | None = None
+        self.processors = make_logits_processors(  # penalties; the bias is added separately
             repetition_penalty=params.repetition_penalty,
             presence_penalty=params.presence_penalty,
             frequency_penalty=params.frequency_penalty,
@@ -39,10 +39,22 @@ class RowSampler:
 
     @property
     def plain_greedy(self) -> bool:
+        """Greedy with no penalties: sampled with the batch's one argmax (after its bias)."""
         return self.params.greedy and not self.processors
+
+    def bias(self, vocab: int) -> mx.array | None:
+        """The logit bias as a dense [vocab] row (made once), or None."""
+        if self._bias is None and self.params.logit_bias:
+            tokens = mx.array([t for t, _ in self.params.logit_bias])
+            values = mx.array([v for _, v in self.params.logit_bias], dtype=mx.float32)
+            self._bias = mx.zeros((vocab,), dtype=mx.float32).at[tokens].add(values)
+        return self._bias
 
     def sample(self, logits: mx.array, context: Sequence[int]) -> mx.array:
         """logits: [1, V] for this row; returns a [1] token array (not yet evaluated)."""
+        bias = self.bias(logits.shape[-1])
+        if bias is not None:
+            logits = logits + bias
         if self.processors:
             ctx = mx.array(list(context[-64:]) or [0])
             for proc in self.processors:
@@ -78,15 +90,14 @@ def sample_batch(logits: mx.array, samplers: Sequence[RowSampler],
     the other rows are unaffected.
     """
     if all(s.plain_greedy for s in samplers):
+        biases = [s.bias(logits.shape[-1]) for s in samplers]
+        if any(b is not None for b in biases):
+            zeros = mx.zeros((logits.shape[-1],), dtype=mx.float32)
+            logits = logits + mx.stack([zeros if b is None else b for b in biases])
         tokens: list[int] = mx.argmax(logits, axis=-1).tolist()  # type: ignore[assignment]
         return list(tokens)
     out: list[mx.array | None] = [None] * len(samplers)
-    argmax = mx.argmax(logits, axis=-1) if any(s.plain_greedy for s in samplers) else None
     for i, s in enumerate(samplers):
-        if s.plain_greedy:
-            assert argmax is not None
-            out[i] = argmax[i]
-            continue
         try:
             out[i] = s.sample(logits[i:i + 1], contexts[i]).reshape(())
         except Exception as exc:  # one request's failure ends only that request

@@ -204,7 +204,9 @@ class Scheduler:
         3. Prefill budget: one chunk of tokens per tick (2048 with no decode batch running,
            512 with one, or the fixed ``prefill_chunk_size``), shared by prefilling
            requests in policy order; a prompt shorter than the budget leaves the rest to
-           the next one, so several short prompts are read in one tick.
+           the next one, so several short prompts are read in one tick. A tick in which a
+           prompt is read to its end carries no partial chunk of a prompt behind it in
+           that order: a short chat's first token never waits on someone's long document.
         4. Parking: a prefill of a lower class than some decoding request waits, so a
            background document never stalls a voice answer; it still gets one chunk at
            least every ``prefill_grant_interval`` decode ticks.
@@ -366,11 +368,15 @@ class Scheduler:
             chunks.append((s.rid, n))
             if left is not None:
                 left = max(left - n, 0)
+        finishing = False
         for s in ready:
             if left is not None and left <= 0:
                 break
             n = s.remaining if left is None else min(s.remaining, left)
+            if finishing and n < s.remaining:
+                continue  # a partial chunk here would only delay the first token(s) above
             chunks.append((s.rid, n))
+            finishing = finishing or n == s.remaining
             if left is not None:
                 left -= n
         return tuple(chunks)

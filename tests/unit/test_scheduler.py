@@ -66,8 +66,16 @@ def test_chunk_size_zero_reads_the_whole_prompt_at_once() -> None:
 
 
 def test_short_prompts_share_one_tick_budget() -> None:
-    plan = sched().step(0.0, [seq(1, D), seq(2, prompt=300), seq(3, prompt=300)])
-    assert plan.prefill == ((2, 300), (3, CHUNK_BUSY - 300))
+    plan = sched().step(0.0, [seq(1, D), seq(2, prompt=200), seq(3, prompt=200)])
+    assert plan.prefill == ((2, 200), (3, 200))
+
+
+def test_a_tick_that_finishes_a_prompt_carries_no_partial_chunk_behind_it() -> None:
+    plan = sched().step(0.0, [seq(1, D), seq(2, prompt=300), seq(3, prompt=3000)])
+    assert plan.prefill == ((2, 300),)
+    # ahead in the order, a long prompt still takes its chunk first
+    plan = sched().step(0.0, [seq(1, D), seq(2, prompt=3000), seq(3, prompt=300)])
+    assert plan.prefill == ((2, CHUNK_BUSY),)
 
 
 def test_a_partly_read_prompt_continues_where_it_stopped() -> None:

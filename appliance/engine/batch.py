@@ -10,11 +10,28 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 
 def new_sequence_cache(model: Any) -> list[Any]:
     return list(make_prompt_cache(model))
+
+
+def plain_kv(model: Any) -> bool:
+    """Whether every layer keeps a plain KV cache (then prompts can be prefilled together)."""
+    return all(type(c) is KVCache for c in make_prompt_cache(model))
+
+
+def prefill_batch(model: Any, prompts: list[list[int]]) -> tuple[list[Any], mx.array]:
+    """Whole prompts through the model at once, left-padded to the longest; returns the
+    batched per-layer caches (one row per prompt) and each row's last-position logits."""
+    longest = max(len(p) for p in prompts)
+    pads = [longest - len(p) for p in prompts]
+    x = mx.array([[0] * pad + p for pad, p in zip(pads, prompts, strict=True)])
+    cache = [BatchKVCache(pads) for _ in make_prompt_cache(model)]
+    logits = model(x, cache=cache)[:, -1, :]
+    mx.eval(logits)
+    return cache, logits
 
 
 def cache_nbytes(cache: list[Any] | None) -> int:
@@ -58,6 +75,18 @@ class DecodeBatch:
             for mine, theirs in zip(self._caches, merged, strict=True):
                 mine.extend(theirs)
         self.rids.append(rid)
+
+    def add_rows(self, rids: list[int], cache: list[Any], keep: list[int]) -> None:
+        """Rows ``keep`` of a batched prefill cache join the batch as ``rids``."""
+        if len(keep) < len(cache[0].offset):
+            for c in cache:
+                c.filter(keep)
+        if self._caches is None or not self.rids:
+            self._caches = cache
+        else:
+            for mine, theirs in zip(self._caches, cache, strict=True):
+                mine.extend(theirs)
+        self.rids.extend(rids)
 
     def step(self, inputs: list[int]) -> mx.array:
         """One decode step for every row; returns logits [B, V] (lazy)."""

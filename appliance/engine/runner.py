@@ -9,7 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance.engine.batch import DecodeBatch, cache_nbytes, new_sequence_cache, prefill
+from appliance.engine.batch import (
+    DecodeBatch,
+    cache_nbytes,
+    new_sequence_cache,
+    plain_kv,
+    prefill,
+    prefill_batch,
+)
 from appliance.engine.core import FaultHook
 from appliance.engine.model import LoadedModel
 from appliance.engine.prompt_cache import PromptCache
@@ -97,6 +104,7 @@ class Runner:
         self.eos = loaded.eos_token_ids
         self.seqs: dict[int, Seq] = {}
         self.batch = DecodeBatch(self.model)
+        self._plain_kv = plain_kv(self.model)
         self._left_queue = 0
         self.completed = 0
         self.ticks = 0
@@ -257,37 +265,82 @@ class Runner:
         return tokens
 
     def _prefill(self, plan: Plan) -> None:
+        """Run the plan's prefill chunks. Fresh prompts read whole in this tick go through the
+        model together (left-padded, one row each in a batched KV cache: still isolated);
+        everything else (partial chunks, prompt-cache hits) one sequence at a time."""
+        whole: list[Seq] = []
+        parts: list[tuple[Seq, int]] = []
         for rid, n in plan.prefill:
             s = self.seqs.get(rid)
             if s is None or s.state is not RequestState.PREFILLING:
                 continue
-            assert s.cache is not None
             n = min(n, len(s.tokens) - s.computed)  # a cache hit may have done part of it
             if n <= 0:
                 continue
-            last = s.computed + n == len(s.tokens)
-            try:
-                if self.fault:
+            if self._plain_kv and s.computed == 0 and n == len(s.tokens):
+                whole.append(s)
+            else:
+                parts.append((s, n))
+        if len(whole) > 1:
+            self._prefill_together(whole)
+        else:
+            parts = [(s, len(s.tokens)) for s in whole] + parts
+        for s, n in parts:
+            self._prefill_one(s, n)
+
+    def _prefill_one(self, s: Seq, n: int) -> None:
+        assert s.cache is not None
+        last = s.computed + n == len(s.tokens)
+        try:
+            if self.fault:
+                self.fault(s.handle.request, "prefill")
+            logits = prefill(self.model, s.cache, s.tokens[s.computed:s.computed + n], last)
+            token = (sample_batch(logits, [s.sampler], [s.tokens])[0]
+                     if logits is not None else None)
+        except Exception as exc:
+            log.error("request failed rid=%d phase=prefill: %r", s.rid, exc)
+            self._finish(s, "error", error=BACKEND_ERROR)
+            return
+        self._prefilled(s, n, token)
+        if token is not None and s.state is RequestState.PREFILLING:
+            s.move(RequestState.DECODING)
+            self.batch.add(s.rid, s.cache)
+            s.cache = None
+
+    def _prefill_together(self, seqs: list[Seq]) -> None:
+        try:
+            if self.fault:
+                for s in seqs:
                     self.fault(s.handle.request, "prefill")
-                logits = prefill(self.model, s.cache, s.tokens[s.computed:s.computed + n], last)
-                token = (sample_batch(logits, [s.sampler], [s.tokens])[0]
-                         if logits is not None else None)
-            except Exception as exc:
-                log.error("request failed rid=%d phase=prefill: %r", rid, exc)
-                self._finish(s, "error", error=BACKEND_ERROR)
-                continue
-            s.computed += n
-            self.prompt_total += n
-            self._serve(s, n, 0 if token is None else 1)
-            if token is None:
-                continue
-            if not s.prompt_charged:  # the daily quota counts the prompt once
-                self.usage.add(s.handle.request.user_key, time.time(), s.n_prompt)
-                s.prompt_charged = True
-            if not self._accept(s, token, self.clock()):
+            cache, logits = prefill_batch(self.model, [s.tokens for s in seqs])
+            tokens = sample_batch(logits, [s.sampler for s in seqs], [s.tokens for s in seqs])
+        except Exception:  # find the culprit: each one alone
+            log.warning("batched prefill of %d prompts failed; reading them one by one",
+                        len(seqs))
+            for s in seqs:
+                self._prefill_one(s, len(s.tokens))
+            return
+        keep: list[int] = []
+        for i, (s, token) in enumerate(zip(seqs, tokens, strict=True)):
+            s.cache = None
+            self._prefilled(s, len(s.tokens), token)
+            if s.state is RequestState.PREFILLING:
                 s.move(RequestState.DECODING)
-                self.batch.add(rid, s.cache)
-                s.cache = None
+                keep.append(i)
+        if keep:
+            self.batch.add_rows([seqs[i].rid for i in keep], cache, keep)
+
+    def _prefilled(self, s: Seq, n: int, token: int | None) -> None:
+        """Book a prefill chunk; with the prompt's first token, accept it (which may finish)."""
+        s.computed += n
+        self.prompt_total += n
+        self._serve(s, n, 0 if token is None else 1)
+        if token is None:
+            return
+        if not s.prompt_charged:  # the daily quota counts the prompt once
+            self.usage.add(s.handle.request.user_key, time.time(), s.n_prompt)
+            s.prompt_charged = True
+        self._accept(s, token, self.clock())
 
     # ---- per-token bookkeeping ----
     def _accept(self, s: Seq, token: int, now: float) -> bool:

@@ -172,3 +172,53 @@ def test_a_failed_batched_step_is_retried_row_by_row_and_only_the_culprit_ends(
         engine.stop()
     assert [fin.reason for _, fin in results] == ["length", "error", "length"]
     assert results[0][0] == expected[0]  # the survivor's tokens are unchanged
+
+
+def test_a_prompt_that_fails_in_a_shared_prefill_ends_alone(tiny_model: Path) -> None:
+    def fault(request: GenerationRequest, phase: str) -> None:
+        if request.max_tokens == 13 and phase == "prefill":
+            raise RuntimeError("injected into the prefill")
+
+    from appliance.engine.core import Engine as _Engine
+    engine = _Engine(engine_config(make_settings(tiny_model)), fault=fault)
+    engine.start()
+    try:
+        ban_eos = tuple((t, -100.0) for t in engine.loaded.eos_token_ids)  # type: ignore[attr-defined]
+        sp = SamplingParams(logit_bias=ban_eos)
+        reqs = [GenerationRequest(prompt=tuple(range(1, 5 + i)), max_tokens=m, sampling=sp)
+                for i, m in enumerate((9, 13, 9, 9))]
+        results = _run(engine, reqs)
+    finally:
+        engine.stop()
+    assert [fin.reason for _, fin in results] == ["length", "error", "length", "length"]
+    assert [fin.usage.completion_tokens for _, fin in results] == [9, 0, 9, 9]
+
+
+def test_prompts_read_together_give_the_tokens_they_give_alone(demo_model: Path) -> None:
+    """Four prompts taken in one tick are prefilled in one batched call (left-padded); each
+    one's greedy tokens are the same as when it runs alone."""
+    import time
+
+    from appliance.engine.model import load_model
+    from appliance.engine.request import RequestHandle
+    from appliance.engine.runner import Runner
+    from appliance.sched.scheduler import Scheduler, SchedulerConfig
+
+    loaded = load_model(demo_model)
+    tok = loaded.tokenizer
+
+    def run(questions: list[str]) -> list[list[int]]:
+        runner = Runner(loaded, Scheduler(SchedulerConfig()), time.monotonic, None)
+        sinks: list[list[object]] = [[] for _ in questions]
+        runner.take([RequestHandle(GenerationRequest(
+            prompt=tuple(tok.apply_chat_template([{"role": "user", "content": q}],
+                                                 add_generation_prompt=True)),
+            max_tokens=16), sink.append) for q, sink in zip(questions, sinks, strict=True)])
+        runner.tick()
+        assert len(runner.batch) + runner.completed == len(questions)  # one tick read all
+        while runner.tick():
+            pass
+        return [[e.token for e in sink if isinstance(e, TokenEvent)] for sink in sinks]
+
+    together = run(QUESTIONS[:4])
+    assert together == [run([q])[0] for q in QUESTIONS[:4]]

@@ -190,12 +190,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         if _field_type(f) is bool:
             # --x and --no-x; a flag that is itself a negation (--no-batch) only sets True
             # (BooleanOptionalAction would read "--no-batch" as False)
-            negated = flag_name(f).startswith("--no-")
-            parser.add_argument(flag_name(f), dest=f.name, default=None,
-                                action="store_const" if negated
-                                else argparse.BooleanOptionalAction,
-                                **({"const": True} if negated else {}),
-                                help=f.metadata["help"])
+            if flag_name(f).startswith("--no-"):
+                parser.add_argument(flag_name(f), dest=f.name, default=None,
+                                    action="store_const", const=True, help=f.metadata["help"])
+            else:
+                parser.add_argument(flag_name(f), dest=f.name, default=None,
+                                    action=argparse.BooleanOptionalAction,
+                                    help=f.metadata["help"])
         else:
             parser.add_argument(flag_name(f), dest=f.name, default=None,
                                 help=f"{f.metadata['help']} (default: {f.default!r}; "

@@ -52,10 +52,17 @@ def demo_server(request: pytest.FixtureRequest, tiny_model: Path) -> Iterator[Li
 def chromium() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
         pytest.skip("Chromium is not installed (scripts/test.sh installs Debian's)")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield browser
-        browser.close()
+    # The Playwright driver (node) and Chromium must not inherit the OpenBLAS preload that
+    # scripts/test.sh sets for MLX: node fails to start threads with it.
+    preload = os.environ.pop("LD_PRELOAD", None)
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            yield browser
+            browser.close()
+    finally:
+        if preload is not None:
+            os.environ["LD_PRELOAD"] = preload
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,19 @@ import json
 import math
 import os
 import platform
+import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+
+T = TypeVar("T")
 
 OPENBLAS_PATH = Path("/usr/lib/x86_64-linux-gnu/libopenblas.so.0")
 """Debian's OpenBLAS (apt package `libopenblas0-pthread`), preloaded into both servers."""
@@ -423,3 +427,32 @@ def describe_model(facts: Mapping[str, Any]) -> str:
     if facts.get("quantization"):
         parts.append(f"quantized {facts['quantization']}")
     return ", ".join(parts)
+
+
+def _raise_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run_guarded(coro: Coroutine[Any, Any, T], output_dir: Path) -> T | None:
+    """Run the benchmark's event loop; SIGTERM unwinds through the ``finally`` blocks that
+    stop the servers. None when interrupted (Ctrl-C)."""
+    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        print(f"[bench] interrupted; logs in {output_dir}", file=sys.stderr)
+        return None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def write_report(output_dir: Path, markdown: str, report: Mapping[str, Any],
+                 json_path: Path | None) -> None:
+    """Print the Markdown; keep it and the JSON in the run's folder (and at --json)."""
+    print(markdown)
+    (output_dir / "report.md").write_text(markdown + "\n")
+    text = json.dumps(report, indent=2) + "\n"
+    (output_dir / "results.json").write_text(text)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(text)

@@ -40,7 +40,6 @@ import random
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -62,11 +61,13 @@ from appliance.bench.common import (
     git_commit,
     model_facts,
     percentile,
+    run_guarded,
     running,
     safe_ratio,
     server_env,
     stream_chat,
     wait_ready,
+    write_report,
 )
 from appliance.bench.serve import (
     DATA_DIR_ENV,
@@ -1123,10 +1124,6 @@ async def bench_all(cfg: Config, keys: Mapping[str, str], template: Path
             for policy in cfg.policies}
 
 
-def _raise_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the Markdown report; 0 when every server ran cleanly."""
     prog = "python -m appliance.bench.fairness" if argv is None else "appliance bench fairness"
@@ -1142,25 +1139,14 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         log(f"could not provision the users: {exc}")
         return 1
-    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    try:
-        servers = asyncio.run(bench_all(cfg, keys, template))
-    except KeyboardInterrupt:
-        log(f"interrupted; logs in {cfg.output_dir}")
+    servers = run_guarded(bench_all(cfg, keys, template), cfg.output_dir)
+    if servers is None:
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     summaries = summarize_all(cfg, servers)
     goals = evaluate_goals(summaries)
     meta = build_meta(cfg, servers, started)
-    markdown = render_report(meta, summaries, goals, servers)
-    print(markdown)
-    report = report_json(meta, summaries, goals, servers)
-    (cfg.output_dir / "report.md").write_text(markdown + "\n")
-    (cfg.output_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(cfg.output_dir, render_report(meta, summaries, goals, servers),
+                 report_json(meta, summaries, goals, servers), args.json)
     failed = any(s.error or s.request_errors for s in summaries.values())
     return 1 if failed else 0
 

@@ -15,18 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import os
 import platform
 import shlex
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import httpx
@@ -43,11 +40,13 @@ from appliance.bench.common import (
     mean,
     model_facts,
     percentile,
+    run_guarded,
     running,
     safe_ratio,
     server_env,
     stream_chat,
     wait_ready,
+    write_report,
 )
 
 OURS = "ours"
@@ -945,10 +944,6 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
     )
 
 
-def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the Markdown report; 0 when every server ran without errors."""
     prog = "python -m appliance.bench.serve" if argv is None else "appliance bench serve"
@@ -959,23 +954,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
     if not args.no_provision:
         apply_provisioning(cfg)
-    # SIGTERM unwinds through the `finally` that stops the servers.
-    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    try:
-        servers = asyncio.run(bench_all(cfg))
-    except KeyboardInterrupt:
-        print(f"[bench] interrupted; logs in {cfg.output_dir}", file=sys.stderr)
+    servers = run_guarded(bench_all(cfg), cfg.output_dir)
+    if servers is None:
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     report = build_report(cfg, servers, started)
-    markdown = render_report(report)
-    print(markdown)
-    (cfg.output_dir / "report.md").write_text(markdown + "\n")
-    (cfg.output_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(cfg.output_dir, render_report(report), report, args.json)
     failed = any(
         s.get("error") or any(lv["errors"] for lv in s["levels"]) for s in servers.values()
     )

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import datetime as dt
 import itertools
 import json
@@ -43,7 +42,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,22 +51,38 @@ import httpx
 
 from appliance.bench.common import (
     OPENBLAS_PATH,
-    RequestTiming,
     ServerProcess,
     ServerStartError,
     default_blas,
-    describe_model,
     free_port,
     git_commit,
     model_facts,
-    percentile,
     run_guarded,
     running,
-    safe_ratio,
     server_env,
     stream_chat,
     wait_ready,
     write_report,
+)
+from appliance.bench.fairness_stats import (
+    BACKGROUND,
+    BACKLOGGED,
+    HEAVY,
+    HEAVY_LIGHT,
+    LIGHT,
+    PHASES,
+    SOLO_LIGHT,
+    SOLO_VOICE,
+    VOICE,
+    VOICE_BACKGROUND,
+    Goal,
+    PhaseWindow,
+    PolicySummary,
+    Record,
+    evaluate_goals,
+    pool_solo,
+    render_report,
+    summarize_policy,
 )
 from appliance.bench.serve import (
     DATA_DIR_ENV,
@@ -78,15 +93,12 @@ from appliance.bench.serve import (
     blas_report,
     chat_payload,
     discover_model,
-    fmt_ms,
-    fmt_rate,
     last_line,
     package_versions,
     resolve_model,
     warm_up,
 )
 from appliance.sched.fair import DEFAULT_W_IN, DEFAULT_W_OUT
-from appliance.sched.simulator import SimResult
 
 HOST = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -98,32 +110,6 @@ CLASS_HEADER = "x-appliance-class"
 START_SPREAD_S = 2.0
 """The slots of a multi-request lane start at random within this many seconds."""
 
-HEAVY = "alice"
-LIGHT = "bob"
-BACKGROUND = "carol"
-VOICE = "dave"
-
-SOLO_LIGHT = "solo-light"
-SOLO_VOICE = "solo-voice"
-HEAVY_LIGHT = "heavy-light"
-BACKLOGGED = "backlogged"
-VOICE_BACKGROUND = "voice-background"
-LOADED_PHASES = (HEAVY_LIGHT, BACKLOGGED, VOICE_BACKGROUND)
-SAME_MIX_PHASES = (HEAVY_LIGHT, VOICE_BACKGROUND)
-"""Loaded phases in which both policies serve every request of the same mix (in the
-backlogged phase fair serves more of bob's short requests, which changes output tok/s)."""
-PHASES = (SOLO_LIGHT, SOLO_VOICE, *LOADED_PHASES)
-
-GOAL_LIGHT = "light-user TTFT p95 / solo (fair)"
-GOAL_VOICE = "voice TTFT p95 / solo (fair)"
-GOAL_SD_AVG = "service difference avg, fair / fcfs"
-GOAL_SD_MAX = "service difference max, fair / fcfs"
-GOAL_THROUGHPUT = "output tok/s, fair / fcfs"
-GOAL_THROUGHPUT_SAME_MIX = "output tok/s of the same-mix phases, fair / fcfs"
-LIGHT_TTFT_GOAL = 2.0
-VOICE_TTFT_GOAL = 1.5
-SERVICE_DIFF_GOAL = 0.5
-THROUGHPUT_GOAL = 0.97
 
 
 @dataclass(frozen=True)
@@ -139,437 +125,6 @@ PERSONAS = (
     Persona(BACKGROUND),
     Persona(VOICE, role="admin", max_class="voice"),
 )
-
-# --------------------------------------------------------------------------------------
-# what the client saw (pure)
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class Record:
-    """One request of one phase. Times are seconds since the phase started."""
-
-    user: str
-    lane: int
-    sent_s: float
-    timing: RequestTiming
-
-    @property
-    def first_token_s(self) -> float | None:
-        ttft = self.timing.ttft_s
-        return None if ttft is None else self.sent_s + ttft
-
-    @property
-    def end_s(self) -> float:
-        return self.sent_s + self.timing.duration_s
-
-    @property
-    def computed_prompt_tokens(self) -> int | None:
-        """Prompt tokens the server computed (the prompt cache's hits cost nothing)."""
-        prompt = self.timing.prompt_tokens
-        if prompt is None:
-            return None
-        return max(0, prompt - (self.timing.cached_tokens or 0))
-
-    def waiting_at(self, t: float) -> bool:
-        """Sent and without a first text chunk yet (queued or prefilling) at time t."""
-        until = self.first_token_s
-        return self.sent_s <= t < (self.end_s if until is None else until)
-
-    def output_events(self) -> list[tuple[float, float]]:
-        """(time, output tokens): the request's output tokens spread over its text chunks."""
-        chunks = self.timing.chunk_times
-        if not chunks:
-            return []
-        each = self.timing.output_tokens / len(chunks)
-        return [(self.sent_s + c, each) for c in chunks]
-
-    def service_events(self, w_in: float, w_out: float) -> list[tuple[float, float]]:
-        """(time, weighted service): computed prompt at the first chunk, output per chunk."""
-        events = [(t, w_out * n) for t, n in self.output_events()]
-        first, computed = self.first_token_s, self.computed_prompt_tokens
-        if first is not None and computed:
-            events.append((first, w_in * computed))
-        return sorted(events)
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.timing.summary(), user=self.user, lane=self.lane,
-                    sent_s=round(self.sent_s, 6))
-
-
-# --------------------------------------------------------------------------------------
-# statistics (pure)
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class TtftStats:
-    """TTFT of one user's requests sent within a phase's measured span."""
-
-    requests: int
-    errors: int
-    p50_s: float | None
-    p95_s: float | None
-    first_error: str | None = None
-
-
-def ttft_stats(records: Iterable[Record], user: str, since_s: float = 0.0,
-               until_s: float = math.inf) -> TtftStats:
-    mine = [r for r in records if r.user == user and since_s <= r.sent_s < until_s]
-    ok = [r.timing.ttft_s for r in mine if r.timing.ok and r.timing.ttft_s is not None]
-    failed = [r for r in mine if not r.timing.ok]
-    return TtftStats(
-        requests=len(mine),
-        errors=len(failed),
-        p50_s=percentile(ok, 50),
-        p95_s=percentile(ok, 95),
-        first_error=failed[0].timing.error if failed else None,
-    )
-
-
-def output_tokens_between(records: Iterable[Record], start_s: float, end_s: float) -> float:
-    """Output tokens whose text chunks arrived within [start_s, end_s)."""
-    return sum(n for r in records for t, n in r.output_events() if start_s <= t < end_s)
-
-
-def service_between(records: Iterable[Record], user: str, start_s: float, end_s: float,
-                    w_in: float, w_out: float) -> float:
-    """One user's weighted service (w_in * computed prompt + w_out * output) in a span."""
-    return sum(s for r in records if r.user == user
-               for t, s in r.service_events(w_in, w_out) if start_s <= t < end_s)
-
-
-class CumulativeService:
-    """A user's weighted service received up to (and including) any moment."""
-
-    def __init__(self, events: Iterable[tuple[float, float]]) -> None:
-        ordered = sorted(events)
-        self._times = [t for t, _ in ordered]
-        self._totals = list(itertools.accumulate(s for _, s in ordered))
-
-    def at(self, t: float) -> float:
-        k = bisect.bisect_right(self._times, t)
-        return self._totals[k - 1] if k else 0.0
-
-
-@dataclass
-class ServiceDifference:
-    """Service gap between backlogged users per window (VTC's fairness measure)."""
-
-    window_s: float
-    windows: int
-    """Windows in which every compared user was backlogged throughout (the only ones counted)."""
-    windows_total: int
-    avg: float | None
-    max: float | None
-
-
-def service_grid(records: Sequence[Record], users: Sequence[str], start_s: float,
-                 window_s: float, windows: int, w_in: float, w_out: float,
-                 samples_per_window: int = 200) -> SimResult:
-    """The phase sampled on a grid in the simulator's own format: ``times`` (in sample
-    units, so that window edges are exact), cumulative weighted ``served`` per user, and the
-    users ``queued`` (backlogged) at each sample."""
-    step = window_s / samples_per_window
-    count = windows * samples_per_window
-    cumulative = {
-        u: CumulativeService(e for r in records if r.user == u
-                             for e in r.service_events(w_in, w_out))
-        for u in users
-    }
-    mine = {u: [r for r in records if r.user == u] for u in users}
-    grid = [start_s + k * step for k in range(count + 1)]
-    return SimResult(
-        times=[float(k) for k in range(count + 1)],
-        served=[{u: cumulative[u].at(t) for u in users} for t in grid],
-        queued=[frozenset(u for u in users if any(r.waiting_at(t) for r in mine[u]))
-                for t in grid[:-1]],
-    )
-
-
-def service_difference(records: Sequence[Record], users: Sequence[str], start_s: float,
-                       window_s: float, windows: int, w_in: float, w_out: float,
-                       samples_per_window: int = 200) -> ServiceDifference:
-    """Average and maximum, over the windows in which all ``users`` were backlogged
-    throughout, of (most - least) weighted service received in the window. The windows are
-    consecutive, ``window_s`` long, from ``start_s``; the arithmetic is the simulator's
-    (:meth:`SimResult.service_difference`)."""
-    if windows < 1:
-        return ServiceDifference(window_s, 0, 0, None, None)
-    grid = service_grid(records, users, start_s, window_s, windows, w_in, w_out,
-                        samples_per_window)
-    avg, worst, counted = grid.service_difference(float(samples_per_window))
-    if counted == 0:
-        return ServiceDifference(window_s, 0, windows, None, None)
-    return ServiceDifference(window_s, counted, windows, avg, worst)
-
-
-def ratio_of_p95(loaded: TtftStats, solo: TtftStats) -> float | None:
-    """TTFT p95 under load relative to the same user's solo TTFT p95."""
-    return safe_ratio(loaded.p95_s, solo.p95_s)
-
-
-# --------------------------------------------------------------------------------------
-# one policy's figures, the goals (pure)
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class PhaseWindow:
-    """The measured span of a phase: [start_s, end_s) since the phase started."""
-
-    start_s: float
-    end_s: float
-
-    @property
-    def length_s(self) -> float:
-        return max(0.0, self.end_s - self.start_s)
-
-
-@dataclass
-class PolicySummary:
-    policy: str
-    error: str | None = None
-    light_solo: TtftStats | None = None
-    """The ratio's baseline: bob alone (on every server, pooled, when given)."""
-    light_solo_own: TtftStats | None = None
-    """bob alone on this server only."""
-    light_loaded: TtftStats | None = None
-    voice_solo: TtftStats | None = None
-    voice_solo_own: TtftStats | None = None
-    voice_loaded: TtftStats | None = None
-    light_ratio: float | None = None
-    voice_ratio: float | None = None
-    service: ServiceDifference | None = None
-    service_totals: dict[str, float] = field(default_factory=dict)
-    """Weighted service of heavy and light over the backlogged phase's windows."""
-    phase_tokens_per_s: dict[str, float | None] = field(default_factory=dict)
-    tokens_per_s: float | None = None
-    """Output tokens/s over the measured spans of all loaded phases together."""
-    same_mix_tokens_per_s: float | None = None
-    """Output tokens/s over the same-mix phases (heavy-light, voice-background) together."""
-    request_errors: int = 0
-
-
-def summarize_policy(policy: str, phases: Mapping[str, Sequence[Record]],
-                     spans: Mapping[str, PhaseWindow], window_s: float, windows: int,
-                     w_in: float, w_out: float, error: str | None = None,
-                     solo: Mapping[str, Sequence[Record]] | None = None) -> PolicySummary:
-    """Everything the table shows for one policy, from the phases' raw records. ``solo``:
-    the solo phases' records to divide by (default: this server's own)."""
-    def stats(phase: str, user: str, source: Mapping[str, Sequence[Record]] = phases
-              ) -> TtftStats | None:
-        if phase not in source:
-            return None
-        span = spans.get(phase, PhaseWindow(0.0, math.inf))
-        return ttft_stats(source[phase], user, span.start_s, span.end_s)
-
-    baseline = phases if solo is None else solo
-    s = PolicySummary(policy=policy, error=error)
-    s.light_solo, s.light_loaded = stats(SOLO_LIGHT, LIGHT, baseline), stats(HEAVY_LIGHT, LIGHT)
-    s.voice_solo = stats(SOLO_VOICE, VOICE, baseline)
-    s.voice_loaded = stats(VOICE_BACKGROUND, VOICE)
-    s.light_solo_own, s.voice_solo_own = stats(SOLO_LIGHT, LIGHT), stats(SOLO_VOICE, VOICE)
-    if s.light_solo and s.light_loaded:
-        s.light_ratio = ratio_of_p95(s.light_loaded, s.light_solo)
-    if s.voice_solo and s.voice_loaded:
-        s.voice_ratio = ratio_of_p95(s.voice_loaded, s.voice_solo)
-    if BACKLOGGED in phases:
-        recs, start = phases[BACKLOGGED], spans[BACKLOGGED].start_s
-        s.service = service_difference(recs, (HEAVY, LIGHT), start, window_s, windows,
-                                       w_in, w_out)
-        end = start + window_s * windows
-        s.service_totals = {u: service_between(recs, u, start, end, w_in, w_out)
-                            for u in (HEAVY, LIGHT)}
-    s.phase_tokens_per_s = {name: combined_rate(phases, spans, (name,))
-                            for name in LOADED_PHASES if name in phases}
-    s.tokens_per_s = combined_rate(phases, spans, LOADED_PHASES)
-    s.same_mix_tokens_per_s = combined_rate(phases, spans, SAME_MIX_PHASES)
-    s.request_errors = sum(1 for recs in phases.values() for r in recs if not r.timing.ok)
-    return s
-
-
-def pool_solo(runs: Sequence[Mapping[str, Sequence[Record]]]) -> dict[str, list[Record]]:
-    """The solo phases of every server together: with one request at a time the policy
-    cannot matter, and twice the samples make a steadier p95 to divide by."""
-    return {name: [r for phases in runs for r in phases.get(name, ())]
-            for name in (SOLO_LIGHT, SOLO_VOICE) if any(name in phases for phases in runs)}
-
-
-def combined_rate(phases: Mapping[str, Sequence[Record]], spans: Mapping[str, PhaseWindow],
-                  names: Sequence[str]) -> float | None:
-    """Output tokens/s over the measured spans of the named phases together; None unless
-    every one of them ran."""
-    if not names or any(name not in phases for name in names):
-        return None
-    tokens = sum(output_tokens_between(phases[n], spans[n].start_s, spans[n].end_s)
-                 for n in names)
-    return safe_ratio(tokens, sum(spans[n].length_s for n in names))
-
-
-@dataclass(frozen=True)
-class Goal:
-    name: str
-    value: float | None
-    op: str
-    """``<=`` or ``>=``."""
-    target: float
-
-    @property
-    def met(self) -> bool | None:
-        if self.value is None:
-            return None
-        return self.value <= self.target if self.op == "<=" else self.value >= self.target
-
-
-def evaluate_goals(summaries: Mapping[str, PolicySummary]) -> list[Goal]:
-    """The goals: fair's own TTFT ratios, and fair against fcfs for the rest."""
-    fair, fcfs = summaries.get("fair"), summaries.get("fcfs")
-    light = fair.light_ratio if fair else None
-    voice = fair.voice_ratio if fair else None
-    fair_sd, fcfs_sd = (fair.service if fair else None), (fcfs.service if fcfs else None)
-    avg = safe_ratio(fair_sd.avg if fair_sd else None, fcfs_sd.avg if fcfs_sd else None)
-    worst = safe_ratio(fair_sd.max if fair_sd else None, fcfs_sd.max if fcfs_sd else None)
-    tput = safe_ratio(fair.tokens_per_s if fair else None, fcfs.tokens_per_s if fcfs else None)
-    same = safe_ratio(fair.same_mix_tokens_per_s if fair else None,
-                      fcfs.same_mix_tokens_per_s if fcfs else None)
-    return [
-        Goal(GOAL_LIGHT, light, "<=", LIGHT_TTFT_GOAL),
-        Goal(GOAL_VOICE, voice, "<=", VOICE_TTFT_GOAL),
-        Goal(GOAL_SD_AVG, avg, "<=", SERVICE_DIFF_GOAL),
-        Goal(GOAL_SD_MAX, worst, "<=", SERVICE_DIFF_GOAL),
-        Goal(GOAL_THROUGHPUT, tput, ">=", THROUGHPUT_GOAL),
-        Goal(GOAL_THROUGHPUT_SAME_MIX, same, ">=", THROUGHPUT_GOAL),
-    ]
-
-
-# --------------------------------------------------------------------------------------
-# rendering (pure)
-# --------------------------------------------------------------------------------------
-
-
-def fmt_x(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}×"
-
-
-def fmt_tokens(value: float | None) -> str:
-    return "–" if value is None else f"{value:,.0f}"
-
-
-def fmt_pair(stats: TtftStats | None) -> str:
-    """`p50 / p95 (n)` in ms."""
-    if stats is None:
-        return "–"
-    ok = stats.requests - stats.errors
-    errors = f", {stats.errors} failed" if stats.errors else ""
-    return f"{fmt_ms(stats.p50_s)} / {fmt_ms(stats.p95_s)} (n={ok}{errors})"
-
-
-def fmt_service(sd: ServiceDifference | None, pick: Callable[[ServiceDifference], float | None]
-                ) -> str:
-    if sd is None:
-        return "–"
-    return f"{fmt_tokens(pick(sd))} ({sd.windows}/{sd.windows_total} windows)"
-
-
-def fmt_goal(goal: Goal) -> str:
-    met = {True: "**yes**", False: "**no**", None: "–"}[goal.met]
-    return f"{met} ({fmt_x(goal.value)})" if goal.value is not None else met
-
-
-def fmt_share(totals: Mapping[str, float]) -> str:
-    if not totals:
-        return "–"
-    return " : ".join(f"{u} {fmt_tokens(v)}" for u, v in totals.items())
-
-
-def phase_rate(phase: str) -> Callable[[PolicySummary], str]:
-    return lambda s: fmt_rate(s.phase_tokens_per_s.get(phase))
-
-
-def render_table(summaries: Mapping[str, PolicySummary], goals: Sequence[Goal],
-                 window_s: float) -> str:
-    """Markdown: one row per figure, one column per policy, then the goal and whether fair
-    met it."""
-    names = list(summaries)
-    by_goal = {g.name: g for g in goals}
-    win = f"{window_s:g} s"
-
-    def row(label: str, cell: Callable[[PolicySummary], str], goal: str = "",
-            goal_key: str | None = None) -> str:
-        cells = [cell(summaries[n]) for n in names]
-        met = fmt_goal(by_goal[goal_key]) if goal_key else ""
-        return "| " + " | ".join([label, *cells, goal, met]) + " |"
-
-    lines = [
-        "| figure | " + " | ".join(names) + " | goal | met |",
-        "|---|" + "---:|" * len(names) + "---|---|",
-        row("light user (bob) TTFT p50 / p95 ms, solo on this server",
-            lambda s: fmt_pair(s.light_solo_own)),
-        row("light user TTFT p50 / p95 ms, solo, all servers pooled (baseline)",
-            lambda s: fmt_pair(s.light_solo)),
-        row("light user TTFT p50 / p95 ms, heavy user backlogged",
-            lambda s: fmt_pair(s.light_loaded)),
-        row("light-user TTFT p95 relative to solo", lambda s: fmt_x(s.light_ratio),
-            f"fair ≤ {LIGHT_TTFT_GOAL:g}×", GOAL_LIGHT),
-        row("voice (dave) TTFT p50 / p95 ms, solo on this server",
-            lambda s: fmt_pair(s.voice_solo_own)),
-        row("voice TTFT p50 / p95 ms, solo, all servers pooled (baseline)",
-            lambda s: fmt_pair(s.voice_solo)),
-        row("voice TTFT p50 / p95 ms, background backlog", lambda s: fmt_pair(s.voice_loaded)),
-        row("voice TTFT p95 relative to solo", lambda s: fmt_x(s.voice_ratio),
-            f"fair ≤ {VOICE_TTFT_GOAL:g}×", GOAL_VOICE),
-        row(f"service difference heavy vs light per {win} window, avg",
-            lambda s: fmt_service(s.service, lambda d: d.avg),
-            f"fair ≤ {SERVICE_DIFF_GOAL:g}× fcfs", GOAL_SD_AVG),
-        row(f"service difference per {win} window, max",
-            lambda s: fmt_service(s.service, lambda d: d.max),
-            f"fair ≤ {SERVICE_DIFF_GOAL:g}× fcfs", GOAL_SD_MAX),
-        row("weighted service in those windows", lambda s: fmt_share(s.service_totals)),
-        *(row(f"output tok/s, {p}", phase_rate(p)) for p in LOADED_PHASES),
-        row("output tok/s, loaded phases together", lambda s: fmt_rate(s.tokens_per_s),
-            f"fair ≥ {THROUGHPUT_GOAL:g}× fcfs", GOAL_THROUGHPUT),
-        row(f"output tok/s, {' + '.join(SAME_MIX_PHASES)} (same mix under both)",
-            lambda s: fmt_rate(s.same_mix_tokens_per_s),
-            f"fair ≥ {THROUGHPUT_GOAL:g}× fcfs", GOAL_THROUGHPUT_SAME_MIX),
-    ]
-    return "\n".join(lines)
-
-
-def render_report(meta: Mapping[str, Any], summaries: Mapping[str, PolicySummary],
-                  goals: Sequence[Goal], servers: Mapping[str, Mapping[str, Any]]) -> str:
-    """The whole Markdown report: facts about the run, the table, notes."""
-    wl = meta["workload"]
-    lines = [
-        f"### Fairness benchmark: {', '.join(summaries)} ({meta['date']})",
-        "",
-        f"- command: `{meta['command']}`",
-        f"- model: `{meta['model']['path']}` ({describe_model(meta['model'])})",
-        f"- BLAS: {meta['blas_report']}",
-        f"- git commit: `{meta['git_commit']}`; mlx {meta['versions'].get('mlx', '?')}, "
-        f"mlx-lm {meta['versions'].get('mlx_lm', '?')}, python {meta['versions']['python']}",
-        f"- machine: {meta['machine']}; max batch {meta['max_batch_size']}; "
-        f"w_in {meta['w_in']:g}, w_out {meta['w_out']:g}; run took {meta['duration_s']:.0f} s",
-        f"- workload: {wl}",
-    ]
-    for name, server in servers.items():
-        lines.append(f"- {name}: `{server['command']}` (log `{server['log']}`)")
-    lines += ["", render_table(summaries, goals, meta["window_s"]), ""]
-    lines += [
-        "TTFT: request sent → first text chunk, from the client. Each server ran the solo "
-        "baselines just before its loaded phases; the ratios divide by the p95 of all servers' "
-        "solo requests pooled (one request at a time, so the policy cannot matter). Service: w_in × prompt tokens computed + w_out × output tokens, per user "
-        f"per {meta['window_s']:g} s window (60 s in the VTC paper; shorter here to get several "
-        "windows from a short run), counted only in windows where both users had a request "
-        "waiting throughout. Goals apply to fair; fcfs is the reference.",
-    ]
-    for name, s in summaries.items():
-        if s.error:
-            lines.append(f"- {name} FAILED: {s.error}")
-        elif s.request_errors:
-            lines.append(f"- {name}: {s.request_errors} requests failed (see the JSON).")
-    return "\n".join(lines)
-
 
 # --------------------------------------------------------------------------------------
 # workload

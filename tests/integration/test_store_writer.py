@@ -221,6 +221,10 @@ def test_writer_reader_and_another_writer_never_see_database_is_locked(
                 convs.list_messages(s, alice, conv_id)
                 convs.add_message(s, alice, conv_id, "user", f"message {n}")
             n += 1
+            # A handler writes per request, not in a tight loop: without this pause the
+            # loop can take the lock back before the writer thread's busy wait notices it
+            # is free, and on a loaded machine starve it past the flush timeout.
+            time.sleep(0.002)
 
     def dashboard_reader() -> None:
         while not stop.is_set():

@@ -344,26 +344,16 @@ def default_blas() -> str:
 
 def git_commit(repo: Path) -> str:
     """Short HEAD commit, with `-dirty` when the work tree has changes; `unknown` without git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
+        head = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return f"{head}-dirty" if status else head
+    return f"{head}-dirty" if dirty else head
 
 
 def safetensors_summary(model_dir: Path) -> dict[str, Any]:

@@ -6,34 +6,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from argon2 import PasswordHasher
 from sqlalchemy import delete, func, select
 
 from appliance.store import conversations as convs
-from appliance.store import migrate, users
+from appliance.store import users
 from appliance.store.db import Store, open_store
 from appliance.store.errors import NotFound
 from appliance.store.models import Conversation, Message
-
-FAST = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+from tests.helpers import FAST_HASHER
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    path = tmp_path / "appliance.db"
-    migrate.upgrade(path)
-    opened = open_store(path)
+def store(db_path: Path) -> Iterator[Store]:
+    opened = open_store(db_path)
     with opened.sessions.begin() as s:
-        users.create_user(s, "alice", "alice-secret-1", role="admin", hasher=FAST)
-        users.create_user(s, "bob", "bob-secret-22", hasher=FAST)
+        users.create_user(s, "alice", "alice-secret-1", role="admin", hasher=FAST_HASHER)
+        users.create_user(s, "bob", "bob-secret-22", hasher=FAST_HASHER)
     yield opened
     opened.close()
 
 
-@pytest.fixture
-def ids(store: Store) -> dict[str, int]:
-    with store.sessions() as s:
-        return {u.name: u.id for u in users.list_users(s)}
 
 
 def _alice_conversation(store: Store, alice: int) -> int:

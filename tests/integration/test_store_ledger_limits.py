@@ -2,37 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from argon2 import PasswordHasher
 
-from appliance.store import ledger, limits, migrate, users
+from appliance.store import ledger, limits
 from appliance.store.db import Store, open_store
 from appliance.store.ledger import LedgerRecord
 from appliance.store.limits import QuotaLimits
 
-FAST = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
 NOW = 1_800_000_000.0
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    path = tmp_path / "appliance.db"
-    migrate.upgrade(path)
-    opened = open_store(path)
-    with opened.sessions.begin() as s:
-        for name in ("alice", "bob", "carol"):
-            users.create_user(s, name, f"{name}-password", hasher=FAST)
-    yield opened
-    opened.close()
 
 
-@pytest.fixture
-def ids(store: Store) -> dict[str, int]:
-    with store.sessions() as s:
-        return {u.name: u.id for u in users.list_users(s)}
 
 
 def record(

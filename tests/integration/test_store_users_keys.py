@@ -9,35 +9,28 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from argon2 import PasswordHasher
 from sqlalchemy import select
 
-from appliance.store import keys, migrate, users
+from appliance.store import keys, users
 from appliance.store.db import Store, open_store
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
 from appliance.store.models import ApiKey, User
+from tests.helpers import FAST_HASHER
 
-# Cheap argon2 parameters keep the suite fast; verification reads them from each hash.
-FAST = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
 ALICE_PW = "alice-secret-1"
 BOB_PW = "bob-secret-22"
 CAROL_PW = "carol-secret-333"
 
 
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    path = tmp_path / "appliance.db"
-    migrate.upgrade(path)
-    return path
 
 
 @pytest.fixture
 def store(db_path: Path) -> Iterator[Store]:
     opened = open_store(db_path)
     with opened.sessions.begin() as s:
-        users.create_user(s, "alice", ALICE_PW, role="admin", max_class="voice", hasher=FAST)
-        users.create_user(s, "bob", BOB_PW, hasher=FAST)
-        users.create_user(s, "carol", CAROL_PW, max_class="background", hasher=FAST)
+        users.create_user(s, "alice", ALICE_PW, role="admin", max_class="voice", hasher=FAST_HASHER)
+        users.create_user(s, "bob", BOB_PW, hasher=FAST_HASHER)
+        users.create_user(s, "carol", CAROL_PW, max_class="background", hasher=FAST_HASHER)
     yield opened
     opened.close()
 
@@ -49,17 +42,17 @@ def _user(store: Store, name: str) -> User:
 
 def test_alice_logs_in_with_her_password_and_not_with_bobs(store: Store) -> None:
     with store.sessions.begin() as s:
-        alice = users.authenticate_password(s, "alice", ALICE_PW, hasher=FAST)
+        alice = users.authenticate_password(s, "alice", ALICE_PW, hasher=FAST_HASHER)
         assert alice is not None and alice.name == "alice" and alice.role == "admin"
-        assert users.authenticate_password(s, "alice", BOB_PW, hasher=FAST) is None
-        assert users.authenticate_password(s, "mallory", ALICE_PW, hasher=FAST) is None
+        assert users.authenticate_password(s, "alice", BOB_PW, hasher=FAST_HASHER) is None
+        assert users.authenticate_password(s, "mallory", ALICE_PW, hasher=FAST_HASHER) is None
 
 
 def test_user_names_are_case_insensitive_for_login_and_uniqueness(store: Store) -> None:
     with store.sessions.begin() as s:
-        assert users.authenticate_password(s, "ALICE", ALICE_PW, hasher=FAST) is not None
+        assert users.authenticate_password(s, "ALICE", ALICE_PW, hasher=FAST_HASHER) is not None
         with pytest.raises(AlreadyExists):
-            users.create_user(s, "Bob", "another-password", hasher=FAST)
+            users.create_user(s, "Bob", "another-password", hasher=FAST_HASHER)
 
 
 def test_password_is_stored_as_argon2_hash(store: Store) -> None:
@@ -72,31 +65,31 @@ def test_invalid_names_roles_and_classes_are_refused(store: Store) -> None:
     with store.sessions.begin() as s:
         for bad_name in ["", " dave", "dave smith", "x" * 65, "ünï"]:
             with pytest.raises(ValueError):
-                users.create_user(s, bad_name, "password-123", hasher=FAST)
+                users.create_user(s, bad_name, "password-123", hasher=FAST_HASHER)
         with pytest.raises(ValueError):
-            users.create_user(s, "dave", "password-123", role="root", hasher=FAST)
+            users.create_user(s, "dave", "password-123", role="root", hasher=FAST_HASHER)
         with pytest.raises(ValueError):
-            users.create_user(s, "dave", "password-123", max_class="urgent", hasher=FAST)
+            users.create_user(s, "dave", "password-123", max_class="urgent", hasher=FAST_HASHER)
         with pytest.raises(ValueError):
-            users.create_user(s, "dave", "short", hasher=FAST)
+            users.create_user(s, "dave", "short", hasher=FAST_HASHER)
 
 
 def test_bob_changes_password_and_the_old_one_stops_working(store: Store) -> None:
     with store.sessions.begin() as s:
-        users.set_password(s, users.require_user(s, "bob"), "bobs-new-password", hasher=FAST)
+        users.set_password(s, users.require_user(s, "bob"), "bobs-new-password", hasher=FAST_HASHER)
     with store.sessions.begin() as s:
-        assert users.authenticate_password(s, "bob", BOB_PW, hasher=FAST) is None
-        assert users.authenticate_password(s, "bob", "bobs-new-password", hasher=FAST) is not None
+        assert users.authenticate_password(s, "bob", BOB_PW, hasher=FAST_HASHER) is None
+        assert users.authenticate_password(s, "bob", "bobs-new-password", hasher=FAST_HASHER) is not None
 
 
 def test_disabled_carol_cannot_log_in_until_enabled_again(store: Store) -> None:
     with store.sessions.begin() as s:
         users.disable_user(s, users.require_user(s, "carol"))
     with store.sessions.begin() as s:
-        assert users.authenticate_password(s, "carol", CAROL_PW, hasher=FAST) is None
+        assert users.authenticate_password(s, "carol", CAROL_PW, hasher=FAST_HASHER) is None
         users.disable_user(s, users.require_user(s, "carol"), disabled=False)
     with store.sessions.begin() as s:
-        assert users.authenticate_password(s, "carol", CAROL_PW, hasher=FAST) is not None
+        assert users.authenticate_password(s, "carol", CAROL_PW, hasher=FAST_HASHER) is not None
 
 
 def test_the_last_enabled_admin_cannot_be_disabled_or_demoted(store: Store) -> None:

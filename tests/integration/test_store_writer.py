@@ -6,45 +6,18 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from argon2 import PasswordHasher
 from sqlalchemy import func, select
 
 from appliance.store import conversations as convs
-from appliance.store import limits, migrate, users
-from appliance.store.db import Store, open_store
+from appliance.store import limits
+from appliance.store.db import Store
 from appliance.store.ledger import LedgerRecord
 from appliance.store.models import LedgerEntry
 from appliance.store.writer import StoreWriter
-
-FAST = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
-
-
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    path = tmp_path / "appliance.db"
-    migrate.upgrade(path)
-    return path
-
-
-@pytest.fixture
-def store(db_path: Path) -> Iterator[Store]:
-    opened = open_store(db_path)
-    with opened.sessions.begin() as s:
-        for name in ("alice", "bob", "carol"):
-            users.create_user(s, name, f"{name}-password", hasher=FAST)
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
-def ids(store: Store) -> dict[str, int]:
-    with store.sessions() as s:
-        return {u.name: u.id for u in users.list_users(s)}
 
 
 def record(request_id: str, user_id: int, output: int = 10) -> LedgerRecord:

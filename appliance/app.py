@@ -18,7 +18,7 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
 
 from appliance import __version__, fairness_state
-from appliance.api import account, admin, metrics, monitoring, openai
+from appliance.api import account, admin, hooks, metrics, monitoring, ollama, openai
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
 from appliance.api.errors import (
     ApiError,
@@ -27,6 +27,7 @@ from appliance.api.errors import (
     internal_error_handler,
     store_error_handler,
 )
+from appliance.api.root import ollama_root
 from appliance.api.service import ModelInfo, Services
 from appliance.engine.core import Engine, EngineConfig, FaultHook
 from appliance.engine.model import resolve_model_path
@@ -110,14 +111,15 @@ def build_services(settings: Settings, engine: Engine, store: Store) -> Services
     return Services(engine=engine, model=info, store=store,
                     on_policy_change=lambda: engine.set_weights(fairness_state.load(store)[1]),
                     default_max_tokens=settings.engine.default_max_tokens,
-                    max_batch_size=engine.config.scheduler.max_batch_size)
+                    max_batch_size=engine.config.scheduler.max_batch_size,
+                    models_dir=settings.models_dir)
 
 
 def create_app(services: Services, secret: str,
                on_shutdown: Sequence[Callable[[], Any]] = ()) -> Litestar:
     csrf = CSRFConfig(secret=secret, exclude=CSRF_EXEMPT, cookie_samesite="strict")
-    return Litestar(
-        route_handlers=[*openai.ROUTES, *monitoring.ROUTES, *metrics.ROUTES, *account.ROUTES,
+    app = Litestar(
+        route_handlers=[*openai.ROUTES, *ollama.ROUTES, *hooks.ROUTES, *monitoring.ROUTES, *metrics.ROUTES, *account.ROUTES,
                         admin.router,
                         *web_routes()],
         state=State({"services": services}),
@@ -141,6 +143,9 @@ def create_app(services: Services, secret: str,
         openapi_config=OpenAPIConfig(title="The appliance", version=__version__,
                                      path="/schema", render_plugins=[JsonRenderPlugin()]),
     )
+    # `GET|HEAD /` answers "Ollama is running" to API clients before routing and auth
+    app.asgi_handler = ollama_root(app.asgi_handler)
+    return app
 
 
 def web_routes() -> list[Any]:

@@ -51,6 +51,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     kc.add_argument("--name", default="default")
     kc.add_argument("--max-class", dest="key_max_class", default=None,
                     choices=("voice", "interactive", "background"))
+    kc.add_argument("--default-class", dest="key_default_class", default=None,
+                    choices=("voice", "interactive", "background"),
+                    help="class of requests that ask for none (Home Assistant cannot send "
+                         "headers: give its key 'voice'); default: the key's maximum")
     kl = ksub.add_parser("list", help="list keys")
     kl.add_argument("--user", default=None)
     kr = ksub.add_parser("revoke", help="revoke a key by its prefix")
@@ -125,16 +129,19 @@ def _key(s: Session, args: argparse.Namespace) -> int:
 
     if args.key_cmd == "create":
         user = users.require_user(s, args.user)
-        key, plaintext = keys.create_api_key(s, user, args.name,
-                                             args.key_max_class)
-        print(f"key {key.prefix} for {user.name} (class {key.max_class}); shown once:")
+        key, plaintext = keys.create_api_key(s, user, args.name, args.key_max_class,
+                                             default_class=args.key_default_class)
+        default = f", default {key.default_class}" if key.default_class else ""
+        print(f"key {key.prefix} for {user.name} (class {key.max_class}{default}); "
+              "shown once:")
         print(plaintext)
         return 0
     if args.key_cmd == "list":
         uid = users.require_user(s, args.user).id if args.user else None
         for k in keys.list_keys(s, user_id=uid, include_revoked=True):
             state = "revoked" if k.revoked_at else "active"
-            print(f"{k.prefix}\tuser={k.user_id}\t{k.name}\t{k.max_class}\t{state}")
+            print(f"{k.prefix}\tuser={k.user_id}\t{k.name}\t{k.max_class}\t"
+                  f"default={k.default_class or k.max_class}\t{state}")
         return 0
     k = keys.revoke_key(s, args.prefix)
     print(f"key {k.prefix} revoked")

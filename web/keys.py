@@ -28,6 +28,7 @@ class KeyView:
     name: str
     user_name: str
     max_class: str
+    default_class: str
     created_at: float
     last_used_at: float | None
     revoked: bool
@@ -44,7 +45,8 @@ def _panel(svc: Services, who: Principal) -> Panel:
     with svc.store.read_sessions() as s:
         found = store_keys.list_keys(s, user_id=None if who.is_admin else who.user_id,
                                      include_revoked=True)
-        keys = [KeyView(k.prefix, k.name, k.user.name, k.max_class, k.created_at,
+        keys = [KeyView(k.prefix, k.name, k.user.name, k.max_class,
+                        k.default_class or k.max_class, k.created_at,
                         k.last_used_at, k.revoked_at is not None) for k in reversed(found)]
         people = [(u.id, u.name) for u in users.list_users(s, include_disabled=False)] \
             if who.is_admin else [(who.user_id, who.name)]
@@ -66,7 +68,8 @@ def _create(svc: Services, who: Principal, f: dict[str, str]) -> tuple[str, str]
         if user is None:
             raise NotFound("no such user")
         key, plaintext = store_keys.create_api_key(s, user, f.get("name", ""),
-                                                   f.get("max_class") or None)
+                                                   f.get("max_class") or None,
+                                                   default_class=f.get("default_class") or None)
         return key.prefix, plaintext
 
 

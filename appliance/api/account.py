@@ -36,6 +36,7 @@ class LoginBody(msgspec.Struct):
 class KeyBody(msgspec.Struct):
     name: str
     max_class: str | None = None
+    default_class: str | None = None
 
 
 class TitleBody(msgspec.Struct):
@@ -53,7 +54,7 @@ def _store(state: State) -> Store:
 
 def key_json(k: ApiKey) -> dict[str, Any]:
     return {"prefix": k.prefix, "name": k.name, "user_id": k.user_id, "max_class": k.max_class,
-            "created_at": k.created_at, "last_used_at": k.last_used_at,
+            "default_class": k.default_class or k.max_class, "created_at": k.created_at, "last_used_at": k.last_used_at,
             "revoked": k.revoked_at is not None}
 
 
@@ -175,7 +176,8 @@ def create_my_key(request: Request, state: State, data: JSONBody[KeyBody]) -> di
         user = users.get_user(s, request.user.user_id)
         if user is None:
             raise NotFound("no such user")
-        key, plaintext = store_keys.create_api_key(s, user, data.name, data.max_class)
+        key, plaintext = store_keys.create_api_key(s, user, data.name, data.max_class,
+                                                   default_class=data.default_class)
         return {**key_json(key), "key": plaintext}
 
 

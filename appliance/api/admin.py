@@ -49,6 +49,12 @@ class QuotaBody(msgspec.Struct):
 class NewKey(msgspec.Struct):
     name: str
     max_class: str | None = None
+    default_class: str | None = None
+
+
+class KeyPatch(msgspec.Struct):
+    default_class: str | None = None
+    """None or "": requests that ask for no class run in the key's maximum."""
 
 
 def _store(state: State) -> Store:
@@ -140,8 +146,17 @@ def list_all_keys(state: State) -> list[dict[str, Any]]:
 @threaded
 def create_key(state: State, uid: FromPath[int], data: JSONBody[NewKey]) -> dict[str, Any]:
     with _store(state).sessions.begin() as s:
-        key, plaintext = store_keys.create_api_key(s, _user(s, uid), data.name, data.max_class)
+        key, plaintext = store_keys.create_api_key(s, _user(s, uid), data.name, data.max_class,
+                                                   default_class=data.default_class)
         return {**key_json(key), "key": plaintext}
+
+
+@patch("/keys/{prefix:str}")
+@threaded
+def change_key(state: State, prefix: FromPath[str], data: JSONBody[KeyPatch]
+               ) -> dict[str, Any]:
+    with _store(state).sessions.begin() as s:
+        return key_json(store_keys.set_default_class(s, prefix, data.default_class))
 
 
 @delete("/keys/{prefix:str}", status_code=204)
@@ -165,4 +180,4 @@ def usage(state: State) -> dict[str, Any]:
 
 router = Router(path="/admin", guards=[admin_only], route_handlers=[
     list_users, add_user, change_user, get_quota, set_quota, list_all_keys, create_key,
-    revoke_key, usage])
+    change_key, revoke_key, usage])

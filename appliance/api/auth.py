@@ -42,6 +42,9 @@ class Principal:
     max_class: str
     """The highest class this principal may use (user's and key's maximum combined)."""
     key_id: int | None = None
+    default_class: str | None = None
+    """The class of a request that asks for none (a key's ``default_class``, capped);
+    None means ``max_class``."""
 
     @property
     def is_admin(self) -> bool:
@@ -59,7 +62,8 @@ def principal_for_key(store: Store, token: str) -> Principal | None:
             return None
         user, key = found
         return Principal(user.id, user.name, user.role,
-                         store_keys.effective_max_class(user, key), key.id)
+                         store_keys.effective_max_class(user, key), key.id,
+                         store_keys.effective_default_class(user, key))
 
 
 def principal_for_session(store: Store, token: str) -> Principal | None:
@@ -111,9 +115,10 @@ def admin_only(connection: ASGIConnection[Any, Any, Any, Any], _: Any) -> None:
 
 
 def request_class(principal: Principal, asked: str | None) -> Klass:
-    """The class a request runs in: the one asked for, at most the principal's maximum."""
+    """The class a request runs in: the one asked for, at most the principal's maximum;
+    without a request, the key's default class."""
     if not asked:
-        return principal.klass
+        return Klass.parse(principal.default_class or principal.max_class)
     try:
         klass = Klass.parse(asked)
     except ValueError as exc:

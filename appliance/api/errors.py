@@ -48,8 +48,15 @@ def backend_error(message: str | None = None) -> ApiError:
     return ApiError(500, message or "inference backend error", "server_error", "backend_error")
 
 
-def api_error_handler(_: Request, exc: ApiError) -> Response:
-    return Response(exc.body(), status_code=exc.status, headers=exc.headers,
+OLLAMA_PREFIX = "/api/"
+
+
+def api_error_handler(request: Request, exc: ApiError) -> Response:
+    """OpenAI's shape everywhere, except Ollama's ``{"error": "..."}`` under ``/api/``."""
+    body: dict[str, object] = exc.body()
+    if request.scope.get("path", "").startswith(OLLAMA_PREFIX):
+        body = {"error": exc.message}
+    return Response(body, status_code=exc.status, headers=exc.headers,
                     media_type=MediaType.JSON)
 
 
@@ -58,7 +65,7 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           429: "rate_limit_error"}
 
 
-def http_error_handler(_: Request, exc: HTTPException) -> Response:
+def http_error_handler(request: Request, exc: HTTPException) -> Response:
     """Litestar's own errors (unknown route, wrong method, body too large) in our shape."""
     status = exc.status_code
     message = str(exc.detail)
@@ -69,7 +76,7 @@ def http_error_handler(_: Request, exc: HTTPException) -> Response:
         message = f"{message}: {details}"
     err = ApiError(status, message, _TYPES.get(status, "server_error"),
                    headers=dict(exc.headers or {}))
-    return api_error_handler(_, err)
+    return api_error_handler(request, err)
 
 
 def internal_error_handler(request: Request, exc: Exception) -> Response:

@@ -58,6 +58,7 @@ class SnapshotCollector(Collector):
 def metrics(state: State) -> Response[bytes]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(state.services))
+    registry.register(state.services.latency)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE)
 
 

@@ -6,14 +6,17 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
 
 from appliance.api.errors import ApiError, bad_request, busy, shutting_down
+from appliance.api.latency import LatencyMetrics, Probe
 from appliance.api.schemas import ChatMessage, SamplingFields
 from appliance.api.throttle import LoginThrottle
+from appliance.api.voice_memory import VoiceMemory
 from appliance.engine.core import Engine, EngineBusy, EngineStopping, UserBusy
 from appliance.engine.request import (
     Event,
@@ -61,6 +64,13 @@ class Services:
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
     started_at: float = field(default_factory=time.time)
     on_policy_change: Callable[[], None] | None = None
+    latency: LatencyMetrics = field(default_factory=LatencyMetrics)
+    """TTFT, inter-token, queue and end-to-end histograms (``/metrics``)."""
+    models_dir: Path | None = None
+    voice_memory: VoiceMemory = field(default_factory=VoiceMemory)
+    """Conversations of ``/hooks/voice`` (in memory, with a TTL)."""
+    """Where admins' ``/api/pull`` downloads go (``appliance model pull`` uses it too)."""
+    """TTFT, inter-token, queue and end-to-end histograms (``/metrics``)."""
 
     def policy_changed(self) -> None:
         """Call after an admin changes weights, classes or quotas: the running scheduler
@@ -187,8 +197,9 @@ class Generation:
     """One submitted request, seen from the event loop."""
 
     def __init__(self, engine: Engine, request: GenerationRequest,
-                 max_concurrent: int | None = None) -> None:
+                 max_concurrent: int | None = None, probe: Probe | None = None) -> None:
         self._engine = engine
+        self.probe = probe
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self.finish: FinishEvent | None = None
         try:
@@ -209,6 +220,10 @@ class Generation:
                 event = await self._queue.get()
                 if isinstance(event, FinishEvent):
                     self.finish = event
+                    if self.probe is not None:
+                        self.probe.finish(event)
+                elif self.probe is not None:
+                    self.probe.token()
                 yield event
         finally:
             self.close()
@@ -259,4 +274,5 @@ async def submit(services: Services, prompt: list[int], body: SamplingFields,
         prompt=tuple(prompt), max_tokens=out, sampling=sampling, stop=stops_from(body.stop),
         user=principal.name, klass=klass, user_id=principal.user_id,
         api_key_id=principal.key_id, endpoint=endpoint, tokens_per_day=quota.tokens_per_day)
-    return Generation(services.engine, request, quota.max_concurrent)
+    return Generation(services.engine, request, quota.max_concurrent,
+                      services.latency.probe(klass.label, endpoint))

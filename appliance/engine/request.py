@@ -93,6 +93,8 @@ class FinishEvent:
     error: str | None = None
     ttft_s: float | None = None
     preemptions: int = 0
+    queue_s: float | None = None
+    """Seconds from arrival to admission (None when never admitted)."""
 
 
 Event = TokenEvent | FinishEvent

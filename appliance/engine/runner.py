@@ -408,7 +408,8 @@ class Runner:
         ttft = None if s.first_token_at is None else s.first_token_at - s.arrival
         usage = Usage(prompt_tokens=s.n_prompt, completion_tokens=s.generated,
                       cached_tokens=s.cached_tokens)
-        s.handle.emit(FinishEvent(reason, usage, tail, error, ttft, s.preemptions))
+        queued = None if s.admitted_at is None else s.admitted_at - s.arrival
+        s.handle.emit(FinishEvent(reason, usage, tail, error, ttft, s.preemptions, queued))
         if self.on_done is not None:
             self.on_done(s.handle.request.user_key)
         if self.on_finish is not None:

@@ -35,22 +35,43 @@ def effective_max_class(user: User, key: ApiKey | None) -> str:
     return max(user.max_class, key.max_class, key=class_rank)
 
 
+def effective_default_class(user: User, key: ApiKey | None) -> str:
+    """The class a request runs in when it asks for none: the key's ``default_class``
+    (its maximum when unset), never above the user's and the key's maximum."""
+    top = effective_max_class(user, key)
+    if key is None or key.default_class is None:
+        return top
+    return max(key.default_class, top, key=class_rank)
+
+
+def _check_default(default_class: str | None, max_class: str) -> str | None:
+    if not default_class:
+        return None
+    klass = validate_class(default_class)
+    if class_rank(klass) < class_rank(max_class):
+        raise ValueError(f"default class {klass!r} is above the key's maximum {max_class!r}")
+    return klass
+
+
 def create_api_key(
     session: Session,
     user: User,
     name: str,
     max_class: str | None = None,
     *,
+    default_class: str | None = None,
     now: float | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key for ``user``; returns ``(row, plaintext)``.
 
     The plaintext exists only in the return value: show it once, it cannot be recovered.
-    ``max_class`` defaults to the user's own maximum and may not exceed it.
+    ``max_class`` defaults to the user's own maximum and may not exceed it;
+    ``default_class`` (None: the maximum) may not exceed ``max_class``.
     """
     klass = validate_class(max_class or user.max_class)
     if class_rank(klass) < class_rank(user.max_class):
         raise ValueError(f"key class {klass!r} is above the user's maximum {user.max_class!r}")
+    default = _check_default(default_class, klass)
     name = name.strip()
     if not name or len(name) > 128:
         raise ValueError("key name must be 1-128 characters")
@@ -63,6 +84,7 @@ def create_api_key(
         prefix=prefix,
         key_hash=auth.hash_api_key(plaintext),
         max_class=klass,
+        default_class=default,
         created_at=time.time() if now is None else now,
     )
     session.add(key)
@@ -99,6 +121,18 @@ def revoke_key(
         raise NotFound(f"no API key {prefix!r}")
     if key.revoked_at is None:
         key.revoked_at = time.time() if now is None else now
+    return key
+
+
+def set_default_class(
+    session: Session, prefix: str, default_class: str | None, *, user_id: int | None = None
+) -> ApiKey:
+    """Change a key's default class (None or "": its maximum). With ``user_id`` another
+    user's key is ``NotFound``, as in :func:`revoke_key`."""
+    key = _find_by_prefix(session, prefix)
+    if key is None or (user_id is not None and key.user_id != user_id):
+        raise NotFound(f"no API key {prefix!r}")
+    key.default_class = _check_default(default_class, key.max_class)
     return key
 
 

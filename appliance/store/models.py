@@ -77,7 +77,8 @@ class User(Base):
 
 class ApiKey(Base):
     __tablename__ = "api_keys"
-    __table_args__ = (CheckConstraint(_in("max_class", CLASSES), name="max_class"),)
+    __table_args__ = (CheckConstraint(_in("max_class", CLASSES), name="max_class"),
+                      CheckConstraint(_in("default_class", CLASSES), name="default_class"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
@@ -90,6 +91,9 @@ class ApiKey(Base):
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     last_used_at: Mapped[float | None] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float)
+    # The class a request runs in when it does not ask for one (None: the maximum). Home
+    # Assistant cannot send headers, so its key is made ``voice`` this way.
+    default_class: Mapped[str | None] = mapped_column(String(16))
 
     user: Mapped[User] = relationship(lazy="joined")
 

@@ -1,0 +1,210 @@
+"""``POST /hooks/voice``: a short spoken answer for Home Assistant's ``rest_command``,
+Node-RED or openHAB, in the ``voice`` class (or the key's maximum, when lower).
+
+Body: ``{"text", "conversation_id"?, "language"?, "system"?, "max_tokens"? (150),
+"deadline_ms"? (8000), "stream"? (false)}``. Answer: ``{"text", "conversation_id",
+"finish_reason": stop|length|deadline|quota, "usage", "timings": {"queue_ms", "ttft_ms",
+"total_ms"}}``. The deadline covers the whole request (queue included): when it passes, the
+request is cancelled in the engine (its slot frees on the next tick) and the words said so
+far are the answer. ``stream: true`` sends Server-Sent Events: one ``sentence`` event per
+finished sentence (to start speaking early), then ``done`` with the answer object.
+Conversations are remembered server-side (:mod:`appliance.api.voice_memory`).
+Errors use the OpenAI shape of ``/v1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from litestar import Request, post
+from litestar.datastructures import State
+from litestar.response import Stream
+
+from appliance.api.errors import bad_request
+from appliance.api.openai import EventStream
+from appliance.api.schemas import SamplingFields
+from appliance.api.service import Generation, Services, decode_body, submit
+from appliance.api.voice_memory import SentenceSplitter
+from appliance.engine.request import FinishEvent, TokenEvent
+
+ENDPOINT = "/hooks/voice"
+DEFAULT_MAX_TOKENS = 150
+DEFAULT_DEADLINE_MS = 8000
+"""Under Home Assistant's ``rest_command`` timeout of 10 s."""
+MAX_DEADLINE_MS = 120_000
+MAX_TEXT_CHARS = 4000
+SYSTEM = ("You are the voice assistant of a home. Answer in one or two short spoken "
+          "sentences, without lists or markup.")
+
+
+class VoiceBody(msgspec.Struct, kw_only=True):
+    text: str
+    conversation_id: str | None = None
+    language: str | None = None
+    system: str | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    deadline_ms: int = DEFAULT_DEADLINE_MS
+    stream: bool = False
+
+
+def _check(body: VoiceBody) -> None:
+    if not body.text.strip():
+        raise bad_request("'text' must not be empty.", param="text")
+    if len(body.text) > MAX_TEXT_CHARS:
+        raise bad_request(f"'text' is limited to {MAX_TEXT_CHARS} characters.", param="text")
+    if not 1 <= body.max_tokens <= 4096:
+        raise bad_request(f"'max_tokens' must be 1..4096, got {body.max_tokens}.",
+                          param="max_tokens")
+    if not 100 <= body.deadline_ms <= MAX_DEADLINE_MS:
+        raise bad_request(f"'deadline_ms' must be 100..{MAX_DEADLINE_MS}, got "
+                          f"{body.deadline_ms}.", param="deadline_ms")
+    if body.conversation_id is not None and not 0 < len(body.conversation_id) <= 128:
+        raise bad_request("'conversation_id' must be 1..128 characters.",
+                          param="conversation_id")
+
+
+def _prompt(services: Services, body: VoiceBody, history: list[dict[str, str]]
+            ) -> list[int]:
+    """System, remembered turns and the question; the oldest turns are dropped while the
+    prompt would leave no room for the answer."""
+    system = body.system or SYSTEM
+    if body.language:
+        system += f" Answer in the language '{body.language}'."
+    tokenizer = services.model.tokenizer
+    while True:
+        turns = [{"role": "system", "content": system}, *history,
+                 {"role": "user", "content": body.text}]
+        prompt = list(tokenizer.apply_chat_template(turns, add_generation_prompt=True))
+        if len(prompt) + body.max_tokens < services.model.ctx_limit or not history:
+            return prompt
+        history = history[2:]
+
+
+@dataclass(slots=True)
+class Answer:
+    """What the hook has heard of one request so far."""
+
+    start: float
+    n_prompt: int
+    parts: list[str] = field(default_factory=list)
+    tokens: int = 0
+    first_at: float | None = None
+    finish: FinishEvent | None = None
+    reason: str = "deadline"
+
+    def add(self, text: str) -> None:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        self.tokens += 1
+        self.parts.append(text)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts).strip()
+
+    def body(self, conversation_id: str) -> dict[str, Any]:
+        f = self.finish
+        prompt = f.usage.prompt_tokens if f else self.n_prompt
+        out = f.usage.completion_tokens if f else self.tokens
+        ms = lambda s: None if s is None else round(s * 1000.0, 1)  # noqa: E731
+        return {"text": self.text, "conversation_id": conversation_id,
+                "finish_reason": self.reason,
+                "usage": {"prompt_tokens": prompt, "completion_tokens": out,
+                          "total_tokens": prompt + out},
+                "timings": {"queue_ms": ms(f.queue_s) if f else None,
+                            "ttft_ms": ms(None if self.first_at is None
+                                          else self.first_at - self.start),
+                            "total_ms": ms(time.monotonic() - self.start)}}
+
+
+async def _events(gen: Generation, answer: Answer, deadline: float
+                  ) -> AsyncIterator[str]:
+    """Text deltas until the finish or the deadline (then the request is cancelled)."""
+    events: Any = gen.events()  # an async generator: closed below
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                event = await asyncio.wait_for(anext(events), left)
+            except (TimeoutError, StopAsyncIteration):
+                return
+            if isinstance(event, TokenEvent):
+                answer.add(event.text)
+                yield event.text
+                continue
+            answer.finish = event
+            if event.reason in ("error", "cancelled"):
+                raise RuntimeError(event.error or "inference backend error")
+            answer.reason = event.reason
+            answer.parts.append(event.text)
+            yield event.text
+            return
+    finally:
+        gen.close()
+        await events.aclose()
+
+
+@post(ENDPOINT, status_code=200)
+async def voice(request: Request[Any, Any, Any], state: State) -> Any:
+    start = time.monotonic()
+    services: Services = state.services
+    body: VoiceBody = decode_body(await request.body(), VoiceBody)
+    _check(body)
+    who = request.user
+    memory = services.voice_memory
+    cid, history = memory.history(who.user_id, body.conversation_id, time.time())
+    prompt = _prompt(services, body, history)
+    gen = await submit(services, prompt, SamplingFields(), body.max_tokens, who, who.klass,
+                       ENDPOINT)
+    answer = Answer(start, len(prompt))
+    deadline = start + body.deadline_ms / 1000.0
+
+    def remember() -> None:
+        memory.remember(who.user_id, cid, body.text, answer.text, time.time())
+
+    if body.stream:
+        return _sse(gen, answer, deadline, cid, remember)
+    try:
+        async for _ in _events(gen, answer, deadline):
+            pass
+    except RuntimeError as exc:
+        from appliance.api.errors import backend_error
+        raise backend_error(str(exc)) from None
+    remember()
+    return answer.body(cid)
+
+
+def _sse_event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def _sse(gen: Generation, answer: Answer, deadline: float, cid: str,
+         remember: Any) -> Stream:
+    async def body() -> AsyncIterator[bytes]:
+        split = SentenceSplitter()
+        try:
+            async for text in _events(gen, answer, deadline):
+                for sentence in split.feed(text):
+                    yield _sse_event("sentence", {"text": sentence})
+        except RuntimeError as exc:
+            yield _sse_event("error", {"error": {"message": str(exc), "type": "server_error",
+                                                 "code": "backend_error"}})
+            return
+        for sentence in split.finish():
+            yield _sse_event("sentence", {"text": sentence})
+        remember()
+        yield _sse_event("done", answer.body(cid))
+
+    return EventStream(body(), media_type="text/event-stream",
+                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+ROUTES = [voice]

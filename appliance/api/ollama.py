@@ -1,0 +1,307 @@
+"""The Ollama-compatible API under ``/api``: what Home Assistant and the ``ollama`` client call.
+
+Thin handlers over :mod:`appliance.api.service`, like the OpenAI ones: same quotas, classes,
+fairness and ledger. Streams are NDJSON (:mod:`appliance.api.ollama_stream`); errors are
+Ollama's ``{"error": "..."}`` (``errors.api_error_handler`` picks the shape by path).
+``/api/tags``, ``/api/ps``, ``/api/show`` and ``/api/version`` read cached facts and the
+engine's last snapshot, so they answer at once however busy the engine is.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from litestar import Request, get, head, post
+from litestar.datastructures import State
+
+from appliance import __version__
+from appliance.api.auth import request_class
+from appliance.api.errors import backend_error, bad_request
+from appliance.api.ollama_models import (
+    model_facts,
+    model_info,
+    ollama_name,
+    require_model,
+    tag_entry,
+)
+from appliance.api.ollama_options import Options, parse_keep_alive, parse_options
+from appliance.api.ollama_pull import pull_response
+from appliance.api.ollama_schemas import ChatBody, GenerateBody, ModelBody, OllamaMessage
+from appliance.api.ollama_stream import Clock, Pieces, collect, ndjson, now_iso, stream_response
+from appliance.api.openai import CLASS_HEADER
+from appliance.api.service import Generation, Services, check_context, decode_body, submit
+
+OLLAMA_API_VERSION = "0.12.0"
+"""The Ollama API level this server speaks (clients gate features on it)."""
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def _services(state: State) -> Services:
+    return state.services
+
+
+def _no_images(services: Services, images: list[str] | None) -> None:
+    if images:
+        raise bad_request(f"model '{ollama_name(services.model.name)}' reads text only and "
+                          "cannot take images; send the request without 'images'.",
+                          param="images")
+
+
+def _check_think(services: Services, think: bool | str | None) -> None:
+    if think in (None, False, ""):
+        return
+    if not _supports_thinking(services):
+        raise bad_request(f"model '{ollama_name(services.model.name)}' does not support "
+                          "thinking; send 'think': false or leave it out.", param="think")
+
+
+def _supports_thinking(services: Services) -> bool:
+    template = model_facts(services.model.path).template
+    return "enable_thinking" in template or "<think>" in template
+
+
+def _check_format(fmt: str | dict[str, Any] | None) -> None:
+    if fmt in (None, ""):
+        return
+    raise bad_request("'format' (structured output) is not supported by this server yet.",
+                      param="format")
+
+
+def ollama_turns(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
+    """Ollama messages as the OpenAI-shaped turns chat templates read.
+
+    Tool calls get ids (Ollama sends none); a tool result without ``tool_call_id`` answers
+    the earliest unanswered call of the assistant turn before it, as Home Assistant sends
+    them in order and without names.
+    """
+    turns: list[dict[str, Any]] = []
+    pending: list[tuple[str, str]] = []
+    for i, m in enumerate(messages):
+        if m.role not in ROLES:
+            raise bad_request(f"messages[{i}]: unknown role '{m.role}' (use system, user, "
+                              "assistant or tool).", param="messages")
+        turn: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        if m.role == "assistant" and m.tool_calls:
+            calls = []
+            pending = []
+            for j, tc in enumerate(m.tool_calls):
+                cid = tc.id or f"call_{i}_{j}"
+                calls.append({"id": cid, "type": "function", "function": {
+                    "name": tc.function.name, "arguments": tc.function.arguments}})
+                pending.append((cid, tc.function.name))
+            turn["tool_calls"] = calls
+        if m.role == "tool":
+            cid, name = pending.pop(0) if pending else ("", "")
+            turn["tool_call_id"] = m.tool_call_id or cid
+            if m.tool_name or name:
+                turn["name"] = m.tool_name or name
+        turns.append(turn)
+    return turns
+
+
+def render_chat(services: Services, turns: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None) -> list[int]:
+    kwargs: dict[str, Any] = {"add_generation_prompt": True}
+    if tools:
+        kwargs["tools"] = tools
+    try:
+        return list(services.model.tokenizer.apply_chat_template(turns, **kwargs))
+    except Exception as exc:  # a template that rejects this conversation (jinja raise)
+        raise bad_request(f"The model's chat template rejected these messages: {exc}",
+                          param="messages") from None
+
+
+def _max_tokens(opts: Options, n_prompt: int, services: Services) -> int | None:
+    """``num_predict``, capped so prompt + answer stay inside ``num_ctx`` when it is given."""
+    if opts.num_ctx is None:
+        return opts.num_predict
+    cap = min(opts.num_ctx, services.model.ctx_limit)
+    check_context(n_prompt, cap)
+    room = cap - n_prompt
+    return min(opts.num_predict or room, room)
+
+
+def _klass(request: Request[Any, Any, Any]) -> Any:
+    return request_class(request.user, request.headers.get(CLASS_HEADER))
+
+
+async def _start(request: Request[Any, Any, Any], services: Services, prompt: list[int],
+                 opts: Options, endpoint: str) -> Generation:
+    return await submit(services, prompt, opts.sampling,
+                        _max_tokens(opts, len(prompt), services), request.user,
+                        _klass(request), endpoint)
+
+
+def _load_reply(services: Services, field: str) -> dict[str, Any]:
+    """Ollama's answer to an empty request: the model is (already) loaded."""
+    empty: Any = {"role": "assistant", "content": ""} if field == "message" else ""
+    return {"model": ollama_name(services.model.name), "created_at": now_iso(),
+            field: empty, "done": True, "done_reason": "load"}
+
+
+@post("/api/chat", status_code=200)
+async def chat(request: Request[Any, Any, Any], state: State) -> Any:
+    clock = Clock()
+    services = _services(state)
+    body: ChatBody = decode_body(await request.body(), ChatBody)
+    require_model(services.model, body.model)
+    parse_keep_alive(body.keep_alive)
+    opts = parse_options(body.options)
+    if not body.messages:
+        return _load_reply(services, "message")
+    for m in body.messages:
+        _no_images(services, m.images)
+    _check_think(services, body.think)
+    _check_format(body.format)
+    prompt = render_chat(services, ollama_turns(body.messages), body.tools)
+    gen = await _start(request, services, prompt, opts, "/api/chat")
+    name = ollama_name(services.model.name)
+
+    def chunk(fields: dict[str, Any], done: bool) -> dict[str, Any]:
+        return {"model": name, "created_at": now_iso(),
+                "message": {"role": "assistant", "content": "", **fields}, "done": done}
+
+    pieces = Pieces()
+    if body.stream:
+        return stream_response(ndjson(gen, clock, pieces, chunk))
+    fields, finish = await collect(gen, clock, pieces)
+    if finish.reason in ("error", "cancelled"):
+        raise backend_error(finish.error)
+    return {**chunk(fields, True), **clock.final(finish)}
+
+
+def _generate_prompt(services: Services, body: GenerateBody) -> list[int]:
+    if body.suffix:
+        raise bad_request("'suffix' (fill-in-the-middle) is not supported.", param="suffix")
+    if body.template:
+        raise bad_request("'template' overrides are not supported; the model's own chat "
+                          "template is used (or send 'raw': true).", param="template")
+    tokenizer = services.model.tokenizer
+    if body.raw:
+        prompt = list(tokenizer.encode(body.prompt))
+    else:
+        turns = ([{"role": "system", "content": body.system}] if body.system else [])
+        turns.append({"role": "user", "content": body.prompt})
+        prompt = render_chat(services, turns, None)
+    context = list(body.context or [])
+    if any(not 0 <= t < services.model.vocab_size for t in context):
+        raise bad_request("'context' must hold token ids of this model (from an earlier "
+                          "/api/generate answer).", param="context")
+    return context + prompt
+
+
+@post("/api/generate", status_code=200)
+async def generate(request: Request[Any, Any, Any], state: State) -> Any:
+    clock = Clock()
+    services = _services(state)
+    body: GenerateBody = decode_body(await request.body(), GenerateBody)
+    require_model(services.model, body.model)
+    parse_keep_alive(body.keep_alive)
+    opts = parse_options(body.options)
+    _no_images(services, body.images)
+    _check_think(services, body.think)
+    _check_format(body.format)
+    if not body.prompt and not body.context:
+        return _load_reply(services, "response")
+    prompt = _generate_prompt(services, body)
+    gen = await _start(request, services, prompt, opts, "/api/generate")
+    name = ollama_name(services.model.name)
+    pieces = GeneratePieces()
+
+    def chunk(fields: dict[str, Any], done: bool) -> dict[str, Any]:
+        out = {"model": name, "created_at": now_iso(),
+               "response": fields.get("content", ""), "done": done}
+        if fields.get("thinking"):
+            out["thinking"] = fields["thinking"]
+        if done:
+            out["context"] = prompt + pieces.tokens
+        return out
+
+    if body.stream:
+        return stream_response(ndjson(gen, clock, pieces, chunk))
+    fields, finish = await collect(gen, clock, pieces)
+    if finish.reason in ("error", "cancelled"):
+        raise backend_error(finish.error)
+    return {**chunk(fields, True), "response": fields.get("content", ""),
+            **clock.final(finish)}
+
+
+class GeneratePieces(Pieces):
+    """Plain text, and the generated token ids for the final ``context``."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+
+    def token(self, token: int) -> None:
+        self.tokens.append(token)
+
+
+@get("/api/tags", sync_to_thread=False)
+def tags(state: State) -> dict[str, Any]:
+    return {"models": [tag_entry(_services(state).model)]}
+
+
+@head("/api/tags", sync_to_thread=False)
+def tags_head() -> None:
+    return None
+
+
+@get("/api/version", sync_to_thread=False)
+def version() -> dict[str, Any]:
+    return {"version": OLLAMA_API_VERSION, "appliance": __version__}
+
+
+@head("/api/version", sync_to_thread=False)
+def version_head() -> None:
+    return None
+
+
+@get("/api/ps", sync_to_thread=False)
+def ps(state: State) -> dict[str, Any]:
+    services = _services(state)
+    entry = tag_entry(services.model)
+    snap = services.engine.snapshot
+    size = entry["size"] + snap.kv_bytes
+    forever = datetime.now(UTC) + timedelta(days=365 * 100)
+    return {"models": [{**{k: entry[k] for k in ("name", "model", "size", "digest",
+                                                      "details")},
+                        "size": size, "size_vram": size if _unified_memory() else 0,
+                        "expires_at": forever.isoformat().replace("+00:00", "Z"),
+                        "context_length": services.model.ctx_limit}]}
+
+
+def _unified_memory() -> bool:
+    """On Apple Silicon the weights live in memory the GPU uses (Ollama's ``size_vram``)."""
+    import platform
+
+    return platform.system() == "Darwin" and platform.machine() == "arm64"
+
+
+def capabilities(services: Services) -> list[str]:
+    caps = ["completion", "tools"]
+    if _supports_thinking(services):
+        caps.append("thinking")
+    return caps
+
+
+@post("/api/show", status_code=200)
+async def show(request: Request[Any, Any, Any], state: State) -> dict[str, Any]:
+    services = _services(state)
+    body: ModelBody = decode_body(await request.body(), ModelBody)
+    require_model(services.model, body.wanted)
+    facts = model_facts(services.model.path)
+    return {"license": "", "modelfile": f"# served by the appliance\nFROM {services.model.path}\n",
+            "parameters": "", "template": facts.template, "details": facts.details(),
+            "model_info": model_info(services.model, facts),
+            "capabilities": capabilities(services), "modified_at": facts.modified_at}
+
+
+@post("/api/pull", status_code=200)
+async def pull(request: Request[Any, Any, Any], state: State) -> Any:
+    body: ModelBody = decode_body(await request.body(), ModelBody)
+    return await pull_response(_services(state), request.user, body)
+
+
+ROUTES: list[Any] = [chat, generate, tags, tags_head, version, version_head, ps, show, pull]

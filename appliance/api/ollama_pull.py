@@ -1,0 +1,106 @@
+"""``POST /api/pull``: Home Assistant pulls the model it was told to use when ``/api/tags``
+does not list it.
+
+- The served model (any of its names): success at once, for everyone.
+- Another model, a member: 404 (members cannot fill the machine's disk).
+- Another model, an admin: a real download of that Hugging Face repo into the models folder
+  (``appliance model pull`` does the same), one progress line per file. It is served after
+  a restart with ``--model <repo>``: one daemon serves one model.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from appliance.api.auth import Principal
+from appliance.api.errors import ApiError, bad_request
+from appliance.api.ollama_models import matches, model_facts, ollama_name
+from appliance.api.ollama_schemas import ModelBody
+from appliance.api.ollama_stream import line, stream_response
+from appliance.api.service import Services
+from appliance.models import PULL_PATTERNS
+
+
+def _served(services: Services) -> list[dict[str, Any]]:
+    facts = model_facts(services.model.path)
+    digest = f"sha256:{facts.digest}"
+    return [{"status": "pulling manifest"},
+            {"status": f"pulling {facts.digest[:12]}", "digest": digest, "total": facts.size,
+             "completed": facts.size},
+            {"status": "verifying sha256 digest"}, {"status": "writing manifest"},
+            {"status": "success"}]
+
+
+def _files(repo: str) -> list[tuple[str, int]]:
+    from huggingface_hub import HfApi
+
+    info = HfApi().model_info(repo, files_metadata=True)
+    return [(s.rfilename, int(s.size or 0)) for s in info.siblings or []
+            if any(fnmatch.fnmatch(s.rfilename, p) for p in PULL_PATTERNS)]
+
+
+def _download(repo: str, filename: str, target: Path) -> None:
+    from huggingface_hub import hf_hub_download
+
+    hf_hub_download(repo, filename, local_dir=target)
+
+
+async def _pull_lines(repo: str, target: Path) -> AsyncIterator[dict[str, Any]]:
+    yield {"status": "pulling manifest"}
+    files = await anyio.to_thread.run_sync(_files, repo)
+    if not any(name == "config.json" for name, _ in files):
+        raise RuntimeError(f"{repo} has no config.json; is it an MLX model?")
+    for name, size in files:
+        yield {"status": f"pulling {name}", "digest": name, "total": size, "completed": 0}
+        await anyio.to_thread.run_sync(_download, repo, name, target)
+        yield {"status": f"pulling {name}", "digest": name, "total": size, "completed": size}
+    yield {"status": "verifying sha256 digest"}
+    yield {"status": "writing manifest"}
+    yield {"status": f"success: restart with --model {repo} to serve it"}
+    yield {"status": "success"}
+
+
+async def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    try:
+        async for item in lines:
+            yield line(item)
+    except Exception as exc:  # network, hub or disk errors end the stream with an error line
+        yield line({"error": f"pull failed: {exc.__class__.__name__}: {exc}"})
+
+
+async def _listed(items: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    for item in items:
+        yield item
+
+
+async def pull_response(services: Services, who: Principal, body: ModelBody) -> Any:
+    wanted = body.wanted.strip()
+    if not wanted:
+        raise bad_request("model is required", param="model")
+    if matches(services.model, wanted):
+        if not body.stream:
+            return {"status": "success"}
+        return stream_response(_ndjson(_listed(_served(services))))
+    if not who.is_admin or services.models_dir is None:
+        raise ApiError(404, f"model '{wanted}' not found; this server serves "
+                       f"'{ollama_name(services.model.name)}' and only an admin may pull "
+                       "another model", param="model")
+    repo = wanted.removesuffix(":latest")
+    if repo.count("/") != 1:
+        raise bad_request(f"'{wanted}' is not a Hugging Face repo id like "
+                          "'mlx-community/Qwen2.5-1.5B-Instruct-4bit'.", param="model")
+    target = services.models_dir / repo.replace("/", "--")
+    if body.stream:
+        return stream_response(_ndjson(_pull_lines(repo, target)))
+    try:
+        async for _ in _pull_lines(repo, target):
+            pass
+    except Exception as exc:
+        raise ApiError(502, f"pull failed: {exc.__class__.__name__}: {exc}",
+                       "server_error") from None
+    return {"status": "success"}

@@ -64,9 +64,9 @@ def _check(body: VoiceBody) -> None:
     if not 100 <= body.deadline_ms <= MAX_DEADLINE_MS:
         raise bad_request(f"'deadline_ms' must be 100..{MAX_DEADLINE_MS}, got "
                           f"{body.deadline_ms}.", param="deadline_ms")
-    if body.conversation_id is not None and not 0 < len(body.conversation_id) <= 128:
-        raise bad_request("'conversation_id' must be 1..128 characters.",
-                          param="conversation_id")
+    if body.conversation_id is not None and len(body.conversation_id) > 128:
+        raise bad_request("'conversation_id' is limited to 128 characters (leave it empty "
+                          "to start a conversation).", param="conversation_id")
 
 
 def _prompt(services: Services, body: VoiceBody, history: list[dict[str, str]]

@@ -23,6 +23,7 @@ def server(tiny_model: Path) -> Iterator[LiveServer]:
 
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+OLLAMA = {"model": "tiny", "stream": False, "options": {"num_predict": 2}}
 
 # (method, path, json body, expected for anonymous, member (bob), admin (alice))
 MATRIX: list[tuple[str, str, object, int, int, int]] = [
@@ -51,11 +52,23 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("GET", "/admin/keys", None, 401, 403, 200),
     ("POST", "/admin/users/{carol}/keys", {"name": "x"}, 401, 403, 201),
     ("GET", "/admin/usage", None, 401, 403, 200),
+    ("PATCH", "/admin/keys/{carol}", {"default_class": None}, 401, 403, 404),  # no such key
     ("POST", "/logout", {}, 401, 200, 200),
+    # Ollama API (errors in Ollama's shape) and the voice hook: keys only.
+    ("POST", "/api/chat", {**OLLAMA, "messages": CHAT["messages"]}, 401, 200, 200),
+    ("POST", "/api/generate", {**OLLAMA, "prompt": "a"}, 401, 200, 200),
+    ("GET", "/api/tags", None, 401, 200, 200),
+    ("GET", "/api/ps", None, 401, 200, 200),
+    ("POST", "/api/show", {"model": "tiny"}, 401, 200, 200),
+    ("POST", "/api/pull", {"model": "tiny", "stream": False}, 401, 200, 200),
+    ("GET", "/api/version", None, 401, 200, 200),
+    ("POST", "/hooks/voice", {"text": "hi", "max_tokens": 2}, 401, 200, 200),
     # Browser UI (web/). An anonymous visitor to a page is sent to /login (303); partials,
     # form posts and streams answer 401. A form post without htmx redirects (303) after it
     # succeeds. Streams and per-object routes: OWNED, tested in tests/integration/test_web_*.
-    ("GET", "/", None, 303, 303, 303),
+    # `/` answers "Ollama is running" to API clients (httpx sends `Accept: */*`); a browser
+    # (`Accept: text/html`) is redirected: tests/integration/test_ollama_api.py.
+    ("GET", "/", None, 200, 200, 200),
     ("GET", "/chat", None, 303, 200, 200),
     ("GET", "/chat/list", None, 401, 200, 200),
     ("POST", "/chat/send", {"message": "hi"}, 401, 200, 200),
@@ -87,7 +100,9 @@ def test_route_answers_each_kind_of_caller(server: LiveServer, method: str, path
         with server.client(who) as c:
             r = c.request(method, _path(server, path), json=_body(body, n))
         assert r.status_code == expected, (who, r.text)
-        if expected in (401, 403):
+        if expected in (401, 403) and path.startswith("/api/"):
+            assert isinstance(r.json()["error"], str)  # Ollama's shape
+        elif expected in (401, 403):
             assert set(r.json()["error"]) >= {"message", "type"}
 
 

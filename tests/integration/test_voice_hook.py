@@ -136,7 +136,7 @@ def test_it_answers_before_its_deadline_beside_a_background_backlog(
     ({"text": "x", "max_tokens": "ten"}, "max_tokens"),
     ({"text": "x", "max_tokens": 0}, "max_tokens"),
     ({"text": "x", "deadline_ms": 5}, "deadline_ms"),
-    ({"text": "x", "conversation_id": ""}, "conversation_id"),
+    ({"text": "x", "conversation_id": "c" * 129}, "conversation_id"),
 ])
 def test_bad_input_gets_a_clear_400(server: LiveServer, body: dict[str, Any],
                                     fragment: str) -> None:

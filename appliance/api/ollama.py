@@ -120,7 +120,9 @@ def _max_tokens(opts: Options, n_prompt: int, services: Services) -> int | None:
     cap = min(opts.num_ctx, services.model.ctx_limit)
     check_context(n_prompt, cap)
     room = cap - n_prompt
-    return min(opts.num_predict or room, room)
+    if opts.num_predict is None:  # the server's default (clamped by quotas), if it fits
+        return None if services.default_max_tokens <= room else room
+    return min(opts.num_predict, room)
 
 
 def _klass(request: Request[Any, Any, Any]) -> Any:

@@ -303,3 +303,10 @@ def test_quota_ends_an_answer_with_quota_then_gets_429_with_retry_after(
         with server.client("alice") as alice:
             alice.put(f"/admin/users/{server.user_ids['carol']}/quota",
                       json={"tokens_per_day": None})
+
+
+def test_num_ctx_without_num_predict_keeps_the_servers_default_length(
+        server: LiveServer) -> None:
+    reply = _client(server).chat(model="tiny", options={"num_ctx": 8192},
+                                 messages=[{"role": "user", "content": "hi"}])
+    assert reply.eval_count is not None and reply.eval_count <= 8  # default_max_tokens

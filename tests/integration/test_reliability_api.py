@@ -171,3 +171,23 @@ def test_the_cli_refuses_a_weight_outside_0_01_to_100(tmp_path: Path) -> None:
     listed = subprocess.run([sys.executable, "-m", "appliance", "user", "list"], env=env,
                             capture_output=True, text=True, timeout=120, check=True)
     assert "gus" not in listed.stdout
+
+
+def test_a_ledger_id_conflict_is_logged_and_counted_never_silent(
+        server: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
+    from appliance.store.ledger import LedgerRecord
+
+    now = time.time()
+    row = LedgerRecord(request_id="0" * 32, user_id=server.user_ids["bob"], api_key_id=None,
+                       klass="interactive", endpoint="/v1/chat/completions", model="",
+                       prompt_tokens=1, cached_tokens=0, output_tokens=1, queued_at=now,
+                       admitted_at=now, first_token_at=now, finished_at=now,
+                       finish_reason="stop")
+    before = server.writer.stats.conflicts
+    with caplog.at_level("ERROR", logger="appliance.store.writer"):
+        for _ in range(2):
+            server.writer.submit_ledger(row)
+            server.writer.flush()
+    assert server.writer.stats.conflicts == before + 1
+    assert any("NOT written" in r.getMessage() and "0" * 32 in r.getMessage()
+               for r in caplog.records)

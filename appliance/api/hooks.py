@@ -26,7 +26,8 @@ from litestar import Request, post
 from litestar.datastructures import State
 from litestar.response import Stream
 
-from appliance.api.errors import bad_request
+from appliance.api.errors import ApiError, bad_request
+from appliance.api.ollama_stream import finish_error
 from appliance.api.openai import EventStream
 from appliance.api.schemas import SamplingFields
 from appliance.api.service import Generation, Services, decode_body, submit
@@ -142,7 +143,7 @@ async def _events(gen: Generation, answer: Answer, deadline: float
                 continue
             answer.finish = event
             if event.reason in ("error", "cancelled"):
-                raise RuntimeError(event.error or "inference backend error")
+                raise finish_error(event)
             answer.reason = event.reason
             answer.parts.append(event.text)
             yield event.text
@@ -172,12 +173,8 @@ async def voice(request: Request[Any, Any, Any], state: State) -> Any:
 
     if body.stream:
         return _sse(gen, answer, deadline, cid, remember)
-    try:
-        async for _ in _events(gen, answer, deadline):
-            pass
-    except RuntimeError as exc:
-        from appliance.api.errors import backend_error
-        raise backend_error(str(exc)) from None
+    async for _ in _events(gen, answer, deadline):  # an engine error raises its ApiError
+        pass
     remember()
     return answer.body(cid)
 
@@ -194,9 +191,8 @@ def _sse(gen: Generation, answer: Answer, deadline: float, cid: str,
             async for text in _events(gen, answer, deadline):
                 for sentence in split.feed(text):
                     yield _sse_event("sentence", {"text": sentence})
-        except RuntimeError as exc:
-            yield _sse_event("error", {"error": {"message": str(exc), "type": "server_error",
-                                                 "code": "backend_error"}})
+        except ApiError as exc:
+            yield _sse_event("error", exc.body())
             return
         for sentence in split.finish():
             yield _sse_event("sentence", {"text": sentence})

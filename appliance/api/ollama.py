@@ -17,7 +17,7 @@ from litestar.datastructures import State
 
 from appliance import __version__
 from appliance.api.auth import request_class
-from appliance.api.errors import backend_error, bad_request
+from appliance.api.errors import bad_request
 from appliance.api.ollama_models import (
     model_facts,
     model_info,
@@ -28,7 +28,15 @@ from appliance.api.ollama_models import (
 from appliance.api.ollama_options import Options, parse_keep_alive, parse_options
 from appliance.api.ollama_pull import pull_response
 from appliance.api.ollama_schemas import ChatBody, GenerateBody, ModelBody, OllamaMessage
-from appliance.api.ollama_stream import Clock, Pieces, collect, ndjson, now_iso, stream_response
+from appliance.api.ollama_stream import (
+    Clock,
+    Pieces,
+    collect,
+    finish_error,
+    ndjson,
+    now_iso,
+    stream_response,
+)
 from appliance.api.openai import CLASS_HEADER
 from appliance.api.service import Generation, Services, check_context, decode_body, submit
 
@@ -168,9 +176,9 @@ async def chat(request: Request[Any, Any, Any], state: State) -> Any:
     pieces = Pieces()
     if body.stream:
         return stream_response(ndjson(gen, clock, pieces, chunk))
-    fields, finish = await collect(gen, clock, pieces)
+    fields, finish = await collect(gen, clock, pieces, request.receive)
     if finish.reason in ("error", "cancelled"):
-        raise backend_error(finish.error)
+        raise finish_error(finish)
     return {**chunk(fields, True), **clock.final(finish)}
 
 
@@ -223,9 +231,9 @@ async def generate(request: Request[Any, Any, Any], state: State) -> Any:
 
     if body.stream:
         return stream_response(ndjson(gen, clock, pieces, chunk))
-    fields, finish = await collect(gen, clock, pieces)
+    fields, finish = await collect(gen, clock, pieces, request.receive)
     if finish.reason in ("error", "cancelled"):
-        raise backend_error(finish.error)
+        raise finish_error(finish)
     return {**chunk(fields, True), "response": fields.get("content", ""),
             **clock.final(finish)}
 

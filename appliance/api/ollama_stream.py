@@ -8,6 +8,7 @@ request in the engine.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -16,8 +17,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from litestar.response import Stream
+from litestar.types import Receive
 
-from appliance.api.service import Generation
+from appliance.api.errors import ApiError, backend_error, engine_down
+from appliance.api.service import ClientGone, Generation, _disconnected
 from appliance.engine.request import FinishEvent, TokenEvent
 
 NDJSON = "application/x-ndjson"
@@ -95,7 +98,7 @@ async def ndjson(gen: Generation, clock: Clock, pieces: Pieces,
                     yield line(chunk(fields, False))
                 continue
             if event.reason in ("error", "cancelled"):
-                yield line({"error": event.error or "inference backend error"})
+                yield line({"error": finish_error(event).message})
                 break
             tail = merge(pieces.feed(event.text), pieces.finish())
             if tail:
@@ -105,9 +108,32 @@ async def ndjson(gen: Generation, clock: Clock, pieces: Pieces,
         gen.close()
 
 
-async def collect(gen: Generation, clock: Clock, pieces: Pieces
+async def collect(gen: Generation, clock: Clock, pieces: Pieces, receive: Receive
                   ) -> tuple[dict[str, Any], FinishEvent]:
-    """The whole answer's fields (``stream: false``)."""
+    """The whole answer's fields (``stream: false``); a client that leaves first cancels
+    the request (as :meth:`Generation.text_while_connected`)."""
+    answer = asyncio.ensure_future(_collect(gen, clock, pieces))
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (answer, gone):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(answer, gone, return_exceptions=True)
+    if answer.done() and not answer.cancelled():
+        return answer.result()
+    gen.close()
+    raise ClientGone()
+
+
+def finish_error(finish: FinishEvent) -> ApiError:
+    """The error of a request that ended without an answer (503 when the engine is down)."""
+    return engine_down(finish.error) if finish.unavailable else backend_error(finish.error)
+
+
+async def _collect(gen: Generation, clock: Clock, pieces: Pieces
+                   ) -> tuple[dict[str, Any], FinishEvent]:
     fields: dict[str, Any] = {}
     async for event in gen.events():
         if isinstance(event, TokenEvent):

@@ -1,8 +1,9 @@
 """``GET|HEAD /``: ``Ollama is running`` for API clients, the web UI for browsers.
 
-Ollama clients and monitors probe ``/`` to see whether a server is up. A request that does
-not accept HTML, or that carries ``Authorization: Bearer``, is such a probe; a browser
-(``Accept: text/html``, no bearer) goes on to the web UI. A probe without a key gets the
+Ollama clients and monitors probe ``/`` to see whether a server is up. A request that
+carries ``Authorization: Bearer``, or that neither accepts HTML nor carries a session
+cookie, is such a probe; a browser (``Accept: text/html`` or a session cookie) goes on to
+the web UI. A probe without a key gets the
 same liveness answer as ``/health`` (public); a probe with a key must present a valid one.
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 import anyio
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from appliance.api.auth import principal_for_key
+from appliance.api.auth import SESSION_COOKIE, principal_for_key
 
 RUNNING = b"Ollama is running"
 
@@ -29,8 +30,11 @@ def is_api_probe(scope: Scope) -> bool:
     if scope["type"] != "http" or scope["path"] != "/" or scope.get("method") not in (
             "GET", "HEAD"):
         return False
-    bearer = _header(scope, b"authorization")[:7].lower() == "bearer "
-    return bearer or "text/html" not in _header(scope, b"accept")
+    if _header(scope, b"authorization")[:7].lower() == "bearer ":
+        return True
+    browser = "text/html" in _header(scope, b"accept") or \
+        f"{SESSION_COOKIE}=" in _header(scope, b"cookie")
+    return not browser
 
 
 async def _send(send: Send, status: int, body: bytes, head: bool,

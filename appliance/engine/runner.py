@@ -18,9 +18,17 @@ from appliance.engine.batch import (
     prefill_batch,
 )
 from appliance.engine.core import FaultHook
+from appliance.engine.grammar import GrammarRow, ll_tokenizer
 from appliance.engine.model import LoadedModel
 from appliance.engine.prompt_cache import PromptCache
-from appliance.engine.request import Finished, FinishEvent, RequestHandle, TokenEvent, Usage
+from appliance.engine.request import (
+    Finished,
+    FinishEvent,
+    GenerationRequest,
+    RequestHandle,
+    TokenEvent,
+    Usage,
+)
 from appliance.engine.sampling import RowSampler, sample_batch
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
@@ -120,7 +128,7 @@ class Runner:
         for h in handles:
             r = h.request
             try:
-                sampler = RowSampler(r.sampling, self.vocab_size)
+                sampler = RowSampler(r.sampling, self.vocab_size, self._grammar_row(r))
             except ValueError as exc:
                 self._left_queue += 1
                 h.emit(FinishEvent("error", Usage(len(r.prompt), 0), error=str(exc)))
@@ -134,6 +142,12 @@ class Runner:
             self.seqs[seq.rid] = seq
             log.info("request queued rid=%d user=%s class=%s prompt_tokens=%d max_tokens=%d",
                      seq.rid, r.user, r.klass.label, seq.n_prompt, max_tokens)
+
+    def _grammar_row(self, r: GenerationRequest) -> GrammarRow | None:
+        if r.grammar is None:
+            return None
+        tok = ll_tokenizer(self.loaded.tokenizer, self.vocab_size, self.eos)
+        return GrammarRow(tok, r.grammar, len(r.prompt))
 
     def left_queue(self) -> int:
         """Requests that left the waiting queue for good since the last call."""

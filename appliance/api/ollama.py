@@ -16,7 +16,9 @@ from litestar import Request, get, head, post
 from litestar.datastructures import State
 
 from appliance import __version__
+from appliance.api import chat_format
 from appliance.api.auth import request_class
+from appliance.api.chat_format import Delta, OutputParser
 from appliance.api.errors import bad_request
 from appliance.api.ollama_models import (
     model_facts,
@@ -57,24 +59,54 @@ def _no_images(services: Services, images: list[str] | None) -> None:
                           param="images")
 
 
-def _check_think(services: Services, think: bool | str | None) -> None:
-    if think in (None, False, ""):
-        return
-    if not _supports_thinking(services):
+def _think(services: Services, think: bool | str | None) -> bool | None:
+    """Ollama's ``think``: a bool, or a level (``"low"``/``"medium"``/``"high"``) that
+    turns thinking on; True on a model without thinking is a 400."""
+    if think is None or think == "":
+        return None
+    wanted = think if isinstance(think, bool) else True
+    if wanted and not chat_format.supports_thinking(services.model.tokenizer):
         raise bad_request(f"model '{ollama_name(services.model.name)}' does not support "
                           "thinking; send 'think': false or leave it out.", param="think")
+    return wanted
 
 
-def _supports_thinking(services: Services) -> bool:
-    template = model_facts(services.model.path).template
-    return "enable_thinking" in template or "<think>" in template
-
-
-def _check_format(fmt: str | dict[str, Any] | None) -> None:
-    if fmt in (None, ""):
-        return
-    raise bad_request("'format' (structured output) is not supported by this server yet.",
+def _constraint(fmt: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    """Ollama's ``format``: ``"json"`` for any JSON object, or a JSON schema."""
+    if fmt is None or fmt == "":
+        return None
+    if fmt == "json":
+        return {"type": "json_object"}
+    if isinstance(fmt, dict):
+        return fmt
+    raise bad_request(f"'format' must be \"json\" or a JSON schema, got {fmt!r}.",
                       param="format")
+
+
+class ChatPieces(Pieces):
+    """Model text split by the model's own tool-call and thinking syntax."""
+
+    def __init__(self, parser: OutputParser) -> None:
+        self.parser = parser
+
+    def feed(self, text: str) -> dict[str, Any]:
+        return delta_fields(self.parser.feed(text)) if text else {}
+
+    def finish(self) -> dict[str, Any]:
+        return delta_fields(self.parser.finish())
+
+
+def delta_fields(delta: Delta) -> dict[str, Any]:
+    """A parsed delta as Ollama message fields; each tool call whole, arguments an object."""
+    out: dict[str, Any] = {}
+    if delta.content:
+        out["content"] = delta.content
+    if delta.thinking:
+        out["thinking"] = delta.thinking
+    if delta.tool_calls:
+        out["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}}
+                             for c in delta.tool_calls]
+    return out
 
 
 def ollama_turns(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
@@ -109,18 +141,6 @@ def ollama_turns(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
     return turns
 
 
-def render_chat(services: Services, turns: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None) -> list[int]:
-    kwargs: dict[str, Any] = {"add_generation_prompt": True}
-    if tools:
-        kwargs["tools"] = tools
-    try:
-        return list(services.model.tokenizer.apply_chat_template(turns, **kwargs))
-    except Exception as exc:  # a template that rejects this conversation (jinja raise)
-        raise bad_request(f"The model's chat template rejected these messages: {exc}",
-                          param="messages") from None
-
-
 def _max_tokens(opts: Options, n_prompt: int, services: Services) -> int | None:
     """``num_predict``, capped so prompt + answer stay inside ``num_ctx`` when it is given."""
     if opts.num_ctx is None:
@@ -138,10 +158,11 @@ def _klass(request: Request[Any, Any, Any]) -> Any:
 
 
 async def _start(request: Request[Any, Any, Any], services: Services, prompt: list[int],
-                 opts: Options, endpoint: str) -> Generation:
+                 opts: Options, endpoint: str, constraint: dict[str, Any] | None
+                 ) -> Generation:
     return await submit(services, prompt, opts.sampling,
                         _max_tokens(opts, len(prompt), services), request.user,
-                        _klass(request), endpoint)
+                        _klass(request), endpoint, constraint=constraint)
 
 
 def _load_reply(services: Services, field: str) -> dict[str, Any]:
@@ -163,17 +184,18 @@ async def chat(request: Request[Any, Any, Any], state: State) -> Any:
         return _load_reply(services, "message")
     for m in body.messages:
         _no_images(services, m.images)
-    _check_think(services, body.think)
-    _check_format(body.format)
-    prompt = render_chat(services, ollama_turns(body.messages), body.tools)
-    gen = await _start(request, services, prompt, opts, "/api/chat")
+    think = _think(services, body.think)
+    constraint = _constraint(body.format)
+    prompt = chat_format.render_prompt(services.model.tokenizer, ollama_turns(body.messages),
+                                       body.tools, think)
+    gen = await _start(request, services, prompt, opts, "/api/chat", constraint)
     name = ollama_name(services.model.name)
 
     def chunk(fields: dict[str, Any], done: bool) -> dict[str, Any]:
         return {"model": name, "created_at": now_iso(),
                 "message": {"role": "assistant", "content": "", **fields}, "done": done}
 
-    pieces = Pieces()
+    pieces = ChatPieces(OutputParser(services.model.tokenizer, body.tools, think, prompt))
     if body.stream:
         return stream_response(ndjson(gen, clock, pieces, chunk))
     fields, finish = await collect(gen, clock, pieces, request.receive)
@@ -182,7 +204,8 @@ async def chat(request: Request[Any, Any, Any], state: State) -> Any:
     return {**chunk(fields, True), **clock.final(finish)}
 
 
-def _generate_prompt(services: Services, body: GenerateBody) -> list[int]:
+def _generate_prompt(services: Services, body: GenerateBody, think: bool | None
+                     ) -> list[int]:
     if body.suffix:
         raise bad_request("'suffix' (fill-in-the-middle) is not supported.", param="suffix")
     if body.template:
@@ -194,7 +217,7 @@ def _generate_prompt(services: Services, body: GenerateBody) -> list[int]:
     else:
         turns = ([{"role": "system", "content": body.system}] if body.system else [])
         turns.append({"role": "user", "content": body.prompt})
-        prompt = render_chat(services, turns, None)
+        prompt = chat_format.render_prompt(tokenizer, turns, None, think)
     context = list(body.context or [])
     if any(not 0 <= t < services.model.vocab_size for t in context):
         raise bad_request("'context' must hold token ids of this model (from an earlier "
@@ -211,14 +234,14 @@ async def generate(request: Request[Any, Any, Any], state: State) -> Any:
     parse_keep_alive(body.keep_alive)
     opts = parse_options(body.options)
     _no_images(services, body.images)
-    _check_think(services, body.think)
-    _check_format(body.format)
+    think = _think(services, body.think)
+    constraint = _constraint(body.format)
     if not body.prompt and not body.context:
         return _load_reply(services, "response")
-    prompt = _generate_prompt(services, body)
-    gen = await _start(request, services, prompt, opts, "/api/generate")
+    prompt = _generate_prompt(services, body, think)
+    gen = await _start(request, services, prompt, opts, "/api/generate", constraint)
     name = ollama_name(services.model.name)
-    pieces = GeneratePieces()
+    pieces = GeneratePieces(OutputParser(services.model.tokenizer, None, think, prompt))
 
     def chunk(fields: dict[str, Any], done: bool) -> dict[str, Any]:
         out = {"model": name, "created_at": now_iso(),
@@ -238,10 +261,11 @@ async def generate(request: Request[Any, Any, Any], state: State) -> Any:
             **clock.final(finish)}
 
 
-class GeneratePieces(Pieces):
-    """Plain text, and the generated token ids for the final ``context``."""
+class GeneratePieces(ChatPieces):
+    """The answer (and thinking), and the generated token ids for the final ``context``."""
 
-    def __init__(self) -> None:
+    def __init__(self, parser: OutputParser) -> None:
+        super().__init__(parser)
         self.tokens: list[int] = []
 
     def token(self, token: int) -> None:
@@ -291,7 +315,7 @@ def _unified_memory() -> bool:
 
 def capabilities(services: Services) -> list[str]:
     caps = ["completion", "tools"]
-    if _supports_thinking(services):
+    if chat_format.supports_thinking(services.model.tokenizer):
         caps.append("thinking")
     return caps
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
 
-from appliance import __version__, fairness_state
+from appliance import __version__
 from appliance.api import account, admin, metrics, monitoring, openai
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
 from appliance.api.errors import (
@@ -33,6 +34,7 @@ from appliance.engine.model import resolve_model_path
 from appliance.engine.request import Finished
 from appliance.sched.scheduler import SchedulerConfig
 from appliance.settings import Settings, parse_bytes
+from appliance.store import fairness
 from appliance.store.db import Store
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
 from appliance.store.ledger import LedgerRecord
@@ -81,12 +83,13 @@ def start_engine(settings: Settings, fault: FaultHook | None = None,
     engine = Engine(engine_config(settings), fault=fault, on_finish=on_finish,
                     on_counters=on_counters)
     if store is not None:
-        engine.usage.load(fairness_state.usage_rows(store))
+        with store.read_sessions() as s:
+            state = fairness.load_state(s, time.time())
+        engine.usage.load(state.usage)
+        # queued before the thread starts: applied before its first tick
+        engine.restore_counters(state.counters)
+        engine.set_weights(state.weights)
     engine.start()
-    if store is not None:
-        counters, weights = fairness_state.load(store)
-        engine.restore_counters(counters)
-        engine.set_weights(weights)
     return engine
 
 
@@ -107,8 +110,11 @@ def build_services(settings: Settings, engine: Engine, store: Store) -> Services
                      ctx_limit=loaded.ctx_limit,
                      vocab_size=int(loaded.config.get("vocab_size") or 0) or 1 << 30,
                      tokenizer=loaded.tokenizer)
-    return Services(engine=engine, model=info, store=store,
-                    on_policy_change=lambda: engine.set_weights(fairness_state.load(store)[1]),
+    def reload_weights() -> None:
+        with store.read_sessions() as s:
+            engine.set_weights(fairness.load_weights(s))
+
+    return Services(engine=engine, model=info, store=store, on_policy_change=reload_weights,
                     default_max_tokens=settings.engine.default_max_tokens,
                     max_batch_size=engine.config.scheduler.max_batch_size)
 

@@ -67,44 +67,18 @@ def exit_now(rc: int) -> NoReturn:
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from appliance.app import (
-        app_secret,
-        build_services,
-        create_app,
-        shutdown_engine,
-        start_engine,
-    )
-    from appliance.cli_admin import db_path
-    from appliance.store import migrate
-    from appliance.store.db import open_store
-    from appliance.store.writer import StoreWriter
+    from appliance.daemon import build_daemon, uvicorn_config
 
-    migrate.upgrade(db_path(settings))  # before the event loop starts
-    store = open_store(db_path(settings))
-    writer = StoreWriter(store.sessions)
-    engine = start_engine(settings, writer=writer)
-    services = build_services(settings, engine, store)
-    timeout = settings.server.shutdown_timeout
-
-    def drain() -> None:
-        shutdown_engine(engine, timeout)
-        writer.close()
-        store.close()
-        log.info("shut down cleanly")
-
-    secret = app_secret(Path(settings.store.data_dir).expanduser())
-    app = create_app(services, secret, on_shutdown=[drain])
-    config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
-                            log_config=None, access_log=False, backlog=2048,
-                            timeout_graceful_shutdown=int(timeout) or None,
-                            timeout_keep_alive=30)
-    log.info("serving %s on http://%s:%d/", services.model.name, settings.server.host,
+    daemon = build_daemon(settings)  # migrates before the event loop starts
+    config = uvicorn_config(daemon, settings.server.host, settings.server.port)
+    log.info("serving %s on http://%s:%d/", daemon.services.model.name, settings.server.host,
              settings.server.port)
     # uvicorn re-raises the signal that stopped it once it has shut down, which would end
     # the process with -15 after a clean drain; with a quiet handler underneath we exit 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     uvicorn.Server(config).run()
+    daemon.close()  # normally done already by the app's shutdown hook
     return 0
 
 

@@ -15,12 +15,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from appliance.store import limits, users
+from appliance.store import ledger, limits, users
 from appliance.store.ledger import DAY_S, HOUR_S
-from appliance.store.models import LedgerEntry
 
 SERIES_BUCKETS = 60
 """Points in each user's chart: one per minute over the last hour."""
@@ -95,12 +93,7 @@ class _Acc:
 def service_table(session: Session, now: float,
                   live_counters: Mapping[int, float] | None = None) -> list[UserService]:
     """Every user's service over the last hour and day (disabled users included)."""
-    rows = session.execute(
-        select(LedgerEntry.user_id, LedgerEntry.finished_at,
-               LedgerEntry.prompt_tokens + LedgerEntry.output_tokens, LedgerEntry.preemptions,
-               LedgerEntry.ttft_ms, LedgerEntry.itl_mean_ms, LedgerEntry.itl_p95_ms)
-        .where(LedgerEntry.finished_at >= now - DAY_S)
-        .order_by(LedgerEntry.finished_at.desc()).limit(MAX_ROWS))
+    rows = ledger.service_rows(session, now - DAY_S, MAX_ROWS)
     acc: dict[int, _Acc] = {}
     for uid, finished, tokens, pre, ttft, itl_mean, itl_p95 in rows:
         acc.setdefault(uid, _Acc()).add(now, finished, int(tokens or 0), int(pre or 0), ttft,

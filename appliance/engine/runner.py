@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 BACKEND_ERROR = "inference backend error"
 TOO_LARGE = "the request cannot fit in the KV cache budget"
 COUNTERS_EVERY_S = 2.0
-"""How often the fairness counters are handed to the store writer."""
+"""How often the fairness counters are handed to the store writer while busy (and once
+more when the engine goes idle, so an idle daemon has its latest counters on disk)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -100,6 +101,7 @@ class Runner:
         self._served: dict[str, list[int]] = {}
         self.prompt_cache = PromptCache(prompt_cache_entries) if prompt_cache_entries else None
         self._counters_at = 0.0
+        self._counters_dirty = False
         self.vocab_size = int(loaded.config.get("vocab_size") or 0) or 1 << 30
         self.eos = loaded.eos_token_ids
         self.seqs: dict[int, Seq] = {}
@@ -144,6 +146,8 @@ class Runner:
     def tick(self) -> bool:
         self._reap_cancelled()
         if not self.seqs:
+            if self._counters_dirty:  # gone idle: persist the last tick's counters now
+                self.flush_counters()
             return False
         now = self.clock()
         cached = self.prompt_cache.nbytes if self.prompt_cache else 0
@@ -157,6 +161,7 @@ class Runner:
         served = {u: (p, o) for u, (p, o) in self._served.items()}
         self.scheduler.update(plan, self._views(), decoded, served)
         self.ticks += 1
+        self._counters_dirty = True
         if now - self._counters_at >= COUNTERS_EVERY_S:
             self.flush_counters()
             self._counters_at = now
@@ -187,6 +192,7 @@ class Runner:
             self._finish(s, "quota")
 
     def flush_counters(self) -> None:
+        self._counters_dirty = False
         if self.on_counters is not None:
             self.on_counters(self.scheduler.counters.snapshot())
 

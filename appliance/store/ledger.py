@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -106,6 +107,18 @@ def usage_since(
         uid: Usage(int(n), int(p), int(c), int(o), int(pre), ttft, itl)
         for uid, n, p, c, o, pre, ttft, itl in session.execute(query)
     }
+
+
+def service_rows(session: Session, since: float, limit: int) -> list[tuple[Any, ...]]:
+    """Newest first, at most ``limit``: (user id, finished_at, prompt + output tokens,
+    preemptions, ttft_ms, itl_mean_ms, itl_p95_ms) of the requests finished since ``since``."""
+    rows = session.execute(
+        select(LedgerEntry.user_id, LedgerEntry.finished_at,
+               LedgerEntry.prompt_tokens + LedgerEntry.output_tokens, LedgerEntry.preemptions,
+               LedgerEntry.ttft_ms, LedgerEntry.itl_mean_ms, LedgerEntry.itl_p95_ms)
+        .where(LedgerEntry.finished_at >= since)
+        .order_by(LedgerEntry.finished_at.desc()).limit(limit))
+    return [tuple(r) for r in rows]
 
 
 def usage_last_hour(session: Session, now: float) -> dict[int, Usage]:

@@ -92,9 +92,7 @@ def test_route_answers_each_kind_of_caller(server: LiveServer, method: str, path
 
 
 def test_the_matrix_covers_every_route(server: LiveServer) -> None:
-    from appliance.app import create_app
-
-    app = create_app(server_services(server), secret="x" * 32)
+    app = server.daemon.app
     covered = {(m, re.sub(r"\{\w+\}", "{}", p)) for m, p, *_ in MATRIX} | OWNED
     for route in app.routes:
         for method in getattr(route, "methods", ()):
@@ -102,13 +100,6 @@ def test_the_matrix_covers_every_route(server: LiveServer) -> None:
                 continue
             path = re.sub(r"\{[^}]+\}", "{}", route.path)
             assert (method, path) in covered, f"{method} {route.path} is not in the matrix"
-
-
-def server_services(server: LiveServer) -> object:
-    from appliance.app import build_services
-    from tests.helpers import make_settings as _ms
-
-    return build_services(_ms(Path(server.engine.config.model_path)), server.engine, server.store)
 
 
 OWNED = {("GET", "/schema/{}"),  # probed by the /schema/openapi.yaml row above

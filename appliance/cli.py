@@ -131,7 +131,7 @@ def cmd_model(settings: Settings, args: argparse.Namespace) -> int:
     if args.model_cmd == "pull":
         return models.pull(args.repo, settings.models_dir, revision=args.revision)
     if args.model_cmd == "demo":
-        from appliance.engine.demo_model import build_model
+        from appliance.demo.build import build_model
 
         out = build_model(Path(args.out), shape=args.shape, seed=args.seed)
         print(out)

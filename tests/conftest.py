@@ -28,7 +28,7 @@ def demo_model() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer random llama model with a real tokenizer, loaded via mlx_lm.load."""
-    from appliance.engine.demo_model import build_model
+    from appliance.demo.build import build_model
 
     return build_model(tmp_path_factory.mktemp("models") / "tiny", shape="tiny")
 

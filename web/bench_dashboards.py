@@ -203,7 +203,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def _model(choice: str) -> Path:
     if choice == "tiny":  # random weights, built like the test fixture (imports MLX)
-        from appliance.engine.demo_model import build_model
+        from appliance.demo.build import build_model
         return Path(build_model(Path(tempfile.mkdtemp()) / "tiny", shape="tiny"))
     if choice:
         return Path(choice)

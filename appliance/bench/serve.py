@@ -896,7 +896,7 @@ def resolve_model(model: Path | None) -> Path:
         return model.resolve()
     if (DEFAULT_MODEL_DIR / "config.json").exists():
         return DEFAULT_MODEL_DIR.resolve()
-    from appliance.engine.demo_model import build_model
+    from appliance.demo.build import build_model
 
     print(
         f"[bench] building {DEFAULT_MODEL_SHAPE} into {DEFAULT_MODEL_DIR} (once)...",

@@ -29,10 +29,10 @@ from appliance.api.errors import (
     store_error_handler,
 )
 from appliance.api.service import ModelInfo, Services
-from appliance.engine.core import Engine, EngineConfig, FaultHook
+from appliance.engine.core import Engine, EngineConfig
 from appliance.engine.model import resolve_model_path
-from appliance.engine.request import Finished
-from appliance.sched.scheduler import SchedulerConfig
+from appliance.engine.request import FaultHook, Finished
+from appliance.sched.types import SchedulerConfig
 from appliance.settings import Settings, parse_bytes
 from appliance.store import fairness
 from appliance.store.db import Store
@@ -122,7 +122,7 @@ def build_services(settings: Settings, engine: Engine, store: Store) -> Services
 def create_app(services: Services, secret: str,
                on_shutdown: Sequence[Callable[[], Any]] = ()) -> Litestar:
     csrf = CSRFConfig(secret=secret, exclude=CSRF_EXEMPT, cookie_samesite="strict")
-    return Litestar(
+    app = Litestar(
         route_handlers=[*openai.ROUTES, *monitoring.ROUTES, *metrics.ROUTES, *account.ROUTES,
                         admin.router,
                         *web_routes()],
@@ -147,6 +147,8 @@ def create_app(services: Services, secret: str,
         openapi_config=OpenAPIConfig(title="The appliance", version=__version__,
                                      path="/schema", render_plugins=[JsonRenderPlugin()]),
     )
+    web_setup(app)
+    return app
 
 
 def web_routes() -> list[Any]:
@@ -156,6 +158,15 @@ def web_routes() -> list[Any]:
     except ImportError:
         return []
     return list(ROUTES)
+
+
+def web_setup(app: Litestar) -> None:
+    """The browser pages' state (``web/``), when present, built once with the app."""
+    try:
+        from web.routes import setup
+    except ImportError:
+        return
+    setup(app)
 
 
 def shutdown_engine(engine: Engine, timeout: float) -> None:

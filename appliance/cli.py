@@ -11,15 +11,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from appliance import settings as settings_mod
+from appliance.blas import openblas_lib
 from appliance.settings import Settings
 
 log = logging.getLogger("appliance")
 
-OPENBLAS_CANDIDATES = (
-    "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
-    "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
-    "/usr/lib64/libopenblas.so.0",
-)
 REEXEC_MARK = "APPLIANCE_BLAS_REEXEC"
 
 
@@ -38,7 +34,7 @@ def use_openblas(blas: str, argv: list[str]) -> None:
     """
     if sys.platform != "linux" or blas == "bundled" or os.environ.get(REEXEC_MARK):
         return
-    lib = next((p for p in OPENBLAS_CANDIDATES if Path(p).exists()), None)
+    lib = openblas_lib()
     if lib is None:
         if blas == "openblas":
             raise SystemExit("--blas openblas: libopenblas0-pthread is not installed")
@@ -146,6 +142,9 @@ def cmd_bench(settings: Settings, args: argparse.Namespace, rest: list[str]) -> 
     if args.bench_cmd == "fairness":
         from appliance.bench.fairness import main as bench_fairness
         return bench_fairness(rest)
+    if args.bench_cmd == "dashboards":
+        from appliance.bench.dashboards import main as bench_dashboards
+        return bench_dashboards(rest)
     raise AssertionError(args.bench_cmd)
 
 
@@ -179,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_admin.add_parsers(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (see docs/BENCHMARKS.md)")
-    bench.add_argument("bench_cmd", choices=("serve", "fairness"))
+    bench.add_argument("bench_cmd", choices=("serve", "fairness", "dashboards"))
     return parser
 
 

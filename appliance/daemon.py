@@ -21,11 +21,11 @@ from litestar import Litestar
 
 from appliance.api.service import Services
 from appliance.app import app_secret, build_services, create_app, shutdown_engine, start_engine
-from appliance.cli_admin import db_path
-from appliance.engine.core import Engine, FaultHook
+from appliance.engine.core import Engine
+from appliance.engine.request import FaultHook
 from appliance.settings import Settings
 from appliance.store import migrate
-from appliance.store.db import Store, open_store
+from appliance.store.db import Store, db_file, open_store
 from appliance.store.writer import DEFAULT_FLUSH_INTERVAL_S, StoreWriter
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def build_daemon(settings: Settings, *, fault: FaultHook | None = None,
                  secret: str | None = None, drain_timeout: float | None = None,
                  flush_interval: float = DEFAULT_FLUSH_INTERVAL_S) -> Daemon:
     """The running daemon from its settings (the model is loaded when this returns)."""
-    path = db_path(settings)
+    path = db_file(settings.store.data_dir)
     migrate.upgrade(path)
     store = open_store(path)
     writer = StoreWriter(store.sessions, flush_interval=flush_interval)

@@ -14,7 +14,8 @@ import httpx
 from argon2 import PasswordHasher
 
 from appliance.daemon import Daemon, build_daemon, serve_in_thread
-from appliance.engine.core import Engine, FaultHook
+from appliance.engine.core import Engine
+from appliance.engine.request import FaultHook
 from appliance.settings import Settings
 from appliance.store import keys, users
 from appliance.store.db import Store

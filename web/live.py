@@ -22,7 +22,7 @@ import anyio
 from appliance.api.service import Services
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from web import charts, stats
-from web.common import HELPERS
+from web.format import HELPERS
 
 INTERVAL_S = 0.5
 """How often a viewer gets fresh figures."""

@@ -1,8 +1,9 @@
-"""The browser UI's routes (``create_app`` includes ``ROUTES`` when this module exists)."""
+"""The browser UI's routes and state (``create_app`` includes ``ROUTES`` and calls ``setup``
+when this module exists)."""
 
 from __future__ import annotations
 
-from litestar import Router
+from litestar import Litestar, Router
 from litestar.datastructures import CacheControlHeader, ResponseHeader
 from litestar.static_files import create_static_files_router
 
@@ -10,6 +11,7 @@ from web import chat, dashboard, keys, manage
 from web.assets import STATIC
 from web.common import CSP
 from web.errors import EXCEPTION_HANDLERS
+from web.state import WebState
 
 SECURITY_HEADERS = [
     ResponseHeader(name="Content-Security-Policy", value=CSP),
@@ -26,3 +28,8 @@ static = create_static_files_router(
     path="/static", directories=[STATIC], cache_control=CacheControlHeader(max_age=3600))
 
 ROUTES = [pages, static]
+
+
+def setup(app: Litestar) -> None:
+    """Build the web UI's state once, with the app (live answers, the dashboard hub)."""
+    app.state.web = WebState(app.state.services, app.template_engine)

@@ -98,7 +98,7 @@ from appliance.bench.serve import (
     resolve_model,
     warm_up,
 )
-from appliance.sched.fair import DEFAULT_W_IN, DEFAULT_W_OUT
+from appliance.sched.types import DEFAULT_W_IN, DEFAULT_W_OUT
 
 HOST = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -18,19 +18,22 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from appliance.engine.request import Event, Finished, GenerationRequest, RequestHandle
+from appliance.engine.request import (
+    Event,
+    FaultHook,
+    Finished,
+    GenerationRequest,
+    RequestHandle,
+)
 from appliance.engine.snapshot import EngineSnapshot
-from appliance.sched.scheduler import Scheduler, SchedulerConfig
+from appliance.sched.scheduler import Scheduler
+from appliance.sched.types import SchedulerConfig
 from appliance.sched.usage import RollingUsage
 
 if TYPE_CHECKING:
     from appliance.engine.runner import Runner
 
 log = logging.getLogger(__name__)
-
-FaultHook = Callable[[GenerationRequest, str], None]
-"""Test hook: called with (request, phase) before that request's prefill or decode; may raise."""
-
 
 class EngineBusy(RuntimeError):
     """The queue is full (HTTP 503)."""

@@ -17,16 +17,23 @@ from appliance.engine.batch import (
     prefill,
     prefill_batch,
 )
-from appliance.engine.core import FaultHook
 from appliance.engine.model import LoadedModel
 from appliance.engine.prompt_cache import PromptCache
-from appliance.engine.request import Finished, FinishEvent, RequestHandle, TokenEvent, Usage
+from appliance.engine.request import (
+    FaultHook,
+    Finished,
+    FinishEvent,
+    RequestHandle,
+    TokenEvent,
+    Usage,
+)
 from appliance.engine.sampling import RowSampler, sample_batch
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
 from appliance.sched.memory import held, reservation
-from appliance.sched.scheduler import Plan, Scheduler, SeqView
+from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import RequestState, check_transition, finish_state
+from appliance.sched.types import Plan, SeqView
 from appliance.sched.usage import RollingUsage
 
 log = logging.getLogger(__name__)

@@ -13,17 +13,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from appliance.sched.classes import Klass
 from appliance.sched.states import RequestState
-
-if TYPE_CHECKING:
-    from appliance.sched.scheduler import SeqView
-
-DEFAULT_W_IN = 1.0
-DEFAULT_W_OUT = 2.0
-DEFAULT_AGING_SECONDS = 30.0
+from appliance.sched.types import DEFAULT_AGING_SECONDS, DEFAULT_W_IN, DEFAULT_W_OUT, SeqView
 
 
 def effective_class(klass: Klass, waited: float, aging_seconds: float) -> Klass:

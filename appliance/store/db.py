@@ -99,6 +99,14 @@ class Store:
         self.engine.dispose()
 
 
+DB_FILE = "appliance.db"
+
+
+def db_file(data_dir: str | Path) -> Path:
+    """The database in a data folder (``--data-dir``)."""
+    return Path(data_dir).expanduser() / DB_FILE
+
+
 def open_store(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Store:
     """Open the (already migrated) database at ``path``; see ``appliance.store.migrate``."""
     engine = make_engine(path, busy_timeout_ms=busy_timeout_ms)

@@ -28,7 +28,7 @@ from tests.helpers import (
 )
 from web import live, stats
 from web.assets import WEB
-from web.common import HELPERS
+from web.format import HELPERS
 
 
 @pytest.fixture(scope="module")

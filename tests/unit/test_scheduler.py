@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from appliance.sched.classes import Klass
-from appliance.sched.scheduler import CHUNK_BUSY, CHUNK_IDLE, Scheduler, SchedulerConfig, SeqView
+from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import (
     ALLOWED,
     FINISHED,
@@ -13,6 +13,7 @@ from appliance.sched.states import (
     RequestState,
     check_transition,
 )
+from appliance.sched.types import CHUNK_BUSY, CHUNK_IDLE, SchedulerConfig, SeqView
 
 Q, P, D = RequestState.QUEUED, RequestState.PREFILLING, RequestState.DECODING
 

@@ -1,6 +1,6 @@
 """Benchmark: the engine's aggregate throughput with open dashboards versus none, same run.
 
-    python -m web.bench_dashboards [--model DIR|tiny] [--dashboards 5] [--clients 8]
+    python -m appliance.bench.dashboards [--model DIR|tiny] [--dashboards 5] [--clients 8]
                                    [--rounds 10] [--phase-s 6] [--stream] [--out FILE.json]
 
 One server in this process (engine thread + event loop, as the daemon runs). A load process
@@ -105,9 +105,9 @@ def _server(model: Path, batch: int) -> tuple[Any, Any, dict[str, str], str, Any
 
 
 def _spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "web.bench_dashboards", *args],
+    return subprocess.Popen([sys.executable, "-m", "appliance.bench.dashboards", *args],
                             stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parent.parent)
+                            cwd=Path(__file__).resolve().parents[2])
 
 
 def _hub_busy(app: Any) -> float:
@@ -213,18 +213,18 @@ def _model(choice: str) -> Path:
 
 def _openblas(argv: list[str]) -> None:
     """Run with Debian's OpenBLAS preloaded, as ``appliance serve`` does (Linux)."""
-    from appliance.cli import OPENBLAS_CANDIDATES
-    lib = next((p for p in OPENBLAS_CANDIDATES if Path(p).exists()), None)
+    from appliance.blas import openblas_lib
+    lib = openblas_lib()
     if sys.platform != "linux" or lib is None or lib in os.environ.get("LD_PRELOAD", ""):
         return
     env = {**os.environ, "LD_PRELOAD": ":".join(p for p in (lib, os.environ.get("LD_PRELOAD"))
                                                  if p)}
-    os.execve(sys.executable, [sys.executable, "-m", "web.bench_dashboards", *argv], env)
+    os.execve(sys.executable, [sys.executable, "-m", "appliance.bench.dashboards", *argv], env)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m web.bench_dashboards", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m appliance.bench.dashboards", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="", help="model directory, 'tiny', or empty: the demo")
     p.add_argument("--dashboards", type=int, default=5)

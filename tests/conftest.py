@@ -11,6 +11,8 @@ import pytest
 
 DEMO = Path(__file__).resolve().parent.parent / "appliance" / "demo_model"
 
+pytest_plugins = ["tests.strict_skips", "pytester"]
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -177,5 +177,7 @@ def test_a_browser_session_cannot_call_the_openai_api(server: LiveServer) -> Non
 def login(browser: httpx.Client, name: str, password: str = PASSWORD) -> httpx.Response:
     browser.get("/login")
     token = browser.cookies.get("csrftoken")
+    # the first login re-hashes the test's cheap argon2 hash with the real parameters: on
+    # a loaded shared machine that takes longer than httpx's default 5 s
     return browser.post("/login", data={"name": name, "password": password,
-                                        "_csrf_token": token or ""})
+                                        "_csrf_token": token or ""}, timeout=120)

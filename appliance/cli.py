@@ -64,8 +64,12 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
     from appliance.daemon import build_daemon, uvicorn_config
+    from appliance.engine.faults import ENV as FAULT_ENV
+    from appliance.engine.faults import fault_from_spec
+    from appliance.engine.supervisor import ENGINE_DOWN_EXIT
 
-    daemon = build_daemon(settings)  # migrates before the event loop starts
+    # migrates before the event loop starts
+    daemon = build_daemon(settings, fault=fault_from_spec(os.environ.get(FAULT_ENV)))
     config = uvicorn_config(daemon, settings.server.host, settings.server.port)
     log.info("serving %s on http://%s:%d/", daemon.services.model.name, settings.server.host,
              settings.server.port)
@@ -73,8 +77,21 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     # the process with -15 after a clean drain; with a quiet handler underneath we exit 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    down: list[str] = []
+
+    def on_engine_down(reason: str) -> None:
+        """The engine stopped serving: shut down (the ledger is flushed on the way) and
+        exit non-zero, so systemd or launchd start a fresh daemon."""
+        down.append(reason)
+        server.should_exit = True
+
+    daemon.on_engine_down.append(on_engine_down)
+    server.run()
     daemon.close()  # normally done already by the app's shutdown hook
+    if down:
+        log.critical("exiting with status %d: %s", ENGINE_DOWN_EXIT, down[0])
+        return ENGINE_DOWN_EXIT
     return 0
 
 

@@ -3,9 +3,11 @@ benchmarks alike, so what is tested is what ships.
 
 ``build_daemon(settings)`` migrates the database, opens the store, starts the store writer,
 starts the engine with the persisted fairness state (counters, weights and the last day's
-usage) and builds the services and the HTTP app. ``Daemon.close()`` tears it down in the
-reverse order: drain the engine (its counters go to the writer), flush and stop the writer,
-close the store. The app calls ``close`` in its shutdown hook; calling it again is harmless.
+usage) and its supervisor, and builds the services and the HTTP app. ``Daemon.close()``
+tears it down in the reverse order: stop the supervisor, drain the engine (its counters go to
+the writer), flush and stop the writer, close the store. The app calls ``close`` in its
+shutdown hook; calling it again is harmless. When the supervisor finds the engine down it
+calls each of ``Daemon.on_engine_down`` (``appliance serve`` stops serving and exits 70).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +23,17 @@ from typing import Any
 from litestar import Litestar
 
 from appliance.api.service import Services
-from appliance.app import app_secret, build_services, create_app, shutdown_engine, start_engine
+from appliance.app import (
+    app_secret,
+    build_services,
+    create_app,
+    shutdown_engine,
+    start_engine,
+    supervise,
+)
 from appliance.engine.core import Engine
 from appliance.engine.request import FaultHook
+from appliance.engine.supervisor import Supervisor
 from appliance.settings import Settings
 from appliance.store import migrate
 from appliance.store.db import Store, db_file, open_store
@@ -41,6 +52,9 @@ class Daemon:
     drain_timeout: float
     """Seconds the engine's drain waits for running requests before cancelling them."""
     app: Litestar = field(init=False)
+    supervisor: Supervisor | None = None
+    on_engine_down: list[Callable[[str], None]] = field(default_factory=list)
+    """Called (from the supervisor's thread) with the reason when the engine stops serving."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _closed: bool = False
 
@@ -50,6 +64,8 @@ class Daemon:
             if self._closed:
                 return
             self._closed = True
+            if self.supervisor is not None:
+                self.supervisor.stop()
             shutdown_engine(self.engine, self.drain_timeout)
             self.writer.close()
             self.store.close()
@@ -58,7 +74,8 @@ class Daemon:
 
 def build_daemon(settings: Settings, *, fault: FaultHook | None = None,
                  secret: str | None = None, drain_timeout: float | None = None,
-                 flush_interval: float = DEFAULT_FLUSH_INTERVAL_S) -> Daemon:
+                 flush_interval: float = DEFAULT_FLUSH_INTERVAL_S,
+                 supervise_interval_s: float = 1.0) -> Daemon:
     """The running daemon from its settings (the model is loaded when this returns)."""
     path = db_file(settings.store.data_dir)
     migrate.upgrade(path)
@@ -76,6 +93,12 @@ def build_daemon(settings: Settings, *, fault: FaultHook | None = None,
     if secret is None:
         secret = app_secret(Path(settings.store.data_dir).expanduser())
     daemon.app = create_app(services, secret, on_shutdown=[daemon.close])
+
+    def engine_down(reason: str) -> None:
+        for hook in list(daemon.on_engine_down):
+            hook(reason)
+
+    daemon.supervisor = supervise(engine, engine_down, supervise_interval_s)
     return daemon
 
 

@@ -14,7 +14,8 @@ top to bottom; a package imports only from its own layer or those below it:
     engine    engine
     sched     sched
     store     store
-    base      appliance (the version), settings, blas, demo (the demo-model builder)
+    base      appliance (the version), settings, vocab (shared words), blas, demo (the
+              demo-model builder)
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine", ("appliance.engine",)),
     ("sched", ("appliance.sched",)),
     ("store", ("appliance.store",)),
-    ("base", ("appliance", "appliance.settings", "appliance.blas", "appliance.demo")),
+    ("base", ("appliance", "appliance.settings", "appliance.blas", "appliance.demo",
+              "appliance.vocab")),
 )
 
 

@@ -81,7 +81,7 @@ def wait_until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "con
 def live_server(settings: Settings, fault: FaultHook | None = None) -> Iterator[LiveServer]:
     """The daemon as ``appliance serve`` assembles it (``build_daemon``), on a thread."""
     daemon = build_daemon(settings, fault=fault, secret="x" * 32, drain_timeout=1,
-                          flush_interval=0.05)
+                          flush_interval=0.05, supervise_interval_s=0.1)
     plain, ids = add_household(daemon.store)
     served = serve_in_thread(daemon)
     try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from appliance.sched.classes import Klass
 from appliance.sched.states import RequestState
 from appliance.sched.types import DEFAULT_AGING_SECONDS, DEFAULT_W_IN, DEFAULT_W_OUT, SeqView
+from appliance.vocab import WEIGHT_MAX, WEIGHT_MIN
 
 
 def effective_class(klass: Klass, waited: float, aging_seconds: float) -> Klass:
@@ -64,8 +65,10 @@ class VirtualCounters:
         return self._weights.get(user, 1.0)
 
     def set_weight(self, user: str, weight: float) -> None:
-        """A user with weight 2 is entitled to twice the service of a user with weight 1."""
-        self._weights[user] = _check_weight("weight", weight)
+        """A user with weight 2 is entitled to twice the service of a user with weight 1.
+        Clamped into [WEIGHT_MIN, WEIGHT_MAX] (a weight stored before the bounds existed,
+        say 1e-320, must not turn a counter into infinity)."""
+        self._weights[user] = min(max(_check_weight("weight", weight), WEIGHT_MIN), WEIGHT_MAX)
 
     def charge(self, user: str, prefill_tokens: int, output_tokens: int) -> float:
         """Add the cost of work done for ``user``; returns the amount added."""
@@ -94,10 +97,18 @@ class VirtualCounters:
         """Every counter, for persistence and the dashboard."""
         return dict(self._values)
 
+    def weights(self) -> dict[str, float]:
+        """Every weight set so far (a user not in it has weight 1)."""
+        return dict(self._weights)
+
     def restore(self, values: Mapping[str, float]) -> None:
-        """Load persisted counters (at start-up, before any request is seen)."""
-        self._values = {u: float(v) for u, v in values.items()}
-        self._floor = min(self._values.values(), default=0.0)
+        """Load persisted counters (at start-up, before any request is seen). A value that
+        is not a finite number >= 0 (persisted before weights were bounded) starts again
+        from the lowest sound counter, as a newly backlogged user would."""
+        sound = {u: float(v) for u, v in values.items() if math.isfinite(v) and v >= 0}
+        floor = min(sound.values(), default=0.0)
+        self._values = {u: sound.get(u, floor) for u in values}
+        self._floor = floor
         self._backlogged = frozenset()
 
 

@@ -13,6 +13,7 @@ import msgspec
 
 from appliance.api.errors import ApiError, bad_request, busy, engine_down, shutting_down
 from appliance.api.schemas import ChatMessage, SamplingFields
+from appliance.api.structured import Constraint, grammar_for
 from appliance.api.throttle import LoginThrottle
 from appliance.engine.core import Engine, EngineBusy, EngineDown, EngineStopping, UserBusy
 from appliance.engine.request import (
@@ -280,9 +281,17 @@ def quota_error(verdict: QuotaVerdict) -> ApiError:
 
 async def submit(services: Services, prompt: list[int], body: SamplingFields,
                  max_tokens: int | None, principal: Principal, klass: Klass,
-                 endpoint: str) -> Generation:
-    """Check the request against the context and the user's quotas, then queue it."""
+                 endpoint: str, *, constraint: Constraint | None = None,
+                 grammar: str | None = None) -> Generation:
+    """Check the request against the context and the user's quotas, then queue it.
+
+    ``constraint`` (a JSON schema, or ``{"type": "json_object"}``) makes the engine decode
+    only answers that follow it; ``grammar`` is an llguidance grammar given directly (forced
+    tool calls). A constraint that cannot be compiled is a 400.
+    """
     check_context(len(prompt), services.model.ctx_limit)
+    if constraint is not None:
+        grammar = grammar_for(constraint)
     sampling = sampling_from(body, services.model.vocab_size)
     quota = await anyio.to_thread.run_sync(quota_of, services.store, principal.user_id)
     if max_tokens is not None:
@@ -298,5 +307,6 @@ async def submit(services: Services, prompt: list[int], body: SamplingFields,
     request = GenerationRequest(
         prompt=tuple(prompt), max_tokens=out, sampling=sampling, stop=stops_from(body.stop),
         user=principal.name, klass=klass, user_id=principal.user_id,
-        api_key_id=principal.key_id, endpoint=endpoint, tokens_per_day=quota.tokens_per_day)
+        api_key_id=principal.key_id, endpoint=endpoint, tokens_per_day=quota.tokens_per_day,
+        grammar=grammar)
     return Generation(services.engine, request, quota.max_concurrent)

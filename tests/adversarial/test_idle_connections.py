@@ -11,55 +11,17 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.adversarial.conftest import scale
-from tests.conftest import free_port
-from tests.daemon import PASSWORD, Daemon, make_household
+from tests.adversarial.conftest import Live, scale
+from tests.daemon import PASSWORD
 from tests.helpers import wait_until
 
-LONG = scale().idle_connections > 1000
-FLAGS = () if LONG else ("--header-timeout", "2", "--max-connections", "200")
 HALF_SENT = scale().idle_connections
-
-
-@pytest.fixture(scope="module")
-def daemon(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    data_dir = tmp_path_factory.mktemp("conn")
-    keys = make_household(data_dir)
-    port = free_port()
-    log = data_dir / "daemon.log"
-    env = {**os.environ, "APPLIANCE_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
-    with open(log, "ab") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "appliance", "serve", "--model", str(tiny_model), "--port",
-             str(port), *FLAGS],
-            env=env, stdout=fh, stderr=subprocess.STDOUT)
-    d = Daemon(proc, f"http://127.0.0.1:{port}", log, data_dir)
-    d.keys = keys  # type: ignore[attr-defined]
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(log.read_text()[-2000:])
-        try:
-            return httpx.get(d.url + "/health", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(up, 120, "daemon /health")
-        yield d
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
 
 
 def half_sent(port: int, n: int) -> list[socket.socket]:
@@ -72,7 +34,8 @@ def half_sent(port: int, n: int) -> list[socket.socket]:
     return socks
 
 
-def test_idle_half_sent_connections_cannot_stop_the_house(daemon: Daemon) -> None:
+def test_idle_half_sent_connections_cannot_stop_the_house(live: Live) -> None:
+    daemon = live.daemon
     port = int(daemon.url.rsplit(":", 1)[1])
     log_before = daemon.log.stat().st_size
     started = time.monotonic()
@@ -88,7 +51,7 @@ def test_idle_half_sent_connections_cannot_stop_the_house(daemon: Daemon) -> Non
                 return False
         wait_until(healthy, 60, "/health during the flood")
         health_s = time.monotonic() - started
-        key = daemon.keys["bob"]  # type: ignore[attr-defined]
+        key = live.fresh_key("idle-bob")
         with httpx.Client(base_url=daemon.url, timeout=60,
                           headers={"Authorization": f"Bearer {key}"}) as bob:
             r = bob.post("/v1/chat/completions", json={
@@ -132,24 +95,25 @@ def test_idle_half_sent_connections_cannot_stop_the_house(daemon: Daemon) -> Non
     assert "Traceback" not in daemon.log.read_text()
 
 
-def test_forwarded_headers_from_an_untrusted_peer_are_ignored(daemon: Daemon) -> None:
-    with httpx.Client(base_url=daemon.url) as c:
+def test_forwarded_headers_from_an_untrusted_peer_are_ignored(live: Live) -> None:
+    live.fresh_key("dora")
+    with httpx.Client(base_url=live.url) as c:
         for i in range(5):
             c.get("/login")
             token = c.cookies.get("csrftoken") or ""
-            r = c.post("/login", data={"name": "alice", "password": "wrong-wrong",
+            r = c.post("/login", data={"name": "dora", "password": "wrong-wrong",
                                        "_csrf_token": token},
                        headers={"X-Forwarded-For": f"10.66.0.{i}"})
             assert r.status_code == 401
         token = c.cookies.get("csrftoken") or ""
-        r = c.post("/login", data={"name": "alice", "password": PASSWORD,
+        r = c.post("/login", data={"name": "dora", "password": PASSWORD,
                                    "_csrf_token": token},
                    headers={"X-Forwarded-For": "10.66.1.1", "X-Forwarded-Proto": "https"})
         assert r.status_code == 429  # the spoofed address changed nothing
 
 
-def test_the_soft_open_file_limit_is_raised_to_the_hard_one(daemon: Daemon) -> None:
-    limits = Path(f"/proc/{daemon.proc.pid}/limits")
+def test_the_soft_open_file_limit_is_raised_to_the_hard_one(live: Live) -> None:
+    limits = Path(f"/proc/{live.daemon.proc.pid}/limits")
     if not limits.exists():
         pytest.skip("no /proc on this system")
     row = next(line for line in limits.read_text().splitlines()

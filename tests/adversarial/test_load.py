@@ -36,13 +36,14 @@ async def _flood(url: str, key: str, n: int) -> list[tuple[int, int]]:
 
 
 def test_a_flood_gets_answers_or_a_clean_503(live: Live) -> None:
-    results = asyncio.run(_flood(live.url, live.keys["bob"], scale().flood_clients))
+    key = live.fresh_key("flo")
+    results = asyncio.run(_flood(live.url, key, scale().flood_clients))
     statuses = [s for s, _ in results]
     assert set(statuses) <= {200, 503}, statuses
     assert statuses.count(200) >= 1
     with live.client("alice") as alice:
         assert alice.get("/health").status_code == 200
-    normal_chat(live, live.keys["alice"])
+    normal_chat(live, key)
 
 
 async def _leave_mid_stream(url: str, key: str) -> None:
@@ -64,13 +65,14 @@ async def _storm(url: str, key: str, n: int) -> None:
 
 
 def test_clients_that_hang_up_free_their_slots(live: Live) -> None:
-    asyncio.run(_storm(live.url, live.keys["bob"], scale().storm_clients))
+    key = live.fresh_key("stormy")
+    asyncio.run(_storm(live.url, key, scale().storm_clients))
     with live.client("alice") as alice:
         def empty() -> bool:
             slots = alice.get("/slots").json()
             return slots["active"] == 0 and slots["queued"] == 0 and not slots["slots"]
         wait_until(empty, 120, "/slots empty after the storm")
-    normal_chat(live, live.keys["bob"])
+    normal_chat(live, key)
 
 
 def _ledger_rows(live: Live) -> int:
@@ -85,10 +87,13 @@ def test_an_external_lock_on_the_database_loses_nothing(live: Live) -> None:
     """Another process holds the write lock for longer than the busy timeout: writes answer
     503 + Retry-After, key authentication and chats go on, every ledger row arrives once
     the lock is released, and the daemon recovers by itself."""
-    with live.client("bob") as bob:
-        normal_chat(live, live.keys["bob"])
-        wait_until(lambda: _ledger_rows(live) > 0, 30, "a first ledger row")
-        before = _ledger_rows(live)
+    key = live.fresh_key("lockie")
+    with httpx.Client(base_url=live.url, timeout=120,
+                      headers={"Authorization": f"Bearer {key}"}) as bob:
+        settled = _ledger_rows(live)
+        normal_chat(live, key)
+        wait_until(lambda: _ledger_rows(live) == settled + 1, 30, "the first chat's row")
+        before = settled + 1
         locker = sqlite3.connect(live.daemon.data_dir / "appliance.db", isolation_level=None,
                                  timeout=30)
         locker.execute("BEGIN EXCLUSIVE")

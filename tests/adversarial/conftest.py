@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +35,11 @@ SCALES = {
 
 
 def scale() -> Scale:
-    return SCALES[os.environ.get("APPLIANCE_ADVERSARIAL", "ci")]
+    chosen = SCALES[os.environ.get("APPLIANCE_ADVERSARIAL", "ci")]
+    cases = os.environ.get("APPLIANCE_ADVERSARIAL_CASES")  # per operation, mode and caller
+    if cases:
+        chosen = dataclasses.replace(chosen, cases_per_operation=int(cases))
+    return chosen
 
 
 @dataclass

@@ -33,7 +33,7 @@ def make_settings(model: Path, **overrides: Any) -> Settings:
     s.engine.model = str(model)
     s.store.data_dir = tempfile.mkdtemp(prefix="appliance-test-")
     for key, value in overrides.items():
-        for section in (s.server, s.engine, s.sched, s.store):
+        for section in (s.server, s.engine, s.sched, s.store, s.jobs):
             if hasattr(section, key):
                 setattr(section, key, value)
                 break
@@ -87,7 +87,7 @@ def live_server(settings: Settings, fault: FaultHook | None = None) -> Iterator[
     plain, ids = add_household(store)
     writer = StoreWriter(store.sessions, flush_interval=0.05)
     engine = start_engine(settings, fault=fault, writer=writer)
-    services = build_services(settings, engine, store)
+    services = build_services(settings, engine, store, writer)
     app = create_app(services, secret="x" * 32)
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,

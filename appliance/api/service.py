@@ -61,6 +61,8 @@ class Services:
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
     started_at: float = field(default_factory=time.time)
     on_policy_change: Callable[[], None] | None = None
+    jobs: Any = None
+    """The background job scheduler (``appliance.jobs.runner.JobService``), when wired."""
 
     def policy_changed(self) -> None:
         """Call after an admin changes weights, classes or quotas: the running scheduler

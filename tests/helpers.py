@@ -51,6 +51,8 @@ class LiveServer:
     keys: dict[str, str]
     """Plaintext API key of each persona (alice admin, bob and carol members)."""
     user_ids: dict[str, int]
+    services: Any = None
+    """The app's ``Services`` (jobs tests reach the job scheduler through it)."""
 
     def client(self, who: str | None = None, **kw: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.keys[who]}"} if who else {}
@@ -97,7 +99,8 @@ def live_server(settings: Settings, fault: FaultHook | None = None) -> Iterator[
     thread.start()
     wait_until(lambda: server.started, 30, "server start")
     try:
-        yield LiveServer(f"http://127.0.0.1:{port}", engine, store, writer, plain, ids)
+        yield LiveServer(f"http://127.0.0.1:{port}", engine, store, writer, plain, ids,
+                         services)
     finally:
         server.should_exit = True
         thread.join(10)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.daemon import cli, make_household, start_daemon
 from tests.helpers import wait_until
@@ -19,6 +20,8 @@ def _runs(c: httpx.Client, job_id: int) -> list[dict[str, Any]]:
     return sorted(c.get(f"/jobs/{job_id}/runs").json(), key=lambda r: r["scheduled_for"])
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # two daemon starts; far longer on a loaded machine
 def test_slots_missed_while_down_are_caught_up_as_one_run(tiny_model: Path,
                                                           tmp_path: Path) -> None:
     keys = make_household(tmp_path)
@@ -50,6 +53,8 @@ def test_slots_missed_while_down_are_caught_up_as_one_run(tiny_model: Path,
         d.terminate()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_kill_9_mid_run_leaves_it_interrupted_then_retried_once_and_the_ledger_agrees(
         demo_model: Path, tmp_path: Path) -> None:
     keys = make_household(tmp_path)

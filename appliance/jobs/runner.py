@@ -35,7 +35,7 @@ from appliance.api.schemas import ChatMessage, SamplingFields
 from appliance.jobs import fetch, mapreduce, sources
 from appliance.jobs.definition import Limits
 from appliance.jobs.netguard import Guard, Refused, parse_allow_list
-from appliance.jobs.schedule import household_zone, latest_slot, make_trigger
+from appliance.jobs.schedule import household_zone, in_words, latest_slot, make_trigger
 from appliance.sched.classes import Klass
 from appliance.store import jobs as store_jobs
 from appliance.store.models import Job, User
@@ -125,6 +125,8 @@ class JobService:
         self._signatures: dict[int, tuple[Any, ...]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self.known: dict[int, tuple[str, int]] = {}
+        """Job id -> (name, owner id), refreshed at every sync (for the dashboard)."""
 
     def guard(self, admin: bool) -> Guard:
         return Guard(self.allow, privileged=admin)
@@ -169,6 +171,7 @@ class JobService:
         if self._stopping or self.scheduler is None:
             return
         jobs, pending = await anyio.to_thread.run_sync(self._read_jobs)
+        self.known = {j.id: (j.name, j.user_id) for j in jobs}
         wanted: dict[int, Job] = {j.id: j for j in jobs
                                   if j.schedule_kind != "none" and not j.paused}
         for job_id in list(self._signatures):
@@ -287,6 +290,29 @@ class JobService:
             return None
         job = self.scheduler.get_job(f"job-{job_id}")
         return None if job is None else job.next_run_time
+
+    def overview(self, only_user: int | None, limit: int = 5
+                 ) -> tuple[list[tuple[str, int, int]], list[tuple[str, str]]]:
+        """Runs in progress and the next scheduled runs (names, progress, times in words),
+        for everyone or one user, from memory only."""
+        def mine(job_id: int, owner: int | None = None) -> bool:
+            who = owner if owner is not None else self.known.get(job_id, ("", -1))[1]
+            return only_user is None or who == only_user
+
+        running = [(self.known.get(v.job_id, (f"job {v.job_id}", 0))[0], v.done, v.total)
+                   for v in self.live.values() if mine(v.job_id, v.user_id)]
+        upcoming: list[tuple[datetime, str]] = []
+        if self.scheduler is not None:
+            for job in self.scheduler.get_jobs():
+                if not job.id.startswith("job-") or job.next_run_time is None:
+                    continue
+                job_id = int(job.id[4:])
+                if mine(job_id):
+                    upcoming.append((job.next_run_time,
+                                     self.known.get(job_id, (f"job {job_id}", 0))[0]))
+        upcoming.sort()
+        now = datetime.now(self.zone)
+        return running[:limit], [(name, in_words(t, now)) for t, name in upcoming[:limit]]
 
     def _spawn(self, run_id: int) -> None:
         task = asyncio.get_running_loop().create_task(self.execute(run_id))

@@ -64,6 +64,10 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("GET", "/dashboard", None, 303, 200, 200),
     ("GET", "/keys", None, 303, 200, 200),
     ("POST", "/keys", {"name": "web"}, 401, 201, 201),
+    ("GET", "/jobs/page", None, 303, 200, 200),
+    ("GET", "/jobs/page/list", None, 401, 200, 200),
+    ("GET", "/jobs/page/preview", None, 401, 200, 200),
+    ("POST", "/jobs/page", {"name": "webjob{n}", "text": "t"}, 401, 303, 303),
     ("GET", "/manage/users", None, 303, 403, 200),
     ("POST", "/manage/users", {"name": "webuser{n}", "password": "longenough1"}, 401, 403, 303),
     ("POST", "/manage/users/{carol}", {"weight": "1.5"}, 401, 403, 303),
@@ -124,7 +128,10 @@ OWNED = {("GET", "/schema/{}"),  # probed by the /schema/openapi.yaml row above
          # jobs: tests/jobs/test_jobs_api.py::test_members_see_only_their_own_jobs_and_admins_see_all
          ("GET", "/jobs/{}"), ("PATCH", "/jobs/{}"), ("DELETE", "/jobs/{}"),
          ("POST", "/jobs/{}/run"), ("GET", "/jobs/{}/runs"), ("GET", "/jobs/{}/runs/{}"),
-         ("POST", "/jobs/{}/runs/{}/cancel")}
+         ("POST", "/jobs/{}/runs/{}/cancel"),
+         ("GET", "/jobs/page/{}"), ("GET", "/jobs/page/{}/history"),
+         ("POST", "/jobs/page/{}/run"), ("POST", "/jobs/page/{}/{}"),
+         ("POST", "/jobs/page/{}/runs/{}/cancel")}
 
 
 def test_a_member_cannot_see_or_touch_another_members_conversation(server: LiveServer) -> None:

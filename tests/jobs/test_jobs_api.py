@@ -195,6 +195,17 @@ def test_members_see_only_their_own_jobs_and_admins_see_all(server: LiveServer) 
         assert jid in [j["id"] for j in alice.get("/jobs").json()]
         assert alice.get(f"/jobs/{jid}/runs/{run['id']}").json()["output"] == run["output"]
         assert bob.get(f"/jobs/{jid}").json()["name"] == "bob's digest"
+        # the Jobs page's own routes answer the same way
+        for method, path in (("GET", f"/jobs/page/{jid}"), ("GET", f"/jobs/page/{jid}/history"),
+                             ("POST", f"/jobs/page/{jid}/run"),
+                             ("POST", f"/jobs/page/{jid}/pause"),
+                             ("POST", f"/jobs/page/{jid}/delete"),
+                             ("POST", f"/jobs/page/{jid}/runs/{run['id']}/cancel")):
+            assert carol.request(method, path).status_code == 404, (method, path)
+            assert anon.request(method, path).status_code in (303, 401)
+        assert bob.get(f"/jobs/page/{jid}").status_code == 200
+        assert bob.post(f"/jobs/page/{jid}/frobnicate").status_code == 404
+        assert bob.get(f"/jobs/{jid}").json()["paused"] is False
 
 
 BAD: list[tuple[str, str, object, int, str]] = [

@@ -68,6 +68,8 @@ class Services:
     on_policy_change: Callable[[], None] | None = None
     note_key_used: Callable[[int, float], None] | None = None
     """Where an API key's last-used time goes (the store writer); None: not recorded."""
+    jobs: Any = None
+    """The background job scheduler (``appliance.jobs.runner.JobService``), when wired."""
 
     def policy_changed(self) -> None:
         """Call after an admin changes weights, classes or quotas: the running scheduler

@@ -17,17 +17,21 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
+from sqlalchemy.exc import OperationalError
 
 from appliance import __version__
-from appliance.api import account, admin, metrics, monitoring, openai
+from appliance.api import account, admin, jobs, metrics, monitoring, openai
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
 from appliance.api.errors import (
+    LIMIT_ERROR_HANDLERS,
     ApiError,
     api_error_handler,
+    database_error_handler,
     http_error_handler,
     internal_error_handler,
     store_error_handler,
 )
+from appliance.api.headers import HtmlSecurityHeaders
 from appliance.api.service import ModelInfo, Services
 from appliance.engine.core import Engine, EngineConfig
 from appliance.engine.model import resolve_model_path
@@ -112,7 +116,8 @@ def ledger_record(f: Finished) -> LedgerRecord:
         ttft_ms=f.ttft_ms, itl_mean_ms=f.itl_mean_ms, itl_p95_ms=f.itl_p95_ms)
 
 
-def build_services(settings: Settings, engine: Engine, store: Store) -> Services:
+def build_services(settings: Settings, engine: Engine, store: Store,
+                   writer: StoreWriter | None = None) -> Services:
     loaded: Any = engine.loaded
     info = ModelInfo(name=loaded.name, path=str(loaded.path), is_demo=loaded.is_demo,
                      ctx_limit=loaded.ctx_limit,
@@ -122,9 +127,20 @@ def build_services(settings: Settings, engine: Engine, store: Store) -> Services
         with store.read_sessions() as s:
             engine.set_weights(fairness.load_weights(s))
 
-    return Services(engine=engine, model=info, store=store, on_policy_change=reload_weights,
-                    default_max_tokens=settings.engine.default_max_tokens,
-                    max_batch_size=engine.config.scheduler.max_batch_size)
+    services = Services(engine=engine, model=info, store=store, on_policy_change=reload_weights,
+                        default_max_tokens=settings.engine.default_max_tokens,
+                        max_batch_size=engine.config.scheduler.max_batch_size,
+                        note_key_used=writer.submit_key_used if writer is not None else None)
+    attach_jobs(services, settings, writer)
+    return services
+
+
+def attach_jobs(services: Services, settings: Settings, writer: StoreWriter | None) -> None:
+    """The background job scheduler; ``create_app`` starts it in the lifespan."""
+    from appliance.jobs.runner import JobService
+
+    flush = None if writer is None else (lambda: writer.flush(10))
+    services.jobs = JobService(services, settings.jobs, flush_ledger=flush)
 
 
 def create_app(services: Services, secret: str,
@@ -132,11 +148,14 @@ def create_app(services: Services, secret: str,
     csrf = CSRFConfig(secret=secret, exclude=CSRF_EXEMPT, cookie_samesite="strict")
     app = Litestar(
         route_handlers=[*openai.ROUTES, *monitoring.ROUTES, *metrics.ROUTES, *account.ROUTES,
-                        admin.router,
+                        admin.router, *jobs.ROUTES,
                         *web_routes()],
         state=State({"services": services}),
         # Outermost first: who is asking (401) before whether the form is genuine (403).
-        middleware=[DefineMiddleware(AuthMiddleware, exclude=list(PUBLIC_PATHS)),
+        middleware=[HtmlSecurityHeaders,
+                    # OPTIONS too: an unauthenticated OPTIONS reached the admin guard (500)
+                    DefineMiddleware(AuthMiddleware, exclude=list(PUBLIC_PATHS),
+                                     exclude_http_methods=()),
                     DefineMiddleware(CsrfUnlessBearer, config=csrf)],
         template_config=TemplateConfig(directory=TEMPLATES, engine=JinjaTemplateEngine),
         exception_handlers={
@@ -146,9 +165,15 @@ def create_app(services: Services, secret: str,
             AlreadyExists: store_error_handler(409),
             LastAdmin: store_error_handler(409),
             ValueError: store_error_handler(400),
+            **LIMIT_ERROR_HANDLERS,
+            OperationalError: database_error_handler,
             Exception: internal_error_handler,
         },
-        on_shutdown=list(on_shutdown),
+        # APScheduler's AsyncIOScheduler needs the running loop: started here; stopped
+        # before anything else shuts down (before the engine drains).
+        on_startup=[services.jobs.start] if services.jobs is not None else [],
+        on_shutdown=[*([services.jobs.stop] if services.jobs is not None else []),
+                     *on_shutdown],
         request_max_body_size=MAX_BODY_BYTES,
         logging_config=None,
         # JSON only: Litestar's Swagger/ReDoc pages load scripts from CDNs (offline here)

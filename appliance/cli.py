@@ -1,4 +1,4 @@
-"""The ``appliance`` command: serve | run | model | migrate | user | key | bench."""
+"""The ``appliance`` command: serve | run | model | migrate | user | key | job | bench."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ def setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("alembic", "httpx", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    from appliance import logfilter
+    logfilter.install()  # repeated errors (a connection flood) are counted, not written out
 
 
 def use_openblas(blas: str, argv: list[str]) -> None:
@@ -67,10 +69,12 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     from appliance.engine.faults import ENV as FAULT_ENV
     from appliance.engine.faults import fault_from_spec
     from appliance.engine.supervisor import ENGINE_DOWN_EXIT
+    from appliance.httpserver import raise_open_file_limit
 
     # migrates before the event loop starts
     daemon = build_daemon(settings, fault=fault_from_spec(os.environ.get(FAULT_ENV)))
-    config = uvicorn_config(daemon, settings.server.host, settings.server.port)
+    config = uvicorn_config(daemon, settings.server.host, settings.server.port,
+                            raise_open_file_limit())
     log.info("serving %s on http://%s:%d/", daemon.services.model.name, settings.server.host,
              settings.server.port)
     # uvicorn re-raises the signal that stopped it once it has shut down, which would end
@@ -191,8 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--shape", default="demo", choices=("demo", "tiny", "smollm-135m"))
     demo.add_argument("--seed", type=int, default=0)
 
-    from appliance import cli_admin
+    from appliance import cli_admin, cli_jobs
     cli_admin.add_parsers(sub)
+    cli_jobs.add_parsers(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (see docs/BENCHMARKS.md)")
     bench.add_argument("bench_cmd", choices=("serve", "fairness", "dashboards"))
@@ -217,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         exit_now(rc)
     if args.cmd == "model":
         return cmd_model(settings, args)
+    if args.cmd == "job":
+        from appliance import cli_jobs
+        return cli_jobs.run(settings, args)
     if args.cmd in ("migrate", "user", "key"):
         from appliance import cli_admin
         return cli_admin.run(settings, args)

@@ -87,7 +87,7 @@ def build_daemon(settings: Settings, *, fault: FaultHook | None = None,
         writer.close()
         store.close()
         raise
-    services = build_services(settings, engine, store)
+    services = build_services(settings, engine, store, writer)
     daemon = Daemon(settings, store, writer, engine, services,
                     settings.server.shutdown_timeout if drain_timeout is None else drain_timeout)
     if secret is None:
@@ -102,13 +102,17 @@ def build_daemon(settings: Settings, *, fault: FaultHook | None = None,
     return daemon
 
 
-def uvicorn_config(daemon: Daemon, host: str, port: int) -> Any:
-    """How the daemon's app is served (the CLI in the foreground, tests in a thread)."""
+def uvicorn_config(daemon: Daemon, host: str, port: int, nofile: int | None = None) -> Any:
+    """How the daemon's app is served (the CLI in the foreground, tests in a thread);
+    ``nofile``: the open-file limit (``raise_open_file_limit()`` in the CLI)."""
     import uvicorn
 
+    from appliance.httpserver import server_options
+
     return uvicorn.Config(daemon.app, host=host, port=port, log_config=None, access_log=False,
-                          backlog=2048, lifespan="on", timeout_keep_alive=30,
-                          timeout_graceful_shutdown=int(daemon.drain_timeout) or None)
+                          lifespan="on",
+                          timeout_graceful_shutdown=int(daemon.drain_timeout) or None,
+                          **server_options(daemon.settings.server, nofile))
 
 
 @dataclass

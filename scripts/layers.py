@@ -10,12 +10,12 @@ top to bottom; a package imports only from its own layer or those below it:
     assembly  daemon
     app       app
     web       web
-    api       api
+    api       api, jobs (background summaries through the same services)
     engine    engine
     sched     sched
     store     store
-    base      appliance (the version), settings, vocab (shared words), blas, demo (the
-              demo-model builder)
+    base      appliance (the version), settings, vocab (shared words), blas, httpserver,
+              demo (the demo-model builder)
 """
 
 from __future__ import annotations
@@ -28,17 +28,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TOP = ("appliance", "web")
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("entry", ("appliance.cli", "appliance.cli_admin", "appliance.__main__", "appliance.models",
+    ("entry", ("appliance.cli", "appliance.cli_admin", "appliance.cli_jobs", "appliance.__main__",
+               "appliance.models",
                "appliance.bench")),
     ("assembly", ("appliance.daemon",)),
     ("app", ("appliance.app",)),
     ("web", ("web",)),
-    ("api", ("appliance.api",)),
+    ("api", ("appliance.api", "appliance.jobs")),
     ("engine", ("appliance.engine",)),
     ("sched", ("appliance.sched",)),
     ("store", ("appliance.store",)),
     ("base", ("appliance", "appliance.settings", "appliance.blas", "appliance.demo",
-              "appliance.vocab")),
+              "appliance.vocab", "appliance.httpserver", "appliance.logfilter")),
 )
 
 

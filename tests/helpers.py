@@ -31,7 +31,7 @@ def make_settings(model: Path, **overrides: Any) -> Settings:
     s.engine.model = str(model)
     s.store.data_dir = tempfile.mkdtemp(prefix="appliance-test-")
     for key, value in overrides.items():
-        for section in (s.server, s.engine, s.sched, s.store):
+        for section in (s.server, s.engine, s.sched, s.store, s.jobs):
             if hasattr(section, key):
                 setattr(section, key, value)
                 break
@@ -50,6 +50,11 @@ class LiveServer:
     """Plaintext API key of each persona (alice admin, bob and carol members)."""
     user_ids: dict[str, int]
     daemon: Daemon
+
+    @property
+    def services(self) -> Any:
+        """The app's ``Services`` (jobs tests reach the job scheduler through it)."""
+        return self.daemon.services
 
     def client(self, who: str | None = None, **kw: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.keys[who]}"} if who else {}

@@ -121,7 +121,7 @@ class Hub:
             "h": HELPERS, "snap": snap, "admin": audience.admin, "me_name": audience.name,
             "max_batch": self._services.max_batch_size, "rate": rate,
             "chart": charts.spark(rates, width=320, height=60),
-            "kv": kv_view(snap, getattr(self._services.engine, "kv_budget_bytes", None)),
+            "kv": kv_view(snap, self._services.engine.kv_budget_bytes),
             "slots": [s for s in snap.slots if audience.admin or s.user == audience.name],
             "others": 0 if audience.admin else sum(s.user != audience.name for s in snap.slots),
             "queue": queue_by_class(snap.queue, None if audience.admin else audience.name),
@@ -136,13 +136,9 @@ class Hub:
 
 
 def kv_view(snap: EngineSnapshot, budget: int | None = None) -> KvView:
-    """KV figures; reservations and the prompt cache appear once the engine publishes them
-    in its snapshot (``kv_reserved_bytes``, ``prompt_cache_bytes``); the budget comes from
-    the snapshot or, failing that, ``budget`` (the engine's ``kv_budget_bytes``)."""
-    return KvView(in_use=snap.kv_bytes,
-                  reserved=getattr(snap, "kv_reserved_bytes", None),
-                  prompt_cache=getattr(snap, "prompt_cache_bytes", None),
-                  budget=getattr(snap, "kv_budget_bytes", None) or budget)
+    """KV figures from the engine's snapshot; ``budget``: the engine's ``kv_budget_bytes``."""
+    return KvView(in_use=snap.kv_bytes, reserved=snap.kv_reserved_bytes,
+                  prompt_cache=snap.prompt_cache_bytes, budget=budget)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ percentile of the requests' p95s.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
@@ -90,8 +90,7 @@ class _Acc:
             self.series[max(index, 0)] += tokens
 
 
-def service_table(session: Session, now: float,
-                  live_counters: Mapping[int, float] | None = None) -> list[UserService]:
+def service_table(session: Session, now: float) -> list[UserService]:
     """Every user's service over the last hour and day (disabled users included)."""
     rows = ledger.service_rows(session, now - DAY_S, MAX_ROWS)
     acc: dict[int, _Acc] = {}
@@ -99,8 +98,7 @@ def service_table(session: Session, now: float,
         acc.setdefault(uid, _Acc()).add(now, finished, int(tokens or 0), int(pre or 0), ttft,
                                         itl_mean, itl_p95)
     quotas = limits.load_quotas(session)
-    counters = dict(limits.load_counters(session))
-    counters.update(live_counters or {})
+    counters = limits.load_counters(session)
     out = []
     for u in users.list_users(session):
         a = acc.get(u.id, _Acc())

@@ -174,19 +174,3 @@ class FairPolicy:
 
     def _cost(self, s: SeqView) -> float:
         return self.vtc.w_in * max(s.remaining, 0) / self.vtc.weight(s.user)
-
-    # The counter state, for callers holding only the policy.
-    def charge(self, user: str, prefill_tokens: int, output_tokens: int) -> float:
-        return self.vtc.charge(user, prefill_tokens, output_tokens)
-
-    def set_weight(self, user: str, weight: float) -> None:
-        self.vtc.set_weight(user, weight)
-
-    def observe(self, backlogged: Iterable[str]) -> None:
-        self.vtc.observe(backlogged)
-
-    def counters(self) -> dict[str, float]:
-        return self.vtc.snapshot()
-
-    def restore(self, values: Mapping[str, float]) -> None:
-        self.vtc.restore(values)

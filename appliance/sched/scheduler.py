@@ -253,16 +253,14 @@ class Scheduler:
 
     # ---- after the tick ----
     def update(self, plan: Plan, seqs: Sequence[SeqView], decoded: bool,
-               served: Mapping[str, tuple[int, int]] | None = None) -> None:
+               served: Mapping[str, tuple[int, int]]) -> None:
         """After the tick: charge the work to the users' counters, note who is still
         backlogged, count decode ticks for parked prefills and forget finished ones.
 
         ``served``: user -> (prefill tokens computed, output tokens) this tick, as the engine
-        counted them (prompt-cache hits excluded). None: derived from the plan, assuming
-        every chunk ran and every decoding request produced one token.
+        counted them (prompt-cache hits excluded).
         """
-        work = self._work_done(plan, decoded) if served is None else served
-        for user, (prefill_tokens, output_tokens) in work.items():
+        for user, (prefill_tokens, output_tokens) in served.items():
             if prefill_tokens or output_tokens:
                 self.counters.charge(user, prefill_tokens, output_tokens)
         self.counters.observe(_backlogged(seqs))
@@ -276,20 +274,3 @@ class Scheduler:
                 self._parked_ticks[rid] = 0
             elif decoded:
                 self._parked_ticks[rid] = self._parked_ticks.get(rid, 0) + 1
-
-    def _work_done(self, plan: Plan, decoded: bool) -> dict[str, tuple[int, int]]:
-        work: dict[str, tuple[int, int]] = {}
-
-        def add(user: str, p: int, o: int) -> None:
-            p0, o0 = work.get(user, (0, 0))
-            work[user] = (p0 + p, o0 + o)
-
-        gone = set(plan.preempt) | set(plan.reject)
-        if decoded:
-            for s in _decoding(self._stepped.values()):
-                if s.rid not in gone:
-                    add(s.user, 0, 1)
-        for rid, n in plan.prefill:
-            s = self._stepped[rid]
-            add(s.user, n, 1 if n >= s.remaining else 0)
-        return work

@@ -130,11 +130,3 @@ def usage_last_hour(session: Session, now: float) -> dict[int, Usage]:
 
 def usage_last_day(session: Session, now: float) -> dict[int, Usage]:
     return usage_since(session, now - DAY_S)
-
-
-def tokens_used_since(session: Session, user_id: int, since: float) -> int:
-    """Prompt + output tokens of ``user_id``'s requests finished since ``since`` (the
-    ``total_tokens`` clients see in their usage objects): what the rolling daily quota
-    counts."""
-    usage = usage_since(session, since, user_id=user_id).get(user_id)
-    return 0 if usage is None else usage.total_tokens

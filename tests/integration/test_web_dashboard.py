@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,10 +195,10 @@ def test_viewers_share_one_frame_and_one_ledger_read(monkeypatch: pytest.MonkeyP
     assert all(f == frames[0] for f in frames)
 
 
-def test_the_kv_gauge_shows_budget_reserved_and_prompt_cache_once_published() -> None:
-    snap = SimpleNamespace(kv_bytes=3 << 20, kv_budget_bytes=8 << 20,
-                           kv_reserved_bytes=5 << 20, prompt_cache_bytes=1 << 20)
-    view = live.kv_view(snap)  # type: ignore[arg-type]
+def test_the_kv_gauge_shows_budget_reserved_and_prompt_cache() -> None:
+    snap = dataclasses.replace(EngineSnapshot.empty(), kv_bytes=3 << 20,
+                               kv_reserved_bytes=5 << 20, prompt_cache={"bytes": 1 << 20})
+    view = live.kv_view(snap, 8 << 20)
     html = _templates().get_template("_dash_kv.html").render(kv=view, h=HELPERS)
     assert 'max="8388608" value="3145728"' in html and "38%" in html
     assert "5.0 MiB" in html and "1.0 MiB" in html and "8.0 MiB" in html

@@ -91,7 +91,7 @@ def test_a_lower_class_prefill_is_parked_but_granted_every_interval() -> None:
     for tick in range(12):
         plan = s.step(float(tick), seqs)
         grants.append(bool(plan.prefill))
-        s.update(plan, seqs, decoded=True)
+        s.update(plan, seqs, decoded=True, served={})
     assert grants == [False, False, False, True] * 3
 
 

@@ -3,8 +3,9 @@
 Admins see everyone; a member sees the load (counts only) and their own requests and usage.
 The page renders the current frame, then ``/dashboard/stream`` sends each part again as an
 SSE event whenever it changed, every ``live.INTERVAL_S``. A stream lasts ``LIFETIME_S`` and
-the browser reconnects (``retry``): streams stay short-lived, so a shutdown never waits on
-an open dashboard for long.
+ends with a ``bye`` event; the page's script then opens the next one (no error, nothing
+logged), and a browser without it reconnects after ``retry``: streams stay short-lived, so
+a shutdown never waits on an open dashboard for long.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ async def _events(hub: Hub, audience: Audience, frames: int) -> AsyncIterator[by
                 yield sse.event(name, html)
         n += 1
         if (frames and n >= frames) or time.monotonic() >= deadline:
+            yield sse.event("bye", "")
             return
         # wake at the next interval boundary, when a fresh frame exists
         await asyncio.sleep(INTERVAL_S - time.monotonic() % INTERVAL_S + 0.005)

@@ -7,7 +7,6 @@ from ``APPLIANCE_SCREENSHOTS=docs/screenshots pytest tests/browser``).
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,17 +14,12 @@ from typing import Any
 import pytest
 
 from appliance.engine.request import RequestHandle
+from tests.browser.conftest import DESKTOP, PHONE, Tab
 from tests.browser.support import HOSTILE, slow_fault, slow_request
-from tests.helpers import PASSWORD, LiveServer, live_server, make_settings, wait_until
+from tests.helpers import LiveServer, live_server, make_settings, wait_until
 
 pytestmark = pytest.mark.browser
 playwright = pytest.importorskip("playwright.sync_api")
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
-DESKTOP = {"width": 1280, "height": 800}
-PHONE = {"width": 390, "height": 844}
 
 
 @pytest.fixture(scope="module")
@@ -49,50 +43,13 @@ def demo_server(request: pytest.FixtureRequest, tiny_model: Path) -> Iterator[Li
 
 
 @pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Chromium is not installed (scripts/test.sh installs Debian's)")
-    # The Playwright driver (node) and Chromium must not inherit the OpenBLAS preload that
-    # scripts/test.sh sets for MLX: node fails to start threads with it.
-    preload = os.environ.pop("LD_PRELOAD", None)
-    try:
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            yield browser
-            browser.close()
-    finally:
-        if preload is not None:
-            os.environ["LD_PRELOAD"] = preload
-
-
-@pytest.fixture(scope="module")
 def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = Path(os.environ.get("APPLIANCE_SCREENSHOTS") or tmp_path_factory.mktemp("shots"))
     out.mkdir(parents=True, exist_ok=True)
     return out
 
 
-class Page:
-    """A logged-in tab that records script errors and CSP violations."""
-
-    def __init__(self, chromium: Any, server: LiveServer, who: str,
-                 viewport: dict[str, int] = DESKTOP) -> None:
-        self.context = chromium.new_context(viewport=viewport)
-        self.page = self.context.new_page()
-        self.problems: list[str] = []
-        self.page.on("pageerror", lambda e: self.problems.append(f"error: {e}"))
-        self.page.on("console", lambda m: self.problems.append(m.text)
-                     if m.type == "error" else None)
-        self.page.goto(server.url + "/chat")
-        assert self.page.url.endswith("/login")  # sent there first
-        self.page.fill("input[name=name]", who)
-        self.page.fill("input[name=password]", PASSWORD)
-        self.page.click("button[type=submit]")
-        self.page.wait_for_url("**/chat")
-
-    def close(self) -> None:
-        self.context.close()
-        assert self.problems == [], self.problems
+Page = Tab
 
 
 def _slow(server: LiveServer, who: str) -> RequestHandle:

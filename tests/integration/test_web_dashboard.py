@@ -98,7 +98,7 @@ def test_admins_see_running_slots_and_the_queue_by_class(
     assert 'id="queued-count" data-value="1"' in parts["summary"]
     with browser(server.url, "alice", htmx=False) as page:
         html = page.get("/dashboard").text
-        assert 'sse-connect="/dashboard/stream"' in html and 'data-value="1"' in html
+        assert 'data-stream="/dashboard/stream"' in html and 'data-value="1"' in html
 
 
 def test_members_see_their_own_requests_and_usage_but_no_other_names(

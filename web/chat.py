@@ -57,6 +57,7 @@ class MessageView:
     role: str
     content: str
     finish_reason: str | None = None
+    id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +91,7 @@ def _load(svc: Services, user_id: int, cid: int | None
         c = convs.get_conversation(s, user_id, cid)
         if c is None:
             raise NotFound("conversation not found")
-        messages = [MessageView(m.role, m.content, m.finish_reason)
+        messages = [MessageView(m.role, m.content, m.finish_reason, m.id)
                     for m in convs.list_messages(s, user_id, cid)]
         return listed, ConvView(c.id, c.title, c.updated_at), messages
 
@@ -153,30 +154,40 @@ def model_turns(system: str, history: list[MessageView], text: str) -> list[Chat
     return turns
 
 
-def _save_question(svc: Services, user_id: int, cid: int | None, text: str) -> tuple[int, bool]:
-    """Store the user's message (in a new conversation when ``cid`` is None)."""
+def _save_question(svc: Services, user_id: int, cid: int | None, text: str,
+                   replace_from: int | None = None) -> tuple[int, bool]:
+    """Store the user's message (in a new conversation when ``cid`` is None); with
+    ``replace_from``, first delete that message and the ones after it (an edit)."""
     with svc.store.sessions.begin() as s:
         created = cid is None
         if cid is None:
             title = " ".join(text.split())[:TITLE_CHARS]
             cid = convs.create_conversation(s, user_id, title).id
-        convs.add_message(s, user_id, cid, "user", text)
+        elif replace_from is not None:
+            convs.delete_messages_from(s, user_id, cid, replace_from)
+        if text:
+            convs.add_message(s, user_id, cid, "user", text)
         return cid, created
 
 
-@post("/chat/send")
-async def send(request: Request[Any, Any, Any]) -> Template:
-    svc, who = services(request), me(request)
-    fields = await form_fields(request)
-    text = fields.get("message", "").strip()
+def _checked(text: str) -> str:
+    text = text.strip()
     if not text:
         raise bad_request("Type a message first.", param="message")
     if len(text) > MAX_MESSAGE_CHARS:
         raise bad_request(f"Messages are limited to {MAX_MESSAGE_CHARS} characters.",
                           param="message")
-    cid = int(fields["conversation"]) if fields.get("conversation", "").isdigit() else None
-    system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
-    prompt = chat_prompt(svc.model.tokenizer, model_turns(system, history, text))
+    return text
+
+
+async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
+                 before: list[MessageView], text: str, save: str,
+                 replace_from: int | None = None) -> tuple[str, int, bool]:
+    """Submit ``before`` + the question ``text`` to the engine, then store what changed
+    (``save``: the question, or "" when it is stored already). Returns the answer's stream
+    id, the conversation and whether it was made now."""
+    svc, who = services(request), me(request)
+    prompt = chat_prompt(svc.model.tokenizer, model_turns(system, before, text))
     klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
     # submit() checks the user's quotas (429) and clamps the default max_tokens to them
     try:
@@ -187,11 +198,21 @@ async def send(request: Request[Any, Any, Any]) -> Template:
         raise await plain_refusal(svc, who, exc, len(prompt)) from None
     try:
         saved, created = await anyio.to_thread.run_sync(_save_question, svc, who.user_id, cid,
-                                                        text)
+                                                        save, replace_from)
     except BaseException:
         gen.close()
         raise
-    sid = web_state(request).add_answer(LiveAnswer(gen, who.user_id, saved))
+    return web_state(request).add_answer(LiveAnswer(gen, who.user_id, saved)), saved, created
+
+
+@post("/chat/send")
+async def send(request: Request[Any, Any, Any]) -> Template:
+    svc, who = services(request), me(request)
+    fields = await form_fields(request)
+    text = _checked(fields.get("message", ""))
+    cid = int(fields["conversation"]) if fields.get("conversation", "").isdigit() else None
+    system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
+    sid, saved, created = await _start(request, cid, system, history, text, text)
     # the list shows this conversation first now (newest activity first)
     headers = {"HX-Trigger-After-Settle": "conversations-changed"}
     if created:
@@ -201,14 +222,53 @@ async def send(request: Request[Any, Any, Any]) -> Template:
                 cid=saved, current=ConvView(saved, title) if created else None)
 
 
+def _last_question(history: list[MessageView]) -> int:
+    index = next((i for i in range(len(history) - 1, -1, -1)
+                  if history[i].role == "user"), None)
+    if index is None:
+        raise bad_request("There is no question to answer again.")
+    return index
+
+
+@post("/chat/{cid:int}/regenerate")
+async def regenerate(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
+    """Answer the last question again: its old answer goes, a new one streams."""
+    svc, who = services(request), me(request)
+    system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
+    q = _last_question(history)
+    if q + 1 < len(history):
+        sid, _, _ = await _start(request, cid, system, history[:q], history[q].content, "",
+                                 replace_from=history[q + 1].id)
+    else:
+        sid, _, _ = await _start(request, cid, system, history[:q], history[q].content, "")
+    return page(request, "_replay.html", messages=history[:q], question=history[q].content,
+                sid=sid, cid=cid, current=None,
+                headers={"HX-Trigger-After-Settle": "conversations-changed"})
+
+
+@post("/chat/{cid:int}/edit")
+async def edit(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
+    """Send an edited version of the last question: it and its answer are replaced."""
+    svc, who = services(request), me(request)
+    text = _checked((await form_fields(request)).get("message", ""))
+    system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
+    q = _last_question(history)
+    sid, _, _ = await _start(request, cid, system, history[:q], text, text,
+                             replace_from=history[q].id)
+    return page(request, "_replay.html", messages=history[:q], question=text, sid=sid,
+                cid=cid, current=None,
+                headers={"HX-Trigger-After-Settle": "conversations-changed"})
+
+
 @get("/chat/streams/{sid:str}")
 async def answer_stream(request: Request[Any, Any, Any], sid: FromPath[str]) -> Response[Any]:
     ws = web_state(request)
     answer = ws.connect(sid, me(request).user_id)
     if answer is None:  # unknown, someone else's, finished or already open: stop retrying
         return Response(b"", status_code=204)
-    return sse.stream(_answer_events(ws, sid, answer, request.app.template_engine,
-                                     base_context(request)))
+    # the finished answer offers Copy and Regenerate (its conversation is known)
+    ctx = {**base_context(request), "cid": answer.conversation_id}
+    return sse.stream(_answer_events(ws, sid, answer, request.app.template_engine, ctx))
 
 
 WAIT_POLL_S = 0.5
@@ -228,7 +288,8 @@ async def _relay(gen: Generation, engine: Any) -> AsyncIterator[Event | str]:
     """The answer's events; before the first token, also its place in the queue as text
     (a new line whenever the place changes)."""
     events = cast(AsyncGenerator[Event, None], gen.events())
-    rid = gen.handle.rid
+    handle = getattr(gen, "handle", None)
+    rid = handle.rid if handle is not None else -1
     told: str | None = None
     pending: asyncio.Task[Event] | None = None
     started = False
@@ -241,7 +302,7 @@ async def _relay(gen: Generation, engine: Any) -> AsyncIterator[Event | str]:
             else:
                 await asyncio.wait({pending}, timeout=WAIT_POLL_S)
             if not pending.done():
-                text = waiting_text(engine.snapshot.ahead_of(rid))
+                text = waiting_text(engine.snapshot.ahead_of(rid) if engine else None)
                 if text != told:
                     told = text
                     yield text
@@ -264,7 +325,7 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
     parts: list[str] = []
     finish: FinishEvent | None = None
     try:
-        async for event in _relay(answer.gen, ws.services.engine):
+        async for event in _relay(answer.gen, getattr(ws.services, "engine", None)):
             if isinstance(event, str):
                 yield sse.event("wait", str(escape(event)))
             elif isinstance(event, TokenEvent):
@@ -386,4 +447,5 @@ async def rename(request: Request[Any, Any, Any], cid: FromPath[int]) -> Respons
                 headers={"HX-Trigger-After-Settle": "conversations-changed"})
 
 
-ROUTES = [home, rename, chat_new, chat_page, chat_list, send, answer_stream, stop, delete]
+ROUTES = [home, rename, regenerate, edit, chat_new, chat_page, chat_list, send, answer_stream,
+          stop, delete]

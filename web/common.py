@@ -111,6 +111,13 @@ def fmt_when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
 
 
+def fmt_pct(p: float) -> str:
+    """A share that is small but not nothing reads "0.3 %", not "0 %"."""
+    if p <= 0:
+        return "0 %"
+    return f"{p:.1f} %" if p < 10 else f"{p:.0f} %"
+
+
 def fmt_iso(t: float | None) -> str:
     return "" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
@@ -139,7 +146,7 @@ def percent(part: float | None, whole: float | None) -> int:
 
 
 HELPERS = SimpleNamespace(md=markdown.render, bytes=fmt_bytes, ms=fmt_ms, num=fmt_num,
-                          secs=fmt_secs, when=fmt_when, percent=percent, iso=fmt_iso,
+                          secs=fmt_secs, when=fmt_when, percent=percent, iso=fmt_iso, pct=fmt_pct,
                           day=fmt_day)
 
 

@@ -47,8 +47,15 @@ async def _page(request: Request[Any, Any, Any], status_code: int = 200,
     return template
 
 
+DONE = {"password": "Password changed.", "preferences": "Saved.",
+        "household": "Saved for the household."}
+
+
 @get("/settings", opt=PAGE)
-async def settings_page(request: Request[Any, Any, Any]) -> Template:
+async def settings_page(request: Request[Any, Any, Any], done: str = "") -> Template:
+    """``done``: which form was just saved (after its redirect), to say so there."""
+    if done in DONE:
+        return await _page(request, notice=("ok", DONE[done]), section=done)
     return await _page(request)
 
 
@@ -72,8 +79,8 @@ async def change_password(request: Request[Any, Any, Any]) -> Response[Any]:
     except ValueError as exc:
         return await _page(request, 400, ("error", str(exc)), "password")
     if not is_htmx(request):
-        return Redirect("/settings", status_code=303)
-    return await _page(request, notice=("ok", "Password changed."), section="password")
+        return Redirect("/settings?done=password", status_code=303)
+    return await _page(request, notice=("ok", DONE["password"]), section="password")
 
 
 def _save_preferences(svc: Services, who: Principal, f: dict[str, str]) -> None:
@@ -91,8 +98,8 @@ async def save_preferences(request: Request[Any, Any, Any]) -> Response[Any]:
         return await _page(request, 400, ("error", str(exc)), "preferences", form=f)
     cookies = [theme_cookie(f["theme"])] if f.get("theme") in THEMES else []
     if not is_htmx(request):
-        return Redirect("/settings", status_code=303, cookies=cookies)
-    return await _page(request, notice=("ok", "Saved."), section="preferences",
+        return Redirect("/settings?done=preferences", status_code=303, cookies=cookies)
+    return await _page(request, notice=("ok", DONE["preferences"]), section="preferences",
                        cookies=cookies)
 
 
@@ -111,9 +118,8 @@ async def save_household(request: Request[Any, Any, Any]) -> Response[Any]:
     except ValueError as exc:
         return await _page(request, 400, ("error", str(exc)), "household", form=f)
     if not is_htmx(request):
-        return Redirect("/settings", status_code=303)
-    return await _page(request, notice=("ok", "Saved for the household."),
-                       section="household")
+        return Redirect("/settings?done=household", status_code=303)
+    return await _page(request, notice=("ok", DONE["household"]), section="household")
 
 
 ROUTES = [settings_page, change_password, save_preferences, save_household]

@@ -126,6 +126,17 @@ def add_message(
     return message
 
 
+def delete_messages_from(session: Session, user_id: int, conversation_id: int,
+                         message_id: int) -> None:
+    """Delete the message ``message_id`` and every later one of the conversation (to
+    answer again, or to send an edited question)."""
+    conv = _require(session, user_id, conversation_id)
+    for m in session.scalars(select(Message).where(Message.conversation_id == conv.id,
+                                                   Message.id >= message_id)):
+        session.delete(m)
+    session.flush()
+
+
 def rename_conversation(session: Session, user_id: int, conversation_id: int, title: str) -> None:
     _require(session, user_id, conversation_id).title = _clean_title(title)
 

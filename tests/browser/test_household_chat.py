@@ -274,3 +274,155 @@ def test_a_switched_off_account_is_told_so_not_wrong_password(
     page.click("button[type=submit]")
     assert page.locator(".notice.error").inner_text() == "Wrong name or password."
     context.close()
+
+
+@SIZES
+def test_the_users_page_keeps_what_was_typed_and_names_the_field_plainly(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    tab = Tab(chromium, server, "alice", size)
+    page = tab.page
+    tab.goto("/manage/users")
+    card = f"#user-{server.user_ids['carol']}"
+    page.fill(f"{card} input[name=tokens_per_day]", "500")
+    page.fill(f"{card} input[name=max_concurrent]", "two")
+    page.click(f"{card} button[type=submit]")
+    notice = page.wait_for_selector(f"{card} .notice.error")
+    assert notice is not None
+    assert notice.inner_text().startswith("Concurrent requests must be a whole number")
+    assert page.input_value(f"{card} input[name=max_concurrent]") == "two"
+    assert page.input_value(f"{card} input[name=tokens_per_day]") == "500"
+    page.click("summary:has-text('Add a user')")
+    page.fill("#users-panel form input[name=name]", "bad name!")
+    page.fill("#users-panel form input[name=password]", "long enough password")
+    page.fill("#users-panel form input[name=weight]", "3")
+    page.click("#users-panel form button:has-text('Add user')")
+    page.wait_for_selector("#users-panel > .notice.error")
+    assert page.input_value("#users-panel form input[name=name]") == "bad name!"
+    assert page.input_value("#users-panel form input[name=weight]") == "3"
+    assert "User name must be" in page.locator("#users-panel > .notice.error").inner_text()
+    tab.problems = [p for p in tab.problems if "status of 400" not in p]  # the browser's own
+    tab.close()
+
+
+@SIZES
+def test_members_change_their_own_password_on_the_settings_page(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    from tests.helpers import PASSWORD
+    name = f"hana{size['width']}"
+    with server.client("alice") as api:
+        api.post("/admin/users", json={"name": name, "password": PASSWORD})
+    tab = Tab(chromium, server, name, size)
+    page = tab.page
+    page.click("header nav a:has-text('Settings')")
+    page.fill("input[name=current_password]", PASSWORD)
+    page.fill("input[name=new_password]", "brand new secret")
+    page.fill("input[name=repeat_password]", "brand new secret")
+    page.click("button:has-text('Change password')")
+    page.wait_for_selector(".notice.ok")
+    page.click("header .logout button")
+    page.fill("input[name=name]", name)
+    page.fill("input[name=password]", "brand new secret")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/chat")
+    tab.close()
+
+
+@SIZES
+def test_the_dashboard_reconnects_quietly(chromium: Any, server: LiveServer,
+                                          size: dict[str, int],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from web import dashboard
+    monkeypatch.setattr(dashboard, "LIFETIME_S", 0.6)  # streams end (and reopen) quickly
+    tab = Tab(chromium, server, "alice", size)
+    page = tab.page
+    tab.goto("/dashboard")
+    page.evaluate("""() => { window.__opened = 0;
+        const Orig = window.EventSource;
+        window.EventSource = function (url, init) { window.__opened++; return new Orig(url, init); };
+    }""")
+    page.wait_for_function("() => window.__opened >= 3", timeout=20_000)
+    assert page.locator("#live-dot").inner_text() == "live"
+    tab.close()  # and no error was logged on any of those reconnects
+
+
+# ---- 5. conversations and answers ----
+@SIZES
+def test_rename_search_and_delete_without_a_reload(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    tab = Tab(chromium, server, "carol", size)
+    page = tab.page
+    page.evaluate("window.__sameDocument = true")
+    page.fill("#message", "A question about zucchini")
+    page.click("#send")
+    page.wait_for_selector("#messages .msg.assistant:not(.streaming)")
+    assert page.locator("#conv-head button:has-text('Delete')").count() == 1  # no reload
+    page.click("#conv-head summary:has-text('Rename')")
+    page.fill("#conv-head input[name=title]", "Garden ideas")
+    page.click("#conv-head button:has-text('Save')")
+    page.wait_for_selector("#chat-title:has-text('Garden ideas')")
+    if size["width"] < 720:
+        page.click("details.conversations summary")
+    page.wait_for_selector("#conversation-list a:has-text('Garden ideas')")
+    page.fill("#conv-q", "zucchini")  # text of a message, not of the title
+    page.wait_for_function("() => document.querySelectorAll('#conversation-list a').length"
+                           " === 1")
+    assert "Garden ideas" in page.locator("#conversation-list a").inner_text()
+    assert page.locator("#conversation-list time").count() == 1  # dated
+    assert page.evaluate("window.__sameDocument") is True
+    page.once("dialog", lambda d: d.accept())
+    page.click("#conv-head button:has-text('Delete')")
+    page.wait_for_url("**/chat")
+    tab.close()
+
+
+@SIZES
+def test_copy_regenerate_and_edit_the_last_question(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    cid = _conversation(server, "carol", "Code", [
+        ("user", "How do I print?"),
+        ("assistant", "Like this:\n\n```python\nprint('hi')\n```")])
+    tab = Tab(chromium, server, "carol", size)
+    tab.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page = tab.page
+    tab.goto(f"/chat/{cid}")
+    page.wait_for_selector(".md pre code.hljs")  # highlighted by the vendored highlight.js
+    page.click(".md pre .copy-code")
+    assert page.evaluate("navigator.clipboard.readText()") == "print('hi')"
+    page.click(".msg.assistant .actions button:has-text('Copy')")
+    assert "Like this:" in page.evaluate("navigator.clipboard.readText()")
+    page.click(".msg.assistant .actions button:has-text('Regenerate')")
+    page.wait_for_function("() => !document.querySelector('#messages').textContent"
+                           ".includes('Like this:')")
+    page.wait_for_selector("#messages .msg.assistant:not(.streaming)")
+    assert page.locator(".msg.user").count() == 1 and page.locator(".msg.assistant").count() == 1
+    assert "Like this:" not in page.locator(".msg.assistant").inner_text()
+    page.click(".msg.user summary:has-text('Edit')")
+    page.fill(".msg.user textarea[name=message]", "How do I print twice?")
+    page.click(".msg.user button:has-text('Send again')")
+    page.wait_for_function("() => document.querySelector('.msg.user .body').textContent"
+                           ".includes('twice')")
+    page.wait_for_selector("#messages .msg.assistant:not(.streaming)")
+    assert page.locator(".msg.user").count() == 1
+    assert "How do I print twice?" in page.locator(".msg.user .body").inner_text()
+
+    def kept() -> list[dict[str, Any]]:
+        with server.client("carol") as api:
+            return list(api.get(f"/conversations/{cid}").json()["messages"])
+    from tests.helpers import wait_until
+    wait_until(lambda: len(kept()) == 2, 10, "the new answer stored")
+    assert [m["role"] for m in kept()] == ["user", "assistant"]
+    assert kept()[0]["content"] == "How do I print twice?"
+    tab.close()
+
+
+def test_a_new_api_key_can_be_copied(chromium: Any, server: LiveServer) -> None:
+    tab = Tab(chromium, server, "bob")
+    tab.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page = tab.page
+    tab.goto("/keys")
+    page.fill("input[name=name]", "script")
+    page.click("button:has-text('Create key')")
+    page.click("button:has-text('Copy key')")
+    assert page.evaluate("navigator.clipboard.readText()") == \
+        page.locator("#new-key").inner_text()
+    tab.close()

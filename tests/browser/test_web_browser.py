@@ -146,7 +146,7 @@ def test_a_quota_set_on_the_users_page_is_enforced(chromium: Any, server: LiveSe
     try:
         carol.page.fill("#message", "Hello")
         carol.page.click("#send")
-        notice = carol.page.wait_for_selector("#messages .notice.error")
+        notice = carol.page.wait_for_selector("#chat-notice .notice.error")
         assert notice is not None and "Over your quota" in notice.inner_text()
         assert carol.page.input_value("#message") == "Hello"  # kept to send again later
         carol.problems = [p for p in carol.problems if "429" not in p]  # the expected refusal
@@ -184,12 +184,17 @@ def _fits(page: Any, name: str) -> None:
     assert width <= page.viewport_size["width"], f"{name} is {width}px wide"
 
 
-def _shoot(page: Any, shots: Path, name: str) -> None:
-    """Desktop and phone screenshots of the page as it is; no sideways scrolling on either."""
-    for size, suffix in ((DESKTOP, "desktop"), (PHONE, "phone")):
-        page.set_viewport_size(size)
-        _fits(page, f"{name} at {suffix} width")
-        page.screenshot(path=str(shots / f"{name}-{suffix}.png"), full_page=True)
+def _shoot(page: Any, shots: Path, name: str, dark: bool = False) -> None:
+    """Desktop and phone screenshots of the page as it is; no sideways scrolling on either.
+    ``dark``: the dark theme too (``NAME-dark-desktop.png``, ``NAME-dark-phone.png``)."""
+    for scheme in ("light", "dark") if dark else ("light",):
+        page.emulate_media(color_scheme=scheme)
+        for size, suffix in ((DESKTOP, "desktop"), (PHONE, "phone")):
+            page.set_viewport_size(size)
+            _fits(page, f"{name} at {suffix} width")
+            stem = f"{name}-dark" if scheme == "dark" else name
+            page.screenshot(path=str(shots / f"{stem}-{suffix}.png"), full_page=True)
+    page.emulate_media(color_scheme="light")
     page.set_viewport_size(DESKTOP)
 
 
@@ -203,7 +208,7 @@ def test_every_page_fits_desktop_and_phone_screens(chromium: Any, demo_server: L
         carol.page.wait_for_selector("#messages .msg.assistant:not(.streaming) >> nth="
                                      + str(0 if question.startswith("What") else 1))
     carol.page.wait_for_selector("#send:enabled")
-    _shoot(carol.page, shots, "chat")
+    _shoot(carol.page, shots, "chat", dark=True)
     carol.page.goto(server.url + "/dashboard")
     _shoot(carol.page, shots, "dashboard-member")
     carol.close()
@@ -214,11 +219,12 @@ def test_every_page_fits_desktop_and_phone_screens(chromium: Any, demo_server: L
     try:
         alice.page.wait_for_selector('#queued-count[data-value="2"]', state="attached")
         alice.page.wait_for_timeout(1500)  # a few throughput samples for the chart
-        _shoot(alice.page, shots, "dashboard")
+        _shoot(alice.page, shots, "dashboard", dark=True)
     finally:
         for h in handles:
             server.engine.cancel(h)
-    for path, name in (("/manage/users", "users"), ("/keys", "keys")):
+    for path, name in (("/manage/users", "users"), ("/keys", "keys"),
+                       ("/settings", "settings")):
         alice.page.goto(server.url + path)
         _shoot(alice.page, shots, name)
     alice.close()

@@ -124,7 +124,62 @@
     open();
   }
 
+  // Copy: an answer, a code block, a new API key. The Clipboard API needs a secure page
+  // (https or localhost); on a plain-http LAN address the selection is copied instead.
+  function copyText(text, button) {
+    function done(ok) {
+      var was = button.getAttribute('data-label') || button.textContent;
+      button.setAttribute('data-label', was);
+      button.textContent = ok ? 'Copied' : 'Select and copy by hand';
+      window.setTimeout(function () { button.textContent = was; }, 1500);
+    }
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(function () { done(true); },
+                                                function () { done(false); });
+      return;
+    }
+    var area = document.createElement('textarea');
+    area.value = text;
+    area.setAttribute('readonly', '');
+    area.className = 'visually-hidden';
+    document.body.appendChild(area);
+    area.select();
+    var ok = false;
+    try { ok = document.execCommand('copy'); } catch (err) { ok = false; }
+    area.remove();
+    button.focus();
+    done(ok);
+  }
+  document.addEventListener('click', function (e) {
+    var button = e.target.closest && e.target.closest('[data-copy]');
+    if (!button) { return; }
+    var what = button.getAttribute('data-copy');
+    var source = what === 'answer' ? button.closest('.msg').querySelector('.body')
+      : what === 'code' ? button.parentElement.querySelector('code')
+        : document.querySelector(what);
+    if (source) { copyText(source.innerText.replace(/\n$/, ''), button); }
+  });
+
+  // Code blocks: colours from the vendored highlight.js, and a Copy button on each.
+  function decorate(root) {
+    (root || document).querySelectorAll('.md pre > code').forEach(function (code) {
+      var pre = code.parentElement;
+      if (pre.getAttribute('data-done')) { return; }
+      pre.setAttribute('data-done', '1');
+      if (window.hljs) { window.hljs.highlightElement(code); }
+      var button = document.createElement('button');
+      button.type = 'button';
+      button.className = 'copy-code';
+      button.setAttribute('data-copy', 'code');
+      button.textContent = 'Copy code';
+      pre.insertBefore(button, code);
+    });
+  }
+  document.addEventListener('htmx:afterSettle', function () { decorate(); });
+
   document.addEventListener('DOMContentLoaded', function () {
+    if (window.hljs) { window.hljs.configure({ ignoreUnescapedHTML: true }); }
+    decorate();
     var dash = document.getElementById('dashboard');
     if (dash && dash.getAttribute('data-stream')) { dashboard(dash); }
     var list = document.querySelector('details.conversations');

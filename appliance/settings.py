@@ -89,6 +89,11 @@ class EngineSettings:
         "auto", "Linux only: 'openblas' loads Debian's OpenBLAS in place of the slow reference "
         "BLAS bundled in the mlx[cpu] wheel; 'auto' does so when it is installed.",
         choices=("auto", "openblas", "bundled"))
+    engine_stall_timeout: float = _opt(
+        120.0, "Seconds the engine may go without finishing a tick while requests wait "
+        "before it is declared stalled: waiting requests get HTTP 503, /health answers 503 "
+        "and the daemon exits with status 70 so systemd/launchd restart it. 0: never.",
+        lo=0.0, hi=86400.0)
 
 
 @dataclass(slots=True)

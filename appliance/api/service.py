@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from appliance.api.errors import ApiError, bad_request, busy, shutting_down
+from appliance.api.errors import ApiError, bad_request, busy, engine_down, shutting_down
 from appliance.api.schemas import ChatMessage, SamplingFields
 from appliance.api.throttle import LoginThrottle
-from appliance.engine.core import Engine, EngineBusy, EngineStopping, UserBusy
+from appliance.engine.core import Engine, EngineBusy, EngineDown, EngineStopping, UserBusy
 from appliance.engine.request import (
+    SEED_LIMIT,
     Event,
     FinishEvent,
     GenerationRequest,
@@ -35,6 +36,8 @@ from appliance.store import limits
 from appliance.store.db import Store
 
 if TYPE_CHECKING:
+    from litestar.types import Receive
+
     from appliance.api.auth import Principal
 
 
@@ -100,6 +103,9 @@ def sampling_from(body: SamplingFields, vocab_size: int) -> SamplingParams:
     _check_range("presence_penalty", body.presence_penalty, -2.0, 2.0)
     _check_range("frequency_penalty", body.frequency_penalty, -2.0, 2.0)
     _check_range("repetition_penalty", body.repetition_penalty, 0.0, 10.0)
+    if body.seed is not None and not 0 <= body.seed < SEED_LIMIT:
+        raise bad_request(f"'seed' must be an integer from 0 to 2**64 - 1, got {body.seed}.",
+                          param="seed")
     if body.n != 1:
         raise bad_request("Only n=1 is supported.", "unsupported_value", "n")
     if body.logprobs:
@@ -196,6 +202,8 @@ class Generation:
                 request, asyncio_sink(asyncio.get_running_loop(), self._queue), max_concurrent)
         except EngineBusy:
             raise busy() from None
+        except EngineDown as exc:
+            raise engine_down(str(exc)) from None
         except EngineStopping:
             raise shutting_down() from None
         except UserBusy as exc:
@@ -222,6 +230,38 @@ class Generation:
         parts = [e.text async for e in self.events()]
         assert self.finish is not None
         return "".join(parts), self.finish
+
+    async def text_while_connected(self, receive: Receive) -> tuple[str, FinishEvent]:
+        """:meth:`text`, unless the client leaves first: then the request is cancelled (its
+        slot and KV are freed on the next tick, as for a stream) and :class:`ClientGone`
+        is raised. ``receive`` is the ASGI receive of a request whose body was read, so the
+        next message it gives is ``http.disconnect``."""
+        answer = asyncio.ensure_future(self.text())
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (answer, gone):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(answer, gone, return_exceptions=True)
+        if answer.done() and not answer.cancelled():
+            return answer.result()
+        self.close()
+        raise ClientGone()
+
+
+class ClientGone(ApiError):
+    """The client closed the connection before its answer was ready (nobody reads this)."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "The client closed the request.", "invalid_request_error",
+                         "client_closed_request")
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def quota_of(store: Store, user_id: int) -> QuotaLimits:

@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
-from appliance.engine.request import SamplingParams
+from appliance.engine.request import SEED_LIMIT, SamplingParams
 
 
 class RowSampler:
@@ -26,6 +26,8 @@ class RowSampler:
             if not 0 <= token < vocab_size:
                 raise ValueError(f"logit_bias token {token} is outside the vocabulary "
                                  f"(0..{vocab_size - 1})")
+        if params.seed is not None and not 0 <= params.seed < SEED_LIMIT:
+            raise ValueError(f"seed must be between 0 and 2**64 - 1, got {params.seed}")
         if params.top_k >= vocab_size:
             params = _replace_top_k(params)
         self.params = params

@@ -32,12 +32,15 @@ LABELS = {"tokens_per_day": "Tokens per day", "max_concurrent": "Concurrent requ
 
 
 def plain(message: str) -> str:
-    """A store or validation message with its leading field name as the form labels it."""
+    """A store or validation message whose leading field name is an internal one
+    (``max_concurrent``, ``class``) named as the form labels it instead."""
     for name, label in sorted(LABELS.items(), key=lambda kv: -len(kv[0])):
-        if message.startswith(name + " ") or message.startswith(name.replace("_", " ") + " "):
-            rest = message[len(name):].lstrip()
-            return f"{label} {rest}".rstrip(".") + "."
-    return message[:1].upper() + message[1:].rstrip(".") + "."
+        if label.lower() == name.replace("_", " "):
+            continue  # already the form's word
+        for said in (name, name.replace("_", " ")):
+            if message.startswith(said + " "):
+                return f"{label} {message[len(said):].lstrip()}"
+    return message
 FAILURES = (ValueError, AlreadyExists, LastAdmin, NotFound)
 
 

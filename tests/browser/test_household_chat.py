@@ -299,7 +299,7 @@ def test_the_users_page_keeps_what_was_typed_and_names_the_field_plainly(
     page.wait_for_selector("#users-panel > .notice.error")
     assert page.input_value("#users-panel form input[name=name]") == "bad name!"
     assert page.input_value("#users-panel form input[name=weight]") == "3"
-    assert "User name must be" in page.locator("#users-panel > .notice.error").inner_text()
+    assert "user name must be" in page.locator("#users-panel > .notice.error").inner_text()
     tab.problems = [p for p in tab.problems if "status of 400" not in p]  # the browser's own
     tab.close()
 

@@ -65,6 +65,10 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("GET", "/manage/users", None, 303, 403, 200),
     ("POST", "/manage/users", {"name": "webuser{n}", "password": "longenough1"}, 401, 403, 303),
     ("POST", "/manage/users/{carol}", {"weight": "1.5"}, 401, 403, 303),
+    ("GET", "/settings", None, 303, 200, 200),
+    ("POST", "/settings/preferences", {"theme": "system"}, 401, 303, 303),
+    ("POST", "/settings/household", {"household_prompt": ""}, 401, 403, 303),
+    ("GET", "/dashboard/history", None, 401, 200, 200),
 ]
 
 
@@ -118,7 +122,10 @@ OWNED = {("GET", "/schema/{}"),  # probed by the /schema/openapi.yaml row above
          # web/: tests/integration/test_web_pages.py::test_owned_web_routes_answer_each_caller
          ("GET", "/chat/{}"), ("POST", "/chat/{}/delete"), ("GET", "/chat/streams/{}"),
          ("POST", "/chat/streams/{}/stop"), ("GET", "/dashboard/stream"),
-         ("POST", "/keys/{}/revoke"), ("GET", "/static/{}")}
+         ("POST", "/keys/{}/revoke"), ("GET", "/static/{}"),
+         # tests/integration/test_web_household.py and tests/browser/test_household_chat.py
+         ("POST", "/chat/{}/rename"), ("POST", "/chat/{}/regenerate"), ("POST", "/chat/{}/edit"),
+         ("POST", "/settings/password")}
 
 
 def test_a_member_cannot_see_or_touch_another_members_conversation(server: LiveServer) -> None:

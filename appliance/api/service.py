@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
+from appliance.api.chat_format import render_prompt
 from appliance.api.errors import ApiError, bad_request, busy, engine_down, shutting_down
 from appliance.api.schemas import ChatMessage, SamplingFields
+from appliance.api.structured import Constraint, grammar_for
 from appliance.api.throttle import LoginThrottle
 from appliance.engine.core import Engine, EngineBusy, EngineDown, EngineStopping, UserBusy
 from appliance.engine.request import (
@@ -64,6 +66,8 @@ class Services:
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
     started_at: float = field(default_factory=time.time)
     on_policy_change: Callable[[], None] | None = None
+    jobs: Any = None
+    """The background job scheduler (``appliance.jobs.runner.JobService``), when wired."""
 
     def policy_changed(self) -> None:
         """Call after an admin changes weights, classes or quotas: the running scheduler
@@ -158,8 +162,8 @@ def message_text(message: ChatMessage) -> str:
     return "".join(parts)
 
 
-def chat_prompt(tokenizer: Any, messages: list[ChatMessage],
-                tools: list[dict[str, Any]] | None = None) -> list[int]:
+def chat_turns(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """OpenAI messages as chat-template turns (``developer`` is a system message)."""
     if not messages:
         raise bad_request("'messages' must hold at least one message.", param="messages")
     turns: list[dict[str, Any]] = []
@@ -172,11 +176,15 @@ def chat_prompt(tokenizer: Any, messages: list[ChatMessage],
             turn["tool_calls"] = m.tool_calls
         if m.tool_call_id:
             turn["tool_call_id"] = m.tool_call_id
+        if m.name:
+            turn["name"] = m.name
         turns.append(turn)
-    kwargs: dict[str, Any] = {"add_generation_prompt": True}
-    if tools:
-        kwargs["tools"] = tools
-    return list(tokenizer.apply_chat_template(turns, **kwargs))
+    return turns
+
+
+def chat_prompt(tokenizer: Any, messages: list[ChatMessage],
+                tools: list[dict[str, Any]] | None = None) -> list[int]:
+    return render_prompt(tokenizer, chat_turns(messages), tools, None)
 
 
 def check_context(n_prompt: int, ctx_limit: int) -> None:
@@ -280,9 +288,17 @@ def quota_error(verdict: QuotaVerdict) -> ApiError:
 
 async def submit(services: Services, prompt: list[int], body: SamplingFields,
                  max_tokens: int | None, principal: Principal, klass: Klass,
-                 endpoint: str) -> Generation:
-    """Check the request against the context and the user's quotas, then queue it."""
+                 endpoint: str, *, constraint: Constraint | None = None,
+                 grammar: str | None = None) -> Generation:
+    """Check the request against the context and the user's quotas, then queue it.
+
+    ``constraint`` (a JSON schema, or ``{"type": "json_object"}``) makes the engine decode
+    only answers that follow it; ``grammar`` is an llguidance grammar given directly (forced
+    tool calls). A constraint that cannot be compiled is a 400.
+    """
     check_context(len(prompt), services.model.ctx_limit)
+    if constraint is not None:
+        grammar = grammar_for(constraint)
     sampling = sampling_from(body, services.model.vocab_size)
     quota = await anyio.to_thread.run_sync(quota_of, services.store, principal.user_id)
     if max_tokens is not None:
@@ -298,5 +314,6 @@ async def submit(services: Services, prompt: list[int], body: SamplingFields,
     request = GenerationRequest(
         prompt=tuple(prompt), max_tokens=out, sampling=sampling, stop=stops_from(body.stop),
         user=principal.name, klass=klass, user_id=principal.user_id,
-        api_key_id=principal.key_id, endpoint=endpoint, tokens_per_day=quota.tokens_per_day)
+        api_key_id=principal.key_id, endpoint=endpoint, tokens_per_day=quota.tokens_per_day,
+        grammar=grammar)
     return Generation(services.engine, request, quota.max_concurrent)

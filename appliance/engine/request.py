@@ -87,6 +87,9 @@ class GenerationRequest:
     endpoint: str = ""
     tokens_per_day: int | None = None
     """The user's daily token quota: the request finishes with ``quota`` when it is used up."""
+    grammar: str | None = None
+    """Constrained decoding: an llguidance grammar (from a JSON schema or Lark) the answer
+    must follow; None for free text."""
     rid: int = field(default_factory=next_request_id)
     request_id: str = field(default_factory=new_request_id)
 

@@ -18,9 +18,17 @@ from appliance.engine.batch import (
     prefill_batch,
 )
 from appliance.engine.core import FaultHook
+from appliance.engine.grammar import GrammarRow, ll_tokenizer
 from appliance.engine.model import LoadedModel
 from appliance.engine.prompt_cache import PromptCache
-from appliance.engine.request import Finished, FinishEvent, RequestHandle, TokenEvent, Usage
+from appliance.engine.request import (
+    Finished,
+    FinishEvent,
+    GenerationRequest,
+    RequestHandle,
+    TokenEvent,
+    Usage,
+)
 from appliance.engine.sampling import RowSampler, sample_batch
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
@@ -135,7 +143,7 @@ class Runner:
         r = h.request
         if self.fault:
             self.fault(r, "intake")
-        sampler = RowSampler(r.sampling, self.vocab_size)
+        sampler = RowSampler(r.sampling, self.vocab_size, self._grammar_row(r))
         max_tokens = min(r.max_tokens, self.loaded.ctx_limit - len(r.prompt))
         seq = Seq(handle=h, arrival=now, tokens=list(r.prompt), n_prompt=len(r.prompt),
                   max_tokens=max_tokens, sampler=sampler,
@@ -161,6 +169,12 @@ class Runner:
         if s.rid in self.batch.rids:
             self.batch.remove({s.rid})
         self._finish(s, "error", error=BACKEND_ERROR)
+
+    def _grammar_row(self, r: GenerationRequest) -> GrammarRow | None:
+        if r.grammar is None:
+            return None
+        tok = ll_tokenizer(self.loaded.tokenizer, self.vocab_size, self.eos)
+        return GrammarRow(tok, r.grammar, len(r.prompt))
 
     def left_queue(self) -> int:
         """Requests that left the waiting queue for good since the last call."""

@@ -12,6 +12,7 @@ from litestar import Request
 from litestar.response import Template
 
 from appliance.api.auth import Principal
+from appliance.api.headers import CSP as CSP  # re-exported for the pages
 from appliance.api.service import Services
 from web import markdown
 from web.assets import vendor_scripts
@@ -22,10 +23,6 @@ if TYPE_CHECKING:
 PAGE = {"web_page": True}
 """``opt`` of a handler that renders a whole page: an anonymous visitor is sent to /login."""
 
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; "
-       "object-src 'none'")
-"""No inline script, no eval, nothing from elsewhere: even a markup bug could not run code."""
 
 CLASSES = ("voice", "interactive", "background")
 ROLES = ("member", "admin")

@@ -17,6 +17,8 @@ from appliance.store.errors import NotFound
 from appliance.store.models import MESSAGE_ROLES, Conversation, Message
 
 TITLE_MAX = 200
+MAX_MESSAGE_CHARS = 16_000
+"""What one message posted through the API may hold: the web chat's own cap."""
 
 
 def _clean_title(title: str) -> str:

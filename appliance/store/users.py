@@ -10,15 +10,16 @@ import re
 import time
 
 from argon2 import PasswordHasher
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from appliance.sched.fair import WEIGHT_MAX, WEIGHT_MIN
 from appliance.store import auth
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
-from appliance.store.models import CLASSES, ROLES, User
+from appliance.store.models import CLASSES, ROLES, User, WebSession
 
+MAX_NAME_LENGTH = 64
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -126,14 +127,23 @@ def _guard_last_admin(session: Session, user: User) -> None:
 def set_password(
     session: Session, user: User, password: str, *, hasher: PasswordHasher = auth.DEFAULT_HASHER
 ) -> None:
+    """A new password ends every browser session of the user (whoever knew the old one is
+    logged out), whichever tool changed it: web, admin API or CLI."""
     user.password_hash = auth.hash_password(auth.validate_password(password), hasher)
+    _end_sessions(session, user.id)
 
 
 def disable_user(session: Session, user: User, disabled: bool = True) -> None:
-    """Disable (or re-enable) a user: logins and their API keys stop working at once."""
+    """Disable (or re-enable) a user: logins and their API keys stop working at once, and
+    their browser sessions are deleted, so re-enabling never brings an old session back."""
     if disabled:
         _guard_last_admin(session, user)
     user.disabled = disabled
+    _end_sessions(session, user.id)
+
+
+def _end_sessions(session: Session, user_id: int) -> None:
+    session.execute(delete(WebSession).where(WebSession.user_id == user_id))
 
 
 def set_role(session: Session, user: User, role: str) -> None:

@@ -170,10 +170,11 @@ def create_app(services: Services, secret: str,
             Exception: internal_error_handler,
         },
         # APScheduler's AsyncIOScheduler needs the running loop: started here; stopped
-        # before anything else shuts down (before the engine drains).
+        # before anything else shuts down (before the engine drains). Litestar runs the
+        # shutdown hooks last to first, so the jobs' hook goes at the end of the list.
         on_startup=[services.jobs.start] if services.jobs is not None else [],
-        on_shutdown=[*([services.jobs.stop] if services.jobs is not None else []),
-                     *on_shutdown],
+        on_shutdown=[*on_shutdown,
+                     *([services.jobs.stop] if services.jobs is not None else [])],
         request_max_body_size=MAX_BODY_BYTES,
         logging_config=None,
         # JSON only: Litestar's Swagger/ReDoc pages load scripts from CDNs (offline here)

@@ -34,6 +34,8 @@ from appliance.app import (
 from appliance.engine.core import Engine
 from appliance.engine.request import FaultHook
 from appliance.engine.supervisor import Supervisor
+from appliance.jobs.netguard import parse_allow_list
+from appliance.jobs.schedule import household_zone
 from appliance.settings import Settings
 from appliance.store import migrate
 from appliance.store.db import Store, db_file, open_store
@@ -72,11 +74,18 @@ class Daemon:
             log.info("shut down cleanly")
 
 
+def check_jobs(settings: Settings) -> None:
+    """The jobs' time zone and allow-list, parsed once before anything starts."""
+    household_zone(settings.jobs.timezone)
+    parse_allow_list(settings.jobs.url_allow)
+
+
 def build_daemon(settings: Settings, *, fault: FaultHook | None = None,
                  secret: str | None = None, drain_timeout: float | None = None,
                  flush_interval: float = DEFAULT_FLUSH_INTERVAL_S,
                  supervise_interval_s: float = 1.0) -> Daemon:
     """The running daemon from its settings (the model is loaded when this returns)."""
+    check_jobs(settings)  # a typo in the time zone or allow-list stops the start
     path = db_file(settings.store.data_dir)
     migrate.upgrade(path)
     store = open_store(path)

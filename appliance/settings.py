@@ -281,7 +281,6 @@ def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None =
         if extra:
             raise ValueError(f"{config_path}: unknown settings in [{section}]: {sorted(extra)}")
     parse_bytes(settings.engine.kv_cache_budget)  # fail at start-up, not at first use
-    check_jobs(settings.jobs)
     if settings.engine.no_batch:
         settings.engine.max_batch_size = 1
     return settings
@@ -305,12 +304,3 @@ def parse_bytes(value: str) -> int | str | None:
     if amount < 1:
         raise ValueError(f"kv_cache_budget must be positive, got {value!r}")
     return int(amount)
-
-
-def check_jobs(jobs: JobsSettings) -> None:
-    """The time zone and the allow-list are parsed once here, so a typo stops the start."""
-    from appliance.jobs.netguard import parse_allow_list
-    from appliance.jobs.schedule import household_zone
-
-    household_zone(jobs.timezone)
-    parse_allow_list(jobs.url_allow)

@@ -63,7 +63,9 @@ async def form_fields(request: Request[Any, Any, Any]) -> dict[str, str]:
 def base_context(request: Request[Any, Any, Any]) -> dict[str, Any]:
     svc = services(request)
     user = request.scope.get("user")
+    theme = request.cookies.get("theme", "")
     return {"me": user if isinstance(user, Principal) else None, "model": svc.model,
+            "theme": theme if theme in ("light", "dark") else "",
             "scripts": vendor_scripts(), "h": HELPERS, "classes": CLASSES, "roles": ROLES}
 
 

@@ -48,6 +48,34 @@ def fmt_when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
 
 
+def fmt_pct(p: float) -> str:
+    """A share that is small but not nothing reads "0.3 %", not "0 %"."""
+    if p <= 0:
+        return "0 %"
+    return f"{p:.1f} %" if p < 10 else f"{p:.0f} %"
+
+
+def fmt_iso(t: float | None) -> str:
+    return "" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+def fmt_day(t: float | None, now: float | None = None) -> str:
+    """When, as a list shows it: "14:05" today, "Yesterday", "Mon" this week, "3 Mar"."""
+    if t is None:
+        return ""
+    now = time.time() if now is None else now
+    when, today = time.localtime(t), time.localtime(now)
+    days = (time.mktime(today[:3] + (0, 0, 0, 0, 0, -1)) -
+            time.mktime(when[:3] + (0, 0, 0, 0, 0, -1))) / 86400
+    if days < 0.5:
+        return time.strftime("%H:%M", when)
+    if days < 1.5:
+        return "Yesterday"
+    if days < 6.5:
+        return time.strftime("%a", when)
+    return time.strftime("%-d %b" if when.tm_year == today.tm_year else "%-d %b %Y", when)
+
+
 def percent(part: float | None, whole: float | None) -> int:
     if not part or not whole:
         return 0
@@ -55,4 +83,5 @@ def percent(part: float | None, whole: float | None) -> int:
 
 
 HELPERS = SimpleNamespace(md=markdown.render, bytes=fmt_bytes, ms=fmt_ms, num=fmt_num,
-                          secs=fmt_secs, when=fmt_when, percent=percent)
+                          secs=fmt_secs, when=fmt_when, percent=percent, iso=fmt_iso, pct=fmt_pct,
+                          day=fmt_day)

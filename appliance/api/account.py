@@ -81,6 +81,10 @@ def login_page(request: Request) -> Template:
     return Template("login.html", context={"error": None})
 
 
+DISABLED = "This account is switched off. Ask an admin of the household to switch it on again."
+"""Said only to someone who gave the right password: nobody else learns the account exists."""
+
+
 def _login_too_long(body: LoginBody) -> str | None:
     """Names and passwords longer than any real one are refused before they cost anything
     (no throttle entry, no password hash)."""
@@ -93,9 +97,11 @@ def _login_too_long(body: LoginBody) -> str | None:
 
 def _check_password(store: Store, name: str, password: str) -> Any:
     with store.sessions.begin() as s:
-        user = users.authenticate_password(s, name, password)
+        user = users.authenticate_password(s, name, password, allow_disabled=True)
         if user is None:
             return None
+        if user.disabled:
+            return DISABLED
         token = websessions.start_session(s, user)
         return user.id, user.name, user.role, token
 
@@ -129,6 +135,10 @@ async def login(request: Request, state: State) -> Response[Any]:
             return Template("login.html", context={"error": "Wrong name or password."},
                             status_code=401)
         raise ApiError(401, "Wrong name or password.", "authentication_error")
+    if found == DISABLED:
+        if is_form:
+            return Template("login.html", context={"error": DISABLED}, status_code=403)
+        raise ApiError(403, DISABLED, "permission_error", "account_disabled")
     services.throttle.succeeded(body.name, address)
     uid, name, role, token = found
     old = request.cookies.get(SESSION_COOKIE)

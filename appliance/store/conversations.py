@@ -51,6 +51,29 @@ def list_conversations(
     return list(session.scalars(query))
 
 
+def _like(text: str) -> str:
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def search_conversations(
+    session: Session, user_id: int, text: str, *, limit: int = 100, offset: int = 0
+) -> list[Conversation]:
+    """The user's conversations whose title or any message contains ``text`` (any case),
+    most recently updated first."""
+    pattern = _like(" ".join(text.split()))
+    in_messages = select(Message.conversation_id).where(
+        Message.content.ilike(pattern, escape="\\"))
+    query = (
+        select(Conversation)
+        .where(Conversation.user_id == user_id,
+               Conversation.title.ilike(pattern, escape="\\") | Conversation.id.in_(in_messages))
+        .order_by(Conversation.updated_at.desc(), Conversation.id.desc())
+        .limit(limit)
+        .offset(offset)
+    )
+    return list(session.scalars(query))
+
+
 def get_conversation(session: Session, user_id: int, conversation_id: int) -> Conversation | None:
     """The conversation if it exists and belongs to ``user_id``; otherwise None."""
     query = select(Conversation).where(
@@ -82,6 +105,7 @@ def add_message(
     *,
     prompt_tokens: int | None = None,
     output_tokens: int | None = None,
+    finish_reason: str | None = None,
     now: float | None = None,
 ) -> Message:
     """Append a message and bump the conversation's ``updated_at``."""
@@ -96,11 +120,23 @@ def add_message(
         created_at=stamp,
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
+        finish_reason=finish_reason,
     )
     session.add(message)
     conv.updated_at = stamp
     session.flush()
     return message
+
+
+def delete_messages_from(session: Session, user_id: int, conversation_id: int,
+                         message_id: int) -> None:
+    """Delete the message ``message_id`` and every later one of the conversation (to
+    answer again, or to send an edited question)."""
+    conv = _require(session, user_id, conversation_id)
+    for m in session.scalars(select(Message).where(Message.conversation_id == conv.id,
+                                                   Message.id >= message_id)):
+        session.delete(m)
+    session.flush()
 
 
 def rename_conversation(session: Session, user_id: int, conversation_id: int, title: str) -> None:

@@ -124,6 +124,19 @@ def service_rows(session: Session, since: float, limit: int) -> list[tuple[Any, 
     return [tuple(r) for r in rows]
 
 
+def token_rows_since(session: Session, since: float, limit: int, only_user: int | None = None
+                     ) -> list[tuple[Any, ...]]:
+    """(user id, finished at, prompt + output tokens) of rows finished since ``since``,
+    newest first, at most ``limit``; one user's only when ``only_user`` is given."""
+    query = (select(LedgerEntry.user_id, LedgerEntry.finished_at,
+                    LedgerEntry.prompt_tokens + LedgerEntry.output_tokens)
+             .where(LedgerEntry.finished_at >= since)
+             .order_by(LedgerEntry.finished_at.desc()).limit(limit))
+    if only_user is not None:
+        query = query.where(LedgerEntry.user_id == only_user)
+    return [tuple(r) for r in session.execute(query)]
+
+
 def usage_last_hour(session: Session, now: float) -> dict[int, Usage]:
     return usage_since(session, now - HOUR_S)
 

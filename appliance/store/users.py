@@ -162,9 +162,11 @@ def set_weight(session: Session, user: User, weight: float) -> None:
 
 
 def authenticate_password(
-    session: Session, name: str, password: str, *, hasher: PasswordHasher = auth.DEFAULT_HASHER
+    session: Session, name: str, password: str, *, hasher: PasswordHasher = auth.DEFAULT_HASHER,
+    allow_disabled: bool = False,
 ) -> User | None:
-    """The enabled user with this name and password, or None.
+    """The enabled user with this name and password, or None. ``allow_disabled``: a disabled
+    user with the right password is returned too (to tell them so; start no session).
 
     Unknown names cost one argon2 verification too, so timing does not reveal which names
     exist. A hash made with other argon2 parameters than ``hasher``'s is re-made on a
@@ -177,7 +179,7 @@ def authenticate_password(
     if not auth.verify_password(user.password_hash, password, hasher):
         return None
     if user.disabled:
-        return None
+        return user if allow_disabled else None
     if auth.password_needs_rehash(user.password_hash, hasher):
         user.password_hash = auth.hash_password(password, hasher)
     return user

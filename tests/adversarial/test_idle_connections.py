@@ -26,6 +26,9 @@ HALF_SENT = scale().idle_connections
 
 def half_sent(port: int, n: int) -> list[socket.socket]:
     """``n`` connections that each sent half a request head and then nothing."""
+    from appliance.httpserver import raise_open_file_limit
+
+    raise_open_file_limit()  # this process too imported mlx-lm (soft limit 2,048)
     socks = []
     for _ in range(n):
         s = socket.create_connection(("127.0.0.1", port), timeout=5)

@@ -26,7 +26,6 @@ scheduler errs on the side of small chunks; the first ticks correct them.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,7 +54,21 @@ class OnlineFit:
         self._xx = [[0.0] * m for _ in range(m)]
         self._xy = [0.0] * m
         self.observations = 0
-        self.beta: tuple[float, ...] = self.prior
+        self._beta: tuple[float, ...] = self.prior
+        self._fitted_at = 0
+
+    REFIT_EVERY = 4
+    """Observations between refits once warmed up (a refit is a few small linear solves;
+    the engine observes twice a tick, and ticks of a tiny model take a millisecond)."""
+
+    @property
+    def beta(self) -> tuple[float, ...]:
+        """The fitted coefficients, refitted lazily."""
+        stale = self.observations - self._fitted_at
+        if stale and (self.observations <= 16 or stale >= self.REFIT_EVERY):
+            self._beta = self._solve()
+            self._fitted_at = self.observations
+        return self._beta
 
     def predict(self, x: Sequence[float]) -> float:
         return sum(b * v for b, v in zip(self.beta, x, strict=True))
@@ -72,34 +85,29 @@ class OnlineFit:
             for j in range(m):
                 row[j] = f * row[j] + w * x[i] * x[j]
         self.observations += 1
-        self.beta = self._solve()
 
     def _solve(self) -> tuple[float, ...]:
-        """Minimise sum w (y - b.x)^2 + strength sum((b - prior) / prior)^2 over b >= 0
-        (tiny: try every set of coefficients held at zero, keep the best feasible one)."""
+        """Minimise sum w (y - b.x)^2 + strength sum((b - prior) / prior)^2 with b >= 0,
+        by dropping the most negative coefficient (held at zero) until the rest are
+        non-negative: at most one small solve per coefficient."""
         m = len(self.prior)
         ridge = [self.strength / p ** 2 for p in self.prior]
         a = [[self._xx[i][j] + (ridge[i] if i == j else 0.0) for j in range(m)]
              for i in range(m)]
         rhs = [self._xy[i] + ridge[i] * self.prior[i] for i in range(m)]
-        best: tuple[float, tuple[float, ...]] | None = None
-        for k in range(m, -1, -1):
-            for free in itertools.combinations(range(m), k):
+        free = list(range(m))
+        while free:
+            sol = _solve_linear([[a[i][j] for j in free] for i in free], [rhs[i] for i in free])
+            if sol is None:
+                return self._beta
+            worst = min(range(len(free)), key=lambda k: sol[k])
+            if sol[worst] >= 0:
                 beta = [0.0] * m
-                sol = _solve_linear([[a[i][j] for j in free] for i in free],
-                                    [rhs[i] for i in free])
-                if sol is None or any(v < 0 for v in sol):
-                    continue
                 for i, v in zip(free, sol, strict=True):
                     beta[i] = v
-                # the objective up to a constant: b'Ab - 2 b'rhs
-                loss = sum(beta[i] * a[i][j] * beta[j] for i in range(m) for j in range(m))
-                loss -= 2 * sum(beta[i] * rhs[i] for i in range(m))
-                if best is None or loss < best[0]:
-                    best = (loss, tuple(beta))
-            if best is not None and k == m:
-                break  # the unconstrained optimum is feasible
-        return best[1] if best is not None else self.prior
+                return tuple(beta)
+            del free[worst]
+        return tuple(0.0 for _ in range(m))
 
 
 def _solve_linear(a: list[list[float]], b: list[float]) -> list[float] | None:

@@ -386,6 +386,9 @@ class Scheduler:
 
     def _prefill_plan(self, now: float, prefilling: list[SeqView],
                       decoding: list[SeqView]) -> Chunks:
+        if not prefilling:
+            self.budget = None
+            return ()
         top_decoding = max((s.klass for s in decoding), default=None)
         due: list[SeqView] = []
         ready: list[SeqView] = []

@@ -209,18 +209,23 @@ class TickObjectives:
       of it, decoding or not.
     * ``min_chunk``: a prefill still advances by at least this many tokens per tick when
       the objectives leave no room, so a long prompt always finishes.
+    * ``prefill_floor``: the objectives are feasible when they leave prefill at least this
+      many times a prefill forward's fixed cost (then at least half of the prefill time
+      reads tokens). When they do not, a slow or busy machine overruns them with the most
+      efficient chunk instead of crawling through prompts a few tokens at a time.
     """
 
     itl_target_s: float = 0.0
     itl_factor: float = 3.0
     ttft_target_s: float = 1.0
     min_chunk: int = 16
+    prefill_floor: float = 2.0
 
     def __post_init__(self) -> None:
         if self.itl_target_s < 0 or self.itl_factor < 1 or self.ttft_target_s <= 0:
             raise ValueError("itl_target_s >= 0, itl_factor >= 1 and ttft_target_s > 0")
-        if self.min_chunk < 1:
-            raise ValueError("min_chunk must be >= 1")
+        if self.min_chunk < 1 or self.prefill_floor < 0:
+            raise ValueError("min_chunk must be >= 1 and prefill_floor >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,8 +243,11 @@ class TickBudget:
 
 def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
                 kv_len: int) -> TickBudget:
-    """The tick target: the ITL objective while a batch decodes, capped by the TTFT bound
-    (half the TTFT objective) either way."""
+    """The tick target of a tick that prefills: the ITL objective while a batch decodes,
+    capped by the TTFT bound (half the TTFT objective) either way. When that leaves prefill
+    less than its floor, the objectives cannot be met on this machine at all, and the tick
+    gets the time of the most efficient chunk instead (so a slow or busy machine at least
+    reads prompts at its best pace, several fresh ones per forward)."""
     decode_s = costs.decode(decode_rows, kv_len + 1)
     bound = objectives.ttft_target_s / 2
     if decode_rows:
@@ -247,7 +255,12 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
         target = min(itl, bound)
     else:
         target = bound
-    return TickBudget(target_s=max(target, decode_s), decode_s=decode_s)
+    floor = objectives.prefill_floor * costs.prefill_fit.beta[0]
+    if floor > 0 and target - decode_s < floor:
+        best = costs.efficient_chunk()
+        if best is not None:
+            floor = max(floor, costs.prefill(best, 0))
+    return TickBudget(target_s=max(target, decode_s + floor), decode_s=decode_s)
 
 
 class PrefillAllowance:

@@ -136,9 +136,9 @@ def test_with_nothing_decoding_a_tick_is_bounded_by_the_ttft_objective() -> None
 def test_while_decoding_a_tick_lasts_the_itl_factor_times_the_decode_step() -> None:
     costs = trained(SLOW_CPU)
     step = costs.decode(8, 101)
-    budget = tick_budget(costs, TickObjectives(itl_factor=2.0, ttft_target_s=10.0), 8, 100)
-    assert budget.target_s == pytest.approx(2 * step)
-    assert budget.prefill_s == pytest.approx(step)
+    budget = tick_budget(costs, TickObjectives(itl_factor=4.0, ttft_target_s=10.0), 8, 100)
+    assert budget.target_s == pytest.approx(4 * step)
+    assert budget.prefill_s == pytest.approx(3 * step)
 
 
 def test_an_explicit_itl_target_wins_but_the_ttft_bound_caps_it() -> None:
@@ -148,10 +148,24 @@ def test_an_explicit_itl_target_wins_but_the_ttft_bound_caps_it() -> None:
                        4, 100).target_s == 0.5
 
 
-def test_a_decode_step_longer_than_every_objective_is_still_the_floor() -> None:
+def test_past_every_objective_a_tick_still_has_the_decode_step_and_the_prefill_floor(
+        ) -> None:
     costs = trained(SLOW_CPU)
     budget = tick_budget(costs, TickObjectives(ttft_target_s=0.1), 8, 3000)
-    assert budget.target_s == budget.decode_s and budget.prefill_s == 0
+    best = costs.efficient_chunk()
+    assert budget.decode_s > 0.1 and best is not None
+    assert budget.prefill_s == pytest.approx(costs.prefill(best, 0))
+    no_floor = tick_budget(costs, TickObjectives(ttft_target_s=0.1, prefill_floor=0), 8, 3000)
+    assert no_floor.target_s == no_floor.decode_s
+
+
+def test_a_busy_machine_still_reads_several_short_prompts_in_one_forward() -> None:
+    """Ten times slower than the objectives assume: the floor keeps prompts batched."""
+    busy = Machine(**{k: 10 * v for k, v in SLOW_CPU.__dict__.items()})
+    costs = trained(busy)
+    s = Scheduler(SchedulerConfig(objectives=TickObjectives(ttft_target_s=1.0)))
+    plan = s.step(0.0, [seq(i, prompt=60) for i in range(1, 9)], costs=costs)
+    assert len(plan.prefill) >= 2 and all(n == 60 for _, n in plan.prefill)
 
 
 def test_objectives_are_validated() -> None:
@@ -197,7 +211,8 @@ def test_several_short_prompts_share_one_tick() -> None:
 
 def test_the_first_chunk_is_at_least_min_chunk_when_the_step_eats_the_budget() -> None:
     costs = trained(SLOW_CPU)
-    s = Scheduler(SchedulerConfig(objectives=TickObjectives(ttft_target_s=0.05, min_chunk=16)))
+    s = Scheduler(SchedulerConfig(objectives=TickObjectives(ttft_target_s=0.05, min_chunk=16,
+                                                            prefill_floor=0)))
     plan = s.step(0.0, [seq(1, D, kv=2000), seq(2, P, prompt=3000, computed=0)], costs=costs)
     assert plan.prefill == ((2, 16),)
 
@@ -253,6 +268,7 @@ def test_closed_loop_on_a_fake_clock_keeps_every_tick_near_its_target() -> None:
 
 def test_when_the_objective_leaves_no_room_the_prompt_still_advances_by_min_chunk() -> None:
     costs = trained(SLOW_CPU)
-    s = Scheduler(SchedulerConfig(objectives=TickObjectives(itl_factor=1.0, min_chunk=24)))
+    s = Scheduler(SchedulerConfig(objectives=TickObjectives(itl_factor=1.0, min_chunk=24,
+                                                            prefill_floor=0)))
     plan = s.step(0.0, [seq(1, D, kv=100), seq(2, P, prompt=3000, computed=500)], costs=costs)
     assert plan.prefill == ((2, 24),)

@@ -537,6 +537,7 @@ class Runner:
         self._reap_cancelled()
 
     def fail_everything(self) -> None:
+        self._joining = []  # rows of the failed tick that had not joined the batch yet
         self.batch.remove(set(self.seqs))
         for s in list(self.seqs.values()):
             self._finish(s, "error", error=BACKEND_ERROR)

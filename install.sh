@@ -11,6 +11,8 @@
 #   APPLIANCE_START         service | foreground | none       (default: service if systemd
 #                           or launchd is there, else foreground)
 #   APPLIANCE_PIP_ARGS      extra pip arguments, e.g. "--no-index --find-links DIR" offline
+#   APPLIANCE_USER          the unprivileged account the systemd service runs as when
+#                           install.sh runs as root (default: $SUDO_USER; never root)
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$PWD
@@ -49,7 +51,9 @@ fi
 APP="$VENV/bin/appliance"
 
 # 3. The model: the bundled demo model needs nothing; a repo id is pulled once.
+# The data folder is private to the daemon's user (0700); the database in it is 0600.
 mkdir -p "$APPLIANCE_DATA_DIR"
+chmod 700 "$APPLIANCE_DATA_DIR"
 if [ -n "${APPLIANCE_MODEL:-}" ] && [ ! -d "$APPLIANCE_MODEL" ] \
    && [ ! -d "$APPLIANCE_DATA_DIR/models/${APPLIANCE_MODEL//\//--}" ]; then
   step "pulling $APPLIANCE_MODEL"
@@ -72,7 +76,17 @@ if [ -z "$START" ]; then
     START=foreground
   fi
 fi
-fill() { sed -e "s#@VENV@#$VENV#g" -e "s#@DATA_DIR@#$APPLIANCE_DATA_DIR#g" -e "s#@USER@#$(id -un)#g" "$1"; }
+RUN_AS=$(id -un)
+if [ "$START" = service ] && [ "$(uname)" != Darwin ] && [ "$(id -u)" = 0 ]; then
+  # a system unit runs the daemon as an unprivileged account, never as root
+  RUN_AS=${APPLIANCE_USER:-${SUDO_USER:-}}
+  if [ -z "$RUN_AS" ] || [ "$RUN_AS" = root ] || ! id -u "$RUN_AS" >/dev/null 2>&1; then
+    echo "install.sh: set APPLIANCE_USER to the unprivileged account the service runs as" >&2
+    exit 1
+  fi
+  chown -R "$RUN_AS" "$APPLIANCE_DATA_DIR"
+fi
+fill() { sed -e "s#@VENV@#$VENV#g" -e "s#@DATA_DIR@#$APPLIANCE_DATA_DIR#g" -e "s#@USER@#$RUN_AS#g" "$1"; }
 case "$START" in
   service)
     if [ "$(uname)" = Darwin ]; then

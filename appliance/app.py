@@ -31,6 +31,7 @@ from appliance.api.service import ModelInfo, Services
 from appliance.engine.core import Engine, EngineConfig, FaultHook
 from appliance.engine.model import resolve_model_path
 from appliance.engine.request import Finished
+from appliance.engine.supervisor import Supervisor
 from appliance.sched.cost import TickObjectives
 from appliance.sched.scheduler import SchedulerConfig
 from appliance.settings import Settings, parse_bytes
@@ -55,6 +56,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         max_queue_depth=settings.server.max_queue_depth,
         kv_cache_budget=parse_bytes(e.kv_cache_budget),
         prompt_cache_entries=e.prompt_cache_entries,
+        stall_timeout_s=e.engine_stall_timeout,
         scheduler=SchedulerConfig(
             max_batch_size=1 if e.no_batch else e.max_batch_size,
             prefill_chunk_size=e.prefill_chunk_size,
@@ -98,10 +100,16 @@ def start_engine(settings: Settings, fault: FaultHook | None = None,
     return engine
 
 
+def supervise(engine: Engine, on_down: Callable[[str], None] | None = None,
+              interval_s: float = 1.0) -> Supervisor:
+    """Watch the engine thread (see :mod:`appliance.engine.supervisor`)."""
+    return Supervisor(engine, on_down, interval_s).start()
+
+
 def ledger_record(f: Finished) -> LedgerRecord:
     r = f.request
     return LedgerRecord(
-        request_id=str(r.rid), user_id=r.user_id, api_key_id=r.api_key_id,
+        request_id=r.request_id, user_id=r.user_id, api_key_id=r.api_key_id,
         klass=r.klass.label, endpoint=r.endpoint, model="", prompt_tokens=f.usage.prompt_tokens,
         cached_tokens=f.usage.cached_tokens, output_tokens=f.usage.completion_tokens,
         queued_at=f.queued_at, admitted_at=f.admitted_at, first_token_at=f.first_token_at,

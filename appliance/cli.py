@@ -73,8 +73,12 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         create_app,
         shutdown_engine,
         start_engine,
+        supervise,
     )
     from appliance.cli_admin import db_path
+    from appliance.engine.faults import ENV as FAULT_ENV
+    from appliance.engine.faults import fault_from_spec
+    from appliance.engine.supervisor import ENGINE_DOWN_EXIT
     from appliance.store import migrate
     from appliance.store.db import open_store
     from appliance.store.writer import StoreWriter
@@ -82,7 +86,8 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     migrate.upgrade(db_path(settings))  # before the event loop starts
     store = open_store(db_path(settings))
     writer = StoreWriter(store.sessions)
-    engine = start_engine(settings, writer=writer)
+    engine = start_engine(settings, writer=writer,
+                          fault=fault_from_spec(os.environ.get(FAULT_ENV)))
     services = build_services(settings, engine, store)
     timeout = settings.server.shutdown_timeout
 
@@ -104,7 +109,21 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     # the process with -15 after a clean drain; with a quiet handler underneath we exit 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    down: list[str] = []
+
+    def on_engine_down(reason: str) -> None:
+        """The engine stopped serving: shut down (the ledger is flushed on the way) and
+        exit non-zero, so systemd or launchd start a fresh daemon."""
+        down.append(reason)
+        server.should_exit = True
+
+    supervisor = supervise(engine, on_engine_down)
+    server.run()
+    supervisor.stop()
+    if down:
+        log.critical("exiting with status %d: %s", ENGINE_DOWN_EXIT, down[0])
+        return ENGINE_DOWN_EXIT
     return 0
 
 

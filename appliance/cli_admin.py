@@ -33,6 +33,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      choices=("voice", "interactive", "background"))
     add.add_argument("--password-stdin", action="store_true",
                      help="read the password from standard input instead of generating one")
+    add.add_argument("--weight", type=float, default=1.0,
+                     help="fair-share weight, 0.01 to 100 (2: twice the service of 1)")
     add.add_argument("--if-no-admin", action="store_true",
                      help="do nothing when an enabled admin already exists (used by install.sh)")
     usub.add_parser("list", help="list users")
@@ -99,7 +101,7 @@ def _user(s: Session, args: argparse.Namespace) -> int:
             return 0
         password, generated = _password(args)
         users.create_user(s, args.name, password, role=args.role,
-                          max_class=args.user_max_class)
+                          max_class=args.user_max_class, weight=args.weight)
         print(f"added {args.role} {args.name}")
         if generated:
             print(f"password (shown once): {password}")

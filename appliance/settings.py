@@ -103,6 +103,11 @@ class EngineSettings:
         lo=1.0, hi=600_000.0)
     debug_invariants: bool = _opt(
         False, "Check the scheduler's invariants on every tick (slower; tests turn it on).")
+    engine_stall_timeout: float = _opt(
+        120.0, "Seconds the engine may go without finishing a tick while requests wait "
+        "before it is declared stalled: waiting requests get HTTP 503, /health answers 503 "
+        "and the daemon exits with status 70 so systemd/launchd restart it. 0: never.",
+        lo=0.0, hi=86400.0)
 
 
 @dataclass(slots=True)

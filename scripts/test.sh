@@ -5,11 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages: OpenBLAS (fast CPU matmuls for MLX) and Chromium (browser tests).
+# Debian packages: OpenBLAS (fast CPU matmuls for MLX), Chromium (browser tests) and systemd
+# (only its `systemd-analyze verify`, which checks our unit file; nothing starts systemd).
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   missing=()
   dpkg -s libopenblas0-pthread >/dev/null 2>&1 || missing+=(libopenblas0-pthread)
   dpkg -s chromium >/dev/null 2>&1 || missing+=(chromium)
+  dpkg -s systemd >/dev/null 2>&1 || missing+=(systemd)
   if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
   fi

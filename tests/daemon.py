@@ -54,10 +54,12 @@ class Daemon:
         self.proc.wait(30)
 
 
-def start_daemon(model: Path, data_dir: Path, *flags: str, log_name: str = "daemon.log") -> Daemon:
+def start_daemon(model: Path, data_dir: Path, *flags: str, log_name: str = "daemon.log",
+                 env: dict[str, str] | None = None) -> Daemon:
     port = free_port()
     log = data_dir / log_name
-    env = {**os.environ, "APPLIANCE_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "APPLIANCE_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1",
+           **(env or {})}
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "appliance", "serve", "--model", str(model), "--port",

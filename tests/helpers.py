@@ -15,7 +15,7 @@ import httpx
 import uvicorn
 from argon2 import PasswordHasher
 
-from appliance.app import build_services, create_app, shutdown_engine, start_engine
+from appliance.app import build_services, create_app, shutdown_engine, start_engine, supervise
 from appliance.cli_admin import db_path
 from appliance.engine.core import Engine, FaultHook
 from appliance.settings import Settings
@@ -88,6 +88,7 @@ def live_server(settings: Settings, fault: FaultHook | None = None) -> Iterator[
     plain, ids = add_household(store)
     writer = StoreWriter(store.sessions, flush_interval=0.05)
     engine = start_engine(settings, fault=fault, writer=writer)
+    supervisor = supervise(engine, interval_s=0.1)
     services = build_services(settings, engine, store)
     app = create_app(services, secret="x" * 32)
     port = free_port()
@@ -102,6 +103,7 @@ def live_server(settings: Settings, fault: FaultHook | None = None) -> Iterator[
     finally:
         server.should_exit = True
         thread.join(10)
+        supervisor.stop()
         shutdown_engine(engine, 1)
         writer.close()
         store.close()

@@ -78,8 +78,10 @@ def list_users(state: State) -> list[dict[str, Any]]:
 @threaded
 def add_user(state: State, data: JSONBody[NewUser]) -> dict[str, Any]:
     with _store(state).sessions.begin() as s:
-        return user_json(users.create_user(s, data.name, data.password, role=data.role,
-                                           max_class=data.max_class, weight=data.weight))
+        out = user_json(users.create_user(s, data.name, data.password, role=data.role,
+                                          max_class=data.max_class, weight=data.weight))
+    state.services.policy_changed()  # the running scheduler learns the new weight
+    return out
 
 
 @patch("/users/{uid:int}")
@@ -100,7 +102,10 @@ def change_user(state: State, uid: FromPath[int], data: JSONBody[UserPatch]) -> 
             users.disable_user(s, u, data.disabled)
             if data.disabled:
                 websessions.end_user_sessions(s, u.id)
-        return user_json(u)
+        out = user_json(u)
+    if data.weight is not None:
+        state.services.policy_changed()  # after the commit: the scheduler re-reads weights
+    return out
 
 
 @get("/users/{uid:int}/quota")

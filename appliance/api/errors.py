@@ -44,6 +44,13 @@ def shutting_down() -> ApiError:
                     "shutting_down", headers={"Retry-After": "10"})
 
 
+def engine_down(reason: str | None) -> ApiError:
+    """The engine stopped serving (dead or stalled thread); the daemon is restarting."""
+    return ApiError(503, f"The inference engine is not serving ({reason or 'unknown'}); the "
+                    "server is restarting. Retry later.", "server_error", "engine_unavailable",
+                    headers={"Retry-After": "10"})
+
+
 def backend_error(message: str | None = None) -> ApiError:
     return ApiError(500, message or "inference backend error", "server_error", "backend_error")
 

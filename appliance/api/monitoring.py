@@ -6,7 +6,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from litestar import get
+from litestar import Response, get
 from litestar.datastructures import State
 
 from appliance.api.auth import admin_only
@@ -14,14 +14,21 @@ from appliance.api.service import Services
 
 
 @get("/health", sync_to_thread=False)
-def health(state: State) -> dict[str, Any]:
-    """Liveness: never fails because the server is busy."""
+def health(state: State) -> Response[dict[str, Any]]:
+    """Liveness: never fails because the server is busy; 503 with the reason when the engine
+    is not serving (its thread died, or it stalled while requests wait)."""
     services: Services = state.services
     snap = services.engine.snapshot
-    return {"status": "ok", "model": services.model.name, "demo_model": services.model.is_demo,
-            "active": snap.active, "queued": snap.queued, "completed": snap.completed,
-            "max_batch_size": services.max_batch_size,
-            "uptime_s": round(time.time() - services.started_at, 1)}
+    reason = services.engine.check()
+    body: dict[str, Any] = {
+        "status": "ok" if reason is None else "unavailable", "model": services.model.name,
+        "demo_model": services.model.is_demo, "active": snap.active, "queued": snap.queued,
+        "completed": snap.completed, "max_batch_size": services.max_batch_size,
+        "uptime_s": round(time.time() - services.started_at, 1)}
+    if reason is not None:
+        body["reason"] = reason
+        return Response(body, status_code=503, headers={"Retry-After": "10"})
+    return Response(body)
 
 
 @get("/slots", sync_to_thread=False, guards=[admin_only])

@@ -12,7 +12,7 @@ from litestar.datastructures import State
 from litestar.response import Stream
 
 from appliance.api.auth import request_class
-from appliance.api.errors import backend_error, bad_request
+from appliance.api.errors import backend_error, bad_request, engine_down
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
 from appliance.api.service import (
     Generation,
@@ -44,6 +44,8 @@ def _sse(obj: dict[str, Any] | str) -> bytes:
 
 
 def _error_payload(finish: FinishEvent) -> dict[str, Any]:
+    if finish.unavailable:
+        return engine_down(finish.error).body()
     return {"error": {"message": finish.error or "inference backend error",
                       "type": "server_error", "code": "backend_error"}}
 
@@ -137,7 +139,8 @@ async def completions(request: Request, state: State) -> Any:
     else:
         raise bad_request("Send one prompt per request (batches of prompts are not "
                           "supported).", "unsupported_value", "prompt")
-    return await _respond(request, services, body, prompt, body.max_tokens or 16, "text")
+    return await _respond(request, services, body, prompt,
+                          16 if body.max_tokens is None else body.max_tokens, "text")
 
 
 async def _respond(request: Request, services: Services,
@@ -148,13 +151,13 @@ async def _respond(request: Request, services: Services,
     gen = await submit(services, prompt, body, max_tokens, request.user,
                        request_class(request.user, request.headers.get(CLASS_HEADER)),
                        endpoint)
-    rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{gen.handle.rid}"
+    rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{gen.handle.request.request_id}"
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return _stream_response(gen, kind, rid, services.model.name, include_usage)
-    text, finish = await gen.text()
+    text, finish = await gen.text_while_connected(request.receive)
     if finish.reason == "error":
-        raise backend_error(finish.error)
+        raise engine_down(finish.error) if finish.unavailable else backend_error(finish.error)
     reason = FINISH_REASONS.get(finish.reason, finish.reason)
     if kind == "chat":
         choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None,

@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from appliance.api.errors import ApiError, bad_request, busy, shutting_down
+from appliance.api.errors import ApiError, bad_request, busy, engine_down, shutting_down
 from appliance.api.schemas import ChatMessage, SamplingFields
+from appliance.api.structured import Constraint, grammar_for
 from appliance.api.throttle import LoginThrottle
-from appliance.engine.core import Engine, EngineBusy, EngineStopping, UserBusy
+from appliance.engine.core import Engine, EngineBusy, EngineDown, EngineStopping, UserBusy
 from appliance.engine.request import (
+    SEED_LIMIT,
     Event,
     FinishEvent,
     GenerationRequest,
@@ -35,6 +37,8 @@ from appliance.store import limits
 from appliance.store.db import Store
 
 if TYPE_CHECKING:
+    from litestar.types import Receive
+
     from appliance.api.auth import Principal
 
 
@@ -100,6 +104,9 @@ def sampling_from(body: SamplingFields, vocab_size: int) -> SamplingParams:
     _check_range("presence_penalty", body.presence_penalty, -2.0, 2.0)
     _check_range("frequency_penalty", body.frequency_penalty, -2.0, 2.0)
     _check_range("repetition_penalty", body.repetition_penalty, 0.0, 10.0)
+    if body.seed is not None and not 0 <= body.seed < SEED_LIMIT:
+        raise bad_request(f"'seed' must be an integer from 0 to 2**64 - 1, got {body.seed}.",
+                          param="seed")
     if body.n != 1:
         raise bad_request("Only n=1 is supported.", "unsupported_value", "n")
     if body.logprobs:
@@ -196,6 +203,8 @@ class Generation:
                 request, asyncio_sink(asyncio.get_running_loop(), self._queue), max_concurrent)
         except EngineBusy:
             raise busy() from None
+        except EngineDown as exc:
+            raise engine_down(str(exc)) from None
         except EngineStopping:
             raise shutting_down() from None
         except UserBusy as exc:
@@ -223,6 +232,38 @@ class Generation:
         assert self.finish is not None
         return "".join(parts), self.finish
 
+    async def text_while_connected(self, receive: Receive) -> tuple[str, FinishEvent]:
+        """:meth:`text`, unless the client leaves first: then the request is cancelled (its
+        slot and KV are freed on the next tick, as for a stream) and :class:`ClientGone`
+        is raised. ``receive`` is the ASGI receive of a request whose body was read, so the
+        next message it gives is ``http.disconnect``."""
+        answer = asyncio.ensure_future(self.text())
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (answer, gone):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(answer, gone, return_exceptions=True)
+        if answer.done() and not answer.cancelled():
+            return answer.result()
+        self.close()
+        raise ClientGone()
+
+
+class ClientGone(ApiError):
+    """The client closed the connection before its answer was ready (nobody reads this)."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "The client closed the request.", "invalid_request_error",
+                         "client_closed_request")
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
 
 def quota_of(store: Store, user_id: int) -> QuotaLimits:
     with store.read_sessions() as s:
@@ -240,9 +281,17 @@ def quota_error(verdict: QuotaVerdict) -> ApiError:
 
 async def submit(services: Services, prompt: list[int], body: SamplingFields,
                  max_tokens: int | None, principal: Principal, klass: Klass,
-                 endpoint: str) -> Generation:
-    """Check the request against the context and the user's quotas, then queue it."""
+                 endpoint: str, *, constraint: Constraint | None = None,
+                 grammar: str | None = None) -> Generation:
+    """Check the request against the context and the user's quotas, then queue it.
+
+    ``constraint`` (a JSON schema, or ``{"type": "json_object"}``) makes the engine decode
+    only answers that follow it; ``grammar`` is an llguidance grammar given directly (forced
+    tool calls). A constraint that cannot be compiled is a 400.
+    """
     check_context(len(prompt), services.model.ctx_limit)
+    if constraint is not None:
+        grammar = grammar_for(constraint)
     sampling = sampling_from(body, services.model.vocab_size)
     quota = await anyio.to_thread.run_sync(quota_of, services.store, principal.user_id)
     if max_tokens is not None:
@@ -258,5 +307,6 @@ async def submit(services: Services, prompt: list[int], body: SamplingFields,
     request = GenerationRequest(
         prompt=tuple(prompt), max_tokens=out, sampling=sampling, stop=stops_from(body.stop),
         user=principal.name, klass=klass, user_id=principal.user_id,
-        api_key_id=principal.key_id, endpoint=endpoint, tokens_per_day=quota.tokens_per_day)
+        api_key_id=principal.key_id, endpoint=endpoint, tokens_per_day=quota.tokens_per_day,
+        grammar=grammar)
     return Generation(services.engine, request, quota.max_concurrent)

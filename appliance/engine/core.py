@@ -18,7 +18,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from appliance.engine.request import Event, Finished, GenerationRequest, RequestHandle
+from appliance.engine.request import (
+    Event,
+    Finished,
+    FinishEvent,
+    GenerationRequest,
+    RequestHandle,
+    Usage,
+)
 from appliance.engine.snapshot import EngineSnapshot
 from appliance.sched.scheduler import Scheduler, SchedulerConfig
 from appliance.sched.usage import RollingUsage
@@ -44,6 +51,11 @@ class UserBusy(RuntimeError):
     """The user already has their maximum number of requests in progress (HTTP 429)."""
 
 
+class EngineDown(RuntimeError):
+    """The engine thread died or stalled: it serves nothing until the daemon restarts
+    (HTTP 503; ``/health`` says why)."""
+
+
 AUTO_HEADROOM = 1 << 30
 AUTO_MIN = 64 << 20
 
@@ -58,6 +70,9 @@ class EngineConfig:
     """Bytes, 'auto' (half of the memory available after loading, less 1 GiB) or None."""
     prompt_cache_entries: int = 0
     """Finished requests whose KV is kept for reuse (0: no prompt cache)."""
+    stall_timeout_s: float = 120.0
+    """Seconds without a finished tick, while requests wait, after which the engine is
+    declared stalled (0: never)."""
 
 
 def budget_bytes(setting: int | str | None, available: int) -> int | None:
@@ -94,6 +109,13 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.loaded: object | None = None  # LoadedModel once ready
         self.snapshot = EngineSnapshot.empty()
+        self._open: dict[int, RequestHandle] = {}
+        """Every submitted request not yet finished (the supervisor fails them if need be)."""
+        self._beat = time.monotonic()
+        """When the engine thread last went round its loop (monotonic seconds)."""
+        self._death: str | None = None
+        self.failure: str | None = None
+        """Why the engine stopped serving, once it has; None while it serves."""
 
     # ---- lifecycle (any thread) ----
     def start(self, timeout: float = 600.0) -> None:
@@ -108,7 +130,8 @@ class Engine:
         self._stop = True
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout)
+            # a stalled thread never comes back: do not wait for it
+            self._thread.join(timeout if self.failure is None else 0.1)
 
     def stop_admitting(self) -> None:
         with self._lock:
@@ -116,7 +139,7 @@ class Engine:
 
     def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.failure is None:
             snap = self.snapshot
             if snap.active == 0 and snap.queued == 0 and self._inbox.empty():
                 return True
@@ -138,6 +161,8 @@ class Engine:
     def submit(self, request: GenerationRequest, sink: Callable[[Event], None],
                max_concurrent: int | None = None) -> RequestHandle:
         with self._lock:
+            if self.failure is not None:
+                raise EngineDown(self.failure)
             if not self._accepting:
                 raise EngineStopping("the server is shutting down")
             if self._pending >= self.config.max_queue_depth:
@@ -148,7 +173,8 @@ class Engine:
                                "at a time; retry when one finishes")
             self._live[request.user_key] = live + 1
             self._pending += 1
-        handle = RequestHandle(request, sink)
+            handle = RequestHandle(request, sink)
+            self._open[handle.rid] = handle
         self._inbox.put(handle)
         self._wake.set()
         return handle
@@ -173,13 +199,56 @@ class Engine:
         self._control.put(lambda runner: runner.scheduler.counters.restore(values))
         self._wake.set()
 
-    def _done(self, user_key: str) -> None:
+    def _done(self, handle: RequestHandle) -> None:
+        user_key = handle.request.user_key
         with self._lock:
+            self._open.pop(handle.rid, None)
             left = self._live.get(user_key, 0) - 1
             if left > 0:
                 self._live[user_key] = left
             else:
                 self._live.pop(user_key, None)
+
+    # ---- health (any thread) ----
+    def check(self, now: float | None = None) -> str | None:
+        """Why the engine is not serving, or None when it is: its thread died, or it has
+        not gone round its loop for ``stall_timeout_s`` while requests wait. Once the
+        engine has failed it stays failed (the daemon must restart)."""
+        if self.failure is not None:
+            return self.failure
+        thread = self._thread
+        if thread is None or not self._ready.is_set() or self._load_error is not None:
+            return None
+        if not thread.is_alive():
+            if self._stop:
+                return None
+            return f"engine thread died ({self._death or 'unknown cause'})"
+        limit = self.config.stall_timeout_s
+        if limit <= 0:
+            return None
+        now = time.monotonic() if now is None else now
+        idle = now - self._beat
+        with self._lock:
+            waiting = len(self._open)
+        if waiting and idle > limit:
+            return (f"engine stalled: no tick for {idle:.0f} s while {waiting} requests "
+                    "wait")
+        return None
+
+    def fail(self, reason: str) -> int:
+        """Declare the engine down: admit nothing more and end every request in flight
+        with ``unavailable`` (HTTP 503). Returns how many requests were ended. Safe from any
+        thread: each request is finished exactly once even if the engine thread wakes."""
+        with self._lock:
+            if self.failure is None:
+                self.failure = reason
+            self._accepting = False
+            handles = list(self._open.values())
+            self._open.clear()
+        for h in handles:
+            h.emit(FinishEvent("error", Usage(len(h.request.prompt), 0), error=reason,
+                               unavailable=True))
+        return len(handles)
 
     # ---- the engine thread ----
     def _main(self) -> None:
@@ -209,31 +278,53 @@ class Engine:
             return
         self._runner = runner
         self._cancel_all = False
+        self._beat = time.monotonic()
         self._ready.set()
-        while not self._stop:
-            self._wake.clear()
-            while not self._control.empty():
+        try:
+            while not self._stop and self.failure is None:
+                worked = self._step(runner)
+                self._beat = time.monotonic()
+                if not worked:
+                    self._wake.wait(0.5)
+                    self._beat = time.monotonic()
+        except BaseException as exc:  # the supervisor sees the dead thread and says why
+            self._death = type(exc).__name__
+            log.critical("engine thread died: %s", type(exc).__name__, exc_info=True)
+            return
+        if self.failure is None:
+            runner.cancel_everything()
+            runner.flush_counters()
+            self.snapshot = runner.snapshot()
+
+    def _step(self, runner: Runner) -> bool:
+        """One round of the loop; returns whether it did work. A per-request failure ends
+        that request inside the runner; what escapes to here ends the requests in flight
+        (nobody could be blamed) and the engine keeps serving."""
+        self._wake.clear()
+        while not self._control.empty():
+            try:
                 self._control.get_nowait()(runner)
+            except Exception:
+                log.exception("engine control message failed")
+        try:
             runner.take(self._drain_inbox())
             if self._cancel_all:
                 runner.cancel_everything()
                 self._cancel_all = False
-            try:
-                worked = runner.tick()
-            except Exception:
-                log.exception("engine tick failed; ending the requests in flight")
-                runner.fail_everything()
-                worked = True
-            left = runner.left_queue()
-            if left:
-                with self._lock:
-                    self._pending -= left
+            worked = runner.tick()
+        except Exception:
+            log.exception("engine tick failed; ending the requests in flight")
+            runner.fail_everything()
+            worked = True
+        left = runner.left_queue()
+        if left:
+            with self._lock:
+                self._pending -= left
+        try:
             self.snapshot = runner.snapshot()
-            if not worked:
-                self._wake.wait(0.5)
-        runner.cancel_everything()
-        runner.flush_counters()
-        self.snapshot = runner.snapshot()
+        except Exception:
+            log.exception("engine snapshot failed")
+        return worked
 
     def _drain_inbox(self) -> list[RequestHandle]:
         out = []

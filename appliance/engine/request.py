@@ -9,18 +9,47 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import os
 import queue
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from appliance.sched.classes import Klass
 
+log = logging.getLogger(__name__)
+
 _ids = itertools.count(1)
+
+SEED_LIMIT = 1 << 64
+"""Seeds are unsigned 64-bit integers (what ``mx.random.key`` takes): 0 <= seed < 2**64."""
 
 
 def next_request_id() -> int:
+    """The engine's own handle for a request in this process (scheduler, batch rows)."""
     return next(_ids)
+
+
+def uuid7() -> uuid.UUID:
+    """A version-7 UUID (RFC 9562): 48 bits of unix milliseconds, then 74 random bits.
+
+    Python's ``uuid.uuid7`` arrives in 3.14; this is the same layout in a few lines rather
+    than a dependency. Ids sort by creation time and never repeat across restarts.
+    """
+    ms = time.time_ns() // 1_000_000
+    value = (ms & ((1 << 48) - 1)) << 80 | int.from_bytes(os.urandom(10), "big")
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    return uuid.UUID(int=value)
+
+
+def new_request_id() -> str:
+    """The id a request is known by outside the engine: the ledger row and the OpenAI
+    ``id`` (``chatcmpl-<this>``). Unique across restarts (a UUIDv7 in hex)."""
+    return uuid7().hex
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +87,11 @@ class GenerationRequest:
     endpoint: str = ""
     tokens_per_day: int | None = None
     """The user's daily token quota: the request finishes with ``quota`` when it is used up."""
+    grammar: str | None = None
+    """Constrained decoding: an llguidance grammar (from a JSON schema or Lark) the answer
+    must follow; None for free text."""
     rid: int = field(default_factory=next_request_id)
+    request_id: str = field(default_factory=new_request_id)
 
     @property
     def user_key(self) -> str:
@@ -93,6 +126,8 @@ class FinishEvent:
     error: str | None = None
     ttft_s: float | None = None
     preemptions: int = 0
+    unavailable: bool = False
+    """The engine stopped serving (dead or stalled): HTTP 503, retry later."""
 
 
 Event = TokenEvent | FinishEvent
@@ -127,13 +162,35 @@ class RequestHandle:
         self.request = request
         self._sink = sink
         self._cancelled = threading.Event()
+        self._closed = False
+        self._lock = threading.Lock()
 
     @property
     def rid(self) -> int:
         return self.request.rid
 
-    def emit(self, event: Event) -> None:
-        self._sink(event)
+    def emit(self, event: Event) -> bool:
+        """Hand one event to the caller. Never raises: a sink that fails cancels its own
+        request (the engine reaps it on the next tick) and nobody else's. After the finish
+        event nothing more is delivered, so a request is finished exactly once even when
+        the supervisor and the engine thread both try. Returns whether it was delivered."""
+        with self._lock:
+            if self._closed:
+                return False
+            if isinstance(event, FinishEvent):
+                self._closed = True
+        try:
+            self._sink(event)
+        except Exception as exc:
+            log.error("request sink failed rid=%d: %s", self.rid, type(exc).__name__)
+            self._cancelled.set()
+            return False
+        return True
+
+    @property
+    def finished(self) -> bool:
+        """The finish event was handed over (or tried)."""
+        return self._closed
 
     def cancel(self) -> None:
         self._cancelled.set()

@@ -19,9 +19,17 @@ from appliance.engine.batch import (
     prefill_batch,
 )
 from appliance.engine.core import FaultHook
+from appliance.engine.grammar import GrammarRow, ll_tokenizer
 from appliance.engine.model import LoadedModel
 from appliance.engine.prompt_cache import PromptCache
-from appliance.engine.request import Finished, FinishEvent, RequestHandle, TokenEvent, Usage
+from appliance.engine.request import (
+    Finished,
+    FinishEvent,
+    GenerationRequest,
+    RequestHandle,
+    TokenEvent,
+    Usage,
+)
 from appliance.engine.sampling import RowSampler, sample_batch
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
@@ -106,7 +114,7 @@ class Runner:
                  clock: Callable[[], float], fault: FaultHook | None,
                  on_finish: Callable[[Finished], None] | None = None, *,
                  usage: RollingUsage | None = None,
-                 on_done: Callable[[str], None] | None = None,
+                 on_done: Callable[[RequestHandle], None] | None = None,
                  on_counters: Callable[[dict[str, float]], None] | None = None,
                  prompt_cache_entries: int = 0, timer: Callable[[], float] = time.perf_counter,
                  meter: Meter | None = None) -> None:
@@ -148,24 +156,57 @@ class Runner:
 
     # ---- intake ----
     def take(self, handles: list[RequestHandle]) -> None:
+        """Queue new requests. One that cannot even be set up (bad sampling parameters, a
+        detokenizer that fails, any error at all) ends alone, with an error."""
         now = self.clock()
         for h in handles:
-            r = h.request
             try:
-                sampler = RowSampler(r.sampling, self.vocab_size)
-            except ValueError as exc:
+                self._take_one(h, now)
+            except Exception as exc:
+                log.error("request failed rid=%d phase=intake: %s", h.rid, type(exc).__name__)
                 self._left_queue += 1
-                h.emit(FinishEvent("error", Usage(len(r.prompt), 0), error=str(exc)))
-                if self.on_done is not None:
-                    self.on_done(r.user_key)
-                continue
-            max_tokens = min(r.max_tokens, self.loaded.ctx_limit - len(r.prompt))
-            seq = Seq(handle=h, arrival=now, tokens=list(r.prompt), n_prompt=len(r.prompt),
-                      max_tokens=max_tokens, sampler=sampler,
-                      text=TextStream(self.loaded.tokenizer.detokenizer, r.stop))
-            self.seqs[seq.rid] = seq
-            log.info("request queued rid=%d user=%s class=%s prompt_tokens=%d max_tokens=%d",
-                     seq.rid, r.user, r.klass.label, seq.n_prompt, max_tokens)
+                self.errors_total += 1
+                self.completed += 1
+                error = str(exc) if isinstance(exc, ValueError) else BACKEND_ERROR
+                h.emit(FinishEvent("error", Usage(len(h.request.prompt), 0), error=error))
+                self._done(h)
+
+    def _take_one(self, h: RequestHandle, now: float) -> None:
+        r = h.request
+        if self.fault:
+            self.fault(r, "intake")
+        sampler = RowSampler(r.sampling, self.vocab_size, self._grammar_row(r))
+        max_tokens = min(r.max_tokens, self.loaded.ctx_limit - len(r.prompt))
+        seq = Seq(handle=h, arrival=now, tokens=list(r.prompt), n_prompt=len(r.prompt),
+                  max_tokens=max_tokens, sampler=sampler,
+                  text=TextStream(self.loaded.tokenizer.detokenizer, r.stop))
+        self.seqs[seq.rid] = seq
+        log.info("request queued rid=%d id=%s user_id=%d class=%s prompt_tokens=%d "
+                 "max_tokens=%d", seq.rid, r.request_id, r.user_id, r.klass.label,
+                 seq.n_prompt, max_tokens)
+
+    def _done(self, h: RequestHandle) -> None:
+        if self.on_done is not None:
+            try:
+                self.on_done(h)
+            except Exception:
+                log.exception("on_done failed rid=%d", h.rid)
+
+    def _fail(self, s: Seq, phase: str, exc: BaseException | str) -> None:
+        """End one request with an error, whatever state it is in; the others go on."""
+        what = exc if isinstance(exc, str) else type(exc).__name__
+        log.error("request failed rid=%d phase=%s: %s", s.rid, phase, what)
+        if s.rid not in self.seqs:
+            return
+        if s.rid in self.batch.rids:
+            self.batch.remove({s.rid})
+        self._finish(s, "error", error=BACKEND_ERROR)
+
+    def _grammar_row(self, r: GenerationRequest) -> GrammarRow | None:
+        if r.grammar is None:
+            return None
+        tok = ll_tokenizer(self.loaded.tokenizer, self.vocab_size, self.eos)
+        return GrammarRow(tok, r.grammar, len(r.prompt))
 
     def left_queue(self) -> int:
         """Requests that left the waiting queue for good since the last call."""
@@ -269,11 +310,17 @@ class Runner:
         for rid in plan.admit:
             s = self.seqs[rid]
             s.move(RequestState.PREFILLING)
-            s.cache, s.computed = self._cached_prefix(s)
-            if s.admitted_at is None:
-                s.cached_tokens = min(s.computed, s.n_prompt)
+            first = s.admitted_at is None
+            if first:
                 s.admitted_at = now
                 self._left_queue += 1
+            try:
+                s.cache, s.computed = self._cached_prefix(s)
+            except Exception as exc:
+                self._fail(s, "admit", exc)
+                continue
+            if first:
+                s.cached_tokens = min(s.computed, s.n_prompt)
 
     def _decode(self) -> bool:
         if not len(self.batch):
@@ -310,8 +357,12 @@ class Runner:
                 done.add(s.rid)
             else:
                 self._serve(s, 0, 1)
-                if self._accept(s, tok, now):
+                try:
+                    if self._accept(s, tok, now):
+                        done.add(s.rid)
+                except Exception as exc:
                     done.add(s.rid)
+                    self._fail(s, "token", exc)
         self.batch.remove(done)
         return True
 
@@ -371,10 +422,13 @@ class Runner:
                      if logits is not None else None)
             self._timed("prefill", 1, n, s.computed, start)
         except Exception as exc:
-            log.error("request failed rid=%d phase=prefill: %r", s.rid, exc)
-            self._finish(s, "error", error=BACKEND_ERROR)
+            self._fail(s, "prefill", exc)
             return
-        self._prefilled(s, n, token)
+        try:
+            self._prefilled(s, n, token)
+        except Exception as exc:
+            self._fail(s, "token", exc)
+            return
         if token is not None and s.state is RequestState.PREFILLING:
             s.move(RequestState.DECODING)
             self._joining.append(([s.rid], s.cache, None))
@@ -398,7 +452,11 @@ class Runner:
         keep: list[int] = []
         for i, (s, token) in enumerate(zip(seqs, tokens, strict=True)):
             s.cache = None
-            self._prefilled(s, len(s.tokens), token)
+            try:
+                self._prefilled(s, len(s.tokens), token)
+            except Exception as exc:
+                self._fail(s, "token", exc)
+                continue
             if s.state is RequestState.PREFILLING:
                 s.move(RequestState.DECODING)
                 keep.append(i)
@@ -427,6 +485,8 @@ class Runner:
         s.last_token_at = now
         s.tokens.append(token)
         self.generated_total += 1
+        if self.fault:
+            self.fault(s.handle.request, "token")
         if token in self.eos:
             self._finish(s, "stop")
             return True
@@ -467,12 +527,24 @@ class Runner:
             self.prompt_cache.store(s.handle.request.user_key, s.tokens[:size], cache)
 
     def _finish(self, s: Seq, reason: str, error: str | None = None) -> None:
-        if reason in ("stop", "length", "quota"):
-            self._keep_prefix(s)
+        """Finish one sequence: it leaves the engine, its caller gets the finish event, the
+        ledger gets its row. Never raises: what fails on the way (keeping its prefix, the
+        detokenizer's tail, the ledger hand-off) is logged and the request still ends."""
+        if s.rid not in self.seqs:
+            return
+        tail = ""
+        try:
+            if self.fault:
+                self.fault(s.handle.request, "finish")
+            if reason in ("stop", "length", "quota"):
+                self._keep_prefix(s)
+            tail = s.text.finish() if reason in ("stop", "length") else ""
+        except Exception as exc:
+            log.error("request failed rid=%d phase=finish: %s", s.rid, type(exc).__name__)
+            reason, error, tail = "error", BACKEND_ERROR, ""
         if s.state is RequestState.QUEUED and s.admitted_at is None:
             self._left_queue += 1
         s.move(finish_state(reason))
-        tail = s.text.finish() if reason in ("stop", "length") else ""
         s.cache = None
         del self.seqs[s.rid]
         self.completed += 1
@@ -484,12 +556,16 @@ class Runner:
         usage = Usage(prompt_tokens=s.n_prompt, completion_tokens=s.generated,
                       cached_tokens=s.cached_tokens)
         s.handle.emit(FinishEvent(reason, usage, tail, error, ttft, s.preemptions))
-        if self.on_done is not None:
-            self.on_done(s.handle.request.user_key)
+        self._done(s.handle)
         if self.on_finish is not None:
-            self.on_finish(self._record(s, reason, usage))
-        log.info("request finished rid=%d reason=%s prompt_tokens=%d output_tokens=%d "
-                 "ttft_ms=%s preemptions=%d", s.rid, reason, usage.prompt_tokens,
+            try:
+                self.on_finish(self._record(s, reason, usage))
+            except Exception:
+                log.exception("ledger hand-off failed rid=%d id=%s", s.rid,
+                              s.handle.request.request_id)
+        log.info("request finished rid=%d id=%s reason=%s prompt_tokens=%d output_tokens=%d "
+                 "ttft_ms=%s preemptions=%d", s.rid, s.handle.request.request_id, reason,
+                 usage.prompt_tokens,
                  usage.completion_tokens, "-" if ttft is None else f"{ttft * 1000:.1f}",
                  s.preemptions)
 
@@ -537,10 +613,12 @@ class Runner:
         self._reap_cancelled()
 
     def fail_everything(self) -> None:
+        """After a tick failed where no single request was to blame: end every request in
+        flight with an error, start from an empty batch, keep serving."""
         self._joining = []  # rows of the failed tick that had not joined the batch yet
-        self.batch.remove(set(self.seqs))
         for s in list(self.seqs.values()):
             self._finish(s, "error", error=BACKEND_ERROR)
+        self.batch = DecodeBatch(self.model)
 
     # ---- monitoring ----
     def _reserved_tokens(self) -> int:
@@ -570,5 +648,6 @@ class Runner:
             preemptions_total=self.preemptions_total, errors_total=self.errors_total,
             cancelled_total=self.cancelled_total,
             counters=self.scheduler.counters.snapshot(),
+            weights=self.scheduler.counters.weights(),
             prompt_cache=None if pc is None else dataclasses.asdict(pc.stats),
             kv_reserved_bytes=self._reserved_tokens() * self.loaded.kv_bytes_per_token)

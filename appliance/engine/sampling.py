@@ -2,7 +2,7 @@
 
 Greedy rows without logits processors share one batched argmax. Other rows are sampled
 one by one with mlx-lm's filters (top-p, top-k, min-p) and logits processors (logit bias,
-repetition/presence/frequency penalties). A seeded row draws from its own PRNG key, so its
+repetition/presence/frequency penalties, and a grammar mask for constrained decoding). A seeded row draws from its own PRNG key, so its
 output does not depend on who else is in the batch. No full-vocabulary log-softmax is
 computed for greedy rows: nobody asked for log-probabilities.
 """
@@ -15,17 +15,21 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
-from appliance.engine.request import SamplingParams
+from appliance.engine.grammar import GrammarRow
+from appliance.engine.request import SEED_LIMIT, SamplingParams
 
 
 class RowSampler:
     """Sampling state of one sequence."""
 
-    def __init__(self, params: SamplingParams, vocab_size: int) -> None:
+    def __init__(self, params: SamplingParams, vocab_size: int,
+                 grammar: GrammarRow | None = None) -> None:
         for token, _ in params.logit_bias:
             if not 0 <= token < vocab_size:
                 raise ValueError(f"logit_bias token {token} is outside the vocabulary "
                                  f"(0..{vocab_size - 1})")
+        if params.seed is not None and not 0 <= params.seed < SEED_LIMIT:
+            raise ValueError(f"seed must be between 0 and 2**64 - 1, got {params.seed}")
         if params.top_k >= vocab_size:
             params = _replace_top_k(params)
         self.params = params
@@ -36,11 +40,13 @@ class RowSampler:
             frequency_penalty=params.frequency_penalty,
         )
         self._key = mx.random.key(params.seed) if params.seed is not None else None
+        self.grammar = grammar
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy with no penalties: sampled with the batch's one argmax (after its bias)."""
-        return self.params.greedy and not self.processors
+        """Greedy with no penalties and no grammar: sampled with the batch's one argmax
+        (after its bias)."""
+        return self.params.greedy and not self.processors and self.grammar is None
 
     def bias(self, vocab: int) -> mx.array | None:
         """The logit bias as a dense [vocab] row (made once), or None."""
@@ -59,6 +65,8 @@ class RowSampler:
             ctx = mx.array(list(context[-64:]) or [0])
             for proc in self.processors:
                 logits = proc(ctx, logits)
+        if self.grammar is not None:
+            logits = self.grammar.mask(logits, context)
         p = self.params
         if p.greedy:
             return mx.argmax(logits, axis=-1)
@@ -81,23 +89,36 @@ def _replace_top_k(params: SamplingParams) -> SamplingParams:
     return replace(params, top_k=0)
 
 
+def _greedy(logits: mx.array, samplers: Sequence[RowSampler]) -> mx.array:
+    """One batched argmax over plain greedy rows (each after its logit bias)."""
+    biases = [s.bias(logits.shape[-1]) for s in samplers]
+    if any(b is not None for b in biases):
+        zeros = mx.zeros((logits.shape[-1],), dtype=mx.float32)
+        logits = logits + mx.stack([zeros if b is None else b for b in biases])
+    return mx.argmax(logits, axis=-1)
+
+
 def sample_batch(logits: mx.array, samplers: Sequence[RowSampler],
                  contexts: Sequence[Sequence[int]],
                  on_row_error: Any = None) -> list[int | None]:
     """Sample one token per row of ``logits`` [B, V].
 
-    A row whose sampling raises gets ``None`` and ``on_row_error(i, exc)`` is called;
-    the other rows are unaffected.
+    Plain greedy rows share one argmax even when other rows of the batch need their own
+    sampling (penalties, temperature, a grammar). A row whose sampling raises gets ``None``
+    and ``on_row_error(i, exc)`` is called; the other rows are unaffected.
     """
     if all(s.plain_greedy for s in samplers):
-        biases = [s.bias(logits.shape[-1]) for s in samplers]
-        if any(b is not None for b in biases):
-            zeros = mx.zeros((logits.shape[-1],), dtype=mx.float32)
-            logits = logits + mx.stack([zeros if b is None else b for b in biases])
-        tokens: list[int] = mx.argmax(logits, axis=-1).tolist()  # type: ignore[assignment]
+        tokens: list[int] = _greedy(logits, samplers).tolist()  # type: ignore[assignment]
         return list(tokens)
     out: list[mx.array | None] = [None] * len(samplers)
+    plain = [i for i, s in enumerate(samplers) if s.plain_greedy]
+    if plain:
+        picked = _greedy(logits[mx.array(plain)], [samplers[i] for i in plain])
+        for k, i in enumerate(plain):
+            out[i] = picked[k]
     for i, s in enumerate(samplers):
+        if s.plain_greedy:
+            continue
         try:
             out[i] = s.sample(logits[i:i + 1], contexts[i]).reshape(())
         except Exception as exc:  # one request's failure ends only that request

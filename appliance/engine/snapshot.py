@@ -44,6 +44,8 @@ class EngineSnapshot:
     """entries, bytes, lookups, hits, tokens_reused, evictions; None when it is off."""
     kv_reserved_bytes: int = 0
     """KV the scheduler has set aside for running requests beyond what they hold now."""
+    weights: Mapping[str, float] = field(default_factory=dict)
+    """The weights the running scheduler uses (by user id as text; absent: 1)."""
 
     @property
     def prompt_cache_bytes(self) -> int:

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 DEFAULT_W_IN = 1.0
 DEFAULT_W_OUT = 2.0
 DEFAULT_AGING_SECONDS = 30.0
+WEIGHT_MIN = 0.01
+WEIGHT_MAX = 100.0
+"""A user's weight lies in [WEIGHT_MIN, WEIGHT_MAX]: the store refuses others, and the
+counters clamp whatever reaches them, so a charge is at most ``100 * (w_in + w_out)`` per
+token and a counter stays finite."""
 
 
 def effective_class(klass: Klass, waited: float, aging_seconds: float) -> Klass:
@@ -71,8 +76,10 @@ class VirtualCounters:
         return self._weights.get(user, 1.0)
 
     def set_weight(self, user: str, weight: float) -> None:
-        """A user with weight 2 is entitled to twice the service of a user with weight 1."""
-        self._weights[user] = _check_weight("weight", weight)
+        """A user with weight 2 is entitled to twice the service of a user with weight 1.
+        Clamped into [WEIGHT_MIN, WEIGHT_MAX] (a weight stored before the bounds existed,
+        say 1e-320, must not turn a counter into infinity)."""
+        self._weights[user] = min(max(_check_weight("weight", weight), WEIGHT_MIN), WEIGHT_MAX)
 
     def charge(self, user: str, prefill_tokens: int, output_tokens: int) -> float:
         """Add the cost of work done for ``user``; returns the amount added."""
@@ -101,10 +108,18 @@ class VirtualCounters:
         """Every counter, for persistence and the dashboard."""
         return dict(self._values)
 
+    def weights(self) -> dict[str, float]:
+        """Every weight set so far (a user not in it has weight 1)."""
+        return dict(self._weights)
+
     def restore(self, values: Mapping[str, float]) -> None:
-        """Load persisted counters (at start-up, before any request is seen)."""
-        self._values = {u: float(v) for u, v in values.items()}
-        self._floor = min(self._values.values(), default=0.0)
+        """Load persisted counters (at start-up, before any request is seen). A value that
+        is not a finite number >= 0 (persisted before weights were bounded) starts again
+        from the lowest sound counter, as a newly backlogged user would."""
+        sound = {u: float(v) for u, v in values.items() if math.isfinite(v) and v >= 0}
+        floor = min(sound.values(), default=0.0)
+        self._values = {u: sound.get(u, floor) for u in values}
+        self._floor = floor
         self._backlogged = frozenset()
 
 

@@ -68,15 +68,18 @@ class Usage:
         return self.prompt_tokens - self.cached_tokens + self.output_tokens
 
 
-def insert_records(session: Session, records: Sequence[LedgerRecord]) -> None:
-    """Insert rows in one statement; a request id already in the ledger is skipped, so
-    re-submitting a record is harmless."""
+def insert_records(session: Session, records: Sequence[LedgerRecord]) -> list[str]:
+    """Insert rows in one statement; a request id already in the ledger is not written
+    twice (re-submitting a record does not count it twice). Returns the ids that were
+    skipped so: request ids are UUIDv7s, unique across restarts, so any conflict is a bug
+    or a replay, and the caller must say so loudly (never a silent drop)."""
     if not records:
-        return
-    stmt = sqlite_insert(LedgerEntry).on_conflict_do_nothing(
-        index_elements=[LedgerEntry.request_id]
-    )
-    session.execute(stmt, [dataclasses.asdict(r) for r in records])
+        return []
+    stmt = (sqlite_insert(LedgerEntry)
+            .on_conflict_do_nothing(index_elements=[LedgerEntry.request_id])
+            .returning(LedgerEntry.request_id))
+    written = set(session.scalars(stmt, [dataclasses.asdict(r) for r in records]).all())
+    return [r.request_id for r in records if r.request_id not in written]
 
 
 def usage_since(

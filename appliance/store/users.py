@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from appliance.sched.fair import WEIGHT_MAX, WEIGHT_MIN
 from appliance.store import auth
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
 from appliance.store.models import CLASSES, ROLES, User
@@ -44,8 +45,10 @@ def _validate_role(role: str) -> str:
 
 
 def _validate_weight(weight: float) -> float:
-    if not weight > 0 or weight == float("inf"):
-        raise ValueError("weight must be a positive number")
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not (
+            WEIGHT_MIN <= weight <= WEIGHT_MAX):
+        raise ValueError(f"weight must be a number from {WEIGHT_MIN:g} to {WEIGHT_MAX:g}, "
+                         f"got {weight!r}")
     return float(weight)
 
 

@@ -43,6 +43,8 @@ class WriterStats:
     ledger_rows: int = 0
     counter_rows: int = 0
     dropped: int = 0
+    conflicts: int = 0
+    """Ledger rows not written because their request id was already there (logged)."""
 
 
 @dataclass(slots=True)
@@ -212,8 +214,12 @@ class StoreWriter:
 
     def _write(self, ledger: list[LedgerRecord], counters: Mapping[int, float]) -> None:
         with self._factory.begin() as session:
-            insert_records(session, ledger)
+            skipped = insert_records(session, ledger)
             save_counters(session, counters)
+        if skipped:
+            self.stats.conflicts += len(skipped)
+            log.error("store writer: %d ledger rows NOT written: their request id is already "
+                      "in the ledger (ids %s)", len(skipped), ", ".join(skipped[:10]))
 
     def _count(self, ledger_rows: int, counter_rows: int) -> None:
         self.stats.commits += 1

@@ -18,7 +18,7 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
 
 from appliance import __version__, fairness_state
-from appliance.api import account, admin, metrics, monitoring, openai
+from appliance.api import account, admin, jobs, metrics, monitoring, openai
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
 from appliance.api.errors import (
     ApiError,
@@ -117,16 +117,27 @@ def ledger_record(f: Finished) -> LedgerRecord:
         ttft_ms=f.ttft_ms, itl_mean_ms=f.itl_mean_ms, itl_p95_ms=f.itl_p95_ms)
 
 
-def build_services(settings: Settings, engine: Engine, store: Store) -> Services:
+def build_services(settings: Settings, engine: Engine, store: Store,
+                   writer: StoreWriter | None = None) -> Services:
     loaded: Any = engine.loaded
     info = ModelInfo(name=loaded.name, path=str(loaded.path), is_demo=loaded.is_demo,
                      ctx_limit=loaded.ctx_limit,
                      vocab_size=int(loaded.config.get("vocab_size") or 0) or 1 << 30,
                      tokenizer=loaded.tokenizer)
-    return Services(engine=engine, model=info, store=store,
-                    on_policy_change=lambda: engine.set_weights(fairness_state.load(store)[1]),
-                    default_max_tokens=settings.engine.default_max_tokens,
-                    max_batch_size=engine.config.scheduler.max_batch_size)
+    services = Services(engine=engine, model=info, store=store,
+                        on_policy_change=lambda: engine.set_weights(fairness_state.load(store)[1]),
+                        default_max_tokens=settings.engine.default_max_tokens,
+                        max_batch_size=engine.config.scheduler.max_batch_size)
+    attach_jobs(services, settings, writer)
+    return services
+
+
+def attach_jobs(services: Services, settings: Settings, writer: StoreWriter | None) -> None:
+    """The background job scheduler; ``create_app`` starts it in the lifespan."""
+    from appliance.jobs.runner import JobService
+
+    flush = None if writer is None else (lambda: writer.flush(10))
+    services.jobs = JobService(services, settings.jobs, flush_ledger=flush)
 
 
 def create_app(services: Services, secret: str,
@@ -134,7 +145,7 @@ def create_app(services: Services, secret: str,
     csrf = CSRFConfig(secret=secret, exclude=CSRF_EXEMPT, cookie_samesite="strict")
     return Litestar(
         route_handlers=[*openai.ROUTES, *monitoring.ROUTES, *metrics.ROUTES, *account.ROUTES,
-                        admin.router,
+                        admin.router, *jobs.ROUTES,
                         *web_routes()],
         state=State({"services": services}),
         # Outermost first: who is asking (401) before whether the form is genuine (403).
@@ -150,7 +161,11 @@ def create_app(services: Services, secret: str,
             ValueError: store_error_handler(400),
             Exception: internal_error_handler,
         },
-        on_shutdown=list(on_shutdown),
+        # APScheduler's AsyncIOScheduler needs the running loop: started here; stopped
+        # before anything else shuts down (before the engine drains).
+        on_startup=[services.jobs.start] if services.jobs is not None else [],
+        on_shutdown=[*([services.jobs.stop] if services.jobs is not None else []),
+                     *on_shutdown],
         request_max_body_size=MAX_BODY_BYTES,
         logging_config=None,
         # JSON only: Litestar's Swagger/ReDoc pages load scripts from CDNs (offline here)

@@ -1,4 +1,4 @@
-"""The ``appliance`` command: serve | run | model | migrate | user | key | bench."""
+"""The ``appliance`` command: serve | run | model | migrate | user | key | job | bench."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     writer = StoreWriter(store.sessions)
     engine = start_engine(settings, writer=writer,
                           fault=fault_from_spec(os.environ.get(FAULT_ENV)))
-    services = build_services(settings, engine, store)
+    services = build_services(settings, engine, store, writer)
     timeout = settings.server.shutdown_timeout
 
     def drain() -> None:
@@ -223,8 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--shape", default="demo", choices=("demo", "tiny", "smollm-135m"))
     demo.add_argument("--seed", type=int, default=0)
 
-    from appliance import cli_admin
+    from appliance import cli_admin, cli_jobs
     cli_admin.add_parsers(sub)
+    cli_jobs.add_parsers(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (see docs/BENCHMARKS.md)")
     bench.add_argument("bench_cmd", choices=("serve", "fairness", "goodput"))
@@ -249,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         exit_now(rc)
     if args.cmd == "model":
         return cmd_model(settings, args)
+    if args.cmd == "job":
+        from appliance import cli_jobs
+        return cli_jobs.run(settings, args)
     if args.cmd in ("migrate", "user", "key"):
         from appliance import cli_admin
         return cli_admin.run(settings, args)

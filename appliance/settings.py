@@ -130,18 +130,50 @@ class StoreSettings:
 
 
 @dataclass(slots=True)
+class JobsSettings:
+    timezone: str = _opt(
+        "", "The household's time zone for job schedules (an IANA name such as "
+        "'Europe/Paris'). Empty: the machine's local time zone.")
+    url_allow: str = _opt(
+        "", "Private or loopback addresses that admins' url jobs and webhooks may reach, "
+        "comma separated: an IP or CIDR, optionally with ':port' (e.g. "
+        "'192.168.1.10:8123, 10.0.0.0/8'). Members' jobs always reach public addresses only.")
+    fetch_max_bytes: int = _opt(
+        5 << 20, "Most bytes a url job downloads per run; a bigger answer is an error.",
+        lo=1024, hi=1 << 30)
+    fetch_timeout: float = _opt(
+        20.0, "Seconds a url job's download may take, redirects included.", lo=1, hi=600)
+    document_max_bytes: int = _opt(
+        2 << 20, "Most bytes of text a job summarises per run (a pasted document, or the text "
+        "taken from a page, feed or conversations).", lo=1024, hi=1 << 30)
+    output_max_tokens: int = _opt(
+        2000, "Upper bound of a job's output tokens (each job sets its own limit below it).",
+        lo=16, hi=1_048_576)
+    chunk_tokens: int = _opt(
+        0, "Source tokens per map step of a long document. 0: half the context less the "
+        "instructions and the output, at most 4096.", lo=0, hi=1_048_576)
+    misfire_grace: float = _opt(
+        6 * 3600.0, "Seconds a scheduled run may be late (daemon down or busy) and still "
+        "run, once; older slots are skipped.", lo=1, hi=7 * 86400)
+    webhook_retries: int = _opt(
+        3, "Attempts to deliver a job's result to its webhook before recording a failure.",
+        lo=1, hi=10)
+
+
+@dataclass(slots=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     engine: EngineSettings = field(default_factory=EngineSettings)
     sched: SchedSettings = field(default_factory=SchedSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
+    jobs: JobsSettings = field(default_factory=JobsSettings)
 
     @property
     def models_dir(self) -> Path:
         return Path(self.store.data_dir).expanduser() / "models"
 
 
-SECTIONS: tuple[str, ...] = ("server", "engine", "sched", "store")
+SECTIONS: tuple[str, ...] = ("server", "engine", "sched", "store", "jobs")
 
 
 def iter_fields() -> Iterator[tuple[str, dataclasses.Field[Any]]]:
@@ -153,7 +185,7 @@ def iter_fields() -> Iterator[tuple[str, dataclasses.Field[Any]]]:
 
 def _section_type(name: str) -> type:
     return {"server": ServerSettings, "engine": EngineSettings, "sched": SchedSettings,
-            "store": StoreSettings}[name]
+            "store": StoreSettings, "jobs": JobsSettings}[name]
 
 
 def flag_name(f: dataclasses.Field[Any]) -> str:
@@ -253,6 +285,7 @@ def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None =
         if extra:
             raise ValueError(f"{config_path}: unknown settings in [{section}]: {sorted(extra)}")
     parse_bytes(settings.engine.kv_cache_budget)  # fail at start-up, not at first use
+    check_jobs(settings.jobs)
     if settings.engine.no_batch:
         settings.engine.max_batch_size = 1
     return settings
@@ -276,3 +309,12 @@ def parse_bytes(value: str) -> int | str | None:
     if amount < 1:
         raise ValueError(f"kv_cache_budget must be positive, got {value!r}")
     return int(amount)
+
+
+def check_jobs(jobs: JobsSettings) -> None:
+    """The time zone and the allow-list are parsed once here, so a typo stops the start."""
+    from appliance.jobs.netguard import parse_allow_list
+    from appliance.jobs.schedule import household_zone
+
+    household_zone(jobs.timezone)
+    parse_allow_list(jobs.url_allow)

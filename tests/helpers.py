@@ -34,7 +34,7 @@ def make_settings(model: Path, **overrides: Any) -> Settings:
     s.store.data_dir = tempfile.mkdtemp(prefix="appliance-test-")
     s.engine.debug_invariants = True  # the scheduler's invariants checked on every tick
     for key, value in overrides.items():
-        for section in (s.server, s.engine, s.sched, s.store):
+        for section in (s.server, s.engine, s.sched, s.store, s.jobs):
             if hasattr(section, key):
                 setattr(section, key, value)
                 break
@@ -52,6 +52,8 @@ class LiveServer:
     keys: dict[str, str]
     """Plaintext API key of each persona (alice admin, bob and carol members)."""
     user_ids: dict[str, int]
+    services: Any = None
+    """The app's ``Services`` (jobs tests reach the job scheduler through it)."""
 
     def client(self, who: str | None = None, **kw: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.keys[who]}"} if who else {}
@@ -89,7 +91,7 @@ def live_server(settings: Settings, fault: FaultHook | None = None) -> Iterator[
     writer = StoreWriter(store.sessions, flush_interval=0.05)
     engine = start_engine(settings, fault=fault, writer=writer)
     supervisor = supervise(engine, interval_s=0.1)
-    services = build_services(settings, engine, store)
+    services = build_services(settings, engine, store, writer)
     app = create_app(services, secret="x" * 32)
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
@@ -99,7 +101,8 @@ def live_server(settings: Settings, fault: FaultHook | None = None) -> Iterator[
     thread.start()
     wait_until(lambda: server.started, 30, "server start")
     try:
-        yield LiveServer(f"http://127.0.0.1:{port}", engine, store, writer, plain, ids)
+        yield LiveServer(f"http://127.0.0.1:{port}", engine, store, writer, plain, ids,
+                         services)
     finally:
         server.should_exit = True
         thread.join(10)

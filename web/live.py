@@ -128,8 +128,9 @@ class Hub:
             "users": table if audience.admin else
             [u for u in table if u.user_id == audience.user_id],
             "spark": charts.spark, "updated": time.strftime("%H:%M:%S"),
+            "jobs": jobs_view(self._services, None if audience.admin else audience.user_id),
         }
-        names = ("summary", "slots", "queue", "kv", "throughput", "users")
+        names = ("summary", "slots", "queue", "kv", "throughput", "users", "jobs")
         return {name: self._templates.get_template(f"_dash_{name}.html").render(**ctx)
                 for name in names}
 
@@ -175,3 +176,19 @@ def _with_live_counters(table: list[stats.UserService],
         value = next((live[k] for k in (u.user_id, str(u.user_id), u.name) if k in live), None)
         out.append(u if value is None else dataclasses.replace(u, counter=float(value)))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class JobsView:
+    running: list[tuple[str, int, int]]
+    """(job name, stages done, stages total) of the runs in progress."""
+    upcoming: list[tuple[str, str]]
+    """(job name, next run in words), soonest first."""
+
+
+def jobs_view(services: Services, only_user: int | None, limit: int = 5) -> JobsView:
+    """Running and next background jobs, from the job scheduler's memory (no query)."""
+    svc = getattr(services, "jobs", None)
+    if svc is None:
+        return JobsView([], [])
+    return JobsView(*svc.overview(only_user, limit))

@@ -6,7 +6,7 @@ from litestar import Router
 from litestar.datastructures import CacheControlHeader, ResponseHeader
 from litestar.static_files import create_static_files_router
 
-from web import chat, dashboard, keys, manage
+from web import chat, dashboard, jobs, keys, manage
 from web.assets import STATIC
 from web.common import CSP
 from web.errors import EXCEPTION_HANDLERS
@@ -18,7 +18,8 @@ SECURITY_HEADERS = [
 ]
 
 pages = Router(
-    path="/", route_handlers=[*chat.ROUTES, *dashboard.ROUTES, *keys.ROUTES, manage.router],
+    path="/", route_handlers=[*chat.ROUTES, *dashboard.ROUTES, *keys.ROUTES, *jobs.ROUTES,
+                                manage.router],
     exception_handlers=EXCEPTION_HANDLERS, response_headers=SECURITY_HEADERS,
     include_in_schema=False)
 

@@ -12,12 +12,18 @@ from litestar.datastructures import State
 from litestar.response import Stream
 
 from appliance.api.auth import request_class
+from appliance.api.chat_format import Delta, OutputParser
 from appliance.api.errors import backend_error, bad_request, engine_down
+from appliance.api.openai_chat import (
+    finish_reason,
+    message,
+    prepare_chat,
+    stream_deltas,
+)
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
 from appliance.api.service import (
     Generation,
     Services,
-    chat_prompt,
     check_model,
     decode_body,
     submit,
@@ -55,10 +61,14 @@ def _services(state: State) -> Services:
 
 
 async def _stream(gen: Generation, kind: str, rid: str, model: str,
-                  include_usage: bool) -> AsyncIterator[bytes]:
-    """OpenAI SSE chunks; a client that goes away cancels the request (finally)."""
+                  include_usage: bool, parser: OutputParser | None = None) -> AsyncIterator[bytes]:
+    """OpenAI SSE chunks; a client that goes away cancels the request (finally).
+
+    Chat text goes through the request's output parser: content, ``reasoning_content`` and
+    ``tool_calls`` deltas (each call whole, with its ``index``)."""
     created = int(time.time())
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    calls = 0
 
     def chunk(delta: dict[str, Any] | str, finish: str | None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
@@ -70,21 +80,34 @@ async def _stream(gen: Generation, kind: str, rid: str, model: str,
         return {"id": rid, "object": obj, "created": created, "model": model,
                 "choices": [choice]}
 
+    def pieces(parsed: Delta) -> list[bytes]:
+        nonlocal calls
+        out = [_sse(chunk(d, None)) for d in stream_deltas(parsed, calls)]
+        calls += len(parsed.tool_calls)
+        return out
+
     try:
         if kind == "chat":
             yield _sse(chunk({"role": "assistant", "content": ""}, None))
         async for event in gen.events():
             if isinstance(event, TokenEvent):
-                yield _sse(chunk({"content": event.text} if kind == "chat" else event.text,
-                                 None))
+                if parser is None:
+                    yield _sse(chunk({"content": event.text} if kind == "chat" else event.text,
+                                     None))
+                else:
+                    for piece in pieces(parser.feed(event.text)):
+                        yield piece
                 continue
             if event.reason in ("error", "cancelled"):
                 yield _sse(_error_payload(event))
                 break
-            if event.text:
+            if parser is not None:
+                for piece in pieces(parser.feed(event.text)) + pieces(parser.finish()):
+                    yield piece
+            elif event.text:
                 yield _sse(chunk({"content": event.text} if kind == "chat" else event.text,
                                  None))
-            yield _sse(chunk({} if kind == "chat" else "", FINISH_REASONS[event.reason]))
+            yield _sse(chunk({} if kind == "chat" else "", finish_reason(event.reason, calls)))
             if include_usage:
                 yield _sse({"id": rid, "object": obj, "created": created, "model": model,
                             "choices": [], "usage": _usage(event)})
@@ -102,8 +125,8 @@ class EventStream(Stream):
 
 
 def _stream_response(gen: Generation, kind: str, rid: str, model: str,
-                     include_usage: bool) -> Stream:
-    return EventStream(_stream(gen, kind, rid, model, include_usage),
+                     include_usage: bool, parser: OutputParser | None = None) -> Stream:
+    return EventStream(_stream(gen, kind, rid, model, include_usage, parser),
                   media_type="text/event-stream",
                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -113,12 +136,10 @@ async def chat_completions(request: Request, state: State) -> Any:
     services = _services(state)
     body: ChatCompletionRequest = decode_body(await request.body(), ChatCompletionRequest)
     check_model(services, body.model)
-    if body.response_format and body.response_format.get("type") not in (None, "text"):
-        raise bad_request("response_format other than 'text' is not supported.",
-                          "unsupported_value", "response_format")
-    prompt = chat_prompt(services.model.tokenizer, body.messages, body.tools)
-    return await _respond(request, services, body, prompt,
-                          body.max_completion_tokens or body.max_tokens, "chat")
+    setup = prepare_chat(services.model.tokenizer, body)
+    return await _respond(request, services, body, setup.prompt,
+                          body.max_completion_tokens or body.max_tokens, "chat",
+                          setup.parser, setup.constraint, setup.grammar)
 
 
 @post("/v1/completions", status_code=200)
@@ -145,23 +166,31 @@ async def completions(request: Request, state: State) -> Any:
 
 async def _respond(request: Request, services: Services,
                    body: ChatCompletionRequest | CompletionRequest, prompt: list[int],
-                   max_tokens: int | None, kind: str) -> Any:
+                   max_tokens: int | None, kind: str, parser: OutputParser | None = None,
+                   constraint: Any = None, grammar: str | None = None) -> Any:
     """Queue the request, then stream it (SSE) or answer with the whole text."""
     endpoint = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
     gen = await submit(services, prompt, body, max_tokens, request.user,
                        request_class(request.user, request.headers.get(CLASS_HEADER)),
-                       endpoint)
+                       endpoint, constraint=constraint, grammar=grammar)
     rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{gen.handle.request.request_id}"
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _stream_response(gen, kind, rid, services.model.name, include_usage)
+        return _stream_response(gen, kind, rid, services.model.name, include_usage, parser)
     text, finish = await gen.text_while_connected(request.receive)
     if finish.reason == "error":
         raise engine_down(finish.error) if finish.unavailable else backend_error(finish.error)
     reason = FINISH_REASONS.get(finish.reason, finish.reason)
-    if kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None,
-                                  "message": {"role": "assistant", "content": text}}
+    if kind == "chat" and parser is not None:
+        first, last = parser.feed(text), parser.finish()
+        parsed = Delta(first.content + last.content, first.thinking + last.thinking,
+                       first.tool_calls + last.tool_calls)
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "message": message(parsed),
+                                  "finish_reason": finish_reason(finish.reason,
+                                                                 len(parsed.tool_calls))}
+    elif kind == "chat":
+        choice = {"index": 0, "finish_reason": reason, "logprobs": None,
+                  "message": {"role": "assistant", "content": text}}
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
     return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion",

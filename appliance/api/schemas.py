@@ -52,6 +52,10 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    enable_thinking: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
 
 
 class CompletionRequest(SamplingFields, kw_only=True):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
+from appliance.api.chat_format import render_prompt
 from appliance.api.errors import ApiError, bad_request, busy, engine_down, shutting_down
 from appliance.api.schemas import ChatMessage, SamplingFields
 from appliance.api.structured import Constraint, grammar_for
@@ -65,6 +66,8 @@ class Services:
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
     started_at: float = field(default_factory=time.time)
     on_policy_change: Callable[[], None] | None = None
+    jobs: Any = None
+    """The background job scheduler (``appliance.jobs.runner.JobService``), when wired."""
 
     def policy_changed(self) -> None:
         """Call after an admin changes weights, classes or quotas: the running scheduler
@@ -159,8 +162,8 @@ def message_text(message: ChatMessage) -> str:
     return "".join(parts)
 
 
-def chat_prompt(tokenizer: Any, messages: list[ChatMessage],
-                tools: list[dict[str, Any]] | None = None) -> list[int]:
+def chat_turns(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """OpenAI messages as chat-template turns (``developer`` is a system message)."""
     if not messages:
         raise bad_request("'messages' must hold at least one message.", param="messages")
     turns: list[dict[str, Any]] = []
@@ -173,11 +176,15 @@ def chat_prompt(tokenizer: Any, messages: list[ChatMessage],
             turn["tool_calls"] = m.tool_calls
         if m.tool_call_id:
             turn["tool_call_id"] = m.tool_call_id
+        if m.name:
+            turn["name"] = m.name
         turns.append(turn)
-    kwargs: dict[str, Any] = {"add_generation_prompt": True}
-    if tools:
-        kwargs["tools"] = tools
-    return list(tokenizer.apply_chat_template(turns, **kwargs))
+    return turns
+
+
+def chat_prompt(tokenizer: Any, messages: list[ChatMessage],
+                tools: list[dict[str, Any]] | None = None) -> list[int]:
+    return render_prompt(tokenizer, chat_turns(messages), tools, None)
 
 
 def check_context(n_prompt: int, ctx_limit: int) -> None:

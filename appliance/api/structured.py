@@ -47,10 +47,11 @@ def grammar_for(constraint: Constraint, param: str = "response_format") -> str:
 
 
 def tool_call_grammar(start: str, end: str, tools: list[dict[str, Any]],
-                      names: list[str] | None = None) -> str:
-    """A grammar for an answer that is exactly one tool call in the model's tag syntax
-    (``start`` + ``{"name": ..., "arguments": {...}}`` + ``end``), naming one of ``names``
-    (all tools when None) with arguments that follow that tool's parameter schema."""
+                      names: list[str] | None = None, arguments_key: str = "arguments") -> str:
+    """A grammar for an answer that is exactly one tool call in the model's syntax:
+    ``start`` + ``{"name": ..., "<arguments_key>": {...}}`` + ``end`` (both tags empty for
+    Llama's bare JSON), naming one of ``names`` (any tool when None), with arguments that
+    follow that tool's parameter schema."""
     options = []
     for tool in tools:
         fn = tool.get("function") or {}
@@ -59,15 +60,16 @@ def tool_call_grammar(start: str, end: str, tools: list[dict[str, Any]],
             continue
         params = fn.get("parameters") or {"type": "object"}
         options.append({"type": "object", "properties": {
-            "name": {"const": name}, "arguments": params},
-            "required": ["name", "arguments"], "additionalProperties": False})
+            "name": {"const": name}, arguments_key: params},
+            "required": ["name", arguments_key], "additionalProperties": False})
     if not options:
         raise bad_request("tool_choice names a function that is not in 'tools'.",
                           param="tool_choice")
     schema = options[0] if len(options) == 1 else {"anyOf": options}
-    body = json.dumps(schema)
-    lark = (f"start: {json.dumps(start)} call {json.dumps(end)}\n" if end
-            else f"start: {json.dumps(start)} call\n") + f"call: %json {body}\n"
+    body = json.dumps({**schema, "x-guidance": _OPTIONS})
+    parts = [json.dumps(t) for t in (start,) if t] + ["call"] + [
+        json.dumps(t) for t in (end,) if t]
+    lark = f"start: {' '.join(parts)}\ncall: %json {body}\n"
     grammar = llguidance.LLMatcher.grammar_from_lark(lark)
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:

@@ -27,7 +27,7 @@ def _health(d: Daemon) -> int | None:
 
 @pytest.mark.parametrize("fault, flags", [
     ("decode:die:13", ()),
-    ("prefill:stall:13", ("--engine-stall-timeout", "3")),
+    ("prefill:stall:13", ("--engine-stall-timeout", "8")),
 ])
 def test_a_dead_or_stalled_engine_answers_503_then_the_daemon_exits_70(
         tiny_model: Path, tmp_path: Path, fault: str, flags: tuple[str, ...]) -> None:

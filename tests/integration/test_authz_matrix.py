@@ -51,6 +51,8 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("GET", "/admin/keys", None, 401, 403, 200),
     ("POST", "/admin/users/{carol}/keys", {"name": "x"}, 401, 403, 201),
     ("GET", "/admin/usage", None, 401, 403, 200),
+    ("GET", "/jobs", None, 401, 200, 200),
+    ("POST", "/jobs", {"name": "digest{n}", "source": "text", "text": "t"}, 401, 201, 201),
     ("POST", "/logout", {}, 401, 200, 200),
     # Browser UI (web/). An anonymous visitor to a page is sent to /login (303); partials,
     # form posts and streams answer 401. A form post without htmx redirects (303) after it
@@ -62,6 +64,10 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("GET", "/dashboard", None, 303, 200, 200),
     ("GET", "/keys", None, 303, 200, 200),
     ("POST", "/keys", {"name": "web"}, 401, 201, 201),
+    ("GET", "/jobs/page", None, 303, 200, 200),
+    ("GET", "/jobs/page/list", None, 401, 200, 200),
+    ("GET", "/jobs/page/preview", None, 401, 200, 200),
+    ("POST", "/jobs/page", {"name": "webjob{n}", "text": "t"}, 401, 303, 303),
     ("GET", "/manage/users", None, 303, 403, 200),
     ("POST", "/manage/users", {"name": "webuser{n}", "password": "longenough1"}, 401, 403, 303),
     ("POST", "/manage/users/{carol}", {"weight": "1.5"}, 401, 403, 303),
@@ -118,7 +124,14 @@ OWNED = {("GET", "/schema/{}"),  # probed by the /schema/openapi.yaml row above
          # web/: tests/integration/test_web_pages.py::test_owned_web_routes_answer_each_caller
          ("GET", "/chat/{}"), ("POST", "/chat/{}/delete"), ("GET", "/chat/streams/{}"),
          ("POST", "/chat/streams/{}/stop"), ("GET", "/dashboard/stream"),
-         ("POST", "/keys/{}/revoke"), ("GET", "/static/{}")}
+         ("POST", "/keys/{}/revoke"), ("GET", "/static/{}"),
+         # jobs: tests/jobs/test_jobs_api.py::test_members_see_only_their_own_jobs_and_admins_see_all
+         ("GET", "/jobs/{}"), ("PATCH", "/jobs/{}"), ("DELETE", "/jobs/{}"),
+         ("POST", "/jobs/{}/run"), ("GET", "/jobs/{}/runs"), ("GET", "/jobs/{}/runs/{}"),
+         ("POST", "/jobs/{}/runs/{}/cancel"),
+         ("GET", "/jobs/page/{}"), ("GET", "/jobs/page/{}/history"),
+         ("POST", "/jobs/page/{}/run"), ("POST", "/jobs/page/{}/{}"),
+         ("POST", "/jobs/page/{}/runs/{}/cancel")}
 
 
 def test_a_member_cannot_see_or_touch_another_members_conversation(server: LiveServer) -> None:

@@ -248,3 +248,24 @@ def test_a_prompt_that_opens_thinking_starts_the_answer_inside_it(thinker: Any) 
     prompt = thinker.encode("<|im_start|>assistant\n<think>\n", add_special_tokens=False)
     d = run(OutputParser(thinker, None, True, prompt=prompt), ["plan</think>Hello"])
     assert d.thinking == "plan" and d.content == "Hello"
+
+
+def test_v1_thinking_goes_to_reasoning_content_and_a_call_to_tool_calls(thinker: Any) -> None:
+    from appliance.api.openai_chat import finish_reason, message, prepare_chat, stream_deltas
+    from appliance.api.schemas import ChatCompletionRequest, ChatMessage
+
+    body = ChatCompletionRequest(messages=[ChatMessage(role="user", content="lights")],
+                                 tools=TOOLS, chat_template_kwargs={"enable_thinking": True})
+    setup = prepare_chat(thinker, body)
+    assert thinker.decode(setup.prompt).endswith("<|im_start|>assistant\n")
+    d = run(setup.parser, ["<think>dark in here</think>", CALL])
+    msg = message(d)
+    assert msg["reasoning_content"] == "dark in here" and msg["content"] is None
+    assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"name": "kitchen light"}
+    assert finish_reason("stop", len(d.tool_calls)) == "tool_calls"
+    deltas = stream_deltas(d, 3)
+    assert deltas[0] == {"reasoning_content": "dark in here"}
+    assert deltas[1]["tool_calls"][0]["index"] == 3
+    off = prepare_chat(thinker, ChatCompletionRequest(
+        messages=[ChatMessage(role="user", content="hi")], reasoning_effort="none"))
+    assert thinker.decode(off.prompt).endswith("<think>\n\n</think>\n\n")

@@ -16,17 +16,21 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
+from sqlalchemy.exc import OperationalError
 
 from appliance import __version__, fairness_state
 from appliance.api import account, admin, jobs, metrics, monitoring, openai
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
 from appliance.api.errors import (
+    LIMIT_ERROR_HANDLERS,
     ApiError,
     api_error_handler,
+    database_error_handler,
     http_error_handler,
     internal_error_handler,
     store_error_handler,
 )
+from appliance.api.headers import HtmlSecurityHeaders
 from appliance.api.service import ModelInfo, Services
 from appliance.engine.core import Engine, EngineConfig, FaultHook
 from appliance.engine.model import resolve_model_path
@@ -127,7 +131,8 @@ def build_services(settings: Settings, engine: Engine, store: Store,
     services = Services(engine=engine, model=info, store=store,
                         on_policy_change=lambda: engine.set_weights(fairness_state.load(store)[1]),
                         default_max_tokens=settings.engine.default_max_tokens,
-                        max_batch_size=engine.config.scheduler.max_batch_size)
+                        max_batch_size=engine.config.scheduler.max_batch_size,
+                        note_key_used=writer.submit_key_used if writer is not None else None)
     attach_jobs(services, settings, writer)
     return services
 
@@ -149,7 +154,10 @@ def create_app(services: Services, secret: str,
                         *web_routes()],
         state=State({"services": services}),
         # Outermost first: who is asking (401) before whether the form is genuine (403).
-        middleware=[DefineMiddleware(AuthMiddleware, exclude=list(PUBLIC_PATHS)),
+        middleware=[HtmlSecurityHeaders,
+                    # OPTIONS too: an unauthenticated OPTIONS reached the admin guard (500)
+                    DefineMiddleware(AuthMiddleware, exclude=list(PUBLIC_PATHS),
+                                     exclude_http_methods=()),
                     DefineMiddleware(CsrfUnlessBearer, config=csrf)],
         template_config=TemplateConfig(directory=TEMPLATES, engine=JinjaTemplateEngine),
         exception_handlers={
@@ -159,13 +167,16 @@ def create_app(services: Services, secret: str,
             AlreadyExists: store_error_handler(409),
             LastAdmin: store_error_handler(409),
             ValueError: store_error_handler(400),
+            **LIMIT_ERROR_HANDLERS,
+            OperationalError: database_error_handler,
             Exception: internal_error_handler,
         },
         # APScheduler's AsyncIOScheduler needs the running loop: started here; stopped
-        # before anything else shuts down (before the engine drains).
+        # before anything else shuts down (before the engine drains). Litestar runs the
+        # shutdown hooks last to first, so the jobs' hook goes at the end of the list.
         on_startup=[services.jobs.start] if services.jobs is not None else [],
-        on_shutdown=[*([services.jobs.stop] if services.jobs is not None else []),
-                     *on_shutdown],
+        on_shutdown=[*on_shutdown,
+                     *([services.jobs.stop] if services.jobs is not None else [])],
         request_max_body_size=MAX_BODY_BYTES,
         logging_config=None,
         # JSON only: Litestar's Swagger/ReDoc pages load scripts from CDNs (offline here)

@@ -28,6 +28,8 @@ def setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("alembic", "httpx", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    from appliance import logfilter
+    logfilter.install()  # repeated errors (a connection flood) are counted, not written out
 
 
 def use_openblas(blas: str, argv: list[str]) -> None:
@@ -79,6 +81,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     from appliance.engine.faults import ENV as FAULT_ENV
     from appliance.engine.faults import fault_from_spec
     from appliance.engine.supervisor import ENGINE_DOWN_EXIT
+    from appliance.httpserver import raise_open_file_limit, server_options
     from appliance.store import migrate
     from appliance.store.db import open_store
     from appliance.store.writer import StoreWriter
@@ -100,9 +103,9 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     secret = app_secret(Path(settings.store.data_dir).expanduser())
     app = create_app(services, secret, on_shutdown=[drain])
     config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
-                            log_config=None, access_log=False, backlog=2048,
+                            log_config=None, access_log=False,
                             timeout_graceful_shutdown=int(timeout) or None,
-                            timeout_keep_alive=30)
+                            **server_options(settings.server, raise_open_file_limit()))
     log.info("serving %s on http://%s:%d/", services.model.name, settings.server.host,
              settings.server.port)
     # uvicorn re-raises the signal that stopped it once it has shut down, which would end

@@ -44,6 +44,16 @@ class ServerSettings:
         30.0, "Seconds SIGTERM waits for running requests to finish before cancelling them.",
         lo=0, hi=3600)
     log_level: str = _opt("info", "Logging level.", choices=("debug", "info", "warning", "error"))
+    max_connections: int = _opt(
+        1000, "Open HTTP connections at once; a new one beyond this is answered 503 and closed. "
+        "Always kept below the open-file limit, which serve raises to the hard limit.",
+        lo=8, hi=1_000_000)
+    header_timeout: float = _opt(
+        10.0, "Seconds a connection may take to send a whole request head, and may stay idle "
+        "between requests; then it is closed.", lo=0.5, hi=3600)
+    trusted_proxies: str = _opt(
+        "", "Comma-separated addresses or networks of reverse proxies whose X-Forwarded-For "
+        "and X-Forwarded-Proto are believed (client address, https). Empty: nobody's.")
 
 
 @dataclass(slots=True)

@@ -18,6 +18,7 @@ from argon2 import PasswordHasher
 from appliance.app import build_services, create_app, shutdown_engine, start_engine, supervise
 from appliance.cli_admin import db_path
 from appliance.engine.core import Engine, FaultHook
+from appliance.httpserver import server_options
 from appliance.settings import Settings
 from appliance.store import keys, migrate, users
 from appliance.store.db import Store, open_store
@@ -95,7 +96,8 @@ def live_server(settings: Settings, fault: FaultHook | None = None) -> Iterator[
     app = create_app(services, secret="x" * 32)
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
-                            access_log=False, timeout_graceful_shutdown=1, lifespan="on")
+                            access_log=False, timeout_graceful_shutdown=1, lifespan="on",
+                            **server_options(settings.server))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

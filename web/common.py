@@ -12,6 +12,7 @@ from litestar import Request
 from litestar.response import Template
 
 from appliance.api.auth import Principal
+from appliance.api.headers import CSP as CSP  # re-exported for the pages
 from appliance.api.service import Services
 from web import markdown
 from web.assets import vendor_scripts
@@ -22,10 +23,6 @@ if TYPE_CHECKING:
 PAGE = {"web_page": True}
 """``opt`` of a handler that renders a whole page: an anonymous visitor is sent to /login."""
 
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; "
-       "object-src 'none'")
-"""No inline script, no eval, nothing from elsewhere: even a markup bug could not run code."""
 
 CLASSES = ("voice", "interactive", "background")
 ROLES = ("member", "admin")
@@ -111,6 +108,34 @@ def fmt_when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
 
 
+def fmt_pct(p: float) -> str:
+    """A share that is small but not nothing reads "0.3 %", not "0 %"."""
+    if p <= 0:
+        return "0 %"
+    return f"{p:.1f} %" if p < 10 else f"{p:.0f} %"
+
+
+def fmt_iso(t: float | None) -> str:
+    return "" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+def fmt_day(t: float | None, now: float | None = None) -> str:
+    """When, as a list shows it: "14:05" today, "Yesterday", "Mon" this week, "3 Mar"."""
+    if t is None:
+        return ""
+    now = time.time() if now is None else now
+    when, today = time.localtime(t), time.localtime(now)
+    days = (time.mktime(today[:3] + (0, 0, 0, 0, 0, -1)) -
+            time.mktime(when[:3] + (0, 0, 0, 0, 0, -1))) / 86400
+    if days < 0.5:
+        return time.strftime("%H:%M", when)
+    if days < 1.5:
+        return "Yesterday"
+    if days < 6.5:
+        return time.strftime("%a", when)
+    return time.strftime("%-d %b" if when.tm_year == today.tm_year else "%-d %b %Y", when)
+
+
 def percent(part: float | None, whole: float | None) -> int:
     if not part or not whole:
         return 0
@@ -118,13 +143,16 @@ def percent(part: float | None, whole: float | None) -> int:
 
 
 HELPERS = SimpleNamespace(md=markdown.render, bytes=fmt_bytes, ms=fmt_ms, num=fmt_num,
-                          secs=fmt_secs, when=fmt_when, percent=percent)
+                          secs=fmt_secs, when=fmt_when, percent=percent, iso=fmt_iso, pct=fmt_pct,
+                          day=fmt_day)
 
 
 def base_context(request: Request[Any, Any, Any]) -> dict[str, Any]:
     svc = services(request)
     user = request.scope.get("user")
+    theme = request.cookies.get("theme", "")
     return {"me": user if isinstance(user, Principal) else None, "model": svc.model,
+            "theme": theme if theme in ("light", "dark") else "",
             "scripts": vendor_scripts(), "h": HELPERS, "classes": CLASSES, "roles": ROLES}
 
 

@@ -71,6 +71,9 @@ class Hub:
         if cached is not None and cached[0] == tick:
             return cached[1]
         table = await self.service_table()
+        cached = self._frames.get(audience.key)  # made by another viewer meanwhile
+        if cached is not None and cached[0] == tick:
+            return cached[1]
         started = time.perf_counter()
         snap = self._services.engine.snapshot
         self._sample(snap)

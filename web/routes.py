@@ -6,7 +6,7 @@ from litestar import Router
 from litestar.datastructures import CacheControlHeader, ResponseHeader
 from litestar.static_files import create_static_files_router
 
-from web import chat, dashboard, jobs, keys, manage
+from web import chat, dashboard, jobs, keys, manage, settings
 from web.assets import STATIC
 from web.common import CSP
 from web.errors import EXCEPTION_HANDLERS
@@ -17,10 +17,14 @@ SECURITY_HEADERS = [
     ResponseHeader(name="Referrer-Policy", value="same-origin"),
 ]
 
+PRIVATE = [ResponseHeader(name="Cache-Control", value="no-store")]
+"""Signed-in pages hold someone's conversations: never kept in the browser's cache, so Back
+after Log out (a shared family tablet) reloads them, which sends the browser to the login."""
+
 pages = Router(
     path="/", route_handlers=[*chat.ROUTES, *dashboard.ROUTES, *keys.ROUTES, *jobs.ROUTES,
-                                manage.router],
-    exception_handlers=EXCEPTION_HANDLERS, response_headers=SECURITY_HEADERS,
+                              *settings.ROUTES, manage.router],
+    exception_handlers=EXCEPTION_HANDLERS, response_headers=[*SECURITY_HEADERS, *PRIVATE],
     include_in_schema=False)
 
 static = create_static_files_router(

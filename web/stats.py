@@ -123,3 +123,58 @@ def service_table(session: Session, now: float,
             itl_p95_ms=percentile(a.itl_p95 or [], 95),
             series=tuple(a.series or [0] * SERIES_BUCKETS)))
     return out
+
+
+HISTORY_HOURS = 24
+HISTORY_DAYS = 14
+
+
+@dataclass(frozen=True, slots=True)
+class UsageHistory:
+    """One person's tokens (prompt + output) per hour over the last day and per day over
+    the last two weeks, oldest first; the last bucket is the current hour or day."""
+
+    user_id: int
+    name: str
+    hours: tuple[int, ...]
+    days: tuple[int, ...]
+
+    @property
+    def total_days(self) -> int:
+        return sum(self.days)
+
+
+def usage_history(session: Session, now: float, only_user: int | None = None
+                  ) -> list[UsageHistory]:
+    """From the ledger: everyone's (or one person's) usage history. Days are local
+    calendar days; hours are the last 24 clock hours."""
+    import time as _time
+
+    today = _time.localtime(now)
+    midnight = _time.mktime(today[:3] + (0, 0, 0, 0, 0, -1))
+    start = midnight - (HISTORY_DAYS - 1) * DAY_S
+    hour_start = (now // HOUR_S - (HISTORY_HOURS - 1)) * HOUR_S
+    query = (select(LedgerEntry.user_id, LedgerEntry.finished_at,
+                    LedgerEntry.prompt_tokens + LedgerEntry.output_tokens)
+             .where(LedgerEntry.finished_at >= min(start, hour_start))
+             .order_by(LedgerEntry.finished_at.desc()).limit(MAX_ROWS * 4))
+    if only_user is not None:
+        query = query.where(LedgerEntry.user_id == only_user)
+    hours: dict[int, list[int]] = {}
+    days: dict[int, list[int]] = {}
+    for uid, finished, tokens in session.execute(query):
+        n = int(tokens or 0)
+        h = int((finished - hour_start) // HOUR_S)
+        if 0 <= h < HISTORY_HOURS:
+            hours.setdefault(uid, [0] * HISTORY_HOURS)[h] += n
+        d = round((_time.mktime(_time.localtime(finished)[:3] + (0, 0, 0, 0, 0, -1)) - start)
+                  / DAY_S)
+        if 0 <= d < HISTORY_DAYS:
+            days.setdefault(uid, [0] * HISTORY_DAYS)[d] += n
+    out = []
+    for u in users.list_users(session):
+        if only_user is not None and u.id != only_user:
+            continue
+        out.append(UsageHistory(u.id, u.name, tuple(hours.get(u.id, [0] * HISTORY_HOURS)),
+                                tuple(days.get(u.id, [0] * HISTORY_DAYS))))
+    return out

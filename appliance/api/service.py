@@ -66,6 +66,8 @@ class Services:
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
     started_at: float = field(default_factory=time.time)
     on_policy_change: Callable[[], None] | None = None
+    note_key_used: Callable[[int, float], None] | None = None
+    """Where an API key's last-used time goes (the store writer); None: not recorded."""
     jobs: Any = None
     """The background job scheduler (``appliance.jobs.runner.JobService``), when wired."""
 
@@ -85,6 +87,8 @@ def decode_body(raw: bytes, kind: type[Any]) -> Any:
         raise bad_request(f"Invalid request: {exc}", "invalid_type") from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"Malformed JSON: {exc}", "invalid_json") from None
+    except RecursionError:
+        raise bad_request("The JSON is nested too deeply.", "invalid_json") from None
 
 
 def check_model(services: Services, name: str | None) -> None:

@@ -639,6 +639,9 @@ class Runner:
                             generated=s.generated, max_tokens=s.max_tokens,
                             waited_s=now - s.arrival)
             (waiting if s.state is RequestState.QUEUED else slots).append(info)
+        if len(waiting) > 1:  # in the order the scheduler will admit them
+            rank = {rid: i for i, rid in enumerate(self.scheduler.queue_order(now, self._views()))}
+            waiting.sort(key=lambda q: rank.get(q.rid, len(rank)))
         kv = self.batch.nbytes + sum(cache_nbytes(s.cache) for s in self.seqs.values())
         pc = self.prompt_cache
         return EngineSnapshot(

@@ -258,6 +258,16 @@ class Scheduler:
             check_plan(self.config, plan, seqs, cache_tokens)
         return plan
 
+    def queue_order(self, now: float, seqs: Sequence[SeqView]) -> list[int]:
+        """The queued requests' ids in the order admission would take them now (step 2's
+        order, background reserve included). A pure read, for showing a person how many
+        requests are ahead of theirs."""
+        queued = [s for s in seqs if s.state is RequestState.QUEUED]
+        if not queued:
+            return []
+        running = [s for s in seqs if s.state.running]
+        return [s.rid for s in self._admission_order(now, queued, running)]
+
     # ---- 1. memory ----
     def _hopeless(self, queued: list[SeqView]) -> set[int]:
         budget = self.config.budget

@@ -34,6 +34,7 @@ ROLES: tuple[str, ...] = ("admin", "member")
 # Request classes, highest priority first.
 CLASSES: tuple[str, ...] = ("voice", "interactive", "background")
 MESSAGE_ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+THEMES: tuple[str, ...] = ("system", "light", "dark")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -189,6 +190,9 @@ class Message(Base):
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     output_tokens: Mapped[int | None] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    """Why an answer ended when it was not a plain stop (cancelled, length, quota), so its
+    note survives a reload; None for questions and complete answers."""
 
     conversation: Mapped[Conversation] = relationship(back_populates="messages")
 
@@ -207,6 +211,28 @@ class WebSession(Base):
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     expires_at: Mapped[float] = mapped_column(Float)
+
+
+class UserPreferences(Base):
+    """What a person sets for themselves on the settings page."""
+
+    __tablename__ = "user_preferences"
+    __table_args__ = (CheckConstraint(_in("theme", THEMES), name="theme"),)
+
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"),
+                                         primary_key=True)
+    system_prompt: Mapped[str] = mapped_column(Text, default="")
+    """Their default system prompt (persona); empty: the household's."""
+    theme: Mapped[str] = mapped_column(String(8), default="system")
+
+
+class HouseholdSetting(Base):
+    """Household-wide settings that admins set (``system_prompt``: the default persona)."""
+
+    __tablename__ = "household_settings"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text, default="")
 
 
 # Background jobs (appliance/jobs/). Definitions and runs live here, not in APScheduler's own

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.browser.support import slow_fault
-from tests.browser.test_web_browser import Page, chromium, shots  # noqa: F401 (fixtures)
+from tests.browser.test_web_browser import Page, shots  # noqa: F401 (fixtures; chromium: conftest.py)
 from tests.helpers import LiveServer, live_server, make_settings
 
 pytestmark = pytest.mark.browser

@@ -71,6 +71,10 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("GET", "/manage/users", None, 303, 403, 200),
     ("POST", "/manage/users", {"name": "webuser{n}", "password": "longenough1"}, 401, 403, 303),
     ("POST", "/manage/users/{carol}", {"weight": "1.5"}, 401, 403, 303),
+    ("GET", "/settings", None, 303, 200, 200),
+    ("POST", "/settings/preferences", {"theme": "system"}, 401, 303, 303),
+    ("POST", "/settings/household", {"household_prompt": ""}, 401, 403, 303),
+    ("GET", "/dashboard/history", None, 401, 200, 200),
 ]
 
 
@@ -125,6 +129,9 @@ OWNED = {("GET", "/schema/{}"),  # probed by the /schema/openapi.yaml row above
          ("GET", "/chat/{}"), ("POST", "/chat/{}/delete"), ("GET", "/chat/streams/{}"),
          ("POST", "/chat/streams/{}/stop"), ("GET", "/dashboard/stream"),
          ("POST", "/keys/{}/revoke"), ("GET", "/static/{}"),
+         # tests/integration/test_web_household.py and tests/browser/test_household_chat.py
+         ("POST", "/chat/{}/rename"), ("POST", "/chat/{}/regenerate"), ("POST", "/chat/{}/edit"),
+         ("POST", "/settings/password"),
          # jobs: tests/jobs/test_jobs_api.py::test_members_see_only_their_own_jobs_and_admins_see_all
          ("GET", "/jobs/{}"), ("PATCH", "/jobs/{}"), ("DELETE", "/jobs/{}"),
          ("POST", "/jobs/{}/run"), ("GET", "/jobs/{}/runs"), ("GET", "/jobs/{}/runs/{}"),

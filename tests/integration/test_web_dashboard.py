@@ -98,7 +98,7 @@ def test_admins_see_running_slots_and_the_queue_by_class(
     assert 'id="queued-count" data-value="1"' in parts["summary"]
     with browser(server.url, "alice", htmx=False) as page:
         html = page.get("/dashboard").text
-        assert 'sse-connect="/dashboard/stream"' in html and 'data-value="1"' in html
+        assert 'data-stream="/dashboard/stream"' in html and 'data-value="1"' in html
 
 
 def test_members_see_their_own_requests_and_usage_but_no_other_names(
@@ -200,8 +200,14 @@ def test_the_kv_gauge_shows_budget_reserved_and_prompt_cache_once_published() ->
                            kv_reserved_bytes=5 << 20, prompt_cache_bytes=1 << 20)
     view = live.kv_view(snap)  # type: ignore[arg-type]
     html = _templates().get_template("_dash_kv.html").render(kv=view, h=HELPERS)
-    assert 'max="8388608" value="3145728"' in html and "38%" in html
+    assert 'class="kv-used" width="37.5"' in html and 'class="kv-res" x="37.5"' in html
+    assert "100 %</strong> of the 8.0 MiB budget taken" in html
     assert "5.0 MiB" in html and "1.0 MiB" in html and "8.0 MiB" in html
+    small = SimpleNamespace(kv_bytes=34 << 20, kv_budget_bytes=int(10.4 * (1 << 30)),
+                            kv_reserved_bytes=0, prompt_cache_bytes=0)
+    html = _templates().get_template("_dash_kv.html").render(kv=live.kv_view(small),  # type: ignore[arg-type]
+                                                             h=HELPERS)
+    assert "0.3 %</strong>" in html and 'class="kv-used" width="0.6"' in html  # seen, not 0 %
     plain = live.kv_view(EngineSnapshot.empty())
     assert plain.budget is None and plain.reserved == 0  # the engine now publishes it
 

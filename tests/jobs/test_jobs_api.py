@@ -271,3 +271,19 @@ def test_a_name_is_unique_per_owner(server: LiveServer) -> None:
         r = carol.post("/jobs", json={"name": "Morning feeds", "source": "text", "text": "t"})
         assert r.status_code == 409
         make_job(bob, name="Morning feeds", source="text", text="t")
+
+
+def test_the_job_scheduler_stops_before_the_engine_drains() -> None:
+    """Litestar runs shutdown hooks last to first: the jobs' hook must run first."""
+    from types import SimpleNamespace
+
+    from appliance.app import create_app
+
+    order: list[str] = []
+
+    async def stop_jobs() -> None:
+        order.append("jobs")
+
+    services: Any = SimpleNamespace(jobs=SimpleNamespace(start=lambda: None, stop=stop_jobs))
+    app = create_app(services, "x" * 32, on_shutdown=[lambda: order.append("drain")])
+    assert app.on_shutdown[::-1][0] is stop_jobs

@@ -145,3 +145,14 @@ def test_class_preemption_can_be_switched_off() -> None:
     plan = sched(max_batch_size=2, class_preemption=False, background_reserve=0).step(
         0.0, [*running, seq(3, klass=Klass.VOICE)])
     assert plan.preempt == () and plan.admit == ()
+
+
+def test_queue_order_is_the_order_admission_takes_and_changes_nothing() -> None:
+    s = sched(max_batch_size=1)
+    s.counters.charge("bob", 0, 500)  # bob has been served a lot: carol goes before him
+    seqs = [seq(1, D, user="dave"), seq(2, user="bob"), seq(3, user="carol"),
+            seq(4, klass=Klass.VOICE, user="alice")]
+    before = s.counters.snapshot()
+    assert s.queue_order(0.0, seqs) == [4, 3, 2]  # voice first, then the lower counter
+    assert s.counters.snapshot() == before
+    assert s.queue_order(0.0, [seq(1, D)]) == []

@@ -37,6 +37,7 @@ from appliance.engine.core import Engine, EngineConfig
 from appliance.engine.model import resolve_model_path
 from appliance.engine.request import FaultHook, Finished
 from appliance.engine.supervisor import Supervisor
+from appliance.sched.cost import TickObjectives
 from appliance.sched.types import SchedulerConfig
 from appliance.settings import Settings, parse_bytes
 from appliance.store import fairness
@@ -71,7 +72,14 @@ def engine_config(settings: Settings) -> EngineConfig:
             background_reserve=settings.sched.background_reserve,
             kv_admission_watermark=e.kv_admission_watermark,
             enable_preemption=e.enable_preemption, preemption_policy=e.preemption_policy,
-            class_preemption=e.class_preemption))
+            class_preemption=e.class_preemption, check_invariants=e.debug_invariants,
+            objectives=tick_objectives(settings)))
+
+
+def tick_objectives(settings: Settings) -> TickObjectives:
+    e = settings.engine
+    return TickObjectives(itl_target_s=e.itl_target_ms / 1000.0, itl_factor=e.itl_factor,
+                          ttft_target_s=e.ttft_target_ms / 1000.0)
 
 
 def start_engine(settings: Settings, fault: FaultHook | None = None,

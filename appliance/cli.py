@@ -160,6 +160,9 @@ def cmd_bench(settings: Settings, args: argparse.Namespace, rest: list[str]) -> 
     if args.bench_cmd == "serve":
         from appliance.bench.serve import main as bench_serve
         return bench_serve(rest)
+    if args.bench_cmd == "goodput":
+        from appliance.bench.goodput import main as bench_goodput
+        return bench_goodput(rest)
     if args.bench_cmd == "fairness":
         from appliance.bench.fairness import main as bench_fairness
         return bench_fairness(rest)
@@ -200,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_jobs.add_parsers(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (see docs/BENCHMARKS.md)")
-    bench.add_argument("bench_cmd", choices=("serve", "fairness", "dashboards"))
+    bench.add_argument("bench_cmd", choices=("serve", "fairness", "goodput", "dashboards"))
     return parser
 
 

@@ -67,8 +67,9 @@ class EngineSettings:
         0, "Context length per sequence (prompt + output). 0: the model's own limit.",
         lo=0, hi=1_048_576)
     prefill_chunk_size: int = _opt(
-        -1, "Prompt tokens per prefill chunk. -1: 2048 while nothing decodes and 512 while a "
-        "decode batch runs; N fixes both; 0 disables chunking.", lo=-1, hi=1_048_576)
+        -1, "Prompt tokens per prefill chunk. -1: sized in time, as many as fit the tick "
+        "target (see itl_target_ms, ttft_target_ms) by a cost model fitted to the engine's "
+        "own measured ticks; N fixes it; 0 disables chunking.", lo=-1, hi=1_048_576)
     prefill_grant_interval: int = _opt(
         16, "A parked prefill still gets a chunk at least every this many decode ticks.",
         lo=1, hi=10_000)
@@ -99,6 +100,19 @@ class EngineSettings:
         "auto", "Linux only: 'openblas' loads Debian's OpenBLAS in place of the slow reference "
         "BLAS bundled in the mlx[cpu] wheel; 'auto' does so when it is installed.",
         choices=("auto", "openblas", "bundled"))
+    itl_target_ms: float = _opt(
+        0.0, "Inter-token latency objective: the longest tick while a batch decodes (prefill "
+        "chunks are sized to fit). 0: itl_factor times the predicted decode step.",
+        lo=0.0, hi=600_000.0)
+    itl_factor: float = _opt(
+        3.0, "With itl_target_ms 0, a tick may last this many predicted decode steps.",
+        lo=1.0, hi=1000.0)
+    ttft_target_ms: float = _opt(
+        1000.0, "Time-to-first-token objective: no tick is planned longer than half of it, "
+        "so an arrival waits for at most one bounded tick, decoding or not.",
+        lo=1.0, hi=600_000.0)
+    debug_invariants: bool = _opt(
+        False, "Check the scheduler's invariants on every tick (slower; tests turn it on).")
     engine_stall_timeout: float = _opt(
         120.0, "Seconds the engine may go without finishing a tick while requests wait "
         "before it is declared stalled: waiting requests get HTTP 503, /health answers 503 "

@@ -30,6 +30,7 @@ def make_settings(model: Path, **overrides: Any) -> Settings:
     s = Settings()
     s.engine.model = str(model)
     s.store.data_dir = tempfile.mkdtemp(prefix="appliance-test-")
+    s.engine.debug_invariants = True  # the scheduler's invariants checked on every tick
     for key, value in overrides.items():
         for section in (s.server, s.engine, s.sched, s.store, s.jobs):
             if hasattr(section, key):

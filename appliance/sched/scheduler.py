@@ -13,6 +13,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from appliance.sched.classes import Klass
+from appliance.sched.cost import (
+    CostModel,
+    PrefillAllowance,
+    TickBudget,
+    tick_budget,
+)
 from appliance.sched.fair import VirtualCounters
 from appliance.sched.invariants import check_plan
 from appliance.sched.memory import chunk_growth, held, reservation, victim_order
@@ -44,13 +50,19 @@ class Scheduler:
     and ``fair`` preemption reads them)."""
     _parked_ticks: dict[int, int] = field(default_factory=dict)
     _stepped: dict[int, SeqView] = field(default_factory=dict)
+    _costs: CostModel | None = None
+    budget: TickBudget | None = None
+    """The time budget of the last planned tick (None when prefill is sized in tokens)."""
 
     def __post_init__(self) -> None:
         self.counters = VirtualCounters(w_in=self.config.w_in, w_out=self.config.w_out)
         self.policy = make_policy(self.config.policy, self.counters, self.config.aging_seconds)
 
-    def step(self, now: float, seqs: Sequence[SeqView], cache_tokens: int = 0) -> Plan:
+    def step(self, now: float, seqs: Sequence[SeqView], cache_tokens: int = 0,
+             costs: CostModel | None = None) -> Plan:
         """Plan one tick. ``cache_tokens``: KV tokens held by cold prompt-cache entries.
+        ``costs``: the engine's cost model, fitted from its measured ticks (None: prefill
+        is sized in tokens, not time).
 
         The rule:
         0. Counters: a user who just became backlogged (queued or running) is lifted,
@@ -71,17 +83,23 @@ class Scheduler:
            Admission stops at the first request whose KV reservation (memory.py) does not
            fit under the budget, less the watermark while a decode batch runs: nothing
            overtakes it for being smaller.
-        3. Prefill budget: one chunk of tokens per tick (2048 with no decode batch running,
-           512 with one, or the fixed ``prefill_chunk_size``), shared by prefilling
-           requests in policy order; a prompt shorter than the budget leaves the rest to
-           the next one, so several short prompts are read in one tick. A tick in which a
-           prompt is read to its end carries no partial chunk of a prompt behind it in
-           that order: a short chat's first token never waits on someone's long document.
+        3. Prefill budget, in time (Sarathi-Serve's stall-free batching): the tick may last
+           the ITL objective while a batch decodes (default 3x the predicted decode step),
+           and never more than half the TTFT objective, decoding or not (an arrival waits
+           for at most the tick in flight). What the predicted decode step leaves goes to
+           prefill chunks in policy order, each as large as the time left allows (and no
+           larger than the chunk with the lowest time per token), at least ``min_chunk``
+           for the first; several short prompts fit one tick. With a fixed
+           ``prefill_chunk_size`` (or no cost model) the budget is that many tokens
+           instead (2048 idle, 512 decoding without a model). A tick in which a prompt is
+           read to its end carries no partial chunk of a prompt behind it in that order:
+           a short chat's first token never waits on someone's long document.
         4. Parking: a prefill of a lower class than some decoding request waits, so a
            background document never stalls a voice answer; it still gets one chunk at
            least every ``prefill_grant_interval`` decode ticks.
         """
         self._stepped = {s.rid: s for s in seqs}
+        self._costs = costs if self.config.prefill_chunk_size == -1 else None
         self.counters.observe(_backlogged(seqs))
         running = [s for s in seqs if s.state.running]
         reject = self._hopeless([s for s in seqs if s.state is RequestState.QUEUED])
@@ -99,7 +117,8 @@ class Scheduler:
         plan = Plan(admit=tuple(s.rid for s in admitted), preempt=victims + yielded,
                     prefill=chunks, reject=tuple(sorted(reject)), evict_tokens=evict + more,
                     keep_kv=yielded)
-        check_plan(self.config, plan, seqs, cache_tokens)
+        if self.config.check_invariants:
+            check_plan(self.config, plan, seqs, cache_tokens)
         return plan
 
     def queue_order(self, now: float, seqs: Sequence[SeqView]) -> list[int]:
@@ -227,9 +246,22 @@ class Scheduler:
         return first + [s for s in ordered if s.rid not in ids]
 
     # ---- 3./4. prefill chunks and parking ----
+    def _allowance(self, decoding: list[SeqView]) -> PrefillAllowance:
+        """This tick's prefill share: seconds from the cost model, or fixed tokens."""
+        costs = self._costs
+        if costs is None:
+            self.budget = None
+            return PrefillAllowance(self.config.chunk(decoding=bool(decoding)))
+        kv_len = max((held(s) for s in decoding), default=0)
+        self.budget = tick_budget(costs, self.config.objectives, len(decoding), kv_len)
+        return PrefillAllowance(costs=costs, budget=self.budget,
+                                min_chunk=self.config.objectives.min_chunk)
+
     def _prefill_plan(self, now: float, prefilling: list[SeqView],
                       decoding: list[SeqView]) -> Chunks:
-        budget = self.config.chunk(decoding=bool(decoding))
+        if not prefilling:
+            self.budget = None
+            return ()
         top_decoding = max((s.klass for s in decoding), default=None)
         due: list[SeqView] = []
         ready: list[SeqView] = []
@@ -242,23 +274,23 @@ class Scheduler:
             else:
                 ready.append(s)
         chunks: list[tuple[int, int]] = []
-        left = budget  # None: unlimited
+        allowance = self._allowance(decoding)
         for s in due:  # a due grant always gets one full chunk, budget or not
-            n = s.remaining if budget is None else min(s.remaining, budget)
+            n = allowance.size(s.remaining, s.computed, grant=True)
             chunks.append((s.rid, n))
-            if left is not None:
-                left = max(left - n, 0)
+            allowance.spend(s.remaining, s.computed, n)
         finishing = False
         for s in ready:
-            if left is not None and left <= 0:
+            if allowance.exhausted():
                 break
-            n = s.remaining if left is None else min(s.remaining, left)
+            n = allowance.size(s.remaining, s.computed)
+            if n <= 0:
+                break
             if finishing and n < s.remaining:
                 continue  # a partial chunk here would only delay the first token(s) above
             chunks.append((s.rid, n))
+            allowance.spend(s.remaining, s.computed, n)
             finishing = finishing or n == s.remaining
-            if left is not None:
-                left -= n
         return tuple(chunks)
 
     # ---- after the tick ----

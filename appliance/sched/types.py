@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from appliance.sched.classes import Klass
+from appliance.sched.cost import TickObjectives
 from appliance.sched.states import RequestState
 
 DEFAULT_W_IN = 1.0
@@ -71,7 +72,13 @@ class SeqView:
 class SchedulerConfig:
     max_batch_size: int = 8
     prefill_chunk_size: int = -1
-    """-1: CHUNK_IDLE while nothing decodes, CHUNK_BUSY while decoding; N fixes both; 0: off."""
+    """-1: sized in time from the cost model and ``objectives`` (without a cost model:
+    CHUNK_IDLE while nothing decodes, CHUNK_BUSY while decoding); N fixes it; 0: off."""
+    objectives: TickObjectives = TickObjectives()
+    """Latency objectives that bound a tick's length (with ``prefill_chunk_size`` -1)."""
+    check_invariants: bool = True
+    """Assert the plan's invariants (invariants.py) at the end of every step; the daemon
+    turns this off on its hot path unless ``--debug-invariants``."""
     prefill_grant_interval: int = 16
     policy: str = "fair"
     """Queue order: ``fair`` (class with aging, then virtual token counter) or ``fcfs``."""

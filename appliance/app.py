@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,25 +17,31 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
+from sqlalchemy.exc import OperationalError
 
-from appliance import __version__, fairness_state
-from appliance.api import account, admin, hooks, metrics, monitoring, ollama, openai
+from appliance import __version__
+from appliance.api import account, admin, hooks, jobs, metrics, monitoring, ollama, openai
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
 from appliance.api.errors import (
+    LIMIT_ERROR_HANDLERS,
     ApiError,
     api_error_handler,
+    database_error_handler,
     http_error_handler,
     internal_error_handler,
     store_error_handler,
 )
+from appliance.api.headers import HtmlSecurityHeaders
 from appliance.api.root import ollama_root
 from appliance.api.service import ModelInfo, Services
-from appliance.engine.core import Engine, EngineConfig, FaultHook
+from appliance.engine.core import Engine, EngineConfig
 from appliance.engine.model import resolve_model_path
-from appliance.engine.request import Finished
+from appliance.engine.request import FaultHook, Finished
 from appliance.engine.supervisor import Supervisor
-from appliance.sched.scheduler import SchedulerConfig
+from appliance.sched.cost import TickObjectives
+from appliance.sched.types import SchedulerConfig
 from appliance.settings import Settings, parse_bytes
+from appliance.store import fairness
 from appliance.store.db import Store
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
 from appliance.store.ledger import LedgerRecord
@@ -66,7 +73,14 @@ def engine_config(settings: Settings) -> EngineConfig:
             background_reserve=settings.sched.background_reserve,
             kv_admission_watermark=e.kv_admission_watermark,
             enable_preemption=e.enable_preemption, preemption_policy=e.preemption_policy,
-            class_preemption=e.class_preemption))
+            class_preemption=e.class_preemption, check_invariants=e.debug_invariants,
+            objectives=tick_objectives(settings)))
+
+
+def tick_objectives(settings: Settings) -> TickObjectives:
+    e = settings.engine
+    return TickObjectives(itl_target_s=e.itl_target_ms / 1000.0, itl_factor=e.itl_factor,
+                          ttft_target_s=e.ttft_target_ms / 1000.0)
 
 
 def start_engine(settings: Settings, fault: FaultHook | None = None,
@@ -84,12 +98,13 @@ def start_engine(settings: Settings, fault: FaultHook | None = None,
     engine = Engine(engine_config(settings), fault=fault, on_finish=on_finish,
                     on_counters=on_counters)
     if store is not None:
-        engine.usage.load(fairness_state.usage_rows(store))
+        with store.read_sessions() as s:
+            state = fairness.load_state(s, time.time())
+        engine.usage.load(state.usage)
+        # queued before the thread starts: applied before its first tick
+        engine.restore_counters(state.counters)
+        engine.set_weights(state.weights)
     engine.start()
-    if store is not None:
-        counters, weights = fairness_state.load(store)
-        engine.restore_counters(counters)
-        engine.set_weights(weights)
     return engine
 
 
@@ -110,29 +125,47 @@ def ledger_record(f: Finished) -> LedgerRecord:
         ttft_ms=f.ttft_ms, itl_mean_ms=f.itl_mean_ms, itl_p95_ms=f.itl_p95_ms)
 
 
-def build_services(settings: Settings, engine: Engine, store: Store) -> Services:
+def build_services(settings: Settings, engine: Engine, store: Store,
+                   writer: StoreWriter | None = None) -> Services:
     loaded: Any = engine.loaded
     info = ModelInfo(name=loaded.name, path=str(loaded.path), is_demo=loaded.is_demo,
                      ctx_limit=loaded.ctx_limit,
                      vocab_size=int(loaded.config.get("vocab_size") or 0) or 1 << 30,
                      tokenizer=loaded.tokenizer)
-    return Services(engine=engine, model=info, store=store,
-                    on_policy_change=lambda: engine.set_weights(fairness_state.load(store)[1]),
-                    default_max_tokens=settings.engine.default_max_tokens,
-                    max_batch_size=engine.config.scheduler.max_batch_size,
-                    models_dir=settings.models_dir)
+    def reload_weights() -> None:
+        with store.read_sessions() as s:
+            engine.set_weights(fairness.load_weights(s))
+
+    services = Services(engine=engine, model=info, store=store, on_policy_change=reload_weights,
+                        default_max_tokens=settings.engine.default_max_tokens,
+                        max_batch_size=engine.config.scheduler.max_batch_size,
+                        models_dir=settings.models_dir,
+                        note_key_used=writer.submit_key_used if writer is not None else None)
+    attach_jobs(services, settings, writer)
+    return services
+
+
+def attach_jobs(services: Services, settings: Settings, writer: StoreWriter | None) -> None:
+    """The background job scheduler; ``create_app`` starts it in the lifespan."""
+    from appliance.jobs.runner import JobService
+
+    flush = None if writer is None else (lambda: writer.flush(10))
+    services.jobs = JobService(services, settings.jobs, flush_ledger=flush)
 
 
 def create_app(services: Services, secret: str,
                on_shutdown: Sequence[Callable[[], Any]] = ()) -> Litestar:
     csrf = CSRFConfig(secret=secret, exclude=CSRF_EXEMPT, cookie_samesite="strict")
     app = Litestar(
-        route_handlers=[*openai.ROUTES, *ollama.ROUTES, *hooks.ROUTES, *monitoring.ROUTES, *metrics.ROUTES, *account.ROUTES,
-                        admin.router,
+        route_handlers=[*openai.ROUTES, *ollama.ROUTES, *hooks.ROUTES, *monitoring.ROUTES,
+                        *metrics.ROUTES, *account.ROUTES, admin.router, *jobs.ROUTES,
                         *web_routes()],
         state=State({"services": services}),
         # Outermost first: who is asking (401) before whether the form is genuine (403).
-        middleware=[DefineMiddleware(AuthMiddleware, exclude=list(PUBLIC_PATHS)),
+        middleware=[HtmlSecurityHeaders,
+                    # OPTIONS too: an unauthenticated OPTIONS reached the admin guard (500)
+                    DefineMiddleware(AuthMiddleware, exclude=list(PUBLIC_PATHS),
+                                     exclude_http_methods=()),
                     DefineMiddleware(CsrfUnlessBearer, config=csrf)],
         template_config=TemplateConfig(directory=TEMPLATES, engine=JinjaTemplateEngine),
         exception_handlers={
@@ -142,15 +175,23 @@ def create_app(services: Services, secret: str,
             AlreadyExists: store_error_handler(409),
             LastAdmin: store_error_handler(409),
             ValueError: store_error_handler(400),
+            **LIMIT_ERROR_HANDLERS,
+            OperationalError: database_error_handler,
             Exception: internal_error_handler,
         },
-        on_shutdown=list(on_shutdown),
+        # APScheduler's AsyncIOScheduler needs the running loop: started here; stopped
+        # before anything else shuts down (before the engine drains). Litestar runs the
+        # shutdown hooks last to first, so the jobs' hook goes at the end of the list.
+        on_startup=[services.jobs.start] if services.jobs is not None else [],
+        on_shutdown=[*on_shutdown,
+                     *([services.jobs.stop] if services.jobs is not None else [])],
         request_max_body_size=MAX_BODY_BYTES,
         logging_config=None,
         # JSON only: Litestar's Swagger/ReDoc pages load scripts from CDNs (offline here)
         openapi_config=OpenAPIConfig(title="The appliance", version=__version__,
                                      path="/schema", render_plugins=[JsonRenderPlugin()]),
     )
+    web_setup(app)
     # `GET|HEAD /` answers "Ollama is running" to API clients before routing and auth
     app.asgi_handler = ollama_root(app.asgi_handler)
     return app
@@ -163,6 +204,15 @@ def web_routes() -> list[Any]:
     except ImportError:
         return []
     return list(ROUTES)
+
+
+def web_setup(app: Litestar) -> None:
+    """The browser pages' state (``web/``), when present, built once with the app."""
+    try:
+        from web.routes import setup
+    except ImportError:
+        return
+    setup(app)
 
 
 def shutdown_engine(engine: Engine, timeout: float) -> None:

@@ -1,4 +1,4 @@
-"""The ``appliance`` command: serve | run | model | migrate | user | key | bench."""
+"""The ``appliance`` command: serve | run | model | migrate | user | key | job | bench."""
 
 from __future__ import annotations
 
@@ -11,15 +11,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from appliance import settings as settings_mod
+from appliance.blas import openblas_lib
 from appliance.settings import Settings
 
 log = logging.getLogger("appliance")
 
-OPENBLAS_CANDIDATES = (
-    "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
-    "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
-    "/usr/lib64/libopenblas.so.0",
-)
 REEXEC_MARK = "APPLIANCE_BLAS_REEXEC"
 
 
@@ -28,6 +24,8 @@ def setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("alembic", "httpx", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    from appliance import logfilter
+    logfilter.install()  # repeated errors (a connection flood) are counted, not written out
 
 
 def use_openblas(blas: str, argv: list[str]) -> None:
@@ -38,7 +36,7 @@ def use_openblas(blas: str, argv: list[str]) -> None:
     """
     if sys.platform != "linux" or blas == "bundled" or os.environ.get(REEXEC_MARK):
         return
-    lib = next((p for p in OPENBLAS_CANDIDATES if Path(p).exists()), None)
+    lib = openblas_lib()
     if lib is None:
         if blas == "openblas":
             raise SystemExit("--blas openblas: libopenblas0-pthread is not installed")
@@ -67,43 +65,17 @@ def exit_now(rc: int) -> NoReturn:
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from appliance.app import (
-        app_secret,
-        build_services,
-        create_app,
-        shutdown_engine,
-        start_engine,
-        supervise,
-    )
-    from appliance.cli_admin import db_path
+    from appliance.daemon import build_daemon, uvicorn_config
     from appliance.engine.faults import ENV as FAULT_ENV
     from appliance.engine.faults import fault_from_spec
     from appliance.engine.supervisor import ENGINE_DOWN_EXIT
-    from appliance.store import migrate
-    from appliance.store.db import open_store
-    from appliance.store.writer import StoreWriter
+    from appliance.httpserver import raise_open_file_limit
 
-    migrate.upgrade(db_path(settings))  # before the event loop starts
-    store = open_store(db_path(settings))
-    writer = StoreWriter(store.sessions)
-    engine = start_engine(settings, writer=writer,
-                          fault=fault_from_spec(os.environ.get(FAULT_ENV)))
-    services = build_services(settings, engine, store)
-    timeout = settings.server.shutdown_timeout
-
-    def drain() -> None:
-        shutdown_engine(engine, timeout)
-        writer.close()
-        store.close()
-        log.info("shut down cleanly")
-
-    secret = app_secret(Path(settings.store.data_dir).expanduser())
-    app = create_app(services, secret, on_shutdown=[drain])
-    config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
-                            log_config=None, access_log=False, backlog=2048,
-                            timeout_graceful_shutdown=int(timeout) or None,
-                            timeout_keep_alive=30)
-    log.info("serving %s on http://%s:%d/", services.model.name, settings.server.host,
+    # migrates before the event loop starts
+    daemon = build_daemon(settings, fault=fault_from_spec(os.environ.get(FAULT_ENV)))
+    config = uvicorn_config(daemon, settings.server.host, settings.server.port,
+                            raise_open_file_limit())
+    log.info("serving %s on http://%s:%d/", daemon.services.model.name, settings.server.host,
              settings.server.port)
     # uvicorn re-raises the signal that stopped it once it has shut down, which would end
     # the process with -15 after a clean drain; with a quiet handler underneath we exit 0.
@@ -118,9 +90,9 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         down.append(reason)
         server.should_exit = True
 
-    supervisor = supervise(engine, on_engine_down)
+    daemon.on_engine_down.append(on_engine_down)
     server.run()
-    supervisor.stop()
+    daemon.close()  # normally done already by the app's shutdown hook
     if down:
         log.critical("exiting with status %d: %s", ENGINE_DOWN_EXIT, down[0])
         return ENGINE_DOWN_EXIT
@@ -176,7 +148,7 @@ def cmd_model(settings: Settings, args: argparse.Namespace) -> int:
     if args.model_cmd == "pull":
         return models.pull(args.repo, settings.models_dir, revision=args.revision)
     if args.model_cmd == "demo":
-        from appliance.engine.demo_model import build_model
+        from appliance.demo.build import build_model
 
         out = build_model(Path(args.out), shape=args.shape, seed=args.seed)
         print(out)
@@ -188,9 +160,15 @@ def cmd_bench(settings: Settings, args: argparse.Namespace, rest: list[str]) -> 
     if args.bench_cmd == "serve":
         from appliance.bench.serve import main as bench_serve
         return bench_serve(rest)
+    if args.bench_cmd == "goodput":
+        from appliance.bench.goodput import main as bench_goodput
+        return bench_goodput(rest)
     if args.bench_cmd == "fairness":
         from appliance.bench.fairness import main as bench_fairness
         return bench_fairness(rest)
+    if args.bench_cmd == "dashboards":
+        from appliance.bench.dashboards import main as bench_dashboards
+        return bench_dashboards(rest)
     raise AssertionError(args.bench_cmd)
 
 
@@ -220,11 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--shape", default="demo", choices=("demo", "tiny", "smollm-135m"))
     demo.add_argument("--seed", type=int, default=0)
 
-    from appliance import cli_admin
+    from appliance import cli_admin, cli_jobs
     cli_admin.add_parsers(sub)
+    cli_jobs.add_parsers(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (see docs/BENCHMARKS.md)")
-    bench.add_argument("bench_cmd", choices=("serve", "fairness"))
+    bench.add_argument("bench_cmd", choices=("serve", "fairness", "goodput", "dashboards"))
     return parser
 
 
@@ -246,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         exit_now(rc)
     if args.cmd == "model":
         return cmd_model(settings, args)
+    if args.cmd == "job":
+        from appliance import cli_jobs
+        return cli_jobs.run(settings, args)
     if args.cmd in ("migrate", "user", "key"):
         from appliance import cli_admin
         return cli_admin.run(settings, args)

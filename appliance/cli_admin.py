@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 
 
 def db_path(settings: Settings) -> Path:
-    return Path(settings.store.data_dir).expanduser() / "appliance.db"
+    from appliance.store.db import db_file
+
+    return db_file(settings.store.data_dir)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

@@ -44,6 +44,16 @@ class ServerSettings:
         30.0, "Seconds SIGTERM waits for running requests to finish before cancelling them.",
         lo=0, hi=3600)
     log_level: str = _opt("info", "Logging level.", choices=("debug", "info", "warning", "error"))
+    max_connections: int = _opt(
+        1000, "Open HTTP connections at once; a new one beyond this is answered 503 and closed. "
+        "Always kept below the open-file limit, which serve raises to the hard limit.",
+        lo=8, hi=1_000_000)
+    header_timeout: float = _opt(
+        10.0, "Seconds a connection may take to send a whole request head, and may stay idle "
+        "between requests; then it is closed.", lo=0.5, hi=3600)
+    trusted_proxies: str = _opt(
+        "", "Comma-separated addresses or networks of reverse proxies whose X-Forwarded-For "
+        "and X-Forwarded-Proto are believed (client address, https). Empty: nobody's.")
 
 
 @dataclass(slots=True)
@@ -57,8 +67,9 @@ class EngineSettings:
         0, "Context length per sequence (prompt + output). 0: the model's own limit.",
         lo=0, hi=1_048_576)
     prefill_chunk_size: int = _opt(
-        -1, "Prompt tokens per prefill chunk. -1: 2048 while nothing decodes and 512 while a "
-        "decode batch runs; N fixes both; 0 disables chunking.", lo=-1, hi=1_048_576)
+        -1, "Prompt tokens per prefill chunk. -1: sized in time, as many as fit the tick "
+        "target (see itl_target_ms, ttft_target_ms) by a cost model fitted to the engine's "
+        "own measured ticks; N fixes it; 0 disables chunking.", lo=-1, hi=1_048_576)
     prefill_grant_interval: int = _opt(
         16, "A parked prefill still gets a chunk at least every this many decode ticks.",
         lo=1, hi=10_000)
@@ -89,6 +100,19 @@ class EngineSettings:
         "auto", "Linux only: 'openblas' loads Debian's OpenBLAS in place of the slow reference "
         "BLAS bundled in the mlx[cpu] wheel; 'auto' does so when it is installed.",
         choices=("auto", "openblas", "bundled"))
+    itl_target_ms: float = _opt(
+        0.0, "Inter-token latency objective: the longest tick while a batch decodes (prefill "
+        "chunks are sized to fit). 0: itl_factor times the predicted decode step.",
+        lo=0.0, hi=600_000.0)
+    itl_factor: float = _opt(
+        3.0, "With itl_target_ms 0, a tick may last this many predicted decode steps.",
+        lo=1.0, hi=1000.0)
+    ttft_target_ms: float = _opt(
+        1000.0, "Time-to-first-token objective: no tick is planned longer than half of it, "
+        "so an arrival waits for at most one bounded tick, decoding or not.",
+        lo=1.0, hi=600_000.0)
+    debug_invariants: bool = _opt(
+        False, "Check the scheduler's invariants on every tick (slower; tests turn it on).")
     engine_stall_timeout: float = _opt(
         120.0, "Seconds the engine may go without finishing a tick while requests wait "
         "before it is declared stalled: waiting requests get HTTP 503, /health answers 503 "
@@ -116,18 +140,50 @@ class StoreSettings:
 
 
 @dataclass(slots=True)
+class JobsSettings:
+    timezone: str = _opt(
+        "", "The household's time zone for job schedules (an IANA name such as "
+        "'Europe/Paris'). Empty: the machine's local time zone.")
+    url_allow: str = _opt(
+        "", "Private or loopback addresses that admins' url jobs and webhooks may reach, "
+        "comma separated: an IP or CIDR, optionally with ':port' (e.g. "
+        "'192.168.1.10:8123, 10.0.0.0/8'). Members' jobs always reach public addresses only.")
+    fetch_max_bytes: int = _opt(
+        5 << 20, "Most bytes a url job downloads per run; a bigger answer is an error.",
+        lo=1024, hi=1 << 30)
+    fetch_timeout: float = _opt(
+        20.0, "Seconds a url job's download may take, redirects included.", lo=1, hi=600)
+    document_max_bytes: int = _opt(
+        2 << 20, "Most bytes of text a job summarises per run (a pasted document, or the text "
+        "taken from a page, feed or conversations).", lo=1024, hi=1 << 30)
+    output_max_tokens: int = _opt(
+        2000, "Upper bound of a job's output tokens (each job sets its own limit below it).",
+        lo=16, hi=1_048_576)
+    chunk_tokens: int = _opt(
+        0, "Source tokens per map step of a long document. 0: half the context less the "
+        "instructions and the output, at most 4096.", lo=0, hi=1_048_576)
+    misfire_grace: float = _opt(
+        6 * 3600.0, "Seconds a scheduled run may be late (daemon down or busy) and still "
+        "run, once; older slots are skipped.", lo=1, hi=7 * 86400)
+    webhook_retries: int = _opt(
+        3, "Attempts to deliver a job's result to its webhook before recording a failure.",
+        lo=1, hi=10)
+
+
+@dataclass(slots=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     engine: EngineSettings = field(default_factory=EngineSettings)
     sched: SchedSettings = field(default_factory=SchedSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
+    jobs: JobsSettings = field(default_factory=JobsSettings)
 
     @property
     def models_dir(self) -> Path:
         return Path(self.store.data_dir).expanduser() / "models"
 
 
-SECTIONS: tuple[str, ...] = ("server", "engine", "sched", "store")
+SECTIONS: tuple[str, ...] = ("server", "engine", "sched", "store", "jobs")
 
 
 def iter_fields() -> Iterator[tuple[str, dataclasses.Field[Any]]]:
@@ -139,7 +195,7 @@ def iter_fields() -> Iterator[tuple[str, dataclasses.Field[Any]]]:
 
 def _section_type(name: str) -> type:
     return {"server": ServerSettings, "engine": EngineSettings, "sched": SchedSettings,
-            "store": StoreSettings}[name]
+            "store": StoreSettings, "jobs": JobsSettings}[name]
 
 
 def flag_name(f: dataclasses.Field[Any]) -> str:

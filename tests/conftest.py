@@ -11,6 +11,8 @@ import pytest
 
 DEMO = Path(__file__).resolve().parent.parent / "appliance" / "demo_model"
 
+pytest_plugins = ["tests.strict_skips", "pytester"]
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -28,7 +30,7 @@ def demo_model() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer random llama model with a real tokenizer, loaded via mlx_lm.load."""
-    from appliance.engine.demo_model import build_model
+    from appliance.demo.build import build_model
 
     return build_model(tmp_path_factory.mktemp("models") / "tiny", shape="tiny")
 

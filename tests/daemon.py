@@ -74,5 +74,10 @@ def start_daemon(model: Path, data_dir: Path, *flags: str, log_name: str = "daem
         except httpx.TransportError:
             return False
 
-    wait_until(up, 120, "daemon /health")
+    try:
+        wait_until(up, 120, "daemon /health")
+    except BaseException:
+        proc.kill()  # never leave a half-started daemon behind
+        proc.wait(30)
+        raise
     return Daemon(proc, url, log, data_dir)

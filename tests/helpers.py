@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,15 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from argon2 import PasswordHasher
 
-from appliance.app import build_services, create_app, shutdown_engine, start_engine, supervise
-from appliance.cli_admin import db_path
-from appliance.engine.core import Engine, FaultHook
+from appliance.daemon import Daemon, build_daemon, serve_in_thread
+from appliance.engine.core import Engine
+from appliance.engine.request import FaultHook
 from appliance.settings import Settings
-from appliance.store import keys, migrate, users
-from appliance.store.db import Store, open_store
+from appliance.store import keys, users
+from appliance.store.db import Store
 from appliance.store.writer import StoreWriter
 
 FAST_HASHER = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
@@ -32,8 +30,9 @@ def make_settings(model: Path, **overrides: Any) -> Settings:
     s = Settings()
     s.engine.model = str(model)
     s.store.data_dir = tempfile.mkdtemp(prefix="appliance-test-")
+    s.engine.debug_invariants = True  # the scheduler's invariants checked on every tick
     for key, value in overrides.items():
-        for section in (s.server, s.engine, s.sched, s.store):
+        for section in (s.server, s.engine, s.sched, s.store, s.jobs):
             if hasattr(section, key):
                 setattr(section, key, value)
                 break
@@ -51,6 +50,12 @@ class LiveServer:
     keys: dict[str, str]
     """Plaintext API key of each persona (alice admin, bob and carol members)."""
     user_ids: dict[str, int]
+    daemon: Daemon
+
+    @property
+    def services(self) -> Any:
+        """The app's ``Services`` (jobs tests reach the job scheduler through it)."""
+        return self.daemon.services
 
     def client(self, who: str | None = None, **kw: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.keys[who]}"} if who else {}
@@ -80,29 +85,13 @@ def wait_until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "con
 
 @contextmanager
 def live_server(settings: Settings, fault: FaultHook | None = None) -> Iterator[LiveServer]:
-    from tests.conftest import free_port
-
-    migrate.upgrade(db_path(settings))
-    store = open_store(db_path(settings))
-    plain, ids = add_household(store)
-    writer = StoreWriter(store.sessions, flush_interval=0.05)
-    engine = start_engine(settings, fault=fault, writer=writer)
-    supervisor = supervise(engine, interval_s=0.1)
-    services = build_services(settings, engine, store)
-    app = create_app(services, secret="x" * 32)
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
-                            access_log=False, timeout_graceful_shutdown=1, lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, 30, "server start")
+    """The daemon as ``appliance serve`` assembles it (``build_daemon``), on a thread."""
+    daemon = build_daemon(settings, fault=fault, secret="x" * 32, drain_timeout=1,
+                          flush_interval=0.05, supervise_interval_s=0.1)
+    plain, ids = add_household(daemon.store)
+    served = serve_in_thread(daemon)
     try:
-        yield LiveServer(f"http://127.0.0.1:{port}", engine, store, writer, plain, ids)
+        yield LiveServer(served.url, daemon.engine, daemon.store, daemon.writer, plain, ids,
+                         daemon)
     finally:
-        server.should_exit = True
-        thread.join(10)
-        supervisor.stop()
-        shutdown_engine(engine, 1)
-        writer.close()
-        store.close()
+        served.stop()

@@ -21,8 +21,9 @@ class Script:
 
 @functools.cache
 def vendor_scripts() -> tuple[Script, ...]:
-    """htmx first, then its SSE extension (the order the browser must load them in)."""
+    """htmx first, then its SSE extension (the order the browser must load them in), then
+    highlight.js for code blocks in answers."""
     lock = json.loads(VENDOR_LOCK.read_text())
-    order = ("htmx.org", "htmx-ext-sse")
+    order = ("htmx.org", "htmx-ext-sse", "@highlightjs/cdn-assets")
     return tuple(Script(f"/static/vendor/{lock[name]['file']}", lock[name]["integrity"])
                  for name in order)

@@ -30,3 +30,28 @@ def spark(values: Sequence[float], width: int = 120, height: int = 28,
     line = " ".join(f"{x},{y}" for x, y in pts)
     area = f"0,{height} {line} {pts[-1][0]},{height}"
     return Spark(width, height, line, area, float(max(values)))
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    x: float
+    y: float
+    width: float
+    height: float
+    value: int
+    label: str
+
+
+def bars(values: Sequence[int], labels: Sequence[str], width: int = 240,
+         height: int = 48) -> list[Bar]:
+    """A bar per value, left (oldest) to right, scaled to the largest; each with its label
+    and value for a tooltip."""
+    top = max(max(values, default=0), 1)
+    n = max(len(values), 1)
+    step = width / n
+    out = []
+    for i, (v, label) in enumerate(zip(values, labels, strict=True)):
+        h = round((height - 1) * v / top, 1) if v else 0.0
+        out.append(Bar(round(i * step + 0.5, 1), round(height - h, 1),
+                       round(max(step - 1.0, 0.5), 1), h, int(v), label))
+    return out

@@ -9,10 +9,12 @@ safe Markdown. Stop, a closed tab or a vanished stream cancel the request in the
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from litestar import Request, Response, get, post
@@ -20,12 +22,14 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 from markupsafe import escape
 
-from appliance.api.errors import bad_request
+from appliance.api.auth import Principal
+from appliance.api.errors import ApiError, bad_request
 from appliance.api.schemas import ChatMessage, SamplingFields
-from appliance.api.service import Services, chat_prompt, submit
-from appliance.engine.request import FinishEvent, TokenEvent
+from appliance.api.service import Generation, Services, chat_prompt, quota_of, submit
+from appliance.engine.request import Event, FinishEvent, TokenEvent
 from appliance.sched.classes import Klass
 from appliance.store import conversations as convs
+from appliance.store import preferences
 from appliance.store.errors import NotFound
 from web import sse
 from web.common import PAGE, base_context, form_fields, is_htmx, me, page, services, web_state
@@ -37,29 +41,59 @@ ENDPOINT = "/chat/send"
 """The endpoint name chat requests carry into the ledger."""
 
 
+PAGE_SIZE = 50
+"""Conversations per page of the list; scrolling to its end loads the next page."""
+
+
 @dataclass(frozen=True, slots=True)
 class ConvView:
     id: int
     title: str
+    updated_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class MessageView:
     role: str
     content: str
+    finish_reason: str | None = None
+    id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """One page of a person's conversations, newest activity first."""
+
+    conversations: list[ConvView]
+    query: str = ""
+    next_offset: int | None = None
+    """Where the next page starts; None at the end."""
+
+
+def _listing(svc: Services, user_id: int, query: str = "", offset: int = 0) -> Listing:
+    with svc.store.read_sessions() as s:
+        if query.strip():
+            found = convs.search_conversations(s, user_id, query, limit=PAGE_SIZE + 1,
+                                               offset=offset)
+        else:
+            found = convs.list_conversations(s, user_id, limit=PAGE_SIZE + 1, offset=offset)
+        listed = [ConvView(c.id, c.title, c.updated_at) for c in found[:PAGE_SIZE]]
+        more = offset + PAGE_SIZE if len(found) > PAGE_SIZE else None
+        return Listing(listed, query.strip(), more)
 
 
 def _load(svc: Services, user_id: int, cid: int | None
-          ) -> tuple[list[ConvView], ConvView | None, list[MessageView]]:
+          ) -> tuple[Listing, ConvView | None, list[MessageView]]:
+    listed = _listing(svc, user_id)
+    if cid is None:
+        return listed, None, []
     with svc.store.read_sessions() as s:
-        listed = [ConvView(c.id, c.title) for c in convs.list_conversations(s, user_id)]
-        if cid is None:
-            return listed, None, []
         c = convs.get_conversation(s, user_id, cid)
         if c is None:
             raise NotFound("conversation not found")
-        messages = [MessageView(m.role, m.content) for m in convs.list_messages(s, user_id, cid)]
-        return listed, ConvView(c.id, c.title), messages
+        messages = [MessageView(m.role, m.content, m.finish_reason, m.id)
+                    for m in convs.list_messages(s, user_id, cid)]
+        return listed, ConvView(c.id, c.title, c.updated_at), messages
 
 
 @get("/", opt=PAGE)
@@ -71,76 +105,159 @@ async def home() -> Redirect:
 async def chat_new(request: Request[Any, Any, Any]) -> Template:
     listed, _, _ = await anyio.to_thread.run_sync(_load, services(request), me(request).user_id,
                                                   None)
-    return page(request, "chat.html", conversations=listed, current=None, messages=[])
+    return page(request, "chat.html", listing=listed, current=None, messages=[])
 
 
 @get("/chat/{cid:int}", opt=PAGE)
 async def chat_page(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
     listed, current, messages = await anyio.to_thread.run_sync(
         _load, services(request), me(request).user_id, cid)
-    return page(request, "chat.html", conversations=listed, current=current,
+    return page(request, "chat.html", listing=listed, current=current,
                 messages=messages)
 
 
 @get("/chat/list")
 async def chat_list(request: Request[Any, Any, Any],
-                    current: FromQuery[int | None] = None) -> Template:
+                    current: FromQuery[int | None] = None, q: FromQuery[str] = "",
+                    offset: FromQuery[int] = 0) -> Template:
+    """The conversation list (``q``: search titles and messages); ``offset`` > 0: only the
+    items of that page, for the infinite list."""
     if current is None:  # htmx says which page asks: /chat/<id> marks that conversation
         found = re.search(r"/chat/(\d+)$", request.headers.get("hx-current-url", ""))
         current = int(found.group(1)) if found else None
-    listed, _, _ = await anyio.to_thread.run_sync(_load, services(request), me(request).user_id,
-                                                  None)
-    return page(request, "_conversations.html", conversations=listed,
-                current=ConvView(current, "") if current else None)
+    listed = await anyio.to_thread.run_sync(_listing, services(request), me(request).user_id,
+                                            q[:200], max(offset, 0))
+    return page(request, "_conv_items.html" if offset > 0 else "_conversations.html",
+                listing=listed, current=ConvView(current, "") if current else None)
 
 
-def _history(svc: Services, user_id: int, cid: int | None) -> list[MessageView]:
-    if cid is None:
-        return []
-    return _load(svc, user_id, cid)[2]
+def _history(svc: Services, user_id: int, cid: int | None
+             ) -> tuple[str, list[MessageView]]:
+    """The system prompt (the person's own or the household's) and the conversation so far."""
+    with svc.store.read_sessions() as s:
+        system = preferences.system_prompt_for(s, user_id)
+    return system, ([] if cid is None else _load(svc, user_id, cid)[2])
 
 
-def _save_question(svc: Services, user_id: int, cid: int | None, text: str) -> tuple[int, bool]:
-    """Store the user's message (in a new conversation when ``cid`` is None)."""
+def model_turns(system: str, history: list[MessageView], text: str) -> list[ChatMessage]:
+    """What the model is sent: the system prompt, then strictly alternating turns. An
+    answer stopped before its first word is left out, and a question left without an
+    answer is joined to the next one, so two user turns never follow each other."""
+    turns = [ChatMessage(role="system", content=system)] if system else []
+    for m in [*history, MessageView("user", text)]:
+        if m.role == "assistant" and not m.content:
+            continue
+        if turns and turns[-1].role == m.role == "user":
+            turns[-1] = ChatMessage(role="user", content=f"{turns[-1].content}\n\n{m.content}")
+            continue
+        turns.append(ChatMessage(role=m.role, content=m.content))
+    return turns
+
+
+def _save_question(svc: Services, user_id: int, cid: int | None, text: str,
+                   replace_from: int | None = None) -> tuple[int, bool]:
+    """Store the user's message (in a new conversation when ``cid`` is None); with
+    ``replace_from``, first delete that message and the ones after it (an edit)."""
     with svc.store.sessions.begin() as s:
         created = cid is None
         if cid is None:
             title = " ".join(text.split())[:TITLE_CHARS]
             cid = convs.create_conversation(s, user_id, title).id
-        convs.add_message(s, user_id, cid, "user", text)
+        elif replace_from is not None:
+            convs.delete_messages_from(s, user_id, cid, replace_from)
+        if text:
+            convs.add_message(s, user_id, cid, "user", text)
         return cid, created
+
+
+def _checked(text: str) -> str:
+    text = text.strip()
+    if not text:
+        raise bad_request("Type a message first.", param="message")
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise bad_request(f"Messages are limited to {MAX_MESSAGE_CHARS} characters.",
+                          param="message")
+    return text
+
+
+async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
+                 before: list[MessageView], text: str, save: str,
+                 replace_from: int | None = None) -> tuple[str, int, bool]:
+    """Submit ``before`` + the question ``text`` to the engine, then store what changed
+    (``save``: the question, or "" when it is stored already). Returns the answer's stream
+    id, the conversation and whether it was made now."""
+    svc, who = services(request), me(request)
+    prompt = chat_prompt(svc.model.tokenizer, model_turns(system, before, text))
+    klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
+    # submit() checks the user's quotas (429) and clamps the default max_tokens to them
+    try:
+        gen = await submit(svc, prompt, SamplingFields(), None, who, klass, ENDPOINT)
+    except ApiError as exc:
+        if exc.status != 429:
+            raise
+        raise await plain_refusal(svc, who, exc, len(prompt)) from None
+    try:
+        saved, created = await anyio.to_thread.run_sync(_save_question, svc, who.user_id, cid,
+                                                        save, replace_from)
+    except BaseException:
+        gen.close()
+        raise
+    return web_state(request).add_answer(LiveAnswer(gen, who.user_id, saved)), saved, created
 
 
 @post("/chat/send")
 async def send(request: Request[Any, Any, Any]) -> Template:
     svc, who = services(request), me(request)
     fields = await form_fields(request)
-    text = fields.get("message", "").strip()
-    if not text:
-        raise bad_request("Type a message first.", param="message")
-    if len(text) > MAX_MESSAGE_CHARS:
-        raise bad_request(f"Messages are limited to {MAX_MESSAGE_CHARS} characters.",
-                          param="message")
+    text = _checked(fields.get("message", ""))
     cid = int(fields["conversation"]) if fields.get("conversation", "").isdigit() else None
-    history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
-    turns = [ChatMessage(role=m.role, content=m.content) for m in history]
-    turns.append(ChatMessage(role="user", content=text))
-    prompt = chat_prompt(svc.model.tokenizer, turns)
-    klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
-    # submit() checks the user's quotas (429) and clamps the default max_tokens to them
-    gen = await submit(svc, prompt, SamplingFields(), None, who, klass, ENDPOINT)
-    try:
-        saved, created = await anyio.to_thread.run_sync(_save_question, svc, who.user_id, cid,
-                                                        text)
-    except BaseException:
-        gen.close()
-        raise
-    sid = web_state(request).add_answer(LiveAnswer(gen, who.user_id, saved))
-    headers = {"HX-Push-Url": f"/chat/{saved}",
-               "HX-Trigger-After-Settle": "conversations-changed"} \
-        if created else {}
+    system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
+    sid, saved, created = await _start(request, cid, system, history, text, text)
+    # the list shows this conversation first now (newest activity first)
+    headers = {"HX-Trigger-After-Settle": "conversations-changed"}
+    if created:
+        headers["HX-Push-Url"] = f"/chat/{saved}"
+    title = " ".join(text.split())[:TITLE_CHARS]
     return page(request, "_exchange.html", headers=headers, question=text, sid=sid,
-                cid=saved, title=" ".join(text.split())[:TITLE_CHARS] if created else None)
+                cid=saved, current=ConvView(saved, title) if created else None)
+
+
+def _last_question(history: list[MessageView]) -> int:
+    index = next((i for i in range(len(history) - 1, -1, -1)
+                  if history[i].role == "user"), None)
+    if index is None:
+        raise bad_request("There is no question to answer again.")
+    return index
+
+
+@post("/chat/{cid:int}/regenerate")
+async def regenerate(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
+    """Answer the last question again: its old answer goes, a new one streams."""
+    svc, who = services(request), me(request)
+    system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
+    q = _last_question(history)
+    if q + 1 < len(history):
+        sid, _, _ = await _start(request, cid, system, history[:q], history[q].content, "",
+                                 replace_from=history[q + 1].id)
+    else:
+        sid, _, _ = await _start(request, cid, system, history[:q], history[q].content, "")
+    return page(request, "_replay.html", messages=history[:q], question=history[q].content,
+                sid=sid, cid=cid, current=None,
+                headers={"HX-Trigger-After-Settle": "conversations-changed"})
+
+
+@post("/chat/{cid:int}/edit")
+async def edit(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
+    """Send an edited version of the last question: it and its answer are replaced."""
+    svc, who = services(request), me(request)
+    text = _checked((await form_fields(request)).get("message", ""))
+    system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
+    q = _last_question(history)
+    sid, _, _ = await _start(request, cid, system, history[:q], text, text,
+                             replace_from=history[q].id)
+    return page(request, "_replay.html", messages=history[:q], question=text, sid=sid,
+                cid=cid, current=None,
+                headers={"HX-Trigger-After-Settle": "conversations-changed"})
 
 
 @get("/chat/streams/{sid:str}")
@@ -149,8 +266,58 @@ async def answer_stream(request: Request[Any, Any, Any], sid: FromPath[str]) -> 
     answer = ws.connect(sid, me(request).user_id)
     if answer is None:  # unknown, someone else's, finished or already open: stop retrying
         return Response(b"", status_code=204)
-    return sse.stream(_answer_events(ws, sid, answer, request.app.template_engine,
-                                     base_context(request)))
+    # the finished answer offers Copy and Regenerate (its conversation is known)
+    ctx = {**base_context(request), "cid": answer.conversation_id}
+    return sse.stream(_answer_events(ws, sid, answer, request.app.template_engine, ctx))
+
+
+WAIT_POLL_S = 0.5
+"""While an answer waits for a slot, how often its place in the queue is looked up."""
+
+
+def waiting_text(ahead: int | None) -> str:
+    """Where a waiting answer stands, from the scheduler's own order."""
+    if ahead is None:
+        return "Waiting for the model…"
+    if ahead == 0:
+        return "Next in line: the model is busy with other answers…"
+    return f"{ahead} request{'s' if ahead != 1 else ''} ahead of you…"
+
+
+async def _relay(gen: Generation, engine: Any) -> AsyncIterator[Event | str]:
+    """The answer's events; before the first token, also its place in the queue as text
+    (a new line whenever the place changes)."""
+    events = cast(AsyncGenerator[Event, None], gen.events())
+    handle = getattr(gen, "handle", None)
+    rid = handle.rid if handle is not None else -1
+    told: str | None = None
+    pending: asyncio.Task[Event] | None = None
+    started = False
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(events))
+            if started:
+                await asyncio.wait({pending})
+            else:
+                await asyncio.wait({pending}, timeout=WAIT_POLL_S)
+            if not pending.done():
+                text = waiting_text(engine.snapshot.ahead_of(rid) if engine else None)
+                if text != told:
+                    told = text
+                    yield text
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            started = started or isinstance(event, TokenEvent)
+            yield event
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+        await events.aclose()
 
 
 async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: Any,
@@ -158,8 +325,10 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
     parts: list[str] = []
     finish: FinishEvent | None = None
     try:
-        async for event in answer.gen.events():
-            if isinstance(event, TokenEvent):
+        async for event in _relay(answer.gen, getattr(ws.services, "engine", None)):
+            if isinstance(event, str):
+                yield sse.event("wait", str(escape(event)))
+            elif isinstance(event, TokenEvent):
                 if event.text:
                     parts.append(event.text)
                     yield sse.event("token", str(escape(event.text)))
@@ -177,17 +346,25 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
                                            "".join(parts), finish)
 
 
+NOTED = ("cancelled", "length", "quota")
+"""Finish reasons whose note is kept with the answer (shown again after a reload)."""
+
+
 def _save_answer(svc: Services, answer: LiveAnswer, text: str,
                  finish: FinishEvent | None) -> None:
-    """Keep what was said, even when stopped; an answer that failed is not kept."""
-    if not text or (finish is not None and finish.reason == "error"):
+    """Keep what was said, even when stopped (an answer stopped before its first word is
+    kept empty, so the conversation still shows it was stopped); an answer that failed is
+    not kept."""
+    reason = finish.reason if finish is not None else "cancelled"
+    if reason == "error" or (not text and reason not in NOTED):
         return
     usage = finish.usage if finish is not None else None
     try:
         with svc.store.sessions.begin() as s:
             convs.add_message(s, answer.user_id, answer.conversation_id, "assistant", text,
                               prompt_tokens=usage.prompt_tokens if usage else None,
-                              output_tokens=usage.completion_tokens if usage else None)
+                              output_tokens=usage.completion_tokens if usage else None,
+                              finish_reason=reason if reason in NOTED else None)
     except NotFound:  # the conversation was deleted meanwhile
         pass
 
@@ -212,4 +389,63 @@ async def delete(request: Request[Any, Any, Any], cid: FromPath[int]) -> Respons
     return Redirect("/chat", status_code=303)
 
 
-ROUTES = [home, chat_new, chat_page, chat_list, send, answer_stream, stop, delete]
+# ---- quotas in plain words ----
+def _at(moment: float, now: float) -> str:
+    """A clock time a person can act on: "at 16:25", or "tomorrow at 16:25"."""
+    when, today = time.localtime(moment), time.localtime(now)
+    clock = time.strftime("%H:%M", when)
+    return f"at {clock}" if when.tm_yday == today.tm_yday else f"tomorrow at {clock}"
+
+
+async def plain_refusal(svc: Services, who: Principal, exc: ApiError,
+                        prompt_tokens: int) -> ApiError:
+    """The API's 429 reworded for a person: what was used, of what, and when it frees."""
+    now = time.time()
+    quota = await anyio.to_thread.run_sync(quota_of, svc.store, who.user_id)
+    wait = exc.headers.get("Retry-After", "")
+    reset = now + int(wait) if wait.isdigit() else None
+    if exc.code == "tokens_per_day" and quota.tokens_per_day is not None:
+        cap = quota.tokens_per_day
+        used = min(int(svc.engine.usage.total(str(who.user_id), now)), cap)
+        if reset is None:
+            message = (f"This conversation needs about {prompt_tokens:,} tokens, more than "
+                       f"your whole daily allowance of {cap:,}. Start a new chat, or ask an "
+                       "admin to raise your limit.")
+        else:
+            message = f"{used:,} of {cap:,} tokens used today — resets {_at(reset, now)}."
+            if used < cap:
+                message += (f" This message needs about {prompt_tokens:,}: try a shorter one "
+                            "or a new chat.")
+    elif exc.code == "max_concurrent":
+        message = "Another answer of yours is still being written. Wait for it to finish."
+    elif exc.code == "max_prompt_tokens" and quota.max_prompt_tokens is not None:
+        message = (f"This conversation is too long for your limit of "
+                   f"{quota.max_prompt_tokens:,} tokens per message. Start a new chat.")
+    else:
+        message = exc.message
+    return ApiError(429, message, exc.type, exc.code, headers=exc.headers)
+
+
+def _rename(svc: Services, user_id: int, cid: int, title: str) -> ConvView:
+    with svc.store.sessions.begin() as s:
+        convs.rename_conversation(s, user_id, cid, title)
+        c = convs.get_conversation(s, user_id, cid)
+        assert c is not None
+        return ConvView(c.id, c.title, c.updated_at)
+
+
+@post("/chat/{cid:int}/rename", status_code=200)
+async def rename(request: Request[Any, Any, Any], cid: FromPath[int]) -> Response[Any]:
+    title = " ".join((await form_fields(request)).get("title", "").split())
+    if not title:
+        raise bad_request("Type a title first.", param="title")
+    current = await anyio.to_thread.run_sync(_rename, services(request), me(request).user_id,
+                                             cid, title)
+    if not is_htmx(request):
+        return Redirect(f"/chat/{cid}", status_code=303)
+    return page(request, "_conv_head.html", current=current, oob=False,
+                headers={"HX-Trigger-After-Settle": "conversations-changed"})
+
+
+ROUTES = [home, rename, regenerate, edit, chat_new, chat_page, chat_list, send, answer_stream,
+          stop, delete]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -12,9 +10,10 @@ from litestar import Request
 from litestar.response import Template
 
 from appliance.api.auth import Principal
+from appliance.api.headers import CSP as CSP  # re-exported for the pages
 from appliance.api.service import Services
-from web import markdown
 from web.assets import vendor_scripts
+from web.format import HELPERS
 
 if TYPE_CHECKING:
     from web.state import WebState
@@ -22,10 +21,6 @@ if TYPE_CHECKING:
 PAGE = {"web_page": True}
 """``opt`` of a handler that renders a whole page: an anonymous visitor is sent to /login."""
 
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; "
-       "object-src 'none'")
-"""No inline script, no eval, nothing from elsewhere: even a markup bug could not run code."""
 
 CLASSES = ("voice", "interactive", "background")
 ROLES = ("member", "admin")
@@ -40,15 +35,9 @@ def me(request: Request[Any, Any, Any]) -> Principal:
 
 
 def web_state(request: Request[Any, Any, Any]) -> WebState:
-    """The web UI's own state (live streams, the dashboard hub), made on first use."""
-    from web.state import WebState
-
-    state = request.app.state
-    ws = state.get("web")
-    if ws is None:
-        ws = WebState(services(request), request.app.template_engine)
-        state["web"] = ws
-    return ws
+    """The web UI's own state (live streams, the dashboard hub), built with the app
+    (``web.routes.setup``)."""
+    return request.app.state.web
 
 
 def is_htmx(request: Request[Any, Any, Any]) -> bool:
@@ -70,61 +59,13 @@ async def form_fields(request: Request[Any, Any, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in form.items() if k != "_csrf_token"}
 
 
-# ---- formatting helpers for templates (numbers and times only) ----
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "—"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(size) < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
-
-
-def fmt_ms(ms: float | None) -> str:
-    if ms is None:
-        return "—"
-    return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.0f} ms"
-
-
-def fmt_num(n: float | None) -> str:
-    if n is None:
-        return "—"
-    if isinstance(n, float) and not n.is_integer():
-        return f"{n:,.1f}"
-    return f"{int(n):,}"
-
-
-def fmt_secs(s: float | None) -> str:
-    if s is None:
-        return "—"
-    if s < 60:
-        return f"{s:.1f} s"
-    m, sec = divmod(int(s), 60)
-    return f"{m} min {sec:02d} s" if m < 60 else f"{m // 60} h {m % 60:02d} min"
-
-
-def fmt_when(t: float | None) -> str:
-    if t is None:
-        return "never"
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
-
-
-def percent(part: float | None, whole: float | None) -> int:
-    if not part or not whole:
-        return 0
-    return max(0, min(100, round(100 * part / whole)))
-
-
-HELPERS = SimpleNamespace(md=markdown.render, bytes=fmt_bytes, ms=fmt_ms, num=fmt_num,
-                          secs=fmt_secs, when=fmt_when, percent=percent)
-
 
 def base_context(request: Request[Any, Any, Any]) -> dict[str, Any]:
     svc = services(request)
     user = request.scope.get("user")
+    theme = request.cookies.get("theme", "")
     return {"me": user if isinstance(user, Principal) else None, "model": svc.model,
+            "theme": theme if theme in ("light", "dark") else "",
             "scripts": vendor_scripts(), "h": HELPERS, "classes": CLASSES, "roles": ROLES}
 
 

@@ -3,8 +3,9 @@
 Admins see everyone; a member sees the load (counts only) and their own requests and usage.
 The page renders the current frame, then ``/dashboard/stream`` sends each part again as an
 SSE event whenever it changed, every ``live.INTERVAL_S``. A stream lasts ``LIFETIME_S`` and
-the browser reconnects (``retry``): streams stay short-lived, so a shutdown never waits on
-an open dashboard for long.
+ends with a ``bye`` event; the page's script then opens the next one (no error, nothing
+logged), and a browser without it reconnects after ``retry``: streams stay short-lived, so
+a shutdown never waits on an open dashboard for long.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from litestar import Request, Response, get
 from litestar.params import Parameter
 from litestar.response import Template
 from markupsafe import Markup
 
-from web import sse
-from web.common import PAGE, me, page, web_state
+from web import charts, sse, stats
+from web.common import PAGE, me, page, services, web_state
 from web.live import INTERVAL_S, Audience, Hub
 
 LIFETIME_S = 15.0
@@ -35,7 +37,8 @@ def _audience(request: Request[Any, Any, Any]) -> Audience:
 @get("/dashboard", opt=PAGE)
 async def dashboard(request: Request[Any, Any, Any]) -> Template:
     frame = await web_state(request).hub.frame(_audience(request))
-    return page(request, "dashboard.html", frame={k: Markup(v) for k, v in frame.items()})
+    return page(request, "dashboard.html", frame={k: Markup(v) for k, v in frame.items()},
+                max_batch=services(request).max_batch_size)
 
 
 @get("/dashboard/stream")
@@ -61,9 +64,37 @@ async def _events(hub: Hub, audience: Audience, frames: int) -> AsyncIterator[by
                 yield sse.event(name, html)
         n += 1
         if (frames and n >= frames) or time.monotonic() >= deadline:
+            yield sse.event("bye", "")
             return
         # wake at the next interval boundary, when a fresh frame exists
         await asyncio.sleep(INTERVAL_S - time.monotonic() % INTERVAL_S + 0.005)
 
 
-ROUTES = [dashboard, dashboard_stream]
+def _history(svc: Any, audience: Audience) -> list[stats.UsageHistory]:
+    with svc.store.read_sessions() as s:
+        return stats.usage_history(s, time.time(),
+                                   None if audience.admin else audience.user_id)
+
+
+def _labels(now: float) -> tuple[list[str], list[str]]:
+    hour0 = (now // 3600 - (stats.HISTORY_HOURS - 1)) * 3600
+    hours = [time.strftime("%H:00", time.localtime(hour0 + i * 3600))
+             for i in range(stats.HISTORY_HOURS)]
+    today = time.mktime(time.localtime(now)[:3] + (12, 0, 0, 0, 0, -1))
+    days = [time.strftime("%a %-d %b", time.localtime(today - (stats.HISTORY_DAYS - 1 - i)
+                                                      * 86400))
+            for i in range(stats.HISTORY_DAYS)]
+    return hours, days
+
+
+@get("/dashboard/history")
+async def usage_history(request: Request[Any, Any, Any]) -> Template:
+    """Tokens per hour (last day) and per day (last two weeks) per person, from the ledger;
+    loaded with the page and once a minute, not part of the live stream."""
+    history = await anyio.to_thread.run_sync(_history, services(request), _audience(request))
+    hours, days = _labels(time.time())
+    return page(request, "_dash_history.html", history=history, bar=charts.bars,
+                hour_labels=hours, day_labels=days, days_n=stats.HISTORY_DAYS)
+
+
+ROUTES = [dashboard, dashboard_stream, usage_history]

@@ -14,7 +14,7 @@ from litestar import Request, Response, get, post
 from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
-from appliance.api.auth import Principal
+from appliance.api.auth import Principal, key_scope, new_key_class
 from appliance.api.service import Services
 from appliance.store import keys as store_keys
 from appliance.store import users
@@ -44,7 +44,8 @@ class Panel:
 def _panel(svc: Services, who: Principal) -> Panel:
     with svc.store.read_sessions() as s:
         found = store_keys.list_keys(s, user_id=None if who.is_admin else who.user_id,
-                                     include_revoked=True)
+                                     include_revoked=True,
+                                     at_most=None if who.is_admin else key_scope(who))
         keys = [KeyView(k.prefix, k.name, k.user.name, k.max_class,
                         k.default_class or k.max_class, k.created_at,
                         k.last_used_at, k.revoked_at is not None) for k in reversed(found)]
@@ -68,8 +69,9 @@ def _create(svc: Services, who: Principal, f: dict[str, str]) -> tuple[str, str]
         if user is None:
             raise NotFound("no such user")
         key, plaintext = store_keys.create_api_key(s, user, f.get("name", ""),
-                                                   f.get("max_class") or None,
-                                                   default_class=f.get("default_class") or None)
+                                                   new_key_class(who, f.get("max_class") or None),
+                                                   default_class=f.get("default_class") or None,
+                                                   at_most=key_scope(who))
         return key.prefix, plaintext
 
 
@@ -92,7 +94,8 @@ async def create_key(request: Request[Any, Any, Any]) -> Response[Any]:
 
 def _revoke(svc: Services, who: Principal, prefix: str) -> None:
     with svc.store.sessions.begin() as s:
-        store_keys.revoke_key(s, prefix, user_id=None if who.is_admin else who.user_id)
+        store_keys.revoke_key(s, prefix, user_id=None if who.is_admin else who.user_id,
+                              at_most=None if who.is_admin else key_scope(who))
 
 
 @post("/keys/{prefix:str}/revoke", status_code=200)

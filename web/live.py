@@ -22,7 +22,7 @@ import anyio
 from appliance.api.service import Services
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from web import charts, stats
-from web.common import HELPERS
+from web.format import HELPERS
 
 INTERVAL_S = 0.5
 """How often a viewer gets fresh figures."""
@@ -71,6 +71,9 @@ class Hub:
         if cached is not None and cached[0] == tick:
             return cached[1]
         table = await self.service_table()
+        cached = self._frames.get(audience.key)  # made by another viewer meanwhile
+        if cached is not None and cached[0] == tick:
+            return cached[1]
         started = time.perf_counter()
         snap = self._services.engine.snapshot
         self._sample(snap)
@@ -121,27 +124,24 @@ class Hub:
             "h": HELPERS, "snap": snap, "admin": audience.admin, "me_name": audience.name,
             "max_batch": self._services.max_batch_size, "rate": rate,
             "chart": charts.spark(rates, width=320, height=60),
-            "kv": kv_view(snap, getattr(self._services.engine, "kv_budget_bytes", None)),
+            "kv": kv_view(snap, self._services.engine.kv_budget_bytes),
             "slots": [s for s in snap.slots if audience.admin or s.user == audience.name],
             "others": 0 if audience.admin else sum(s.user != audience.name for s in snap.slots),
             "queue": queue_by_class(snap.queue, None if audience.admin else audience.name),
             "users": table if audience.admin else
             [u for u in table if u.user_id == audience.user_id],
             "spark": charts.spark, "updated": time.strftime("%H:%M:%S"),
+            "jobs": jobs_view(self._services, None if audience.admin else audience.user_id),
         }
-        names = ("summary", "slots", "queue", "kv", "throughput", "users")
+        names = ("summary", "slots", "queue", "kv", "throughput", "users", "jobs")
         return {name: self._templates.get_template(f"_dash_{name}.html").render(**ctx)
                 for name in names}
 
 
 def kv_view(snap: EngineSnapshot, budget: int | None = None) -> KvView:
-    """KV figures; reservations and the prompt cache appear once the engine publishes them
-    in its snapshot (``kv_reserved_bytes``, ``prompt_cache_bytes``); the budget comes from
-    the snapshot or, failing that, ``budget`` (the engine's ``kv_budget_bytes``)."""
-    return KvView(in_use=snap.kv_bytes,
-                  reserved=getattr(snap, "kv_reserved_bytes", None),
-                  prompt_cache=getattr(snap, "prompt_cache_bytes", None),
-                  budget=getattr(snap, "kv_budget_bytes", None) or budget)
+    """KV figures from the engine's snapshot; ``budget``: the engine's ``kv_budget_bytes``."""
+    return KvView(in_use=snap.kv_bytes, reserved=snap.kv_reserved_bytes,
+                  prompt_cache=snap.prompt_cache_bytes, budget=budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,3 +175,19 @@ def _with_live_counters(table: list[stats.UserService],
         value = next((live[k] for k in (u.user_id, str(u.user_id), u.name) if k in live), None)
         out.append(u if value is None else dataclasses.replace(u, counter=float(value)))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class JobsView:
+    running: list[tuple[str, int, int]]
+    """(job name, stages done, stages total) of the runs in progress."""
+    upcoming: list[tuple[str, str]]
+    """(job name, next run in words), soonest first."""
+
+
+def jobs_view(services: Services, only_user: int | None, limit: int = 5) -> JobsView:
+    """Running and next background jobs, from the job scheduler's memory (no query)."""
+    svc = getattr(services, "jobs", None)
+    if svc is None:
+        return JobsView([], [])
+    return JobsView(*svc.overview(only_user, limit))

@@ -24,6 +24,23 @@ from appliance.store.models import User
 from web.common import PAGE, form_fields, is_htmx, page, services
 
 QUOTA_FIELDS = ("tokens_per_day", "max_concurrent", "max_prompt_tokens", "max_output_tokens")
+LABELS = {"tokens_per_day": "Tokens per day", "max_concurrent": "Concurrent requests",
+          "max_prompt_tokens": "Max prompt tokens", "max_output_tokens": "Max output tokens",
+          "weight": "Weight", "password": "Password", "name": "Name", "role": "Role",
+          "class": "Maximum class", "max_class": "Maximum class"}
+"""The form's own words for each field, used in error messages (never the internal name)."""
+
+
+def plain(message: str) -> str:
+    """A store or validation message whose leading field name is an internal one
+    (``max_concurrent``, ``class``) named as the form labels it instead."""
+    for name, label in sorted(LABELS.items(), key=lambda kv: -len(kv[0])):
+        if label.lower() == name.replace("_", " "):
+            continue  # already the form's word
+        for said in (name, name.replace("_", " ")):
+            if message.startswith(said + " "):
+                return f"{label} {message[len(said):].lstrip()}"
+    return message
 FAILURES = (ValueError, AlreadyExists, LastAdmin, NotFound)
 
 
@@ -80,7 +97,7 @@ def _number(text: str, what: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ValueError(f"{what} must be a number") from None
+        raise ValueError(f"{LABELS.get(what, what)} must be a number") from None
 
 
 @post("/manage/users", status_code=200)
@@ -92,7 +109,7 @@ async def add_user(request: Request[Any, Any, Any]) -> Response[Any]:
     except FAILURES as exc:
         people = await anyio.to_thread.run_sync(_all, svc)
         # The name goes back into the page as typed: autoescaping keeps it text.
-        notice = f"Could not add “{f.get('name', '')}”: {exc}"
+        notice = f"Could not add “{f.get('name', '')}”: {plain(str(exc))}"
         return page(request, "_users_panel.html", status_code=_status(exc), people=people,
                     form=f, notice=("error", notice))
     svc.policy_changed()
@@ -134,7 +151,7 @@ def _limit(text: str, name: str) -> int | None:
     if not text:
         return None
     if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{name.replace('_', ' ')} must be a whole number of at least 1, "
+        raise ValueError(f"{LABELS.get(name, name)} must be a whole number of at least 1, "
                          "or blank for unlimited")
     return int(text)
 
@@ -147,8 +164,10 @@ async def change_user(request: Request[Any, Any, Any], uid: FromPath[int]) -> Re
         await anyio.to_thread.run_sync(_change, svc, uid, f)
     except FAILURES as exc:
         person = await anyio.to_thread.run_sync(_one, svc, uid)
+        # the card comes back as typed (but never the password), with the reason
+        typed = {k: v for k, v in f.items() if k != "password"}
         return page(request, "_user_card.html", status_code=_status(exc), p=person,
-                    notice=("error", str(exc)))
+                    notice=("error", plain(str(exc))), form=typed)
     svc.policy_changed()
     if not is_htmx(request):
         return Redirect("/manage/users", status_code=303)

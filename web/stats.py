@@ -12,15 +12,13 @@ percentile of the requests' p95s.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from appliance.store import limits, users
+from appliance.store import ledger, limits, users
 from appliance.store.ledger import DAY_S, HOUR_S
-from appliance.store.models import LedgerEntry
 
 SERIES_BUCKETS = 60
 """Points in each user's chart: one per minute over the last hour."""
@@ -92,22 +90,15 @@ class _Acc:
             self.series[max(index, 0)] += tokens
 
 
-def service_table(session: Session, now: float,
-                  live_counters: Mapping[int, float] | None = None) -> list[UserService]:
+def service_table(session: Session, now: float) -> list[UserService]:
     """Every user's service over the last hour and day (disabled users included)."""
-    rows = session.execute(
-        select(LedgerEntry.user_id, LedgerEntry.finished_at,
-               LedgerEntry.prompt_tokens + LedgerEntry.output_tokens, LedgerEntry.preemptions,
-               LedgerEntry.ttft_ms, LedgerEntry.itl_mean_ms, LedgerEntry.itl_p95_ms)
-        .where(LedgerEntry.finished_at >= now - DAY_S)
-        .order_by(LedgerEntry.finished_at.desc()).limit(MAX_ROWS))
+    rows = ledger.service_rows(session, now - DAY_S, MAX_ROWS)
     acc: dict[int, _Acc] = {}
     for uid, finished, tokens, pre, ttft, itl_mean, itl_p95 in rows:
         acc.setdefault(uid, _Acc()).add(now, finished, int(tokens or 0), int(pre or 0), ttft,
                                         itl_mean, itl_p95)
     quotas = limits.load_quotas(session)
-    counters = dict(limits.load_counters(session))
-    counters.update(live_counters or {})
+    counters = limits.load_counters(session)
     out = []
     for u in users.list_users(session):
         a = acc.get(u.id, _Acc())
@@ -122,4 +113,54 @@ def service_table(session: Session, now: float,
             itl_p50_ms=percentile(a.itl_mean or [], 50),
             itl_p95_ms=percentile(a.itl_p95 or [], 95),
             series=tuple(a.series or [0] * SERIES_BUCKETS)))
+    return out
+
+
+HISTORY_HOURS = 24
+HISTORY_DAYS = 14
+
+
+@dataclass(frozen=True, slots=True)
+class UsageHistory:
+    """One person's tokens (prompt + output) per hour over the last day and per day over
+    the last two weeks, oldest first; the last bucket is the current hour or day."""
+
+    user_id: int
+    name: str
+    hours: tuple[int, ...]
+    days: tuple[int, ...]
+
+    @property
+    def total_days(self) -> int:
+        return sum(self.days)
+
+
+def usage_history(session: Session, now: float, only_user: int | None = None
+                  ) -> list[UsageHistory]:
+    """From the ledger: everyone's (or one person's) usage history. Days are local
+    calendar days; hours are the last 24 clock hours."""
+    import time as _time
+
+    today = _time.localtime(now)
+    midnight = _time.mktime(today[:3] + (0, 0, 0, 0, 0, -1))
+    start = midnight - (HISTORY_DAYS - 1) * DAY_S
+    hour_start = (now // HOUR_S - (HISTORY_HOURS - 1)) * HOUR_S
+    rows = ledger.token_rows_since(session, min(start, hour_start), MAX_ROWS * 4, only_user)
+    hours: dict[int, list[int]] = {}
+    days: dict[int, list[int]] = {}
+    for uid, finished, tokens in rows:
+        n = int(tokens or 0)
+        h = int((finished - hour_start) // HOUR_S)
+        if 0 <= h < HISTORY_HOURS:
+            hours.setdefault(uid, [0] * HISTORY_HOURS)[h] += n
+        d = round((_time.mktime(_time.localtime(finished)[:3] + (0, 0, 0, 0, 0, -1)) - start)
+                  / DAY_S)
+        if 0 <= d < HISTORY_DAYS:
+            days.setdefault(uid, [0] * HISTORY_DAYS)[d] += n
+    out = []
+    for u in users.list_users(session):
+        if only_user is not None and u.id != only_user:
+            continue
+        out.append(UsageHistory(u.id, u.name, tuple(hours.get(u.id, [0] * HISTORY_HOURS)),
+                                tuple(days.get(u.id, [0] * HISTORY_DAYS))))
     return out

@@ -16,10 +16,11 @@ from litestar.datastructures import Cookie, State
 from litestar.params import FromPath, JSONBody
 from litestar.response import Redirect, Template
 
-from appliance.api.auth import SESSION_COOKIE, Principal
+from appliance.api.auth import SESSION_COOKIE, Principal, key_scope, new_key_class
 from appliance.api.db import threaded
-from appliance.api.errors import ApiError
+from appliance.api.errors import ApiError, bad_request
 from appliance.api.service import decode_body
+from appliance.api.throttle import MAX_NAME_LENGTH, MAX_PASSWORD_LENGTH
 from appliance.store import conversations as convs
 from appliance.store import keys as store_keys
 from appliance.store import ledger, users, websessions
@@ -81,11 +82,27 @@ def login_page(request: Request) -> Template:
     return Template("login.html", context={"error": None})
 
 
+DISABLED = "This account is switched off. Ask an admin of the household to switch it on again."
+"""Said only to someone who gave the right password: nobody else learns the account exists."""
+
+
+def _login_too_long(body: LoginBody) -> str | None:
+    """Names and passwords longer than any real one are refused before they cost anything
+    (no throttle entry, no password hash)."""
+    if len(body.name) > MAX_NAME_LENGTH:
+        return f"The name is longer than {MAX_NAME_LENGTH} characters."
+    if len(body.password) > MAX_PASSWORD_LENGTH:
+        return f"The password is longer than {MAX_PASSWORD_LENGTH} characters."
+    return None
+
+
 def _check_password(store: Store, name: str, password: str) -> Any:
     with store.sessions.begin() as s:
-        user = users.authenticate_password(s, name, password)
+        user = users.authenticate_password(s, name, password, allow_disabled=True)
         if user is None:
             return None
+        if user.disabled:
+            return DISABLED
         token = websessions.start_session(s, user)
         return user.id, user.name, user.role, token
 
@@ -98,6 +115,11 @@ async def login(request: Request, state: State) -> Response[Any]:
         body = LoginBody(name=str(form.get("name", "")), password=str(form.get("password", "")))
     else:
         body = decode_body(await request.body(), LoginBody)
+    too_long = _login_too_long(body)
+    if too_long is not None:
+        if is_form:
+            return Template("login.html", context={"error": too_long}, status_code=400)
+        raise bad_request(too_long, "too_long")
     services = state.services
     address = request.client.host if request.client else "?"
     now = time.monotonic()
@@ -114,16 +136,26 @@ async def login(request: Request, state: State) -> Response[Any]:
             return Template("login.html", context={"error": "Wrong name or password."},
                             status_code=401)
         raise ApiError(401, "Wrong name or password.", "authentication_error")
-    services.throttle.succeeded(body.name)
+    if found == DISABLED:
+        if is_form:
+            return Template("login.html", context={"error": DISABLED}, status_code=403)
+        raise ApiError(403, DISABLED, "permission_error", "account_disabled")
+    services.throttle.succeeded(body.name, address)
     uid, name, role, token = found
     old = request.cookies.get(SESSION_COOKIE)
     if old:  # the id rotates: whatever session the browser had is over
         await anyio.to_thread.run_sync(_end_session, services.store, old)
     cookie = Cookie(key=SESSION_COOKIE, value=token, httponly=True, samesite="lax", path="/",
-                    max_age=int(websessions.SESSION_TTL_S))
+                    max_age=int(websessions.SESSION_TTL_S), secure=_is_https(request))
     if is_form:
         return Redirect("/", status_code=303, cookies=[cookie])
     return Response({"id": uid, "name": name, "role": role}, cookies=[cookie])
+
+
+def _is_https(request: Request) -> bool:
+    """Served over https: directly, or by a trusted proxy's ``X-Forwarded-Proto: https``
+    (uvicorn rewrites the scheme only for ``--trusted-proxies``)."""
+    return request.scope.get("scheme") == "https"
 
 
 def _end_session(store: Store, token: str) -> None:
@@ -137,7 +169,7 @@ async def logout(request: Request, state: State) -> Response[Any]:
     if token:
         await anyio.to_thread.run_sync(_end_session, state.services.store, token)
     gone = Cookie(key=SESSION_COOKIE, value="", max_age=0, path="/", httponly=True,
-                  samesite="lax")
+                  samesite="lax", secure=_is_https(request))
     if request.content_type[0] != "application/json":
         return Redirect("/login", status_code=303, cookies=[gone])
     return Response({"logged_out": True}, cookies=[gone])
@@ -166,7 +198,8 @@ def my_usage(request: Request, state: State) -> dict[str, Any]:
 def my_keys(request: Request, state: State) -> list[dict[str, Any]]:
     with _store(state).read_sessions() as s:
         return [key_json(k) for k in store_keys.list_keys(s, user_id=request.user.user_id,
-                                                          include_revoked=True)]
+                                                          include_revoked=True,
+                                                          at_most=key_scope(request.user))]
 
 
 @post("/me/keys", status_code=201)
@@ -176,8 +209,10 @@ def create_my_key(request: Request, state: State, data: JSONBody[KeyBody]) -> di
         user = users.get_user(s, request.user.user_id)
         if user is None:
             raise NotFound("no such user")
-        key, plaintext = store_keys.create_api_key(s, user, data.name, data.max_class,
-                                                   default_class=data.default_class)
+        key, plaintext = store_keys.create_api_key(s, user, data.name,
+                                                   new_key_class(request.user, data.max_class),
+                                                   default_class=data.default_class,
+                                                   at_most=key_scope(request.user))
         return {**key_json(key), "key": plaintext}
 
 
@@ -185,7 +220,8 @@ def create_my_key(request: Request, state: State, data: JSONBody[KeyBody]) -> di
 @threaded
 def revoke_my_key(request: Request, state: State, prefix: FromPath[str]) -> None:
     with _store(state).sessions.begin() as s:
-        store_keys.revoke_key(s, prefix, user_id=request.user.user_id)
+        store_keys.revoke_key(s, prefix, user_id=request.user.user_id,
+                              at_most=key_scope(request.user))
 
 
 # ---- conversations ----
@@ -233,6 +269,9 @@ def delete_conversation(request: Request, state: State, cid: FromPath[int]) -> N
 @post("/conversations/{cid:int}/messages", status_code=201)
 @threaded
 def add_message(request: Request, state: State, cid: FromPath[int], data: JSONBody[MessageBody]) -> dict[str, Any]:
+    if len(data.content) > convs.MAX_MESSAGE_CHARS:
+        raise bad_request(f"Messages are limited to {convs.MAX_MESSAGE_CHARS} characters.",
+                          "too_long", "content")
     with _store(state).sessions.begin() as s:
         m = convs.add_message(s, request.user.user_id, cid, data.role, data.content)
         return {"id": m.id, "role": m.role, "content": m.content, "created_at": m.created_at}

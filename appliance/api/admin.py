@@ -8,14 +8,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
 import msgspec
-from litestar import Router, delete, get, patch, post, put
+from litestar import Request, Router, delete, get, patch, post, put
 from litestar.datastructures import State
 from litestar.params import FromPath, JSONBody
 
 from appliance.api.account import key_json, usage_json
-from appliance.api.auth import admin_only
+from appliance.api.auth import admin_only, key_scope, new_key_class
 from appliance.api.db import threaded
+from appliance.api.service import decode_body
 from appliance.store import keys as store_keys
 from appliance.store import ledger, limits, users, websessions
 from appliance.store.db import Store
@@ -128,14 +130,18 @@ def _quota_dict(q: limits.QuotaLimits) -> dict[str, int | None]:
 
 
 @put("/users/{uid:int}/quota")
-@threaded
-def set_quota(state: State, uid: FromPath[int], data: JSONBody[QuotaBody]) -> dict[str, Any]:
-    for name, value in msgspec.structs.asdict(data).items():
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be >= 1 or null (unlimited)")
-    with _store(state).sessions.begin() as s:
+async def set_quota(request: Request, state: State, uid: FromPath[int],
+                    data: JSONBody[QuotaBody]) -> dict[str, Any]:
+    # Litestar converts bodies leniently ("10" -> 10, 1e12 -> 10**12): quotas are decoded
+    # again strictly, integers only, and bounded by QuotaLimits.
+    strict = decode_body(await request.body(), QuotaBody)
+    q = limits.QuotaLimits(**msgspec.structs.asdict(strict))
+    return await anyio.to_thread.run_sync(_save_quota, _store(state), uid, q)
+
+
+def _save_quota(store: Store, uid: int, q: limits.QuotaLimits) -> dict[str, Any]:
+    with store.sessions.begin() as s:
         _user(s, uid)
-        q = limits.QuotaLimits(**msgspec.structs.asdict(data))
         limits.set_quota(s, uid, q)
         return _quota_dict(q)
 
@@ -149,10 +155,13 @@ def list_all_keys(state: State) -> list[dict[str, Any]]:
 
 @post("/users/{uid:int}/keys", status_code=201)
 @threaded
-def create_key(state: State, uid: FromPath[int], data: JSONBody[NewKey]) -> dict[str, Any]:
+def create_key(request: Request, state: State, uid: FromPath[int],
+               data: JSONBody[NewKey]) -> dict[str, Any]:
+    klass = new_key_class(request.user, data.max_class)  # an admin's key: up to its class
     with _store(state).sessions.begin() as s:
-        key, plaintext = store_keys.create_api_key(s, _user(s, uid), data.name, data.max_class,
-                                                   default_class=data.default_class)
+        key, plaintext = store_keys.create_api_key(s, _user(s, uid), data.name, klass,
+                                                   default_class=data.default_class,
+                                                   at_most=key_scope(request.user))
         return {**key_json(key), "key": plaintext}
 
 

@@ -11,6 +11,8 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,7 @@ from appliance.sched.classes import Klass
 from appliance.store import keys as store_keys
 from appliance.store import websessions
 from appliance.store.db import Store
+from appliance.store.models import CLASSES
 
 SESSION_COOKIE = "appliance_session"
 API_PREFIXES = ("/v1/", "/v1", "/api/", "/hooks/")
@@ -55,15 +58,20 @@ class Principal:
         return Klass.parse(self.max_class)
 
 
-def principal_for_key(store: Store, token: str) -> Principal | None:
-    with store.sessions.begin() as s:
-        found = store_keys.authenticate_key(s, token)
+def principal_for_key(store: Store, token: str, now: float | None = None
+                      ) -> tuple[Principal, bool] | None:
+    """The key's principal, and whether its ``last_used_at`` is due for a refresh.
+    A read-only transaction: authentication never waits for (or takes) the write lock."""
+    now = time.time() if now is None else now
+    with store.read_sessions() as s:
+        found = store_keys.find_key(s, token)
         if found is None:
             return None
         user, key = found
-        return Principal(user.id, user.name, user.role,
-                         store_keys.effective_max_class(user, key), key.id,
-                         store_keys.effective_default_class(user, key))
+        return (Principal(user.id, user.name, user.role,
+                          store_keys.effective_max_class(user, key), key.id,
+                          store_keys.effective_default_class(user, key)),
+                store_keys.needs_touch(key, now))
 
 
 def principal_for_session(store: Store, token: str) -> Principal | None:
@@ -77,35 +85,62 @@ def principal_for_session(store: Store, token: str) -> Principal | None:
 class AuthMiddleware(AbstractAuthenticationMiddleware):
     async def authenticate_request(self, connection: ASGIConnection[Any, Any, Any, Any]
                                    ) -> AuthenticationResult:
-        store: Store = connection.app.state.services.store
+        services = connection.app.state.services
+        store: Store = services.store
         header = connection.headers.get("authorization", "")
         if header[:7].lower() == "bearer ":
-            principal = await anyio.to_thread.run_sync(principal_for_key, store,
-                                                       header[7:].strip())
-            if principal is None:
+            found = await anyio.to_thread.run_sync(principal_for_key, store,
+                                                   header[7:].strip())
+            if found is None:
                 raise NotAuthorizedException("Invalid or revoked API key.")
+            principal, touch = found
+            if touch and services.note_key_used is not None and principal.key_id is not None:
+                with contextlib.suppress(RuntimeError):  # the writer has closed: shutting down
+                    services.note_key_used(principal.key_id, time.time())
             return AuthenticationResult(principal, "key")
         if connection.url.path.startswith(API_PREFIXES):
             raise NotAuthorizedException(
                 "Missing API key: send 'Authorization: Bearer <key>' (create one with "
                 "'appliance key create <user>' or on your account page).")
         token = connection.cookies.get(SESSION_COOKIE)
-        principal = None
+        by_session: Principal | None = None
         if token:
-            principal = await anyio.to_thread.run_sync(principal_for_session, store, token)
-        if principal is None:
+            by_session = await anyio.to_thread.run_sync(principal_for_session, store, token)
+        if by_session is None:
             raise NotAuthorizedException("Log in first.")
-        return AuthenticationResult(principal, "session")
+        return AuthenticationResult(by_session, "session")
 
 
 class CsrfUnlessBearer(CSRFMiddleware):
-    """Litestar's CSRF check, skipped for bearer-key requests (a browser cannot forge them)."""
+    """Litestar's CSRF check, skipped only for requests that ``AuthMiddleware`` (outside this
+    one) authenticated by a valid bearer key: a browser cannot forge those. The mere presence
+    of an ``Authorization`` header proves nothing (``Basic …`` plus the session cookie is
+    still a cookie request)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and any(k == b"authorization" for k, _ in scope["headers"]):
+        if scope["type"] == "http" and scope.get("auth") == "key":
             await self.app(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
+
+
+def key_scope(principal: Principal) -> str | None:
+    """The highest class of keys this caller may create, see and revoke: a request made with
+    an API key acts only on keys up to its own class (a ``background`` key can neither mint
+    an ``interactive`` key nor list or revoke one); a browser session is not limited (its
+    user's maximum class still bounds what it creates)."""
+    return principal.max_class if principal.key_id is not None else None
+
+
+def new_key_class(principal: Principal, asked: str | None) -> str | None:
+    """The class asked for a new key, refused (403) when it outranks the calling key. Pass
+    ``at_most=key_scope(principal)`` to the store too: its default is then no higher."""
+    scope = key_scope(principal)
+    if (scope is not None and asked in CLASSES
+            and store_keys.class_rank(asked) < store_keys.class_rank(scope)):
+        raise PermissionDeniedException(
+            f"An API key of class '{scope}' cannot create a key of class '{asked}'.")
+    return asked
 
 
 def admin_only(connection: ASGIConnection[Any, Any, Any, Any], _: Any) -> None:

@@ -98,3 +98,34 @@ def store_error_handler(status: int) -> Any:
                                                                     "invalid_request_error")
         return api_error_handler(request, ApiError(status, str(exc), type_))
     return handler
+
+
+def limit_error_handler(message: str) -> Any:
+    """Inputs past what the machine can represent, wherever they are parsed: a JSON body
+    nested deeper than the decoder's recursion limit, an integer (id in a path, quota value)
+    beyond SQLite's signed 64 bits. The client's mistake: 400, never a 500."""
+    def handler(request: Request, exc: Exception) -> Response:
+        return api_error_handler(request, ApiError(400, message, "invalid_request_error",
+                                                   "out_of_range"))
+    return handler
+
+
+LIMIT_ERROR_HANDLERS: dict[int | type[Exception], Any] = {
+    RecursionError: limit_error_handler("The request is nested too deeply."),
+    OverflowError: limit_error_handler(
+        "A number in the request is out of range (integers must be below 2**63)."),
+}
+
+
+RETRY_AFTER_DB_BUSY_S = 5
+
+
+def database_error_handler(request: Request, exc: Exception) -> Response:
+    """A database locked past its busy timeout (another process holds the lock) is a
+    temporary condition: 503 with ``Retry-After``, nothing half-done. Anything else is a 500."""
+    if "locked" in str(exc) or "busy" in str(exc):
+        log.warning("database busy on %s %s", request.method, request.url.path)
+        return api_error_handler(request, ApiError(
+            503, "The database is busy. Retry later.", "overloaded", "database_busy",
+            headers={"Retry-After": str(RETRY_AFTER_DB_BUSY_S)}))
+    return internal_error_handler(request, exc)

@@ -75,6 +75,10 @@ class Services:
     """Where admins' ``/api/pull`` downloads go (``appliance model pull`` uses it too)."""
     voice_memory: VoiceMemory = field(default_factory=VoiceMemory)
     """Conversations of ``/hooks/voice`` (in memory, with a TTL)."""
+    note_key_used: Callable[[int, float], None] | None = None
+    """Where an API key's last-used time goes (the store writer); None: not recorded."""
+    jobs: Any = None
+    """The background job scheduler (``appliance.jobs.runner.JobService``), when wired."""
 
     def policy_changed(self) -> None:
         """Call after an admin changes weights, classes or quotas: the running scheduler
@@ -92,6 +96,8 @@ def decode_body(raw: bytes, kind: type[Any]) -> Any:
         raise bad_request(f"Invalid request: {exc}", "invalid_type") from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"Malformed JSON: {exc}", "invalid_json") from None
+    except RecursionError:
+        raise bad_request("The JSON is nested too deeply.", "invalid_json") from None
 
 
 def check_model(services: Services, name: str | None) -> None:

@@ -98,7 +98,7 @@ from appliance.bench.serve import (
     resolve_model,
     warm_up,
 )
-from appliance.sched.fair import DEFAULT_W_IN, DEFAULT_W_OUT
+from appliance.sched.types import DEFAULT_W_IN, DEFAULT_W_OUT
 
 HOST = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -552,6 +552,16 @@ def positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
     return parse
 
 
+def token_range(text: str) -> tuple[int, int]:
+    """'LO,HI' (or one number) as a (lo, hi) pair of positive token counts."""
+    parts = [int(p) for p in text.split(",") if p.strip()]
+    if len(parts) == 1:
+        parts *= 2
+    if len(parts) != 2 or not 0 < parts[0] <= parts[1]:
+        raise argparse.ArgumentTypeError("expected LO,HI with 0 < LO <= HI")
+    return parts[0], parts[1]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="appliance bench fairness",
@@ -605,6 +615,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: openblas when installed")
     p.add_argument("--our-cmd", default=f"{shlex.quote(sys.executable)} -m appliance serve",
                    help="command prefix of our server")
+    p.add_argument("--heavy-prompt-tokens", type=token_range, default=(600, 1000),
+                   metavar="LO,HI", help="the heavy user's document lengths (default 600,1000)")
+    p.add_argument("--heavy-output-tokens", type=token_range, default=(192, 320),
+                   metavar="LO,HI", help="the heavy user's output lengths (default 192,320)")
     p.add_argument("--request-timeout", type=positive(float), default=600.0)
     p.add_argument("--ready-timeout", type=positive(float), default=300.0)
     p.add_argument("--drain-timeout", type=positive(float), default=120.0,
@@ -668,6 +682,7 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
         request_timeout_s=args.request_timeout,
         drain_timeout_s=args.drain_timeout,
         command=command,
+        heavy=Shape(args.heavy_prompt_tokens, args.heavy_output_tokens),
     )
 
 

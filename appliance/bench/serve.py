@@ -118,6 +118,7 @@ class LevelStats:
     tpot_mean_s: float | None
     token_source: str
     first_error: str | None = None
+    itl_max_s: float | None = None
 
 
 @dataclass
@@ -170,6 +171,7 @@ def summarize_level(
         tpot_mean_s=mean(tpots),
         token_source=token_source(ok) if ok else "none",
         first_error=errors[0].error if errors else None,
+        itl_max_s=max(itls) if itls else None,
     )
 
 
@@ -210,8 +212,9 @@ def fmt_ratio(value: float | None) -> str:
 
 
 TABLE_HEADER = (
-    "| C | server | ok/req | out tok | tok/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | ITL p95 ms |",
-    "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    "| C | server | ok/req | out tok | tok/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | ITL p95 ms "
+    "| ITL max ms |",
+    "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
 )
 
 
@@ -227,6 +230,7 @@ def level_row(name: str, stats: LevelStats) -> str:
         fmt_ms(stats.ttft_p95_s),
         fmt_ms(stats.itl_p50_s),
         fmt_ms(stats.itl_p95_s),
+        fmt_ms(stats.itl_max_s),
     )
     return "| " + " | ".join(cells) + " |"
 
@@ -242,6 +246,7 @@ def ratio_row(label: str, ratio: LevelRatio) -> str:
         fmt_ratio(ratio.ttft_p95),
         "",
         fmt_ratio(ratio.itl_p95),
+        "",
     )
     return "| " + " | ".join(cells) + " |"
 
@@ -271,14 +276,15 @@ def render_report(report: Mapping[str, Any]) -> str:
         f"### Serving benchmark: {', '.join(report['servers'])} ({meta['date']})",
         "",
         f"- command: `{meta['command']}`",
-        f"- model: `{meta['model']['path']}` ({describe_model(meta['model'])})",
+        f"- model: `{relative(meta['model']['path'])}` ({describe_model(meta['model'])})",
         f"- BLAS: {meta['blas_report']}",
         f"- git commit: `{meta['git_commit']}`; mlx {meta['versions'].get('mlx', '?')}, "
         f"mlx-lm {meta['versions'].get('mlx_lm', '?')}, python {meta['versions']['python']}",
         f"- machine: {meta['machine']}; auth for ours: {meta.get('auth', 'none')}",
         f"- workload: {meta.get('rounds', 1)} round(s) × {meta['requests_per_client']} "
         "requests per client back to back, "
-        f"max_tokens {meta['max_tokens']}, temperature 0, distinct prompts; "
+        f"max_tokens {meta['max_tokens']}, prompt = a ~40-token question + "
+        f"{meta.get('prompt_words', 0)} filler words, temperature 0, distinct prompts; "
         f"max batch {meta['max_batch_size']}",
     ]
     for name, server in report["servers"].items():
@@ -309,9 +315,28 @@ def render_report(report: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def prompt_for(serial: int) -> str:
-    """The distinct prompt of the `serial`-th request of a run."""
-    return f"(Question {serial}) {QUESTIONS[serial % len(QUESTIONS)]}"
+def relative(path: str | Path) -> str:
+    """A path as the report shows it: relative to the working directory (no machine paths)."""
+    text = str(path)
+    try:
+        return os.path.relpath(text)
+    except ValueError:
+        return text
+
+
+def display_command(argv: Sequence[str]) -> str:
+    """A command line as the report shows it: absolute paths made relative."""
+    return shlex.join(relative(a) if os.path.isabs(a) else a for a in argv)
+
+
+def prompt_for(serial: int, words: int = 0) -> str:
+    """The distinct prompt of the `serial`-th request of a run; with ``words``, the question
+    is followed by that many filler words (a longer prompt of a stated length)."""
+    text = f"(Question {serial}) {QUESTIONS[serial % len(QUESTIONS)]}"
+    if words > 0:
+        filler = QUESTIONS[(serial + 1) % len(QUESTIONS)].split()
+        text += " Context: " + " ".join(filler[i % len(filler)] for i in range(words))
+    return text
 
 
 @dataclass
@@ -322,6 +347,8 @@ class Workload:
     include_usage: bool
     warmup: bool
     request_timeout_s: float
+    prompt_words: int = 0
+    """Filler words after each question (0: the question alone, about 40 tokens)."""
 
 
 @dataclass
@@ -362,7 +389,8 @@ async def client_loop(
     timings = []
     for index, serial in enumerate(serials):
         payload = chat_payload(
-            target, prompt_for(serial), workload.max_tokens, workload.include_usage
+            target, prompt_for(serial, workload.prompt_words), workload.max_tokens,
+            workload.include_usage
         )
         timings.append(
             await stream_chat(
@@ -495,7 +523,7 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def provision_api_key(cfg: Config) -> tuple[str, Path]:
+def provision_api_key(cfg: Config, max_class: str = "interactive") -> tuple[str, Path]:
     """A fresh data directory for our server with one `bench` user and its API key.
 
     Runs `appliance migrate`, `appliance user add bench` and `appliance key create bench`
@@ -507,7 +535,8 @@ def provision_api_key(cfg: Config) -> tuple[str, Path]:
     env.update(cfg.our_env)
     env[DATA_DIR_ENV] = str(data_dir)
     admin = [sys.executable, "-m", "appliance"]
-    steps = (["migrate"], ["user", "add", "bench"], ["key", "create", "bench", "--name", "bench"])
+    steps = (["migrate"], ["user", "add", "bench", "--max-class", max_class],
+             ["key", "create", "bench", "--name", "bench"])
     out = ""
     for step in steps:
         proc = subprocess.run(
@@ -530,12 +559,12 @@ def provision_api_key(cfg: Config) -> tuple[str, Path]:
     return key, data_dir
 
 
-def apply_provisioning(cfg: Config) -> None:
+def apply_provisioning(cfg: Config, max_class: str = "interactive") -> None:
     """Give our server a throwaway data dir and key when the user did not bring their own."""
     if not needs_provisioning(cfg):
         return
     try:
-        key, data_dir = provision_api_key(cfg)
+        key, data_dir = provision_api_key(cfg, max_class)
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         print(
             f"[bench] could not provision an API key for ours ({exc}); pass --api-key "
@@ -545,7 +574,7 @@ def apply_provisioning(cfg: Config) -> None:
         )
         return
     cfg.api_key = key
-    cfg.auth = f"a throwaway 'bench' user and API key in {data_dir}"
+    cfg.auth = f"a throwaway 'bench' user and API key in {relative(data_dir)}"
     cfg.our_env[DATA_DIR_ENV] = str(data_dir)
     print(f"[bench] ours: bench user and API key in {data_dir}", file=sys.stderr, flush=True)
 
@@ -605,8 +634,8 @@ async def bench_one_server(
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     info: dict[str, Any] = {
         "round": round_index + 1,
-        "command": shlex.join(server.argv),
-        "log": str(server.log_path),
+        "command": display_command(server.argv),
+        "log": relative(server.log_path),
         "env_overrides": {k: v for k, v in sorted(server.env.items()) if os.environ.get(k) != v},
         "error": None,
     }
@@ -733,10 +762,11 @@ def build_report(
         "blas_report": blas_report(cfg.blas, servers),
         "git_commit": git_commit(REPO_ROOT),
         "versions": package_versions(),
-        "machine": f"{platform.system()} {platform.machine()}, {_cpu_count()} CPUs",
+        "machine": machine_description(),
         "concurrency": cfg.workload.concurrency,
         "requests_per_client": cfg.workload.requests_per_client,
         "max_tokens": cfg.workload.max_tokens,
+        "prompt_words": cfg.workload.prompt_words,
         "max_batch_size": cfg.max_batch_size,
         "rounds": cfg.rounds,
         "auth": cfg.auth,
@@ -746,6 +776,10 @@ def build_report(
         "duration_s": round((dt.datetime.now(dt.UTC) - started).total_seconds(), 1),
     }
     return {"meta": meta, "servers": servers, "ratios": [asdict(r) for r in ratios]}
+
+
+def machine_description() -> str:
+    return f"{platform.system()} {platform.machine()}, {_cpu_count()} CPUs"
 
 
 def _cpu_count() -> int:
@@ -817,6 +851,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-tokens", type=int, default=64, help="max_tokens per request (default: 64)"
+    )
+    p.add_argument(
+        "--prompt-words", type=int, default=0,
+        help="filler words appended to each question, for longer prompts (default: 0)",
     )
     p.add_argument(
         "--max-batch-size",
@@ -896,7 +934,7 @@ def resolve_model(model: Path | None) -> Path:
         return model.resolve()
     if (DEFAULT_MODEL_DIR / "config.json").exists():
         return DEFAULT_MODEL_DIR.resolve()
-    from appliance.engine.demo_model import build_model
+    from appliance.demo.build import build_model
 
     print(
         f"[bench] building {DEFAULT_MODEL_SHAPE} into {DEFAULT_MODEL_DIR} (once)...",
@@ -929,6 +967,7 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
             include_usage=not args.no_usage,
             warmup=not args.no_warmup,
             request_timeout_s=args.request_timeout,
+            prompt_words=args.prompt_words,
         ),
         max_batch_size=args.max_batch_size or max(args.concurrency),
         blas=blas,

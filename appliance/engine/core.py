@@ -16,10 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from appliance.engine.request import (
     Event,
+    FaultHook,
     Finished,
     FinishEvent,
     GenerationRequest,
@@ -27,17 +28,14 @@ from appliance.engine.request import (
     Usage,
 )
 from appliance.engine.snapshot import EngineSnapshot
-from appliance.sched.scheduler import Scheduler, SchedulerConfig
+from appliance.sched.scheduler import Scheduler
+from appliance.sched.types import SchedulerConfig
 from appliance.sched.usage import RollingUsage
 
 if TYPE_CHECKING:
     from appliance.engine.runner import Runner
 
 log = logging.getLogger(__name__)
-
-FaultHook = Callable[[GenerationRequest, str], None]
-"""Test hook: called with (request, phase) before that request's prefill or decode; may raise."""
-
 
 class EngineBusy(RuntimeError):
     """The queue is full (HTTP 503)."""
@@ -85,8 +83,10 @@ class Engine:
     def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
                  fault: FaultHook | None = None,
                  on_finish: Callable[[Finished], None] | None = None,
-                 on_counters: Callable[[dict[str, float]], None] | None = None) -> None:
+                 on_counters: Callable[[dict[str, float]], None] | None = None,
+                 meter: Callable[[str, int, int, int, float], float] | None = None) -> None:
         self.config = config
+        self._meter = meter
         self._on_finish = on_finish
         self._on_counters = on_counters
         self._clock = clock
@@ -143,6 +143,13 @@ class Engine:
                 return True
             time.sleep(0.05)
         return False
+
+    def tick_log(self) -> list[Any]:
+        """Recent ticks as the engine timed them (``runner.TickRecord``: target, prediction,
+        measurement, decode rows, prefill tokens), oldest first. For tests and debugging;
+        read it while the engine is idle."""
+        runner = getattr(self, "_runner", None)
+        return [] if runner is None else list(runner.tick_log)
 
     def cancel_all(self) -> None:
         self._cancel_all = True
@@ -261,7 +268,8 @@ class Engine:
             runner = Runner(self.loaded, Scheduler(sched), self._clock, self._fault,
                             self._on_finish, usage=self.usage, on_done=self._done,
                             on_counters=self._on_counters,
-                            prompt_cache_entries=self.config.prompt_cache_entries)
+                            prompt_cache_entries=self.config.prompt_cache_entries,
+                            meter=self._meter)
         except BaseException as exc:  # reported to start()'s caller
             self._load_error = exc
             self._ready.set()

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import threading
 
-from appliance.engine.core import FaultHook
-from appliance.engine.request import GenerationRequest
+from appliance.engine.request import FaultHook, GenerationRequest
 
 ENV = "APPLIANCE_TEST_FAULT"
 PHASES = ("intake", "prefill", "decode", "batch", "token", "finish")

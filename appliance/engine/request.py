@@ -134,6 +134,9 @@ class FinishEvent:
 
 Event = TokenEvent | FinishEvent
 
+FaultHook = Callable[[GenerationRequest, str], None]
+"""Test hook: called with (request, phase) before that request's prefill or decode; may raise."""
+
 
 @dataclass(frozen=True, slots=True)
 class Finished:

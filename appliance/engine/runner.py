@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,11 +18,11 @@ from appliance.engine.batch import (
     prefill,
     prefill_batch,
 )
-from appliance.engine.core import FaultHook
 from appliance.engine.grammar import GrammarRow, ll_tokenizer
 from appliance.engine.model import LoadedModel
 from appliance.engine.prompt_cache import PromptCache
 from appliance.engine.request import (
+    FaultHook,
     Finished,
     FinishEvent,
     GenerationRequest,
@@ -32,9 +33,11 @@ from appliance.engine.request import (
 from appliance.engine.sampling import RowSampler, sample_batch
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
+from appliance.sched.cost import CostModel
 from appliance.sched.memory import held, reservation
-from appliance.sched.scheduler import Plan, Scheduler, SeqView
+from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import RequestState, check_transition, finish_state
+from appliance.sched.types import Plan, SeqView
 from appliance.sched.usage import RollingUsage
 
 log = logging.getLogger(__name__)
@@ -42,7 +45,27 @@ log = logging.getLogger(__name__)
 BACKEND_ERROR = "inference backend error"
 TOO_LARGE = "the request cannot fit in the KV cache budget"
 COUNTERS_EVERY_S = 2.0
-"""How often the fairness counters are handed to the store writer."""
+"""How often the fairness counters are handed to the store writer while busy (and once
+more when the engine goes idle, so an idle daemon has its latest counters on disk)."""
+TICK_LOG = 2048
+"""Recent ticks kept for tests and the debug log (target, prediction, measurement)."""
+
+Meter = Callable[[str, int, int, int, float], float]
+"""Test hook: (``decode``|``prefill``, rows, tokens per row, KV offset, measured seconds)
+-> the seconds the engine books for that forward (and fits its cost model to)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TickRecord:
+    """One tick as the engine timed it, in seconds of its own timer."""
+
+    target_s: float | None
+    """The tick's time budget (None: prefill sized in tokens)."""
+    predicted_s: float
+    """The cost model's prediction for the work the plan gave the tick."""
+    measured_s: float
+    decode_rows: int
+    prefill_tokens: int
 
 
 @dataclass(slots=True, eq=False)
@@ -95,7 +118,8 @@ class Runner:
                  usage: RollingUsage | None = None,
                  on_done: Callable[[RequestHandle], None] | None = None,
                  on_counters: Callable[[dict[str, float]], None] | None = None,
-                 prompt_cache_entries: int = 0) -> None:
+                 prompt_cache_entries: int = 0, timer: Callable[[], float] = time.perf_counter,
+                 meter: Meter | None = None) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.scheduler = scheduler
@@ -108,11 +132,22 @@ class Runner:
         self._served: dict[str, list[int]] = {}
         self.prompt_cache = PromptCache(prompt_cache_entries) if prompt_cache_entries else None
         self._counters_at = 0.0
+        self._counters_dirty = False
         self.vocab_size = int(loaded.config.get("vocab_size") or 0) or 1 << 30
         self.eos = loaded.eos_token_ids
         self.seqs: dict[int, Seq] = {}
         self.batch = DecodeBatch(self.model)
+        self._joining: list[tuple[list[int], list[Any], list[int] | None]] = []
+        """Rows prefilled this tick, merged into the batch after its decode step."""
         self._plain_kv = plain_kv(self.model)
+        self.costs = CostModel()
+        """Prefill and decode time, fitted from this engine's own forwards."""
+        self.timer = timer
+        self.meter = meter
+        self.tick_log: deque[TickRecord] = deque(maxlen=TICK_LOG)
+        self._tick_s = 0.0
+        self._tick_predicted = 0.0
+        self._tick_rows = 0
         self._left_queue = 0
         self.completed = 0
         self.ticks = 0
@@ -183,25 +218,63 @@ class Runner:
 
     # ---- the tick ----
     def tick(self) -> bool:
+        """One tick. Prefill runs before the decode step so a prompt read to its end this
+        tick shows its first token without waiting for the step; its row joins the batch
+        after the step (the tick costs what the plan was sized for)."""
         self._reap_cancelled()
         if not self.seqs:
+            if self._counters_dirty:  # gone idle: persist the last tick's counters now
+                self.flush_counters()
             return False
         now = self.clock()
         cached = self.prompt_cache.nbytes if self.prompt_cache else 0
         plan = self.scheduler.step(now, self._views(),
-                                   cache_tokens=cached // self.loaded.kv_bytes_per_token)
+                                   cache_tokens=cached // self.loaded.kv_bytes_per_token,
+                                   costs=self.costs)
         self._served = {}
+        self._tick_s = 0.0
+        self._tick_predicted = 0.0
+        self._tick_rows = 0
         self._apply(plan, now)
-        decoded = self._decode()
         self._prefill(plan)
+        decoded = self._decode()
+        self._join()
         self._enforce_quotas()
         served = {u: (p, o) for u, (p, o) in self._served.items()}
         self.scheduler.update(plan, self._views(), decoded, served)
         self.ticks += 1
+        self._counters_dirty = True
+        budget = self.scheduler.budget
+        self.tick_log.append(TickRecord(
+            target_s=None if budget is None else budget.target_s,
+            predicted_s=self._tick_predicted, measured_s=self._tick_s,
+            decode_rows=self._tick_rows,
+            prefill_tokens=sum(n for _, n in plan.prefill)))
         if now - self._counters_at >= COUNTERS_EVERY_S:
             self.flush_counters()
             self._counters_at = now
         return True
+
+    def _timed(self, kind: str, rows: int, tokens: int, offset: int, start: float) -> None:
+        """Book one forward's time (the meter may replace it) and fit the cost model."""
+        seconds = self.timer() - start
+        if self.meter is not None:
+            seconds = self.meter(kind, rows, tokens, offset, seconds)
+        self._tick_s += seconds
+        if kind == "decode":
+            self._tick_predicted += self.costs.decode(rows, offset)
+            self.costs.observe_decode(rows, offset, seconds)
+        else:
+            self._tick_predicted += self.costs.prefill_rows(rows, tokens, offset)
+            self.costs.observe_prefill(rows, tokens, offset, seconds)
+
+    def _join(self) -> None:
+        for rids, cache, keep in self._joining:
+            if keep is None:
+                self.batch.add(rids[0], cache)
+            else:
+                self.batch.add_rows(rids, cache, keep)
+        self._joining = []
 
     def _views(self) -> list[SeqView]:
         padded = self.batch.padded_len
@@ -228,6 +301,7 @@ class Runner:
             self._finish(s, "quota")
 
     def flush_counters(self) -> None:
+        self._counters_dirty = False
         if self.on_counters is not None:
             self.on_counters(self.scheduler.counters.snapshot())
 
@@ -259,6 +333,7 @@ class Runner:
         if not len(self.batch):
             return False
         rows = [self.seqs[rid] for rid in self.batch.rids]
+        self._tick_rows = len(rows)
         failed: dict[int, str] = {}
         for s in rows:
             try:
@@ -266,6 +341,8 @@ class Runner:
                     self.fault(s.handle.request, "decode")
             except Exception as exc:
                 failed[s.rid] = repr(exc)
+        start = self.timer()
+        kv_len = self.batch.padded_len + 1
         try:
             if self.fault:
                 for s in rows:
@@ -274,6 +351,7 @@ class Runner:
             tokens = sample_batch(logits, [s.sampler for s in rows], [s.tokens for s in rows],
                                   on_row_error=lambda i, e: failed.setdefault(rows[i].rid,
                                                                               repr(e)))
+            self._timed("decode", len(rows), 1, kv_len, start)
         except Exception:
             log.exception("batched decode step failed; retrying its %d rows alone", len(rows))
             tokens = self._decode_alone(rows, failed)
@@ -342,12 +420,14 @@ class Runner:
     def _prefill_one(self, s: Seq, n: int) -> None:
         assert s.cache is not None
         last = s.computed + n == len(s.tokens)
+        start = self.timer()
         try:
             if self.fault:
                 self.fault(s.handle.request, "prefill")
             logits = prefill(self.model, s.cache, s.tokens[s.computed:s.computed + n], last)
             token = (sample_batch(logits, [s.sampler], [s.tokens])[0]
                      if logits is not None else None)
+            self._timed("prefill", 1, n, s.computed, start)
         except Exception as exc:
             self._fail(s, "prefill", exc)
             return
@@ -358,16 +438,18 @@ class Runner:
             return
         if token is not None and s.state is RequestState.PREFILLING:
             s.move(RequestState.DECODING)
-            self.batch.add(s.rid, s.cache)
+            self._joining.append(([s.rid], s.cache, None))
             s.cache = None
 
     def _prefill_together(self, seqs: list[Seq]) -> None:
+        start = self.timer()
         try:
             if self.fault:
                 for s in seqs:
                     self.fault(s.handle.request, "prefill")
             cache, logits = prefill_batch(self.model, [s.tokens for s in seqs])
             tokens = sample_batch(logits, [s.sampler for s in seqs], [s.tokens for s in seqs])
+            self._timed("prefill", len(seqs), max(len(s.tokens) for s in seqs), 0, start)
         except Exception:  # find the culprit: each one alone
             log.warning("batched prefill of %d prompts failed; reading them one by one",
                         len(seqs))
@@ -386,7 +468,7 @@ class Runner:
                 s.move(RequestState.DECODING)
                 keep.append(i)
         if keep:
-            self.batch.add_rows([seqs[i].rid for i in keep], cache, keep)
+            self._joining.append(([seqs[i].rid for i in keep], cache, keep))
 
     def _prefilled(self, s: Seq, n: int, token: int | None) -> None:
         """Book a prefill chunk; with the prompt's first token, accept it (which may finish)."""
@@ -542,6 +624,7 @@ class Runner:
     def fail_everything(self) -> None:
         """After a tick failed where no single request was to blame: end every request in
         flight with an error, start from an empty batch, keep serving."""
+        self._joining = []  # rows of the failed tick that had not joined the batch yet
         for s in list(self.seqs.values()):
             self._finish(s, "error", error=BACKEND_ERROR)
         self.batch = DecodeBatch(self.model)
@@ -565,6 +648,9 @@ class Runner:
                             generated=s.generated, max_tokens=s.max_tokens,
                             waited_s=now - s.arrival)
             (waiting if s.state is RequestState.QUEUED else slots).append(info)
+        if len(waiting) > 1:  # in the order the scheduler will admit them
+            rank = {rid: i for i, rid in enumerate(self.scheduler.queue_order(now, self._views()))}
+            waiting.sort(key=lambda q: rank.get(q.rid, len(rank)))
         kv = self.batch.nbytes + sum(cache_nbytes(s.cache) for s in self.seqs.values())
         pc = self.prompt_cache
         return EngineSnapshot(

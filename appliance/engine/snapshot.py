@@ -31,6 +31,7 @@ class EngineSnapshot:
     completed: int
     slots: tuple[SlotInfo, ...]
     queue: tuple[SlotInfo, ...]
+    """Queued requests in the order the scheduler will admit them, next first."""
     kv_bytes: int
     ticks: int
     prompt_tokens_total: int
@@ -50,6 +51,11 @@ class EngineSnapshot:
     @property
     def prompt_cache_bytes(self) -> int:
         return int(self.prompt_cache["bytes"]) if self.prompt_cache else 0
+
+    def ahead_of(self, rid: int) -> int | None:
+        """How many queued requests the scheduler will admit before ``rid``; None when
+        ``rid`` is not queued (running, finished, or not seen yet)."""
+        return next((i for i, q in enumerate(self.queue) if q.rid == rid), None)
 
     @classmethod
     def empty(cls) -> EngineSnapshot:

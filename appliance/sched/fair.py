@@ -13,22 +13,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from appliance.sched.classes import Klass
 from appliance.sched.states import RequestState
-
-if TYPE_CHECKING:
-    from appliance.sched.scheduler import SeqView
-
-DEFAULT_W_IN = 1.0
-DEFAULT_W_OUT = 2.0
-DEFAULT_AGING_SECONDS = 30.0
-WEIGHT_MIN = 0.01
-WEIGHT_MAX = 100.0
-"""A user's weight lies in [WEIGHT_MIN, WEIGHT_MAX]: the store refuses others, and the
-counters clamp whatever reaches them, so a charge is at most ``100 * (w_in + w_out)`` per
-token and a counter stays finite."""
+from appliance.sched.types import DEFAULT_AGING_SECONDS, DEFAULT_W_IN, DEFAULT_W_OUT, SeqView
+from appliance.vocab import WEIGHT_MAX, WEIGHT_MIN
 
 
 def effective_class(klass: Klass, waited: float, aging_seconds: float) -> Klass:
@@ -185,19 +174,3 @@ class FairPolicy:
 
     def _cost(self, s: SeqView) -> float:
         return self.vtc.w_in * max(s.remaining, 0) / self.vtc.weight(s.user)
-
-    # The counter state, for callers holding only the policy.
-    def charge(self, user: str, prefill_tokens: int, output_tokens: int) -> float:
-        return self.vtc.charge(user, prefill_tokens, output_tokens)
-
-    def set_weight(self, user: str, weight: float) -> None:
-        self.vtc.set_weight(user, weight)
-
-    def observe(self, backlogged: Iterable[str]) -> None:
-        self.vtc.observe(backlogged)
-
-    def counters(self) -> dict[str, float]:
-        return self.vtc.snapshot()
-
-    def restore(self, values: Mapping[str, float]) -> None:
-        self.vtc.restore(values)

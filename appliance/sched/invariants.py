@@ -13,13 +13,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from appliance.sched.memory import KvBudget, chunk_growth, held, reservation
+from appliance.sched.memory import chunk_growth, held, reservation
 from appliance.sched.states import RequestState
-
-if TYPE_CHECKING:
-    from appliance.sched.scheduler import Plan, SchedulerConfig, SeqView
+from appliance.sched.types import KvBudget, Plan, SchedulerConfig, SeqView
 
 
 def check_plan(config: SchedulerConfig, plan: Plan, seqs: Sequence[SeqView],

@@ -18,30 +18,11 @@ Two admission modes, chosen by ``--enable-preemption``:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from appliance.sched.fair import VirtualCounters, effective_class
 from appliance.sched.states import RequestState
-
-if TYPE_CHECKING:
-    from appliance.sched.scheduler import SeqView
-
-PREEMPTION_POLICIES: tuple[str, ...] = ("fair", "longest-first", "lowest-priority")
-
-
-@dataclass(frozen=True, slots=True)
-class KvBudget:
-    tokens: int
-    watermark: float = 0.01
-
-    def limit(self, decoding: bool) -> int:
-        """Admission limit: the watermark stays free while a decode batch runs."""
-        if not decoding:
-            return self.tokens
-        return self.tokens - math.ceil(self.tokens * self.watermark)
+from appliance.sched.types import SeqView
 
 
 def held(s: SeqView) -> int:

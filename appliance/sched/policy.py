@@ -8,12 +8,10 @@ arrival).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from appliance.sched.fair import DEFAULT_AGING_SECONDS, FairPolicy, VirtualCounters
-
-if TYPE_CHECKING:
-    from appliance.sched.scheduler import SeqView
+from appliance.sched.fair import FairPolicy, VirtualCounters
+from appliance.sched.types import DEFAULT_AGING_SECONDS, POLICY_NAMES, SeqView
 
 
 class QueuePolicy(Protocol):
@@ -43,6 +41,7 @@ class FcfsPolicy:
 
 
 POLICIES: dict[str, type] = {"fair": FairPolicy, "fcfs": FcfsPolicy}
+assert tuple(POLICIES) == POLICY_NAMES
 
 
 def make_policy(name: str, counters: VirtualCounters | None = None,

@@ -13,147 +13,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from appliance.sched.classes import Klass
-from appliance.sched.fair import (
-    DEFAULT_AGING_SECONDS,
-    DEFAULT_W_IN,
-    DEFAULT_W_OUT,
-    VirtualCounters,
+from appliance.sched.cost import (
+    CostModel,
+    PrefillAllowance,
+    TickBudget,
+    tick_budget,
 )
+from appliance.sched.fair import VirtualCounters
 from appliance.sched.invariants import check_plan
-from appliance.sched.memory import (
-    PREEMPTION_POLICIES,
-    KvBudget,
-    chunk_growth,
-    held,
-    reservation,
-    victim_order,
-)
-from appliance.sched.policy import POLICIES, QueuePolicy, make_policy
+from appliance.sched.memory import chunk_growth, held, reservation, victim_order
+from appliance.sched.policy import QueuePolicy, make_policy
 from appliance.sched.states import RequestState
-
-CHUNK_IDLE = 2048
-CHUNK_BUSY = 512
-
-Chunks = tuple[tuple[int, int], ...]
-
-
-@dataclass(slots=True)
-class SeqView:
-    """The scheduler's view of one request (the engine owns the request itself)."""
-
-    rid: int
-    user: str
-    klass: Klass
-    arrival: float
-    state: RequestState
-    prefill_len: int = 0
-    """Tokens whose KV must exist before decoding (prompt, plus kept output after preemption)."""
-    computed: int = 0
-    """Tokens of ``prefill_len`` whose KV is already computed."""
-    kv_tokens: int | None = None
-    """KV tokens this request holds now as the engine measures them (padding included).
-    None: estimated as ``computed`` while prefilling and ``prefill_len`` while decoding."""
-    max_tokens: int | None = None
-    """Most output tokens the request may produce in all; None: unknown (admission then
-    reserves only prompt + 1 even with preemption off)."""
-    generated: int = 0
-    """Output tokens produced so far (kept across preemption, and counted in ``prefill_len``
-    once it is re-prefilled)."""
-
-    @property
-    def remaining(self) -> int:
-        return self.prefill_len - self.computed
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    max_batch_size: int = 8
-    prefill_chunk_size: int = -1
-    """-1: CHUNK_IDLE while nothing decodes, CHUNK_BUSY while decoding; N fixes both; 0: off."""
-    prefill_grant_interval: int = 16
-    policy: str = "fair"
-    """Queue order: ``fair`` (class with aging, then virtual token counter) or ``fcfs``."""
-    w_in: float = DEFAULT_W_IN
-    """Counter cost of one computed prefill token."""
-    w_out: float = DEFAULT_W_OUT
-    """Counter cost of one output token."""
-    aging_seconds: float = DEFAULT_AGING_SECONDS
-    """A waiting request rises one class per this many seconds (fair policy); 0: no aging."""
-    background_reserve: int = 1
-    """Batch slots kept for background work (fair policy): while a background request is
-    queued and fewer than this many background requests run, background takes the next free
-    slots before any other class. Never more than ``max_batch_size - 1`` (so a batch of 1
-    has none). fcfs keeps strict class order, with neither aging nor reserve."""
-    kv_budget_tokens: int | None = None
-    """KV budget in tokens (``--kv-cache-budget`` bytes / KV bytes per token); None: none."""
-    kv_admission_watermark: float = 0.01
-    """Share of the KV budget admission leaves free while a decode batch runs."""
-    enable_preemption: bool = False
-    """Admit on prompt + first token and preempt when memory runs out (else: reserve each
-    request's worst case, prompt + max_tokens, and never preempt)."""
-    preemption_policy: str = "fair"
-    """Victim order: ``fair`` (lowest effective class, then highest counter),
-    ``longest-first`` or ``lowest-priority``."""
-    class_preemption: bool = True
-    """When every slot is taken and a request of a higher class waits, one running request
-    of a lower class yields its slot (its KV is kept in the prompt cache, so it resumes
-    without recomputing). Independent of ``enable_preemption``, which is about memory."""
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError("max_batch_size must be >= 1")
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown scheduling policy {self.policy!r}")
-        if self.preemption_policy not in PREEMPTION_POLICIES:
-            raise ValueError(f"unknown preemption policy {self.preemption_policy!r}; use "
-                             f"{', '.join(PREEMPTION_POLICIES)}")
-        if self.aging_seconds < 0 or self.background_reserve < 0:
-            raise ValueError("aging_seconds and background_reserve must be >= 0")
-        if self.kv_budget_tokens is not None and self.kv_budget_tokens < 1:
-            raise ValueError("kv_budget_tokens must be >= 1 (or None for no budget)")
-        if not 0 <= self.kv_admission_watermark < 1:
-            raise ValueError("kv_admission_watermark must be in [0, 1)")
-
-    def chunk(self, decoding: bool) -> int | None:
-        """Prefill tokens allowed this tick; None means unlimited (chunking off)."""
-        if self.prefill_chunk_size == 0:
-            return None
-        if self.prefill_chunk_size > 0:
-            return self.prefill_chunk_size
-        return CHUNK_BUSY if decoding else CHUNK_IDLE
-
-    @property
-    def reserved_background_slots(self) -> int:
-        if self.policy != "fair":
-            return 0
-        return min(self.background_reserve, self.max_batch_size - 1)
-
-    @property
-    def budget(self) -> KvBudget | None:
-        if self.kv_budget_tokens is None:
-            return None
-        return KvBudget(self.kv_budget_tokens, self.kv_admission_watermark)
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    admit: tuple[int, ...] = ()
-    preempt: tuple[int, ...] = ()
-    prefill: Chunks = ()
-    """(rid, tokens) prefill chunks to run this tick, in order."""
-    reject: tuple[int, ...] = ()
-    """Queued requests that cannot fit the KV budget even alone: the engine finishes them
-    (``length`` when they already produced output, else ``error``)."""
-    evict_tokens: int = 0
-    """Cold prompt-cache tokens the engine frees before running this tick."""
-    keep_kv: tuple[int, ...] = ()
-    """Preempted requests that yield a slot to a higher class (not to free memory): the
-    engine keeps their KV in the prompt cache so they resume without recomputing."""
-
-    @property
-    def empty(self) -> bool:
-        return not (self.admit or self.preempt or self.prefill or self.reject
-                    or self.evict_tokens)
+from appliance.sched.types import (
+    Chunks,
+    Plan,
+    SchedulerConfig,
+    SeqView,
+)
 
 
 def _backlogged(seqs: Iterable[SeqView]) -> set[str]:
@@ -174,13 +50,19 @@ class Scheduler:
     and ``fair`` preemption reads them)."""
     _parked_ticks: dict[int, int] = field(default_factory=dict)
     _stepped: dict[int, SeqView] = field(default_factory=dict)
+    _costs: CostModel | None = None
+    budget: TickBudget | None = None
+    """The time budget of the last planned tick (None when prefill is sized in tokens)."""
 
     def __post_init__(self) -> None:
         self.counters = VirtualCounters(w_in=self.config.w_in, w_out=self.config.w_out)
         self.policy = make_policy(self.config.policy, self.counters, self.config.aging_seconds)
 
-    def step(self, now: float, seqs: Sequence[SeqView], cache_tokens: int = 0) -> Plan:
+    def step(self, now: float, seqs: Sequence[SeqView], cache_tokens: int = 0,
+             costs: CostModel | None = None) -> Plan:
         """Plan one tick. ``cache_tokens``: KV tokens held by cold prompt-cache entries.
+        ``costs``: the engine's cost model, fitted from its measured ticks (None: prefill
+        is sized in tokens, not time).
 
         The rule:
         0. Counters: a user who just became backlogged (queued or running) is lifted,
@@ -201,17 +83,23 @@ class Scheduler:
            Admission stops at the first request whose KV reservation (memory.py) does not
            fit under the budget, less the watermark while a decode batch runs: nothing
            overtakes it for being smaller.
-        3. Prefill budget: one chunk of tokens per tick (2048 with no decode batch running,
-           512 with one, or the fixed ``prefill_chunk_size``), shared by prefilling
-           requests in policy order; a prompt shorter than the budget leaves the rest to
-           the next one, so several short prompts are read in one tick. A tick in which a
-           prompt is read to its end carries no partial chunk of a prompt behind it in
-           that order: a short chat's first token never waits on someone's long document.
+        3. Prefill budget, in time (Sarathi-Serve's stall-free batching): the tick may last
+           the ITL objective while a batch decodes (default 3x the predicted decode step),
+           and never more than half the TTFT objective, decoding or not (an arrival waits
+           for at most the tick in flight). What the predicted decode step leaves goes to
+           prefill chunks in policy order, each as large as the time left allows (and no
+           larger than the chunk with the lowest time per token), at least ``min_chunk``
+           for the first; several short prompts fit one tick. With a fixed
+           ``prefill_chunk_size`` (or no cost model) the budget is that many tokens
+           instead (2048 idle, 512 decoding without a model). A tick in which a prompt is
+           read to its end carries no partial chunk of a prompt behind it in that order:
+           a short chat's first token never waits on someone's long document.
         4. Parking: a prefill of a lower class than some decoding request waits, so a
            background document never stalls a voice answer; it still gets one chunk at
            least every ``prefill_grant_interval`` decode ticks.
         """
         self._stepped = {s.rid: s for s in seqs}
+        self._costs = costs if self.config.prefill_chunk_size == -1 else None
         self.counters.observe(_backlogged(seqs))
         running = [s for s in seqs if s.state.running]
         reject = self._hopeless([s for s in seqs if s.state is RequestState.QUEUED])
@@ -229,8 +117,19 @@ class Scheduler:
         plan = Plan(admit=tuple(s.rid for s in admitted), preempt=victims + yielded,
                     prefill=chunks, reject=tuple(sorted(reject)), evict_tokens=evict + more,
                     keep_kv=yielded)
-        check_plan(self.config, plan, seqs, cache_tokens)
+        if self.config.check_invariants:
+            check_plan(self.config, plan, seqs, cache_tokens)
         return plan
+
+    def queue_order(self, now: float, seqs: Sequence[SeqView]) -> list[int]:
+        """The queued requests' ids in the order admission would take them now (step 2's
+        order, background reserve included). A pure read, for showing a person how many
+        requests are ahead of theirs."""
+        queued = [s for s in seqs if s.state is RequestState.QUEUED]
+        if not queued:
+            return []
+        running = [s for s in seqs if s.state.running]
+        return [s.rid for s in self._admission_order(now, queued, running)]
 
     # ---- 1. memory ----
     def _hopeless(self, queued: list[SeqView]) -> set[int]:
@@ -347,9 +246,22 @@ class Scheduler:
         return first + [s for s in ordered if s.rid not in ids]
 
     # ---- 3./4. prefill chunks and parking ----
+    def _allowance(self, decoding: list[SeqView]) -> PrefillAllowance:
+        """This tick's prefill share: seconds from the cost model, or fixed tokens."""
+        costs = self._costs
+        if costs is None:
+            self.budget = None
+            return PrefillAllowance(self.config.chunk(decoding=bool(decoding)))
+        kv_len = max((held(s) for s in decoding), default=0)
+        self.budget = tick_budget(costs, self.config.objectives, len(decoding), kv_len)
+        return PrefillAllowance(costs=costs, budget=self.budget,
+                                min_chunk=self.config.objectives.min_chunk)
+
     def _prefill_plan(self, now: float, prefilling: list[SeqView],
                       decoding: list[SeqView]) -> Chunks:
-        budget = self.config.chunk(decoding=bool(decoding))
+        if not prefilling:
+            self.budget = None
+            return ()
         top_decoding = max((s.klass for s in decoding), default=None)
         due: list[SeqView] = []
         ready: list[SeqView] = []
@@ -362,37 +274,35 @@ class Scheduler:
             else:
                 ready.append(s)
         chunks: list[tuple[int, int]] = []
-        left = budget  # None: unlimited
+        allowance = self._allowance(decoding)
         for s in due:  # a due grant always gets one full chunk, budget or not
-            n = s.remaining if budget is None else min(s.remaining, budget)
+            n = allowance.size(s.remaining, s.computed, grant=True)
             chunks.append((s.rid, n))
-            if left is not None:
-                left = max(left - n, 0)
+            allowance.spend(s.remaining, s.computed, n)
         finishing = False
         for s in ready:
-            if left is not None and left <= 0:
+            if allowance.exhausted():
                 break
-            n = s.remaining if left is None else min(s.remaining, left)
+            n = allowance.size(s.remaining, s.computed)
+            if n <= 0:
+                break
             if finishing and n < s.remaining:
                 continue  # a partial chunk here would only delay the first token(s) above
             chunks.append((s.rid, n))
+            allowance.spend(s.remaining, s.computed, n)
             finishing = finishing or n == s.remaining
-            if left is not None:
-                left -= n
         return tuple(chunks)
 
     # ---- after the tick ----
     def update(self, plan: Plan, seqs: Sequence[SeqView], decoded: bool,
-               served: Mapping[str, tuple[int, int]] | None = None) -> None:
+               served: Mapping[str, tuple[int, int]]) -> None:
         """After the tick: charge the work to the users' counters, note who is still
         backlogged, count decode ticks for parked prefills and forget finished ones.
 
         ``served``: user -> (prefill tokens computed, output tokens) this tick, as the engine
-        counted them (prompt-cache hits excluded). None: derived from the plan, assuming
-        every chunk ran and every decoding request produced one token.
+        counted them (prompt-cache hits excluded).
         """
-        work = self._work_done(plan, decoded) if served is None else served
-        for user, (prefill_tokens, output_tokens) in work.items():
+        for user, (prefill_tokens, output_tokens) in served.items():
             if prefill_tokens or output_tokens:
                 self.counters.charge(user, prefill_tokens, output_tokens)
         self.counters.observe(_backlogged(seqs))
@@ -406,20 +316,3 @@ class Scheduler:
                 self._parked_ticks[rid] = 0
             elif decoded:
                 self._parked_ticks[rid] = self._parked_ticks.get(rid, 0) + 1
-
-    def _work_done(self, plan: Plan, decoded: bool) -> dict[str, tuple[int, int]]:
-        work: dict[str, tuple[int, int]] = {}
-
-        def add(user: str, p: int, o: int) -> None:
-            p0, o0 = work.get(user, (0, 0))
-            work[user] = (p0 + p, o0 + o)
-
-        gone = set(plan.preempt) | set(plan.reject)
-        if decoded:
-            for s in _decoding(self._stepped.values()):
-                if s.rid not in gone:
-                    add(s.user, 0, 1)
-        for rid, n in plan.prefill:
-            s = self._stepped[rid]
-            add(s.user, n, 1 if n >= s.remaining else 0)
-        return work

@@ -6,7 +6,7 @@ a tick lasts ``decode_base_s + decode_per_seq_s * batch`` when a batch decodes, 
 ``prefill_per_token_s`` per prefilled token. Thousands of requests take seconds, so
 policies can be compared on the same workload.
 
-    python -m appliance.sched.simulator --policy fair --scenario heavy-light
+    python -m appliance.sched.workloads --policy fair --scenario heavy-light  (its CLI)
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 from appliance.sched.classes import Klass
 from appliance.sched.quota import DAY_S, QuotaLimits, check_admission, exhausted
-from appliance.sched.scheduler import Plan, Scheduler, SchedulerConfig, SeqView
+from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import RequestState
+from appliance.sched.types import Plan, SchedulerConfig, SeqView
 
 Observer = Callable[[float, Sequence[SeqView], Plan], None]
 
@@ -348,39 +349,3 @@ class _Work:
     served: dict[str, list[int]] = field(default_factory=dict)
     first: list[_Req] = field(default_factory=list)
     done: list[tuple[_Req, str]] = field(default_factory=list)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-    import time
-
-    from appliance.sched.workloads import SCENARIOS, table
-
-    p = argparse.ArgumentParser(prog="python -m appliance.sched.simulator",
-                                description="Run the real scheduler on a synthetic workload.")
-    p.add_argument("--policy", default="fair", choices=("fair", "fcfs"))
-    p.add_argument("--scenario", default="heavy-light", choices=sorted(SCENARIOS))
-    p.add_argument("--duration", type=float, default=900.0, help="simulated seconds")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-batch-size", type=int, default=8)
-    p.add_argument("--kv-budget-tokens", type=int, default=None)
-    p.add_argument("--enable-preemption", action="store_true")
-    p.add_argument("--preemption-policy", default="fair",
-                   choices=("fair", "longest-first", "lowest-priority"))
-    args = p.parse_args(argv)
-    config = SchedulerConfig(max_batch_size=args.max_batch_size, policy=args.policy,
-                             kv_budget_tokens=args.kv_budget_tokens,
-                             enable_preemption=args.enable_preemption,
-                             preemption_policy=args.preemption_policy)
-    work = SCENARIOS[args.scenario](args.seed, args.duration)
-    t0 = time.perf_counter()
-    res = Simulator(config).run(work.arrivals, work.loops)
-    wall = time.perf_counter() - t0
-    print(f"policy={args.policy} scenario={args.scenario} requests={len(res.requests)} "
-          f"simulated={res.times[-1]:.0f}s wall={wall:.1f}s")
-    print(table(res))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

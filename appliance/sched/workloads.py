@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from appliance.sched.classes import Klass
-from appliance.sched.simulator import Arrival, Loop, RequestResult, SimResult
+from appliance.sched.simulator import Arrival, Loop, RequestResult, SimResult, Simulator
+from appliance.sched.types import SchedulerConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +103,37 @@ def table(res: SimResult) -> str:
     lines.append(f"preemptions per completed request: {res.preemptions / completed:.3f}; "
                  f"peak KV {res.peak_kv} tokens; ticks {res.ticks}")
     return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import time
+
+    p = argparse.ArgumentParser(prog="python -m appliance.sched.workloads",
+                                description="Run the real scheduler on a synthetic workload.")
+    p.add_argument("--policy", default="fair", choices=("fair", "fcfs"))
+    p.add_argument("--scenario", default="heavy-light", choices=sorted(SCENARIOS))
+    p.add_argument("--duration", type=float, default=900.0, help="simulated seconds")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--kv-budget-tokens", type=int, default=None)
+    p.add_argument("--enable-preemption", action="store_true")
+    p.add_argument("--preemption-policy", default="fair",
+                   choices=("fair", "longest-first", "lowest-priority"))
+    args = p.parse_args(argv)
+    config = SchedulerConfig(max_batch_size=args.max_batch_size, policy=args.policy,
+                             kv_budget_tokens=args.kv_budget_tokens,
+                             enable_preemption=args.enable_preemption,
+                             preemption_policy=args.preemption_policy)
+    work = SCENARIOS[args.scenario](args.seed, args.duration)
+    t0 = time.perf_counter()
+    res = Simulator(config).run(work.arrivals, work.loops)
+    wall = time.perf_counter() - t0
+    print(f"policy={args.policy} scenario={args.scenario} requests={len(res.requests)} "
+          f"simulated={res.times[-1]:.0f}s wall={wall:.1f}s")
+    print(table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -23,6 +23,8 @@ KEY_SCHEME = "apl"
 PREFIX_BYTES = 4  # 8 hex characters: readable in listings, collisions retried on insert
 SECRET_BYTES = 32
 MIN_PASSWORD_LENGTH = 8
+MAX_PASSWORD_LENGTH = 1024
+"""Longer is refused before any hashing (argon2 over megabytes would be a CPU lever)."""
 
 # Unambiguous characters for generated passwords (no 0/O, 1/l/I).
 _PASSWORD_ALPHABET = "abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789"
@@ -36,6 +38,8 @@ def validate_password(password: str) -> str:
     """The one password rule: at least ``MIN_PASSWORD_LENGTH`` characters."""
     if len(password) < MIN_PASSWORD_LENGTH:
         raise ValueError(f"password must be at least {MIN_PASSWORD_LENGTH} characters")
+    if len(password) > MAX_PASSWORD_LENGTH:
+        raise ValueError(f"password must be at most {MAX_PASSWORD_LENGTH} characters")
     return password
 
 

@@ -17,6 +17,8 @@ from appliance.store.errors import NotFound
 from appliance.store.models import MESSAGE_ROLES, Conversation, Message
 
 TITLE_MAX = 200
+MAX_MESSAGE_CHARS = 16_000
+"""What one message posted through the API may hold: the web chat's own cap."""
 
 
 def _clean_title(title: str) -> str:
@@ -42,6 +44,29 @@ def list_conversations(
     query = (
         select(Conversation)
         .where(Conversation.user_id == user_id)
+        .order_by(Conversation.updated_at.desc(), Conversation.id.desc())
+        .limit(limit)
+        .offset(offset)
+    )
+    return list(session.scalars(query))
+
+
+def _like(text: str) -> str:
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def search_conversations(
+    session: Session, user_id: int, text: str, *, limit: int = 100, offset: int = 0
+) -> list[Conversation]:
+    """The user's conversations whose title or any message contains ``text`` (any case),
+    most recently updated first."""
+    pattern = _like(" ".join(text.split()))
+    in_messages = select(Message.conversation_id).where(
+        Message.content.ilike(pattern, escape="\\"))
+    query = (
+        select(Conversation)
+        .where(Conversation.user_id == user_id,
+               Conversation.title.ilike(pattern, escape="\\") | Conversation.id.in_(in_messages))
         .order_by(Conversation.updated_at.desc(), Conversation.id.desc())
         .limit(limit)
         .offset(offset)
@@ -80,6 +105,7 @@ def add_message(
     *,
     prompt_tokens: int | None = None,
     output_tokens: int | None = None,
+    finish_reason: str | None = None,
     now: float | None = None,
 ) -> Message:
     """Append a message and bump the conversation's ``updated_at``."""
@@ -94,11 +120,23 @@ def add_message(
         created_at=stamp,
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
+        finish_reason=finish_reason,
     )
     session.add(message)
     conv.updated_at = stamp
     session.flush()
     return message
+
+
+def delete_messages_from(session: Session, user_id: int, conversation_id: int,
+                         message_id: int) -> None:
+    """Delete the message ``message_id`` and every later one of the conversation (to
+    answer again, or to send an edited question)."""
+    conv = _require(session, user_id, conversation_id)
+    for m in session.scalars(select(Message).where(Message.conversation_id == conv.id,
+                                                   Message.id >= message_id)):
+        session.delete(m)
+    session.flush()
 
 
 def rename_conversation(session: Session, user_id: int, conversation_id: int, title: str) -> None:

@@ -15,6 +15,7 @@ and never wait for the writer.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,9 +47,24 @@ def make_engine(
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    make_private(path)
     engine = create_engine(sqlite_url(path), echo=echo)
     _install_pragmas(engine, busy_timeout_ms=busy_timeout_ms, foreign_keys=foreign_keys)
     return engine
+
+
+def make_private(path: Path) -> None:
+    """Create the database file readable by its owner only (0600, like the secret), and
+    tighten an existing one with its WAL and shared-memory files. SQLite creates ``-wal``
+    and ``-shm`` with the database file's own mode, so they follow."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if f.stat().st_mode & 0o077:
+                f.chmod(0o600)
+        except FileNotFoundError:
+            pass
 
 
 def _install_pragmas(engine: Engine, *, busy_timeout_ms: int, foreign_keys: bool) -> None:
@@ -97,6 +113,14 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+DB_FILE = "appliance.db"
+
+
+def db_file(data_dir: str | Path) -> Path:
+    """The database in a data folder (``--data-dir``)."""
+    return Path(data_dir).expanduser() / DB_FILE
 
 
 def open_store(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Store:

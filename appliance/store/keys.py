@@ -6,8 +6,9 @@ Functions take a ``Session`` and never commit: the caller owns the transaction.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from appliance.store import auth
@@ -61,14 +62,21 @@ def create_api_key(
     *,
     default_class: str | None = None,
     now: float | None = None,
+    at_most: str | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key for ``user``; returns ``(row, plaintext)``.
 
     The plaintext exists only in the return value: show it once, it cannot be recovered.
-    ``max_class`` defaults to the user's own maximum and may not exceed it;
-    ``default_class`` (None: the maximum) may not exceed ``max_class``.
+    ``max_class`` defaults to the user's own maximum (no higher than ``at_most``, the
+    class of the key making this one) and may not exceed it; ``default_class`` (None: the
+    maximum) may not exceed ``max_class``.
     """
-    klass = validate_class(max_class or user.max_class)
+    ceiling = user.max_class
+    if at_most is not None and class_rank(validate_class(at_most)) > class_rank(ceiling):
+        ceiling = at_most
+    klass = validate_class(max_class or ceiling)
+    if at_most is not None and class_rank(klass) < class_rank(at_most):
+        raise ValueError(f"key class {klass!r} is above the creating key's class {at_most!r}")
     if class_rank(klass) < class_rank(user.max_class):
         raise ValueError(f"key class {klass!r} is above the user's maximum {user.max_class!r}")
     default = _check_default(default_class, klass)
@@ -96,28 +104,39 @@ def _find_by_prefix(session: Session, prefix: str) -> ApiKey | None:
     return session.scalars(select(ApiKey).where(ApiKey.prefix == prefix)).one_or_none()
 
 
+def classes_at_most(klass: str) -> tuple[str, ...]:
+    """``klass`` and every class below it."""
+    return CLASSES[class_rank(klass):]
+
+
 def list_keys(
-    session: Session, *, user_id: int | None = None, include_revoked: bool = False
+    session: Session, *, user_id: int | None = None, include_revoked: bool = False,
+    at_most: str | None = None,
 ) -> list[ApiKey]:
-    """Keys, oldest first; all users' keys when ``user_id`` is None (admin view)."""
+    """Keys, oldest first; all users' keys when ``user_id`` is None (admin view).
+    ``at_most``: only keys of that class or below (what a key may see of its user's keys)."""
     query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)
     if user_id is not None:
         query = query.where(ApiKey.user_id == user_id)
+    if at_most is not None:
+        query = query.where(ApiKey.max_class.in_(classes_at_most(at_most)))
     if not include_revoked:
         query = query.where(ApiKey.revoked_at.is_(None))
     return list(session.scalars(query))
 
 
 def revoke_key(
-    session: Session, prefix: str, *, user_id: int | None = None, now: float | None = None
+    session: Session, prefix: str, *, user_id: int | None = None, now: float | None = None,
+    at_most: str | None = None,
 ) -> ApiKey:
     """Revoke the key with this public prefix. Revoking twice keeps the first time.
 
     With ``user_id`` (a member managing their own keys) another user's key is reported as
-    ``NotFound``, exactly like a missing one.
+    ``NotFound``, exactly like a missing one; so is, with ``at_most``, a key of a higher class.
     """
     key = _find_by_prefix(session, prefix)
-    if key is None or (user_id is not None and key.user_id != user_id):
+    if key is None or (user_id is not None and key.user_id != user_id) or (
+            at_most is not None and key.max_class not in classes_at_most(at_most)):
         raise NotFound(f"no API key {prefix!r}")
     if key.revoked_at is None:
         key.revoked_at = time.time() if now is None else now
@@ -136,12 +155,10 @@ def set_default_class(
     return key
 
 
-def authenticate_key(
-    session: Session, plaintext: str, *, now: float | None = None
-) -> tuple[User, ApiKey] | None:
+def find_key(session: Session, plaintext: str) -> tuple[User, ApiKey] | None:
     """The (user, key) for a presented key, or None when malformed, unknown, wrong,
-    revoked, or owned by a disabled user. Refreshes ``last_used_at`` at most once a minute.
-    """
+    revoked, or owned by a disabled user. A pure read (the daemon's authentication path):
+    ``last_used_at`` is refreshed through the single writer (``needs_touch``, ``touch_keys``)."""
     prefix = auth.parse_api_key(plaintext)
     if prefix is None:
         return None
@@ -150,7 +167,34 @@ def authenticate_key(
         return None
     if key.revoked_at is not None or key.user.disabled:
         return None
-    now = time.time() if now is None else now
-    if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION_S:
-        key.last_used_at = now
     return key.user, key
+
+
+def needs_touch(key: ApiKey, now: float) -> bool:
+    """Whether ``last_used_at`` is older than its resolution (refreshed at most once a
+    minute, so authentication stays a read on almost every request)."""
+    return key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION_S
+
+
+def touch_keys(session: Session, used: Mapping[int, float]) -> None:
+    """Record when keys were last used (key id -> time); never moves a time backwards."""
+    for key_id, when in used.items():
+        session.execute(update(ApiKey).where(
+            ApiKey.id == key_id,
+            (ApiKey.last_used_at.is_(None)) | (ApiKey.last_used_at < when),
+        ).values(last_used_at=when))
+
+
+def authenticate_key(
+    session: Session, plaintext: str, *, now: float | None = None
+) -> tuple[User, ApiKey] | None:
+    """``find_key`` plus the ``last_used_at`` refresh (at most once a minute) in the same
+    write session, for callers without a writer thread."""
+    found = find_key(session, plaintext)
+    if found is None:
+        return None
+    user, key = found
+    now = time.time() if now is None else now
+    if needs_touch(key, now):
+        key.last_used_at = now
+    return user, key

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -111,17 +112,34 @@ def usage_since(
     }
 
 
+def service_rows(session: Session, since: float, limit: int) -> list[tuple[Any, ...]]:
+    """Newest first, at most ``limit``: (user id, finished_at, prompt + output tokens,
+    preemptions, ttft_ms, itl_mean_ms, itl_p95_ms) of the requests finished since ``since``."""
+    rows = session.execute(
+        select(LedgerEntry.user_id, LedgerEntry.finished_at,
+               LedgerEntry.prompt_tokens + LedgerEntry.output_tokens, LedgerEntry.preemptions,
+               LedgerEntry.ttft_ms, LedgerEntry.itl_mean_ms, LedgerEntry.itl_p95_ms)
+        .where(LedgerEntry.finished_at >= since)
+        .order_by(LedgerEntry.finished_at.desc()).limit(limit))
+    return [tuple(r) for r in rows]
+
+
+def token_rows_since(session: Session, since: float, limit: int, only_user: int | None = None
+                     ) -> list[tuple[Any, ...]]:
+    """(user id, finished at, prompt + output tokens) of rows finished since ``since``,
+    newest first, at most ``limit``; one user's only when ``only_user`` is given."""
+    query = (select(LedgerEntry.user_id, LedgerEntry.finished_at,
+                    LedgerEntry.prompt_tokens + LedgerEntry.output_tokens)
+             .where(LedgerEntry.finished_at >= since)
+             .order_by(LedgerEntry.finished_at.desc()).limit(limit))
+    if only_user is not None:
+        query = query.where(LedgerEntry.user_id == only_user)
+    return [tuple(r) for r in session.execute(query)]
+
+
 def usage_last_hour(session: Session, now: float) -> dict[int, Usage]:
     return usage_since(session, now - HOUR_S)
 
 
 def usage_last_day(session: Session, now: float) -> dict[int, Usage]:
     return usage_since(session, now - DAY_S)
-
-
-def tokens_used_since(session: Session, user_id: int, since: float) -> int:
-    """Prompt + output tokens of ``user_id``'s requests finished since ``since`` (the
-    ``total_tokens`` clients see in their usage objects): what the rolling daily quota
-    counts."""
-    usage = usage_since(session, since, user_id=user_id).get(user_id)
-    return 0 if usage is None else usage.total_tokens

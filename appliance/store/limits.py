@@ -29,10 +29,18 @@ class QuotaLimits:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            top = QUOTA_MAX[field.name]
             if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
+                isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top
             ):
-                raise ValueError(f"{field.name} must be a positive integer or unlimited")
+                raise ValueError(f"{field.name} must be >= 1 or null (unlimited), an "
+                                 f"integer at most {top}")
+
+
+QUOTA_MAX = {"tokens_per_day": 10**9, "max_concurrent": 1024,
+             "max_prompt_tokens": 1_048_576, "max_output_tokens": 1_048_576}
+"""Upper bounds: beyond these a value is a typo, not a limit (a billion tokens a day is
+more than a household machine can produce; the contexts are the engine's own bounds)."""
 
 
 UNLIMITED = QuotaLimits()

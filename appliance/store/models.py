@@ -26,6 +26,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -33,6 +34,7 @@ ROLES: tuple[str, ...] = ("admin", "member")
 # Request classes, highest priority first.
 CLASSES: tuple[str, ...] = ("voice", "interactive", "background")
 MESSAGE_ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+THEMES: tuple[str, ...] = ("system", "light", "dark")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -192,6 +194,9 @@ class Message(Base):
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     output_tokens: Mapped[int | None] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    """Why an answer ended when it was not a plain stop (cancelled, length, quota), so its
+    note survives a reload; None for questions and complete answers."""
 
     conversation: Mapped[Conversation] = relationship(back_populates="messages")
 
@@ -210,3 +215,107 @@ class WebSession(Base):
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     expires_at: Mapped[float] = mapped_column(Float)
+
+
+class UserPreferences(Base):
+    """What a person sets for themselves on the settings page."""
+
+    __tablename__ = "user_preferences"
+    __table_args__ = (CheckConstraint(_in("theme", THEMES), name="theme"),)
+
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"),
+                                         primary_key=True)
+    system_prompt: Mapped[str] = mapped_column(Text, default="")
+    """Their default system prompt (persona); empty: the household's."""
+    theme: Mapped[str] = mapped_column(String(8), default="system")
+
+
+class HouseholdSetting(Base):
+    """Household-wide settings that admins set (``system_prompt``: the default persona)."""
+
+    __tablename__ = "household_settings"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text, default="")
+
+
+# Background jobs (appliance/jobs/). Definitions and runs live here, not in APScheduler's own
+# (pickling) job store: the daemon re-adds every active job to its scheduler at start-up.
+SOURCE_KINDS: tuple[str, ...] = ("text", "url", "conversations")
+SCHEDULE_KINDS: tuple[str, ...] = ("none", "cron", "interval")
+RUN_STATUSES: tuple[str, ...] = (
+    "pending", "running", "done", "error", "quota", "cancelled", "interrupted")
+RUN_TRIGGERS: tuple[str, ...] = ("schedule", "manual", "catch-up")
+
+
+class Job(Base):
+    """What a job produces (``instructions``) from which ``source``, when (``schedule_*``)
+    and where the result goes (stored always; ``webhook_url`` optionally). ``cursor`` is the
+    source's JSON memory between runs (feed items already summarised)."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(_in("source_kind", SOURCE_KINDS), name="source_kind"),
+        CheckConstraint(_in("schedule_kind", SCHEDULE_KINDS), name="schedule_kind"),
+        UniqueConstraint("user_id", "name", name="uq_jobs_user_id_name"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    instructions: Mapped[str] = mapped_column(Text)
+    source_kind: Mapped[str] = mapped_column(String(16))
+    source_text: Mapped[str | None] = mapped_column(Text)
+    url: Mapped[str | None] = mapped_column(String(2000))
+    headers: Mapped[str | None] = mapped_column(Text)  # JSON object; values never shown back
+    schedule_kind: Mapped[str] = mapped_column(String(16), default="none")
+    cron: Mapped[str | None] = mapped_column(String(120))
+    interval_s: Mapped[int | None] = mapped_column(Integer)
+    max_output_tokens: Mapped[int] = mapped_column(Integer, default=400)
+    webhook_url: Mapped[str | None] = mapped_column(String(2000))
+    paused: Mapped[bool] = mapped_column(default=False)
+    cursor: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    updated_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id}, user_id={self.user_id}, source={self.source_kind!r})"
+
+
+class JobRun(Base):
+    """One run of a job: unique per (job, scheduled time), so a slot never runs twice.
+
+    A run interrupted by a crash keeps its row: it is marked ``interrupted`` at the next
+    start-up and retried once in the same row (``attempts`` 2, ``interrupted_at`` kept).
+    ``request_ids`` are the ledger request ids of its model requests (space separated):
+    the run's token counts are the ledger's sums over them."""
+
+    __tablename__ = "job_runs"
+    __table_args__ = (
+        CheckConstraint(_in("status", RUN_STATUSES), name="status"),
+        CheckConstraint(_in("trigger", RUN_TRIGGERS), name="trigger"),
+        UniqueConstraint("job_id", "scheduled_for", name="uq_job_runs_job_id_scheduled_for"),
+        Index("ix_job_runs_status", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    scheduled_for: Mapped[float] = mapped_column(Float)
+    trigger: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+    interrupted_at: Mapped[float | None] = mapped_column(Float)
+    chunks_total: Mapped[int] = mapped_column(Integer, default=0)
+    chunks_done: Mapped[int] = mapped_column(Integer, default=0)
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    request_ids: Mapped[str] = mapped_column(Text, default="")
+    source_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    output: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    delivery: Mapped[str | None] = mapped_column(String(16))
+    delivery_detail: Mapped[str | None] = mapped_column(Text)

@@ -10,15 +10,16 @@ import re
 import time
 
 from argon2 import PasswordHasher
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from appliance.sched.fair import WEIGHT_MAX, WEIGHT_MIN
 from appliance.store import auth
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
-from appliance.store.models import CLASSES, ROLES, User
+from appliance.store.models import CLASSES, ROLES, User, WebSession
+from appliance.vocab import WEIGHT_MAX, WEIGHT_MIN
 
+MAX_NAME_LENGTH = 64
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -126,14 +127,23 @@ def _guard_last_admin(session: Session, user: User) -> None:
 def set_password(
     session: Session, user: User, password: str, *, hasher: PasswordHasher = auth.DEFAULT_HASHER
 ) -> None:
+    """A new password ends every browser session of the user (whoever knew the old one is
+    logged out), whichever tool changed it: web, admin API or CLI."""
     user.password_hash = auth.hash_password(auth.validate_password(password), hasher)
+    _end_sessions(session, user.id)
 
 
 def disable_user(session: Session, user: User, disabled: bool = True) -> None:
-    """Disable (or re-enable) a user: logins and their API keys stop working at once."""
+    """Disable (or re-enable) a user: logins and their API keys stop working at once, and
+    their browser sessions are deleted, so re-enabling never brings an old session back."""
     if disabled:
         _guard_last_admin(session, user)
     user.disabled = disabled
+    _end_sessions(session, user.id)
+
+
+def _end_sessions(session: Session, user_id: int) -> None:
+    session.execute(delete(WebSession).where(WebSession.user_id == user_id))
 
 
 def set_role(session: Session, user: User, role: str) -> None:
@@ -152,9 +162,11 @@ def set_weight(session: Session, user: User, weight: float) -> None:
 
 
 def authenticate_password(
-    session: Session, name: str, password: str, *, hasher: PasswordHasher = auth.DEFAULT_HASHER
+    session: Session, name: str, password: str, *, hasher: PasswordHasher = auth.DEFAULT_HASHER,
+    allow_disabled: bool = False,
 ) -> User | None:
-    """The enabled user with this name and password, or None.
+    """The enabled user with this name and password, or None. ``allow_disabled``: a disabled
+    user with the right password is returned too (to tell them so; start no session).
 
     Unknown names cost one argon2 verification too, so timing does not reveal which names
     exist. A hash made with other argon2 parameters than ``hasher``'s is re-made on a
@@ -167,7 +179,7 @@ def authenticate_password(
     if not auth.verify_password(user.password_hash, password, hasher):
         return None
     if user.disabled:
-        return None
+        return user if allow_disabled else None
     if auth.password_needs_rehash(user.password_hash, hasher):
         user.password_hash = auth.hash_password(password, hasher)
     return user

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from appliance.store.keys import touch_keys
 from appliance.store.ledger import LedgerRecord, insert_records
 from appliance.store.limits import save_counters
 
@@ -56,13 +57,22 @@ class _Stop:
     pass
 
 
-_Item = LedgerRecord | dict[int, float] | _FlushRequest | _Stop
+@dataclass(frozen=True, slots=True)
+class _KeyUsed:
+    """An API key was used at ``when`` (its ``last_used_at``; authentication only reads)."""
+
+    key_id: int
+    when: float
+
+
+_Item = LedgerRecord | dict[int, float] | _FlushRequest | _Stop | _KeyUsed
 
 
 @dataclass(slots=True)
 class _Batch:
     ledger: list[LedgerRecord] = field(default_factory=list)
     counters: dict[int, float] = field(default_factory=dict)
+    keys_used: dict[int, float] = field(default_factory=dict)
     waiters: list[threading.Event] = field(default_factory=list)
     stop: bool = False
 
@@ -73,6 +83,8 @@ class _Batch:
             self.counters.update(item)  # later values win: a counter only moves forward
         elif isinstance(item, _FlushRequest):
             self.waiters.append(item.done)
+        elif isinstance(item, _KeyUsed):
+            self.keys_used[item.key_id] = max(item.when, self.keys_used.get(item.key_id, 0.0))
         else:
             self.stop = True
 
@@ -82,7 +94,7 @@ class _Batch:
 
     @property
     def has_rows(self) -> bool:
-        return bool(self.ledger or self.counters)
+        return bool(self.ledger or self.counters or self.keys_used)
 
 
 class StoreWriter:
@@ -116,6 +128,11 @@ class StoreWriter:
     def submit_counters(self, values: Mapping[int, float]) -> None:
         """Queue virtual token counters (user id -> value). Never blocks."""
         self._put(dict(values))
+
+    def submit_key_used(self, key_id: int, when: float) -> None:
+        """Queue an API key's ``last_used_at``. Never blocks; a failed write drops only it
+        (a timestamp for the keys page, nothing anybody is billed by)."""
+        self._put(_KeyUsed(key_id, when))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Block until everything submitted before this call is committed (or dropped after
@@ -160,7 +177,9 @@ class StoreWriter:
         batch = self._collect()
         try:
             if batch.has_rows:
-                self._commit(batch)
+                if batch.ledger or batch.counters:
+                    self._commit(batch)
+                self._touch_keys(batch.keys_used)
                 self._last_commit = time.monotonic()
         except Exception:  # keep the thread alive whatever happens; waiters must wake
             log.exception("store writer: batch failed")
@@ -220,6 +239,16 @@ class StoreWriter:
             self.stats.conflicts += len(skipped)
             log.error("store writer: %d ledger rows NOT written: their request id is already "
                       "in the ledger (ids %s)", len(skipped), ", ".join(skipped[:10]))
+
+    def _touch_keys(self, used: Mapping[int, float]) -> None:
+        if not used:
+            return
+        try:
+            with self._factory.begin() as session:
+                touch_keys(session, used)
+        except SQLAlchemyError as exc:
+            log.warning("store writer: last-used times of %d keys not saved (%s)", len(used),
+                        _reason(exc))
 
     def _count(self, ledger_rows: int, counter_rows: int) -> None:
         self.stats.commits += 1

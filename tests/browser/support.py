@@ -11,6 +11,7 @@ import httpx
 
 from appliance.engine.core import Engine
 from appliance.engine.request import GenerationRequest, RequestHandle, SamplingParams
+from appliance.sched.classes import Klass
 from tests.helpers import PASSWORD
 
 SLOW_USERS = frozenset({"bob"})
@@ -32,12 +33,13 @@ def slow_fault(request: GenerationRequest, phase: str) -> None:
         time.sleep(SLOW_TOKEN_S)
 
 
-def slow_request(engine: Engine, user: str, user_id: int) -> RequestHandle:
+def slow_request(engine: Engine, user: str, user_id: int,
+                 klass: Klass = Klass.INTERACTIVE) -> RequestHandle:
     """A request that keeps a slot busy until cancelled: slowed by the hook, EOS banned."""
     eos = getattr(engine.loaded, "eos_token_ids", ()) or ()
     request = GenerationRequest(
         prompt=tuple(range(5, 40)), max_tokens=SLOW_MAX_TOKENS, user=user, user_id=user_id,
-        sampling=SamplingParams(logit_bias=tuple((int(t), -100.0) for t in eos)))
+        klass=klass, sampling=SamplingParams(logit_bias=tuple((int(t), -100.0) for t in eos)))
     return engine.submit(request, lambda event: None)
 
 

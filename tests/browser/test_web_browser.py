@@ -7,7 +7,6 @@ from ``APPLIANCE_SCREENSHOTS=docs/screenshots pytest tests/browser``).
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,17 +14,12 @@ from typing import Any
 import pytest
 
 from appliance.engine.request import RequestHandle
+from tests.browser.conftest import DESKTOP, PHONE, Tab
 from tests.browser.support import HOSTILE, slow_fault, slow_request
-from tests.helpers import PASSWORD, LiveServer, live_server, make_settings, wait_until
+from tests.helpers import LiveServer, live_server, make_settings, wait_until
 
 pytestmark = pytest.mark.browser
 playwright = pytest.importorskip("playwright.sync_api")
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
-DESKTOP = {"width": 1280, "height": 800}
-PHONE = {"width": 390, "height": 844}
 
 
 @pytest.fixture(scope="module")
@@ -49,50 +43,13 @@ def demo_server(request: pytest.FixtureRequest, tiny_model: Path) -> Iterator[Li
 
 
 @pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Chromium is not installed (scripts/test.sh installs Debian's)")
-    # The Playwright driver (node) and Chromium must not inherit the OpenBLAS preload that
-    # scripts/test.sh sets for MLX: node fails to start threads with it.
-    preload = os.environ.pop("LD_PRELOAD", None)
-    try:
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            yield browser
-            browser.close()
-    finally:
-        if preload is not None:
-            os.environ["LD_PRELOAD"] = preload
-
-
-@pytest.fixture(scope="module")
 def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = Path(os.environ.get("APPLIANCE_SCREENSHOTS") or tmp_path_factory.mktemp("shots"))
     out.mkdir(parents=True, exist_ok=True)
     return out
 
 
-class Page:
-    """A logged-in tab that records script errors and CSP violations."""
-
-    def __init__(self, chromium: Any, server: LiveServer, who: str,
-                 viewport: dict[str, int] = DESKTOP) -> None:
-        self.context = chromium.new_context(viewport=viewport)
-        self.page = self.context.new_page()
-        self.problems: list[str] = []
-        self.page.on("pageerror", lambda e: self.problems.append(f"error: {e}"))
-        self.page.on("console", lambda m: self.problems.append(m.text)
-                     if m.type == "error" else None)
-        self.page.goto(server.url + "/chat")
-        assert self.page.url.endswith("/login")  # sent there first
-        self.page.fill("input[name=name]", who)
-        self.page.fill("input[name=password]", PASSWORD)
-        self.page.click("button[type=submit]")
-        self.page.wait_for_url("**/chat")
-
-    def close(self) -> None:
-        self.context.close()
-        assert self.problems == [], self.problems
+Page = Tab
 
 
 def _slow(server: LiveServer, who: str) -> RequestHandle:
@@ -189,7 +146,7 @@ def test_a_quota_set_on_the_users_page_is_enforced(chromium: Any, server: LiveSe
     try:
         carol.page.fill("#message", "Hello")
         carol.page.click("#send")
-        notice = carol.page.wait_for_selector("#messages .notice.error")
+        notice = carol.page.wait_for_selector("#chat-notice .notice.error")
         assert notice is not None and "Over your quota" in notice.inner_text()
         assert carol.page.input_value("#message") == "Hello"  # kept to send again later
         carol.problems = [p for p in carol.problems if "429" not in p]  # the expected refusal
@@ -227,12 +184,17 @@ def _fits(page: Any, name: str) -> None:
     assert width <= page.viewport_size["width"], f"{name} is {width}px wide"
 
 
-def _shoot(page: Any, shots: Path, name: str) -> None:
-    """Desktop and phone screenshots of the page as it is; no sideways scrolling on either."""
-    for size, suffix in ((DESKTOP, "desktop"), (PHONE, "phone")):
-        page.set_viewport_size(size)
-        _fits(page, f"{name} at {suffix} width")
-        page.screenshot(path=str(shots / f"{name}-{suffix}.png"), full_page=True)
+def _shoot(page: Any, shots: Path, name: str, dark: bool = False) -> None:
+    """Desktop and phone screenshots of the page as it is; no sideways scrolling on either.
+    ``dark``: the dark theme too (``NAME-dark-desktop.png``, ``NAME-dark-phone.png``)."""
+    for scheme in ("light", "dark") if dark else ("light",):
+        page.emulate_media(color_scheme=scheme)
+        for size, suffix in ((DESKTOP, "desktop"), (PHONE, "phone")):
+            page.set_viewport_size(size)
+            _fits(page, f"{name} at {suffix} width")
+            stem = f"{name}-dark" if scheme == "dark" else name
+            page.screenshot(path=str(shots / f"{stem}-{suffix}.png"), full_page=True)
+    page.emulate_media(color_scheme="light")
     page.set_viewport_size(DESKTOP)
 
 
@@ -246,7 +208,7 @@ def test_every_page_fits_desktop_and_phone_screens(chromium: Any, demo_server: L
         carol.page.wait_for_selector("#messages .msg.assistant:not(.streaming) >> nth="
                                      + str(0 if question.startswith("What") else 1))
     carol.page.wait_for_selector("#send:enabled")
-    _shoot(carol.page, shots, "chat")
+    _shoot(carol.page, shots, "chat", dark=True)
     carol.page.goto(server.url + "/dashboard")
     _shoot(carol.page, shots, "dashboard-member")
     carol.close()
@@ -257,11 +219,12 @@ def test_every_page_fits_desktop_and_phone_screens(chromium: Any, demo_server: L
     try:
         alice.page.wait_for_selector('#queued-count[data-value="2"]', state="attached")
         alice.page.wait_for_timeout(1500)  # a few throughput samples for the chart
-        _shoot(alice.page, shots, "dashboard")
+        _shoot(alice.page, shots, "dashboard", dark=True)
     finally:
         for h in handles:
             server.engine.cancel(h)
-    for path, name in (("/manage/users", "users"), ("/keys", "keys")):
+    for path, name in (("/manage/users", "users"), ("/keys", "keys"),
+                       ("/settings", "settings")):
         alice.page.goto(server.url + path)
         _shoot(alice.page, shots, name)
     alice.close()

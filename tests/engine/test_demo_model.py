@@ -11,8 +11,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm import generate, load
 
-from appliance.engine import demo_model
-from appliance.engine.demo_model import (
+from appliance.demo import build as demo_model
+from appliance.demo.build import (
     CHAT_TEMPLATE,
     CORPUS_PATH,
     DEMO_MODEL_DIR,

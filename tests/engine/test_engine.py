@@ -202,7 +202,8 @@ def test_prompts_read_together_give_the_tokens_they_give_alone(demo_model: Path)
     from appliance.engine.model import load_model
     from appliance.engine.request import RequestHandle
     from appliance.engine.runner import Runner
-    from appliance.sched.scheduler import Scheduler, SchedulerConfig
+    from appliance.sched.scheduler import Scheduler
+    from appliance.sched.types import SchedulerConfig
 
     loaded = load_model(demo_model)
     tok = loaded.tokenizer

@@ -53,6 +53,8 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("POST", "/admin/users/{carol}/keys", {"name": "x"}, 401, 403, 201),
     ("GET", "/admin/usage", None, 401, 403, 200),
     ("PATCH", "/admin/keys/{carol}", {"default_class": None}, 401, 403, 404),  # no such key
+    ("GET", "/jobs", None, 401, 200, 200),
+    ("POST", "/jobs", {"name": "digest{n}", "source": "text", "text": "t"}, 401, 201, 201),
     ("POST", "/logout", {}, 401, 200, 200),
     # Ollama API (errors in Ollama's shape) and the voice hook: keys only.
     ("POST", "/api/chat", {**OLLAMA, "messages": CHAT["messages"]}, 401, 200, 200),
@@ -75,9 +77,17 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("GET", "/dashboard", None, 303, 200, 200),
     ("GET", "/keys", None, 303, 200, 200),
     ("POST", "/keys", {"name": "web"}, 401, 201, 201),
+    ("GET", "/jobs/page", None, 303, 200, 200),
+    ("GET", "/jobs/page/list", None, 401, 200, 200),
+    ("GET", "/jobs/page/preview", None, 401, 200, 200),
+    ("POST", "/jobs/page", {"name": "webjob{n}", "text": "t"}, 401, 303, 303),
     ("GET", "/manage/users", None, 303, 403, 200),
     ("POST", "/manage/users", {"name": "webuser{n}", "password": "longenough1"}, 401, 403, 303),
     ("POST", "/manage/users/{carol}", {"weight": "1.5"}, 401, 403, 303),
+    ("GET", "/settings", None, 303, 200, 200),
+    ("POST", "/settings/preferences", {"theme": "system"}, 401, 303, 303),
+    ("POST", "/settings/household", {"household_prompt": ""}, 401, 403, 303),
+    ("GET", "/dashboard/history", None, 401, 200, 200),
 ]
 
 
@@ -107,9 +117,7 @@ def test_route_answers_each_kind_of_caller(server: LiveServer, method: str, path
 
 
 def test_the_matrix_covers_every_route(server: LiveServer) -> None:
-    from appliance.app import create_app
-
-    app = create_app(server_services(server), secret="x" * 32)
+    app = server.daemon.app
     covered = {(m, re.sub(r"\{\w+\}", "{}", p)) for m, p, *_ in MATRIX} | OWNED
     for route in app.routes:
         for method in getattr(route, "methods", ()):
@@ -119,13 +127,6 @@ def test_the_matrix_covers_every_route(server: LiveServer) -> None:
             assert (method, path) in covered, f"{method} {route.path} is not in the matrix"
 
 
-def server_services(server: LiveServer) -> object:
-    from appliance.app import build_services
-    from tests.helpers import make_settings as _ms
-
-    return build_services(_ms(Path(server.engine.config.model_path)), server.engine, server.store)
-
-
 OWNED = {("GET", "/schema/{}"),  # probed by the /schema/openapi.yaml row above
          ("GET", "/conversations/{}"), ("PATCH", "/conversations/{}"),
          ("DELETE", "/conversations/{}"), ("POST", "/conversations/{}/messages"),
@@ -133,7 +134,17 @@ OWNED = {("GET", "/schema/{}"),  # probed by the /schema/openapi.yaml row above
          # web/: tests/integration/test_web_pages.py::test_owned_web_routes_answer_each_caller
          ("GET", "/chat/{}"), ("POST", "/chat/{}/delete"), ("GET", "/chat/streams/{}"),
          ("POST", "/chat/streams/{}/stop"), ("GET", "/dashboard/stream"),
-         ("POST", "/keys/{}/revoke"), ("GET", "/static/{}")}
+         ("POST", "/keys/{}/revoke"), ("GET", "/static/{}"),
+         # tests/integration/test_web_household.py and tests/browser/test_household_chat.py
+         ("POST", "/chat/{}/rename"), ("POST", "/chat/{}/regenerate"), ("POST", "/chat/{}/edit"),
+         ("POST", "/settings/password"),
+         # jobs: tests/jobs/test_jobs_api.py::test_members_see_only_their_own_jobs_and_admins_see_all
+         ("GET", "/jobs/{}"), ("PATCH", "/jobs/{}"), ("DELETE", "/jobs/{}"),
+         ("POST", "/jobs/{}/run"), ("GET", "/jobs/{}/runs"), ("GET", "/jobs/{}/runs/{}"),
+         ("POST", "/jobs/{}/runs/{}/cancel"),
+         ("GET", "/jobs/page/{}"), ("GET", "/jobs/page/{}/history"),
+         ("POST", "/jobs/page/{}/run"), ("POST", "/jobs/page/{}/{}"),
+         ("POST", "/jobs/page/{}/runs/{}/cancel")}
 
 
 def test_a_member_cannot_see_or_touch_another_members_conversation(server: LiveServer) -> None:
@@ -201,5 +212,7 @@ def test_a_browser_session_cannot_call_the_openai_api(server: LiveServer) -> Non
 def login(browser: httpx.Client, name: str, password: str = PASSWORD) -> httpx.Response:
     browser.get("/login")
     token = browser.cookies.get("csrftoken")
+    # the first login re-hashes the test's cheap argon2 hash with the real parameters: on
+    # a loaded shared machine that takes longer than httpx's default 5 s
     return browser.post("/login", data={"name": name, "password": password,
-                                        "_csrf_token": token or ""})
+                                        "_csrf_token": token or ""}, timeout=120)

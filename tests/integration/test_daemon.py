@@ -22,7 +22,8 @@ CHAT = {"messages": [{"role": "user", "content": "Tell me a story"}]}
 def test_sigterm_lets_running_and_queued_requests_finish_then_exits_0(
         tiny_model: Path, tmp_path: Path) -> None:
     keys = make_household(tmp_path)
-    d = start_daemon(tiny_model, tmp_path, "--max-batch-size", "1")
+    # a drain timeout no loaded machine reaches: the test is about finishing, not speed
+    d = start_daemon(tiny_model, tmp_path, "--max-batch-size", "1", "--shutdown-timeout", "600")
     eos = json.loads((tiny_model / "config.json").read_text())["eos_token_id"]
     ban = {str(t): -100.0 for t in (eos if isinstance(eos, list) else [eos])}
     body = {**CHAT, "max_tokens": 1500, "logit_bias": ban}

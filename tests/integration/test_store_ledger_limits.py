@@ -57,8 +57,6 @@ def test_usage_sums_tokens_per_user_over_the_last_hour_and_day(
         assert day[alice].total_tokens == 165 + 1500
         assert hour[bob].total_tokens == day[bob].total_tokens == 10
         assert ids["carol"] not in day
-        assert ledger.tokens_used_since(s, alice, NOW - 86400) == 1665
-        assert ledger.tokens_used_since(s, ids["carol"], NOW - 86400) == 0
 
 
 def test_resubmitting_a_request_id_does_not_count_it_twice(

@@ -69,7 +69,10 @@ def test_role_status_class_weight_and_quotas_change_at_once(
         assert r.text.startswith(f'<article class="card user-card" id="user-{carol}"')
         assert 'value="1000"' in r.text and 'value="64"' in r.text
         bad = alice.post(f"/manage/users/{carol}", data={**form, "max_concurrent": "-1"})
-        assert bad.status_code == 400 and "max concurrent must be a whole number" in bad.text
+        assert bad.status_code == 400  # named as the form names it, the typing kept
+        assert "Concurrent requests must be a whole number" in bad.text
+        assert 'name="max_concurrent" inputmode="numeric" placeholder="unlimited" value="-1"' \
+            in bad.text and 'value="64"' in bad.text
     assert policy_changes == [1]
     with server.store.read_sessions() as s:
         u = users.get_user(s, carol)

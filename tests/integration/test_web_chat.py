@@ -20,7 +20,7 @@ from tests.browser.support import HOSTILE, browser, slow_fault, sse_events, stre
 from tests.helpers import LiveServer, live_server, make_settings, wait_until
 from web import chat
 from web.assets import WEB
-from web.common import HELPERS
+from web.format import HELPERS
 from web.state import CONNECT_WITHIN_S, LiveAnswer, WebState
 
 

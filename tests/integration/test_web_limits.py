@@ -62,7 +62,8 @@ def test_over_the_daily_quota_answers_429_with_the_reason(server: LiveServer) ->
         with browser(server.url, "carol") as carol:
             r = carol.post("/chat/send", data={"message": "hello"})
         assert r.status_code == 429
-        assert "Over your quota" in r.text and "daily token quota of 5" in r.text
+        assert "Over your quota" in r.text and "daily allowance of 5" in r.text
+        assert "Over quota:" not in r.text  # said once, in plain words
         assert 'role="alert"' in r.text
     finally:
         _quota(server, "carol", tokens_per_day="")
@@ -76,7 +77,7 @@ def test_the_concurrency_quota_counts_running_requests(server: LiveServer) -> No
         with browser(server.url, "carol") as carol:
             r = carol.post("/chat/send", data={"message": "again"})
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
-        assert "limit is 1 at a time" in r.text
+        assert "Another answer of yours is still being written" in r.text
     finally:
         server.engine.cancel(handle)
         _quota(server, "carol", max_concurrent="")

@@ -134,8 +134,8 @@ def test_pages_carry_a_strict_content_security_policy(server: LiveServer) -> Non
 def test_vendored_assets_are_served_locally_with_pinned_hashes_and_licenses(
         server: LiveServer) -> None:
     lock = json.loads(VENDOR_LOCK.read_text())
-    assert {n: p["version"] for n, p in lock.items()} == {"htmx.org": "2.0.11",
-                                                          "htmx-ext-sse": "2.2.4"}
+    assert {n: p["version"] for n, p in lock.items()} == {
+        "htmx.org": "2.0.11", "htmx-ext-sse": "2.2.4", "@highlightjs/cdn-assets": "11.11.1"}
     with browser(server.url, "bob", htmx=False) as bob:
         page = bob.get("/chat").text
         for package in lock.values():
@@ -153,7 +153,7 @@ def test_vendored_assets_are_served_locally_with_pinned_hashes_and_licenses(
 
 
 def test_the_web_layer_does_not_import_mlx() -> None:
-    code = ("import sys, web.routes, web.bench_dashboards; "
+    code = ("import sys, web.routes, appliance.bench.dashboards; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')); "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

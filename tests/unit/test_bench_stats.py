@@ -155,6 +155,7 @@ def test_summarize_level_aggregates_all_clients() -> None:
     # gaps: 0.1, 0.1, 0.2, 0.2, 0.2 → median 0.2
     assert stats.itl_p50_s == pytest.approx(0.2)
     assert stats.itl_p95_s == pytest.approx(0.2)
+    assert stats.itl_max_s == pytest.approx(0.2)
     assert stats.token_source == "usage"
     assert stats.first_error is None
 
@@ -257,9 +258,9 @@ def test_render_table_rows_and_ratios() -> None:
     lines = render_table(results, ratios).splitlines()
     assert lines[0].startswith("| C | server |")
     assert len(lines) == 2 + 3
-    assert lines[2] == "| 1 | ours | 1/1 | 64 | 12.0 | 500 | 500 | 80 | 80 |"
-    assert lines[3] == "| 1 | mlx_lm | 1/1 | 64 | 10.0 | 250 | 250 | 100 | 100 |"
-    assert lines[4] == "| 1 | ours/mlx_lm |  |  | **1.20×** |  | **2.00×** |  | **0.80×** |"
+    assert lines[2] == "| 1 | ours | 1/1 | 64 | 12.0 | 500 | 500 | 80 | 80 | – |"
+    assert lines[3] == "| 1 | mlx_lm | 1/1 | 64 | 10.0 | 250 | 250 | 100 | 100 | – |"
+    assert lines[4] == "| 1 | ours/mlx_lm |  |  | **1.20×** |  | **2.00×** |  | **0.80×** |  |"
 
 
 def test_render_table_single_server_has_no_ratio_rows() -> None:

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance.sched.fair import WEIGHT_MAX, WEIGHT_MIN, VirtualCounters
+from appliance.sched.fair import VirtualCounters
 from appliance.store.users import _validate_weight
+from appliance.vocab import WEIGHT_MAX, WEIGHT_MIN
 
 USERS = ("alice", "bob", "carol", "dave")
 EXAMPLES = settings(max_examples=int(os.environ.get("APPLIANCE_PROPERTY_EXAMPLES", "200")),

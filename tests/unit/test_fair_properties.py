@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from appliance.sched.classes import Klass
 from appliance.sched.quota import QuotaLimits
-from appliance.sched.scheduler import CHUNK_IDLE, Plan, SchedulerConfig, SeqView
 from appliance.sched.simulator import Arrival, CostModel, Loop, SimResult, Simulator
 from appliance.sched.states import RequestState
+from appliance.sched.types import CHUNK_IDLE, Plan, SchedulerConfig, SeqView
 
 USERS = ("alice", "bob", "carol")
 COST = CostModel()

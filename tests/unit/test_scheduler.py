@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from appliance.sched.classes import Klass
-from appliance.sched.scheduler import CHUNK_BUSY, CHUNK_IDLE, Scheduler, SchedulerConfig, SeqView
+from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import (
     ALLOWED,
     FINISHED,
@@ -13,6 +13,7 @@ from appliance.sched.states import (
     RequestState,
     check_transition,
 )
+from appliance.sched.types import CHUNK_BUSY, CHUNK_IDLE, SchedulerConfig, SeqView
 
 Q, P, D = RequestState.QUEUED, RequestState.PREFILLING, RequestState.DECODING
 
@@ -90,7 +91,7 @@ def test_a_lower_class_prefill_is_parked_but_granted_every_interval() -> None:
     for tick in range(12):
         plan = s.step(float(tick), seqs)
         grants.append(bool(plan.prefill))
-        s.update(plan, seqs, decoded=True)
+        s.update(plan, seqs, decoded=True, served={})
     assert grants == [False, False, False, True] * 3
 
 
@@ -145,3 +146,14 @@ def test_class_preemption_can_be_switched_off() -> None:
     plan = sched(max_batch_size=2, class_preemption=False, background_reserve=0).step(
         0.0, [*running, seq(3, klass=Klass.VOICE)])
     assert plan.preempt == () and plan.admit == ()
+
+
+def test_queue_order_is_the_order_admission_takes_and_changes_nothing() -> None:
+    s = sched(max_batch_size=1)
+    s.counters.charge("bob", 0, 500)  # bob has been served a lot: carol goes before him
+    seqs = [seq(1, D, user="dave"), seq(2, user="bob"), seq(3, user="carol"),
+            seq(4, klass=Klass.VOICE, user="alice")]
+    before = s.counters.snapshot()
+    assert s.queue_order(0.0, seqs) == [4, 3, 2]  # voice first, then the lower counter
+    assert s.counters.snapshot() == before
+    assert s.queue_order(0.0, [seq(1, D)]) == []

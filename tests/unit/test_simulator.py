@@ -6,16 +6,15 @@ import pytest
 
 from appliance.sched.classes import Klass
 from appliance.sched.quota import QuotaLimits
-from appliance.sched.scheduler import SchedulerConfig
 from appliance.sched.simulator import (
     Arrival,
     CostModel,
     Loop,
     SimResult,
     Simulator,
-    main,
 )
-from appliance.sched.workloads import SCENARIOS, percentile, table
+from appliance.sched.types import SchedulerConfig
+from appliance.sched.workloads import SCENARIOS, main, percentile, table
 
 IA, BG, VO = Klass.INTERACTIVE, Klass.BACKGROUND, Klass.VOICE
 

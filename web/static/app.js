@@ -7,28 +7,47 @@
   function messages() { return document.getElementById('messages'); }
   function streaming() { return document.querySelector('.msg.streaming') !== null; }
 
+  // The message list scrolls inside the page (the header stays in view). It follows a
+  // streaming answer while the reader is at the end, and always jumps to the end after Send.
+  var following = true;
+  function atEnd(m) { return m.scrollHeight - m.scrollTop - m.clientHeight < 48; }
   function scrollDown(force) {
     var m = messages();
     if (!m) { return; }
-    var box = document.scrollingElement || document.documentElement;
-    var near = box.scrollHeight - box.scrollTop - window.innerHeight < 160;
-    if (force || near) { window.scrollTo(0, box.scrollHeight); }
+    if (force || following) { m.scrollTop = m.scrollHeight; following = true; }
   }
+  document.addEventListener('scroll', function (e) {
+    if (e.target === messages()) { following = atEnd(e.target); }
+  }, true);
 
   function updateSend() {
     var send = document.getElementById('send');
     if (send) { send.disabled = streaming(); }
   }
 
+  // One notice at a time: a new one replaces the last, and a message that goes through
+  // clears it.
+  function noticeArea() { return document.getElementById('chat-notice'); }
   function notice(text) {
-    var m = messages() || document.querySelector('main');
-    if (!m) { return; }
+    var area = noticeArea() || document.querySelector('main');
+    if (!area) { return; }
     var div = document.createElement('div');
     div.className = 'notice error';
     div.setAttribute('role', 'alert');
     div.textContent = text;
-    m.appendChild(div);
+    if (area.id === 'chat-notice') { area.replaceChildren(div); } else { area.prepend(div); }
   }
+  document.addEventListener('htmx:beforeSwap', function (e) {
+    var form = document.getElementById('composer');
+    if (!form || e.detail.requestConfig.elt !== form) { return; }
+    var area = noticeArea();
+    if (e.detail.xhr.status >= 400 && area) {
+      e.detail.target = area;           // the refusal, in the one notice place
+      e.detail.swapOverride = 'innerHTML';
+    } else if (area) {
+      area.replaceChildren();
+    }
+  });
 
   document.addEventListener('keydown', function (e) {
     if (e.target && e.target.id === 'message' && e.key === 'Enter' && !e.shiftKey &&
@@ -41,11 +60,17 @@
 
   document.addEventListener('htmx:afterRequest', function (e) {
     var form = document.getElementById('composer');
-    if (form && e.detail.elt === form && e.detail.successful) {
+    if (form && e.detail.elt === form && e.detail.xhr && e.detail.xhr.status < 300) {
       document.getElementById('message').value = '';
     }
   });
-  document.addEventListener('htmx:afterSwap', updateSend);
+  document.addEventListener('htmx:afterSwap', function (e) {
+    updateSend();
+    var form = document.getElementById('composer');
+    if (form && e.detail.requestConfig && e.detail.requestConfig.elt === form) {
+      scrollDown(true);  // the question just sent and its answer: in view
+    }
+  });
   document.addEventListener('htmx:afterSettle', function () { updateSend(); scrollDown(false); });
   document.addEventListener('htmx:sseMessage', function () { scrollDown(false); });
   document.addEventListener('htmx:sseClose', updateSend);
@@ -72,10 +97,94 @@
   document.addEventListener('htmx:sendError', function () {
     notice('The appliance cannot be reached. Check the connection and try again.');
   });
+  // The dashboard's live figures: its own EventSource (not the htmx extension), so that the
+  // server ending a stream on schedule ("bye") is a quiet reconnect, not a logged error.
+  function dashboard(root) {
+    var dot = document.getElementById('live-dot');
+    var delay = 250;
+    function open() {
+      var source = new EventSource(root.getAttribute('data-stream'));
+      root.querySelectorAll('[data-part]').forEach(function (part) {
+        source.addEventListener(part.getAttribute('data-part'), function (e) {
+          part.innerHTML = e.data;  // HTML rendered by our own server's templates
+        });
+      });
+      source.addEventListener('open', function () {
+        delay = 250;
+        if (dot) { dot.textContent = 'live'; dot.classList.remove('off'); }
+      });
+      source.addEventListener('bye', function () { source.close(); open(); });
+      source.onerror = function () {  // the server went away: say so, retry, back off
+        source.close();
+        if (dot) { dot.textContent = 'reconnecting…'; dot.classList.add('off'); }
+        window.setTimeout(open, delay);
+        delay = Math.min(delay * 2, 10000);
+      };
+    }
+    open();
+  }
+
+  // Copy: an answer, a code block, a new API key. The Clipboard API needs a secure page
+  // (https or localhost); on a plain-http LAN address the selection is copied instead.
+  function copyText(text, button) {
+    function done(ok) {
+      var was = button.getAttribute('data-label') || button.textContent;
+      button.setAttribute('data-label', was);
+      button.textContent = ok ? 'Copied' : 'Select and copy by hand';
+      window.setTimeout(function () { button.textContent = was; }, 1500);
+    }
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(function () { done(true); },
+                                                function () { done(false); });
+      return;
+    }
+    var area = document.createElement('textarea');
+    area.value = text;
+    area.setAttribute('readonly', '');
+    area.className = 'visually-hidden';
+    document.body.appendChild(area);
+    area.select();
+    var ok = false;
+    try { ok = document.execCommand('copy'); } catch (err) { ok = false; }
+    area.remove();
+    button.focus();
+    done(ok);
+  }
+  document.addEventListener('click', function (e) {
+    var button = e.target.closest && e.target.closest('[data-copy]');
+    if (!button) { return; }
+    var what = button.getAttribute('data-copy');
+    var source = what === 'answer' ? button.closest('.msg').querySelector('.body')
+      : what === 'code' ? button.parentElement.querySelector('code')
+        : document.querySelector(what);
+    if (source) { copyText(source.innerText.replace(/\n$/, ''), button); }
+  });
+
+  // Code blocks: colours from the vendored highlight.js, and a Copy button on each.
+  function decorate(root) {
+    (root || document).querySelectorAll('.md pre > code').forEach(function (code) {
+      var pre = code.parentElement;
+      if (pre.getAttribute('data-done')) { return; }
+      pre.setAttribute('data-done', '1');
+      if (window.hljs) { window.hljs.highlightElement(code); }
+      var button = document.createElement('button');
+      button.type = 'button';
+      button.className = 'copy-code';
+      button.setAttribute('data-copy', 'code');
+      button.textContent = 'Copy code';
+      pre.insertBefore(button, code);
+    });
+  }
+  document.addEventListener('htmx:afterSettle', function () { decorate(); });
+
   document.addEventListener('DOMContentLoaded', function () {
-    if (messages()) { scrollDown(true); }
-    updateSend();
+    if (window.hljs) { window.hljs.configure({ ignoreUnescapedHTML: true }); }
+    decorate();
+    var dash = document.getElementById('dashboard');
+    if (dash && dash.getAttribute('data-stream')) { dashboard(dash); }
     var list = document.querySelector('details.conversations');
     if (list && window.matchMedia('(max-width: 720px)').matches) { list.open = false; }
+    if (messages()) { scrollDown(true); }
+    updateSend();
   });
 })();

@@ -9,7 +9,7 @@ benchmarks) into a directory that ``mlx_lm.load(path)`` opens like any downloade
 
 Corpus source and license
 -------------------------
-The training text, ``appliance/engine/demo_corpus.txt``, is derived from CPython 3.11.7's
+The training text, ``appliance/demo/corpus.txt``, is derived from CPython 3.11.7's
 standard library: the reference documentation shipped in ``Lib/pydoc_data/topics.py`` and the
 docstrings of the pure-Python modules under ``Lib/``, filtered down to English prose
 paragraphs by :func:`make_corpus`. That text is Copyright (c) 2001-2023 Python Software
@@ -32,7 +32,7 @@ Shapes
 
 Usage::
 
-    python -m appliance.engine.demo_model --out DIR --shape demo|tiny|smollm-135m \
+    python -m appliance.demo.build --out DIR --shape demo|tiny|smollm-135m \
         [--steps N] [--seed S]
 """
 
@@ -62,9 +62,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 log = logging.getLogger(__name__)
 
-ENGINE_DIR = Path(__file__).resolve().parent
-CORPUS_PATH = ENGINE_DIR / "demo_corpus.txt"
-DEMO_MODEL_DIR = ENGINE_DIR.parent / "demo_model"
+DEMO_DIR = Path(__file__).resolve().parent
+CORPUS_PATH = DEMO_DIR / "corpus.txt"
+DEMO_MODEL_DIR = DEMO_DIR.parent / "demo_model"
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -80,13 +80,13 @@ CHAT_TEMPLATE = (
 )
 
 CORPUS_HEADER = """\
-# demo_corpus.txt: training text for the appliance demo model.
+# corpus.txt: training text for the appliance demo model.
 #
 # Source: CPython 3.11.7 standard library -- the reference documentation in
 # Lib/pydoc_data/topics.py and docstrings of the pure-Python modules in Lib/.
 # Changes made (PSF License clause 3): paragraphs were extracted, filtered to English prose
 # (code, grammar, tables and examples removed), de-duplicated, and their line breaks joined,
-# by appliance.engine.demo_model.make_corpus().
+# by appliance.demo.build.make_corpus().
 #
 # Copyright (c) 2001-2023 Python Software Foundation; All Rights Reserved.
 # Redistributed under the PSF License Agreement for Python 3.11, reproduced below.
@@ -240,7 +240,7 @@ def _psf_license(stdlib: Path) -> str:
 
 
 def make_corpus(stdlib_dir: Path | None = None, max_chars: int = 1_200_000) -> str:
-    """Re-create the text of ``demo_corpus.txt`` from the interpreter's standard library."""
+    """Re-create the text of ``corpus.txt`` from the interpreter's standard library."""
     stdlib = stdlib_dir or Path(sysconfig.get_paths()["stdlib"])
     header = CORPUS_HEADER + _psf_license(stdlib)
     topics_ns: dict[str, Any] = {}
@@ -516,14 +516,14 @@ tied embeddings, float32.
 - Tokenizer: byte-level BPE trained with `tokenizers` on the corpus; special tokens
   `<|endoftext|>` (0), `<|im_start|>` (1), `<|im_end|>` (2); ChatML chat template;
   eos `<|im_end|>`.
-- Corpus: `appliance/engine/demo_corpus.txt`, prose from the CPython 3.11.7 standard
+- Corpus: `appliance/demo/corpus.txt`, prose from the CPython 3.11.7 standard
   library documentation and docstrings, Copyright (c) 2001-2023 Python Software Foundation,
   used under the PSF License Agreement.
 - {trained}
 
 Rebuild with:
 
-    python -m appliance.engine.demo_model --out DIR --shape {shape} --seed {seed}
+    python -m appliance.demo.build --out DIR --shape {shape} --seed {seed}
 """
 
 
@@ -582,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="demo")
     parser.add_argument("--steps", type=int, default=None, help="training steps (demo only)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--make-corpus", action="store_true", help="rewrite demo_corpus.txt")
+    parser.add_argument("--make-corpus", action="store_true", help="rewrite corpus.txt")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.make_corpus:

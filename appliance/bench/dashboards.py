@@ -1,6 +1,6 @@
 """Benchmark: the engine's aggregate throughput with open dashboards versus none, same run.
 
-    python -m web.bench_dashboards [--model DIR|tiny] [--dashboards 5] [--clients 8]
+    python -m appliance.bench.dashboards [--model DIR|tiny] [--dashboards 5] [--clients 8]
                                    [--rounds 10] [--phase-s 6] [--stream] [--out FILE.json]
 
 One server in this process (engine thread + event loop, as the daemon runs). A load process
@@ -81,55 +81,33 @@ def run_viewers(url: str, key: str, dashboards: int, seconds: float) -> None:
 # ---- the server and the measurement ----
 def _server(model: Path, batch: int) -> tuple[Any, Any, dict[str, str], str, Any, int]:
     """Engine, app, API keys, URL, a stop function and the event loop's thread id, wired
-    exactly as the daemon is."""
-    import uvicorn
+    exactly as the daemon is (``build_daemon``)."""
     from argon2 import PasswordHasher
 
-    from appliance.app import build_services, create_app, start_engine
-    from appliance.cli_admin import db_path
+    from appliance.daemon import build_daemon, serve_in_thread
     from appliance.settings import Settings
-    from appliance.store import keys, migrate, users
-    from appliance.store.db import open_store
-    from appliance.store.writer import StoreWriter
+    from appliance.store import keys, users
 
     settings = Settings()
     settings.engine.model = str(model)
     settings.engine.max_batch_size = batch
     settings.store.data_dir = tempfile.mkdtemp(prefix="appliance-bench-")
-    migrate.upgrade(db_path(settings))
-    store = open_store(db_path(settings))
+    daemon = build_daemon(settings, secret="b" * 32, drain_timeout=1)
     plain: dict[str, str] = {}
-    with store.sessions.begin() as s:
+    with daemon.store.sessions.begin() as s:
         for name, role in (("bench-admin", "admin"), ("bench-load", "member")):
             user = users.create_user(s, name, "bench-password", role=role,
                                      hasher=PasswordHasher(time_cost=1, memory_cost=1024))
             plain[name] = keys.create_api_key(s, user, name)[1]
-    writer = StoreWriter(store.sessions)
-    engine = start_engine(settings, writer=writer)
-    app = create_app(build_services(settings, engine, store), secret="b" * 32)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False,
-                            timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-
-    def stop() -> None:
-        from appliance.app import shutdown_engine
-        server.should_exit = True
-        thread.join(10)
-        shutdown_engine(engine, 1)
-        writer.close()
-        store.close()
-    return engine, app, plain, f"http://127.0.0.1:{port}", stop, int(thread.native_id or 0)
+    served = serve_in_thread(daemon)
+    return (daemon.engine, daemon.app, plain, served.url, served.stop,
+            int(served.thread.native_id or 0))
 
 
 def _spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "web.bench_dashboards", *args],
+    return subprocess.Popen([sys.executable, "-m", "appliance.bench.dashboards", *args],
                             stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parent.parent)
+                            cwd=Path(__file__).resolve().parents[2])
 
 
 def _hub_busy(app: Any) -> float:
@@ -225,7 +203,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def _model(choice: str) -> Path:
     if choice == "tiny":  # random weights, built like the test fixture (imports MLX)
-        from appliance.engine.demo_model import build_model
+        from appliance.demo.build import build_model
         return Path(build_model(Path(tempfile.mkdtemp()) / "tiny", shape="tiny"))
     if choice:
         return Path(choice)
@@ -235,18 +213,18 @@ def _model(choice: str) -> Path:
 
 def _openblas(argv: list[str]) -> None:
     """Run with Debian's OpenBLAS preloaded, as ``appliance serve`` does (Linux)."""
-    from appliance.cli import OPENBLAS_CANDIDATES
-    lib = next((p for p in OPENBLAS_CANDIDATES if Path(p).exists()), None)
+    from appliance.blas import openblas_lib
+    lib = openblas_lib()
     if sys.platform != "linux" or lib is None or lib in os.environ.get("LD_PRELOAD", ""):
         return
     env = {**os.environ, "LD_PRELOAD": ":".join(p for p in (lib, os.environ.get("LD_PRELOAD"))
                                                  if p)}
-    os.execve(sys.executable, [sys.executable, "-m", "web.bench_dashboards", *argv], env)
+    os.execve(sys.executable, [sys.executable, "-m", "appliance.bench.dashboards", *argv], env)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m web.bench_dashboards", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m appliance.bench.dashboards", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="", help="model directory, 'tiny', or empty: the demo")
     p.add_argument("--dashboards", type=int, default=5)

@@ -1,0 +1,271 @@
+"""``/jobs``: background summary jobs over JSON (API key, or a session with CSRF).
+
+Members see and change their own jobs only (another member's answers 404, exactly like one
+that does not exist); admins see everyone's. Handlers parse and authorize; the rules live
+in ``appliance.jobs`` and ``appliance.store.jobs``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from typing import Any
+
+import anyio
+import msgspec
+from litestar import Request, Response, delete, get, patch, post
+from litestar.datastructures import State
+from litestar.params import FromPath
+
+from appliance.api.errors import ApiError
+from appliance.api.service import Services, decode_body
+from appliance.jobs import definition
+from appliance.jobs.schedule import describe, in_words, make_trigger, next_times
+from appliance.store import jobs as store_jobs
+from appliance.store.errors import NotFound
+from appliance.store.models import Job, JobRun, User
+
+RUNS_LIMIT = 50
+
+
+class JobBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Create: name and a source are needed; edit: any subset (``headers`` absent keeps
+    the stored ones, ``{}`` clears them)."""
+
+    name: str | None = None
+    instructions: str | None = None
+    source: str | None = None
+    text: str | None = None
+    url: str | None = None
+    headers: dict[str, str] | None = None
+    schedule: str | None = None
+    cron: str | None = None
+    interval_s: int | None = None
+    max_output_tokens: int | None = None
+    webhook_url: str | None = None
+    paused: bool | None = None
+
+
+_FIELD = {"source": "source_kind", "text": "source_text", "schedule": "schedule_kind"}
+
+
+def body_fields(body: JobBody) -> dict[str, Any]:
+    raw = msgspec.structs.asdict(body)
+    return {_FIELD.get(k, k): v for k, v in raw.items() if v is not None}
+
+
+def _services(state: State) -> Services:
+    return state.services
+
+
+def job_fields(job: Job) -> dict[str, Any]:
+    return {k: getattr(job, k) for k in store_jobs.EDITABLE}
+
+
+def validate_for(services: Services, fields: dict[str, Any], owner_is_admin: bool,
+                 now: float | None = None) -> dict[str, Any]:
+    svc = services.jobs
+    return definition.validate(fields, svc.limits, svc.guard(owner_is_admin), now=now)
+
+
+def run_json(run: JobRun, *, output: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": run.id, "job_id": run.job_id, "status": run.status, "trigger": run.trigger,
+        "scheduled_for": run.scheduled_for, "attempts": run.attempts,
+        "started_at": run.started_at, "finished_at": run.finished_at,
+        "interrupted_at": run.interrupted_at,
+        "progress": {"done": run.chunks_done, "total": run.chunks_total},
+        "requests": run.requests, "prompt_tokens": run.prompt_tokens,
+        "output_tokens": run.output_tokens, "source_bytes": run.source_bytes,
+        "error": run.error, "delivery": run.delivery, "delivery_detail": run.delivery_detail,
+    }
+    if output:
+        out["output"] = run.output
+        out["request_ids"] = run.request_ids.split()
+    return out
+
+
+def job_json(services: Services, job: Job, owner: str, last: JobRun | None = None
+             ) -> dict[str, Any]:
+    svc = services.jobs
+    now = datetime.now(svc.zone)
+    trigger = make_trigger(job.schedule_kind, job.cron, job.interval_s, job.created_at, svc.zone)
+    upcoming = [] if job.paused else next_times(trigger, now, 3)
+    live = next((v for v in svc.live.values() if v.job_id == job.id), None)
+    headers = json.loads(job.headers) if job.headers else {}
+    return {
+        "id": job.id, "owner": owner, "owner_id": job.user_id, "name": job.name,
+        "instructions": job.instructions,
+        "source": {"kind": job.source_kind, "url": job.url,
+                   "text_bytes": len((job.source_text or "").encode()),
+                   "headers": {k: "(set)" for k in headers}},
+        "schedule": {"kind": job.schedule_kind, "cron": job.cron, "interval_s": job.interval_s,
+                     "description": describe(job.schedule_kind, job.cron, job.interval_s),
+                     "next_runs": [t.isoformat() for t in upcoming],
+                     "next_runs_in_words": [in_words(t, now) for t in upcoming]},
+        "max_output_tokens": job.max_output_tokens, "webhook_url": job.webhook_url,
+        "paused": job.paused, "created_at": job.created_at, "updated_at": job.updated_at,
+        "running": None if live is None else {"run_id": live.run_id, "done": live.done,
+                                              "total": live.total},
+        "last_run": None if last is None else run_json(last),
+    }
+
+
+# ---- blocking parts (worker threads) ----
+def _list(services: Services, viewer: Any) -> list[dict[str, Any]]:
+    with services.store.read_sessions() as s:
+        names = store_jobs.owner_names(s)
+        jobs = store_jobs.list_jobs(s, None if viewer.is_admin else viewer.user_id)
+        lasts = {j.id: next(iter(store_jobs.list_runs(s, j.id, limit=1)), None) for j in jobs}
+    return [job_json(services, j, names.get(j.user_id, "?"), lasts[j.id]) for j in jobs]
+
+
+def _get(services: Services, viewer: Any, job_id: int) -> dict[str, Any]:
+    with services.store.read_sessions() as s:
+        job = store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
+        owner = s.get(User, job.user_id)
+        last = next(iter(store_jobs.list_runs(s, job.id, limit=1)), None)
+    return job_json(services, job, owner.name if owner else "?", last)
+
+
+def create(services: Services, viewer: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    now = time.time()
+    clean = validate_for(services, fields, viewer.is_admin, now)
+    with services.store.sessions.begin() as s:
+        job = store_jobs.create_job(s, viewer.user_id, clean, now=now)
+    return job_json(services, job, viewer.name)
+
+
+def edit(services: Services, viewer: Any, job_id: int, changes: dict[str, Any]
+         ) -> dict[str, Any]:
+    with services.store.sessions.begin() as s:
+        job = store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
+        owner = s.get(User, job.user_id)
+        assert owner is not None
+        merged = {**job_fields(job), **changes}
+        if "headers" not in changes and job.headers:
+            merged["headers"] = json.loads(job.headers)
+        if changes.get("source_kind", job.source_kind) != job.source_kind:
+            merged.setdefault("source_text", None)
+        clean = validate_for(services, merged, owner.role == "admin", job.created_at)
+        store_jobs.update_job(s, job, clean)
+        name = owner.name
+    return job_json(services, job, name)
+
+
+def _delete(services: Services, viewer: Any, job_id: int) -> None:
+    with services.store.sessions.begin() as s:
+        job = store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
+        store_jobs.delete_job(s, job)
+
+
+def _runs(services: Services, viewer: Any, job_id: int) -> list[dict[str, Any]]:
+    with services.store.read_sessions() as s:
+        store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
+        return [run_json(r) for r in store_jobs.list_runs(s, job_id, limit=RUNS_LIMIT)]
+
+
+def _run(services: Services, viewer: Any, job_id: int, run_id: int) -> dict[str, Any]:
+    with services.store.read_sessions() as s:
+        store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
+        run = store_jobs.get_run(s, run_id)
+        if run.job_id != job_id:
+            raise NotFound("run not found")
+        return run_json(run, output=True)
+
+
+def _check(services: Services, viewer: Any, job_id: int) -> None:
+    with services.store.read_sessions() as s:
+        store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
+
+
+def _require_jobs(services: Services) -> Any:
+    if services.jobs is None:
+        raise ApiError(503, "Jobs are not available in this process.", "overloaded")
+    return services.jobs
+
+
+# ---- handlers ----
+@get("/jobs")
+async def list_jobs(request: Request, state: State) -> list[dict[str, Any]]:
+    services = _services(state)
+    _require_jobs(services)
+    return await anyio.to_thread.run_sync(_list, services, request.user)
+
+
+@post("/jobs", status_code=201)
+async def create_job(request: Request, state: State) -> dict[str, Any]:
+    services = _services(state)
+    svc = _require_jobs(services)
+    fields = body_fields(decode_body(await request.body(), JobBody))
+    made = await anyio.to_thread.run_sync(create, services, request.user, fields)
+    svc.reschedule()
+    return made
+
+
+@get("/jobs/{job_id:int}")
+async def get_job(request: Request, state: State, job_id: FromPath[int]) -> dict[str, Any]:
+    services = _services(state)
+    _require_jobs(services)
+    return await anyio.to_thread.run_sync(_get, services, request.user, job_id)
+
+
+@patch("/jobs/{job_id:int}")
+async def edit_job(request: Request, state: State, job_id: FromPath[int]) -> dict[str, Any]:
+    services = _services(state)
+    svc = _require_jobs(services)
+    changes = body_fields(decode_body(await request.body(), JobBody))
+    if not changes:
+        raise ApiError(400, "Nothing to change: send at least one field.",
+                       code="invalid_value")
+    done = await anyio.to_thread.run_sync(edit, services, request.user, job_id, changes)
+    svc.reschedule()
+    return done
+
+
+@delete("/jobs/{job_id:int}", status_code=204)
+async def delete_job(request: Request, state: State, job_id: FromPath[int]) -> None:
+    services = _services(state)
+    svc = _require_jobs(services)
+    await anyio.to_thread.run_sync(_delete, services, request.user, job_id)
+    svc.forget(job_id)
+
+
+@post("/jobs/{job_id:int}/run", status_code=202)
+async def run_job(request: Request, state: State, job_id: FromPath[int]) -> dict[str, Any]:
+    services = _services(state)
+    svc = _require_jobs(services)
+    await anyio.to_thread.run_sync(_check, services, request.user, job_id)
+    run_id = await svc.run_now(job_id)
+    return await anyio.to_thread.run_sync(_run, services, request.user, job_id, run_id)
+
+
+@get("/jobs/{job_id:int}/runs")
+async def list_runs(request: Request, state: State, job_id: FromPath[int]
+                    ) -> list[dict[str, Any]]:
+    services = _services(state)
+    return await anyio.to_thread.run_sync(_runs, services, request.user, job_id)
+
+
+@get("/jobs/{job_id:int}/runs/{run_id:int}")
+async def get_run(request: Request, state: State, job_id: FromPath[int],
+                  run_id: FromPath[int]) -> dict[str, Any]:
+    services = _services(state)
+    return await anyio.to_thread.run_sync(_run, services, request.user, job_id, run_id)
+
+
+@post("/jobs/{job_id:int}/runs/{run_id:int}/cancel", status_code=200)
+async def cancel_run(request: Request, state: State, job_id: FromPath[int],
+                     run_id: FromPath[int]) -> Response[dict[str, Any]]:
+    services = _services(state)
+    svc = _require_jobs(services)
+    await anyio.to_thread.run_sync(_run, services, request.user, job_id, run_id)
+    cancelled = await svc.cancel(run_id)
+    if not cancelled:
+        raise ApiError(409, "The run has already finished.", "conflict_error", "finished")
+    return Response({"id": run_id, "cancelled": True})
+
+
+ROUTES = [list_jobs, create_job, get_job, edit_job, delete_job, run_job, list_runs, get_run,
+          cancel_run]

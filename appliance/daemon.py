@@ -1,0 +1,158 @@
+"""The one assembly of the running daemon, used by ``appliance serve``, the tests and the
+benchmarks alike, so what is tested is what ships.
+
+``build_daemon(settings)`` migrates the database, opens the store, starts the store writer,
+starts the engine with the persisted fairness state (counters, weights and the last day's
+usage) and its supervisor, and builds the services and the HTTP app. ``Daemon.close()``
+tears it down in the reverse order: stop the supervisor, drain the engine (its counters go to
+the writer), flush and stop the writer, close the store. The app calls ``close`` in its
+shutdown hook; calling it again is harmless. When the supervisor finds the engine down it
+calls each of ``Daemon.on_engine_down`` (``appliance serve`` stops serving and exits 70).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from litestar import Litestar
+
+from appliance.api.service import Services
+from appliance.app import (
+    app_secret,
+    build_services,
+    create_app,
+    shutdown_engine,
+    start_engine,
+    supervise,
+)
+from appliance.engine.core import Engine
+from appliance.engine.request import FaultHook
+from appliance.engine.supervisor import Supervisor
+from appliance.jobs.netguard import parse_allow_list
+from appliance.jobs.schedule import household_zone
+from appliance.settings import Settings
+from appliance.store import migrate
+from appliance.store.db import Store, db_file, open_store
+from appliance.store.writer import DEFAULT_FLUSH_INTERVAL_S, StoreWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Daemon:
+    settings: Settings
+    store: Store
+    writer: StoreWriter
+    engine: Engine
+    services: Services
+    drain_timeout: float
+    """Seconds the engine's drain waits for running requests before cancelling them."""
+    app: Litestar = field(init=False)
+    supervisor: Supervisor | None = None
+    on_engine_down: list[Callable[[str], None]] = field(default_factory=list)
+    """Called (from the supervisor's thread) with the reason when the engine stops serving."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _closed: bool = False
+
+    def close(self) -> None:
+        """Drain the engine, flush and stop the writer, close the store (once)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self.supervisor is not None:
+                self.supervisor.stop()
+            shutdown_engine(self.engine, self.drain_timeout)
+            self.writer.close()
+            self.store.close()
+            log.info("shut down cleanly")
+
+
+def check_jobs(settings: Settings) -> None:
+    """The jobs' time zone and allow-list, parsed once before anything starts."""
+    household_zone(settings.jobs.timezone)
+    parse_allow_list(settings.jobs.url_allow)
+
+
+def build_daemon(settings: Settings, *, fault: FaultHook | None = None,
+                 secret: str | None = None, drain_timeout: float | None = None,
+                 flush_interval: float = DEFAULT_FLUSH_INTERVAL_S,
+                 supervise_interval_s: float = 1.0) -> Daemon:
+    """The running daemon from its settings (the model is loaded when this returns)."""
+    check_jobs(settings)  # a typo in the time zone or allow-list stops the start
+    path = db_file(settings.store.data_dir)
+    migrate.upgrade(path)
+    store = open_store(path)
+    writer = StoreWriter(store.sessions, flush_interval=flush_interval)
+    try:
+        engine = start_engine(settings, fault=fault, writer=writer, store=store)
+    except BaseException:
+        writer.close()
+        store.close()
+        raise
+    services = build_services(settings, engine, store, writer)
+    daemon = Daemon(settings, store, writer, engine, services,
+                    settings.server.shutdown_timeout if drain_timeout is None else drain_timeout)
+    if secret is None:
+        secret = app_secret(Path(settings.store.data_dir).expanduser())
+    daemon.app = create_app(services, secret, on_shutdown=[daemon.close])
+
+    def engine_down(reason: str) -> None:
+        for hook in list(daemon.on_engine_down):
+            hook(reason)
+
+    daemon.supervisor = supervise(engine, engine_down, supervise_interval_s)
+    return daemon
+
+
+def uvicorn_config(daemon: Daemon, host: str, port: int, nofile: int | None = None) -> Any:
+    """How the daemon's app is served (the CLI in the foreground, tests in a thread);
+    ``nofile``: the open-file limit (``raise_open_file_limit()`` in the CLI)."""
+    import uvicorn
+
+    from appliance.httpserver import server_options
+
+    return uvicorn.Config(daemon.app, host=host, port=port, log_config=None, access_log=False,
+                          lifespan="on",
+                          timeout_graceful_shutdown=int(daemon.drain_timeout) or None,
+                          **server_options(daemon.settings.server, nofile))
+
+
+@dataclass
+class ServerThread:
+    """The daemon served by uvicorn on a thread of this process (tests, benchmarks)."""
+
+    daemon: Daemon
+    url: str
+    port: int
+    thread: threading.Thread
+    server: Any
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10 + self.daemon.drain_timeout)
+        self.daemon.close()
+
+
+def serve_in_thread(daemon: Daemon, host: str = "127.0.0.1", port: int = 0,
+                    timeout: float = 30.0) -> ServerThread:
+    """Start serving on a loopback port (0: any free one) and wait until it listens."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn_config(daemon, host, port))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            daemon.close()
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    return ServerThread(daemon, f"http://{host}:{bound}", bound, thread, server)

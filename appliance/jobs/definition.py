@@ -1,0 +1,131 @@
+"""A job's definition checked as a whole: what an API, page or CLI call may store.
+
+``validate`` takes the fields as they would be stored (after a create or an edit merged
+into the existing job) and returns them cleaned, or raises ``ValueError`` with a message
+meant for the person who typed them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import tzinfo
+from typing import Any
+
+from appliance.jobs.fetch import check_url
+from appliance.jobs.netguard import Guard, Refused, Unresolvable
+from appliance.jobs.schedule import make_trigger
+from appliance.store.models import SCHEDULE_KINDS, SOURCE_KINDS
+
+NAME_MAX = 100
+INSTRUCTIONS_MAX = 4000
+URL_MAX = 2000
+HEADERS_MAX = 20
+HEADER_VALUE_MAX = 4000
+MIN_OUTPUT_TOKENS = 16
+DEFAULT_INSTRUCTIONS = "Summarise this for the household in a few short paragraphs."
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    document_max_bytes: int
+    output_max_tokens: int
+    zone: tzinfo
+
+
+def _text(fields: dict[str, Any], key: str, limit: int, *, required: bool = False) -> str | None:
+    value = fields.get(key)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if required:
+            raise ValueError(f"'{key}' is required")
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"'{key}' must be text")
+    if len(value) > limit:
+        raise ValueError(f"'{key}' is longer than {limit} characters")
+    return value
+
+
+def _headers(value: Any) -> str | None:
+    if value in (None, "", {}):
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError("'headers' must be a JSON object of header names and values") \
+                from None
+    if not isinstance(value, dict) or len(value) > HEADERS_MAX:
+        raise ValueError(f"'headers' must be an object of at most {HEADERS_MAX} headers")
+    for k, v in value.items():
+        if not isinstance(k, str) or not k or not isinstance(v, str) \
+                or len(v) > HEADER_VALUE_MAX or any(c in k + v for c in "\r\n"):
+            raise ValueError("each header needs a name and a text value (no line breaks)")
+        if k.lower() in ("host", "content-length", "transfer-encoding"):
+            raise ValueError(f"the header '{k}' is set by the appliance")
+    return json.dumps(value)
+
+
+def _url(value: str | None, key: str, guard: Guard) -> str | None:
+    if value is None:
+        return None
+    try:
+        check_url(value.strip(), guard)
+    except Unresolvable:
+        pass  # checked again at every run
+    except Refused as exc:
+        raise ValueError(f"'{key}': {exc}") from None
+    return value.strip()
+
+
+def validate(fields: dict[str, Any], limits: Limits, guard: Guard,
+             *, now: float | None = None) -> dict[str, Any]:
+    """The stored form of a job definition; ValueError naming the first problem."""
+    out: dict[str, Any] = {}
+    name = _text(fields, "name", NAME_MAX, required=True)
+    assert name is not None
+    out["name"] = " ".join(name.split())
+    out["instructions"] = (_text(fields, "instructions", INSTRUCTIONS_MAX)
+                           or DEFAULT_INSTRUCTIONS).strip()
+    kind = fields.get("source_kind") or "text"
+    if kind not in SOURCE_KINDS:
+        raise ValueError(f"'source' must be one of {', '.join(SOURCE_KINDS)}")
+    out["source_kind"] = kind
+    out["source_text"] = out["url"] = out["headers"] = None
+    if kind == "text":
+        text = fields.get("source_text")
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("a 'text' job needs the document in 'text'")
+        if len(text.encode()) > limits.document_max_bytes:
+            raise ValueError(f"the document is over the {limits.document_max_bytes}-byte "
+                             "limit (jobs.document_max_bytes)")
+        out["source_text"] = text
+    elif kind == "url":
+        out["url"] = _url(_text(fields, "url", URL_MAX, required=True), "url", guard)
+        out["headers"] = _headers(fields.get("headers"))
+    schedule = fields.get("schedule_kind") or "none"
+    if schedule not in SCHEDULE_KINDS:
+        raise ValueError(f"'schedule' must be one of {', '.join(SCHEDULE_KINDS)}")
+    out["schedule_kind"] = schedule
+    out["cron"] = (fields.get("cron") or "").strip() or None if schedule == "cron" else None
+    interval = fields.get("interval_s") if schedule == "interval" else None
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int)):
+        raise ValueError("'interval_s' must be a whole number of seconds")
+    out["interval_s"] = interval
+    make_trigger(schedule, out["cron"], interval, time.time() if now is None else now,
+                 limits.zone)
+    max_out = fields.get("max_output_tokens")
+    if max_out is None:
+        max_out = min(400, limits.output_max_tokens)
+    if isinstance(max_out, bool) or not isinstance(max_out, int) \
+            or not MIN_OUTPUT_TOKENS <= max_out <= limits.output_max_tokens:
+        raise ValueError(f"'max_output_tokens' must be between {MIN_OUTPUT_TOKENS} and "
+                         f"{limits.output_max_tokens} (jobs.output_max_tokens)")
+    out["max_output_tokens"] = max_out
+    out["webhook_url"] = _url(_text(fields, "webhook_url", URL_MAX), "webhook_url", guard)
+    paused = fields.get("paused", False)
+    if not isinstance(paused, bool):
+        raise ValueError("'paused' must be true or false")
+    out["paused"] = paused
+    return out

@@ -1,0 +1,324 @@
+"""What a tick costs: a model of prefill and decode time fitted online from the engine's own
+measurements (per model, per machine), and the tick budget derived from it.
+
+Pure arithmetic: the engine times its forward passes with its own clock and hands the
+numbers to :meth:`CostModel.observe_decode` / :meth:`CostModel.observe_prefill`; the
+scheduler asks for predictions. Nothing here reads a clock.
+
+The model (seconds):
+
+* decode step of ``B`` rows over ``L`` KV positions each (padded):
+  ``d0 + d1 * B + d2 * B * L / 1e3``: a fixed cost per forward (on a CPU mostly reading the
+  weights), per row, and attention over the KV;
+* prefill forward of ``rows`` prompts, ``n`` new tokens each, after ``k`` cached positions:
+  ``p0 + p1 * rows * n / 1e3 + p2 * rows * n * (k + n / 2) / 1e6``: a fixed cost per
+  forward, the matmuls per token, and attention (every new token looks at every earlier
+  position, so a chunk deep into a long prompt costs more per token).
+
+Each is fitted by exponentially forgetting least squares on relative errors (recent ticks
+weigh more, so a machine that gets busier is followed; a 5 ms tick counts as much as a 5 s
+one, so the fit does not depend on how fast the machine is), ridge-pulled towards a prior
+in relative terms so the first few observations cannot send a coefficient anywhere silly,
+and kept non-negative. The priors
+are those of a slow machine (a small model on two CPU cores), so before any data the
+scheduler errs on the side of small chunks; the first ticks correct them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+DECODE_PRIOR = (0.05, 0.002, 0.01)
+"""d0 s/step, d1 s/row, d2 s per 1e3 row-positions (about a 135M fp32 model on 2 cores)."""
+PREFILL_PRIOR = (0.08, 1.5, 8.0)
+"""p0 s/forward, p1 s per 1e3 tokens, p2 s per 1e6 token-positions (same machine)."""
+
+
+class OnlineFit:
+    """Least squares of relative errors, ``y ~ beta . x`` weighted 1/y^2, with forgetting, a
+    relative ridge towards ``prior`` (``strength * sum((b - prior) / prior)^2``) and
+    beta >= 0. ``prior`` must be positive."""
+
+    def __init__(self, prior: Sequence[float], strength: float = 1e-2,
+                 forget: float = 0.98) -> None:
+        if not 0 < forget <= 1:
+            raise ValueError("forget must be in (0, 1]")
+        self.prior = tuple(float(p) for p in prior)
+        if any(p <= 0 for p in self.prior):
+            raise ValueError("prior coefficients must be positive")
+        self.strength = strength
+        self.forget = forget
+        m = len(self.prior)
+        self._xx = [[0.0] * m for _ in range(m)]
+        self._xy = [0.0] * m
+        self.observations = 0
+        self._beta: tuple[float, ...] = self.prior
+        self._fitted_at = 0
+
+    REFIT_EVERY = 4
+    """Observations between refits once warmed up (a refit is a few small linear solves;
+    the engine observes twice a tick, and ticks of a tiny model take a millisecond)."""
+
+    @property
+    def beta(self) -> tuple[float, ...]:
+        """The fitted coefficients, refitted lazily."""
+        stale = self.observations - self._fitted_at
+        if stale and (self.observations <= 16 or stale >= self.REFIT_EVERY):
+            self._beta = self._solve()
+            self._fitted_at = self.observations
+        return self._beta
+
+    def predict(self, x: Sequence[float]) -> float:
+        return sum(b * v for b, v in zip(self.beta, x, strict=True))
+
+    def observe(self, x: Sequence[float], y: float) -> None:
+        if not (math.isfinite(y) and y >= 0):
+            return
+        f = self.forget
+        w = 1.0 / max(y, 1e-6) ** 2
+        m = len(self.prior)
+        for i in range(m):
+            self._xy[i] = f * self._xy[i] + w * x[i] * y
+            row = self._xx[i]
+            for j in range(m):
+                row[j] = f * row[j] + w * x[i] * x[j]
+        self.observations += 1
+
+    def _solve(self) -> tuple[float, ...]:
+        """Minimise sum w (y - b.x)^2 + strength sum((b - prior) / prior)^2 with b >= 0,
+        by dropping the most negative coefficient (held at zero) until the rest are
+        non-negative: at most one small solve per coefficient."""
+        m = len(self.prior)
+        ridge = [self.strength / p ** 2 for p in self.prior]
+        a = [[self._xx[i][j] + (ridge[i] if i == j else 0.0) for j in range(m)]
+             for i in range(m)]
+        rhs = [self._xy[i] + ridge[i] * self.prior[i] for i in range(m)]
+        free = list(range(m))
+        while free:
+            sol = _solve_linear([[a[i][j] for j in free] for i in free], [rhs[i] for i in free])
+            if sol is None:
+                return self._beta
+            worst = min(range(len(free)), key=lambda k: sol[k])
+            if sol[worst] >= 0:
+                beta = [0.0] * m
+                for i, v in zip(free, sol, strict=True):
+                    beta[i] = v
+                return tuple(beta)
+            del free[worst]
+        return tuple(0.0 for _ in range(m))
+
+
+def _solve_linear(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when singular."""
+    n = len(b)
+    if n == 0:
+        return []
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) < 1e-15:
+            return None
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            for c in range(col, n + 1):
+                m[r][c] -= f * m[col][c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+    return x
+
+
+def decode_features(rows: int, kv_len: int) -> tuple[float, float, float]:
+    return (1.0, float(rows), rows * kv_len / 1e3)
+
+
+def prefill_features(rows: int, tokens: int, offset: int) -> tuple[float, float, float]:
+    return (1.0, rows * tokens / 1e3, rows * tokens * (offset + tokens / 2) / 1e6)
+
+
+@dataclass(slots=True)
+class CostModel:
+    """Predicted seconds of a decode step and of a prefill forward, fitted online."""
+
+    decode_fit: OnlineFit = field(default_factory=lambda: OnlineFit(DECODE_PRIOR))
+    prefill_fit: OnlineFit = field(default_factory=lambda: OnlineFit(PREFILL_PRIOR))
+
+    def observe_decode(self, rows: int, kv_len: int, seconds: float) -> None:
+        if rows > 0:
+            self.decode_fit.observe(decode_features(rows, kv_len), seconds)
+
+    def observe_prefill(self, rows: int, tokens: int, offset: int, seconds: float) -> None:
+        if rows > 0 and tokens > 0:
+            self.prefill_fit.observe(prefill_features(rows, tokens, offset), seconds)
+
+    def decode(self, rows: int, kv_len: int) -> float:
+        return self.decode_fit.predict(decode_features(rows, kv_len)) if rows > 0 else 0.0
+
+    def prefill(self, tokens: int, offset: int = 0, *, overhead: bool = True) -> float:
+        """One prompt's chunk of ``tokens`` after ``offset`` cached positions; without the
+        forward's fixed cost when it rides in a forward already paid for."""
+        if tokens <= 0:
+            return 0.0
+        p0, p1, p2 = self.prefill_fit.beta
+        x = prefill_features(1, tokens, offset)
+        return (p0 if overhead else 0.0) + p1 * x[1] + p2 * x[2]
+
+    def prefill_rows(self, rows: int, tokens: int, offset: int) -> float:
+        """One forward of ``rows`` prompts of ``tokens`` new tokens each."""
+        if rows <= 0 or tokens <= 0:
+            return 0.0
+        return self.prefill_fit.predict(prefill_features(rows, tokens, offset))
+
+    def efficient_chunk(self, offset: int = 0) -> int | None:
+        """The chunk size with the lowest predicted time per token (fixed cost spread over
+        the chunk against attention growing within it): sqrt(2 p0 / p2) tokens, or None
+        when attention is free (bigger is always better)."""
+        p0, _, p2 = self.prefill_fit.beta
+        if p2 <= 0:
+            return None
+        return max(1, int(math.sqrt(2 * p0 / (p2 / 1e6))))
+
+    def tokens_within(self, seconds: float, offset: int = 0, *, overhead: bool = True) -> int:
+        """The most tokens of one prompt, after ``offset`` cached positions, whose chunk is
+        predicted to take at most ``seconds``."""
+        p0, p1, p2 = self.prefill_fit.beta
+        left = seconds - (p0 if overhead else 0.0)
+        if left <= 0:
+            return 0
+        # p2/1e6 * (n*offset + n^2/2) + p1/1e3 * n <= left
+        qa = p2 / 2e6
+        qb = p1 / 1e3 + p2 * offset / 1e6
+        if qa <= 0:
+            return int(left / qb) if qb > 0 else 1 << 30
+        n = (-qb + math.sqrt(qb * qb + 4 * qa * left)) / (2 * qa)
+        return max(0, int(n))
+
+
+@dataclass(frozen=True, slots=True)
+class TickObjectives:
+    """The latency objectives a tick's length is derived from.
+
+    * ``itl_target_s``: the longest a decoding stream should wait between tokens, i.e. the
+      longest tick while anything decodes; 0: ``itl_factor`` times the predicted decode
+      step of the current batch.
+    * ``ttft_target_s``: an arrival should see its first token within this; it waits for
+      at most the tick in flight and then its own, so no tick is planned longer than half
+      of it, decoding or not.
+    * ``min_chunk``: a prefill still advances by at least this many tokens per tick when
+      the objectives leave no room, so a long prompt always finishes.
+    * ``prefill_floor``: the objectives are feasible when they leave prefill at least this
+      many times a prefill forward's fixed cost (then at least half of the prefill time
+      reads tokens). When they do not, a slow or busy machine overruns them with the most
+      efficient chunk instead of crawling through prompts a few tokens at a time.
+    """
+
+    itl_target_s: float = 0.0
+    itl_factor: float = 3.0
+    ttft_target_s: float = 1.0
+    min_chunk: int = 16
+    prefill_floor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.itl_target_s < 0 or self.itl_factor < 1 or self.ttft_target_s <= 0:
+            raise ValueError("itl_target_s >= 0, itl_factor >= 1 and ttft_target_s > 0")
+        if self.min_chunk < 1 or self.prefill_floor < 0:
+            raise ValueError("min_chunk must be >= 1 and prefill_floor >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class TickBudget:
+    """What one tick may spend: ``target_s`` in all, ``decode_s`` of it predicted for the
+    decode step, the rest (``prefill_s``) for prefill chunks."""
+
+    target_s: float
+    decode_s: float
+
+    @property
+    def prefill_s(self) -> float:
+        return max(self.target_s - self.decode_s, 0.0)
+
+
+def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
+                kv_len: int) -> TickBudget:
+    """The tick target of a tick that prefills: the ITL objective while a batch decodes,
+    capped by the TTFT bound (half the TTFT objective) either way. When that leaves prefill
+    less than its floor, the objectives cannot be met on this machine at all, and the tick
+    gets the time of the most efficient chunk instead (so a slow or busy machine at least
+    reads prompts at its best pace, several fresh ones per forward)."""
+    decode_s = costs.decode(decode_rows, kv_len + 1)
+    bound = objectives.ttft_target_s / 2
+    if decode_rows:
+        itl = objectives.itl_target_s or objectives.itl_factor * decode_s
+        target = min(itl, bound)
+    else:
+        target = bound
+    floor = objectives.prefill_floor * costs.prefill_fit.beta[0]
+    if floor > 0 and target - decode_s < floor:
+        best = costs.efficient_chunk()
+        if best is not None:
+            floor = max(floor, costs.prefill(best, 0))
+    return TickBudget(target_s=max(target, decode_s + floor), decode_s=decode_s)
+
+
+class PrefillAllowance:
+    """What is left of one tick's prefill share, in tokens (fixed chunks) or in seconds
+    (time-budgeted); :meth:`size` proposes a chunk, :meth:`spend` books it."""
+
+    def __init__(self, tokens: int | None = None, *, costs: CostModel | None = None,
+                 budget: TickBudget | None = None, min_chunk: int = 1) -> None:
+        self.tokens = tokens
+        self.full_tokens = tokens
+        self.costs = costs
+        self.seconds = budget.prefill_s if budget is not None else None
+        self.full = self.seconds
+        self.min_chunk = min_chunk
+        self._fresh_forward = False  # a batched forward of whole fresh prompts is planned
+        self.spent_any = False
+
+    @property
+    def timed(self) -> bool:
+        return self.costs is not None and self.seconds is not None
+
+    def exhausted(self) -> bool:
+        if self.timed:
+            return self.spent_any and self.seconds is not None and self.seconds <= 0
+        return self.tokens is not None and self.tokens <= 0
+
+    def _rides(self, remaining: int, computed: int, n: int) -> bool:
+        """A whole fresh prompt joins the batched forward of the fresh prompts before it
+        (the engine reads those together), so it pays no fixed cost of its own."""
+        return self._fresh_forward and computed == 0 and n >= remaining
+
+    def size(self, remaining: int, computed: int, *, grant: bool = False) -> int:
+        """Tokens a prompt with ``remaining`` tokens left after ``computed`` may read now.
+        ``grant``: a due grant, sized against the whole share whatever is spent."""
+        if not self.timed:
+            cap = self.full_tokens if grant else self.tokens
+            return remaining if cap is None else min(remaining, cap)
+        assert self.costs is not None and self.seconds is not None and self.full is not None
+        seconds = self.full if grant else self.seconds
+        if self._rides(remaining, computed,
+                       self.costs.tokens_within(seconds, computed, overhead=False)):
+            return remaining
+        n = self.costs.tokens_within(seconds, computed)
+        if n < remaining:
+            best = self.costs.efficient_chunk(computed)
+            if best is not None:
+                n = min(n, best)
+        if not self.spent_any or grant:
+            n = max(n, self.min_chunk)
+        return max(0, min(n, remaining))
+
+    def spend(self, remaining: int, computed: int, n: int) -> None:
+        if self.timed:
+            assert self.costs is not None and self.seconds is not None
+            overhead = not self._rides(remaining, computed, n)
+            self.seconds -= self.costs.prefill(n, computed, overhead=overhead)
+            if computed == 0 and n == remaining:
+                self._fresh_forward = True
+        elif self.tokens is not None:
+            self.tokens = max(self.tokens - n, 0)
+        self.spent_any = True

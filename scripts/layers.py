@@ -1,0 +1,171 @@
+"""Each package's imports, the layers they form, and any import cycle (appliance/ and web/).
+
+    python3 scripts/layers.py        # prints the table; exits 1 on a cycle or a layer breach
+
+Every import counts: at module level, under ``TYPE_CHECKING`` and inside functions (a
+function-level import that closes a loop still ties the two modules together). The layers,
+top to bottom; a package imports only from its own layer or those below it:
+
+    entry     cli, cli_admin, __main__, bench
+    assembly  daemon
+    app       app
+    web       web
+    api       api, jobs (background summaries through the same services)
+    engine    engine, models (model files: pull, list)
+    sched     sched
+    store     store
+    base      appliance (the version), settings, vocab (shared words), blas, httpserver,
+              demo (the demo-model builder)
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOP = ("appliance", "web")
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("entry", ("appliance.cli", "appliance.cli_admin", "appliance.cli_jobs", "appliance.__main__",
+               "appliance.bench")),
+    ("assembly", ("appliance.daemon",)),
+    ("app", ("appliance.app",)),
+    ("web", ("web",)),
+    ("api", ("appliance.api", "appliance.jobs")),
+    ("engine", ("appliance.engine", "appliance.models")),
+    ("sched", ("appliance.sched",)),
+    ("store", ("appliance.store",)),
+    ("base", ("appliance", "appliance.settings", "appliance.blas", "appliance.demo",
+              "appliance.vocab", "appliance.httpserver", "appliance.logfilter")),
+)
+
+
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of appliance/ and web/ by dotted name."""
+    out = {}
+    for top in TOP:
+        for path in sorted((root / top).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _imported(tree: ast.AST, name: str, is_package: bool) -> Iterator[str]:
+    """Every dotted name an import statement mentions (``from a import b`` gives a, a.b)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[:len(base) - node.level + (1 if is_package else 0)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            yield module
+            for alias in node.names:
+                yield f"{module}.{alias.name}"
+
+
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the modules of appliance/ and web/ it imports."""
+    mods = modules(root)
+    out: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        deps = {m for m in _imported(tree, name, path.name == "__init__.py") if m in mods}
+        out[name] = deps - {name}
+    return out
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Groups of modules that import each other, directly or round a loop (Tarjan's
+    strongly connected components of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def package_of(module: str) -> str:
+    """``appliance.engine.core`` -> ``appliance.engine``; ``web.live`` -> ``web``."""
+    parts = module.split(".")
+    if parts[0] == "web":
+        return "web"
+    return ".".join(parts[:2])
+
+
+def layer_of(package: str) -> int:
+    for rank, (_, members) in enumerate(LAYERS):
+        if package in members:
+            return rank
+    raise KeyError(f"{package} is in no layer; add it to LAYERS in scripts/layers.py")
+
+
+def packages(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for module, deps in g.items():
+        pkg = package_of(module)
+        out.setdefault(pkg, set()).update(package_of(d) for d in deps)
+        out[pkg].discard(pkg)
+    return out
+
+
+def breaches(g: dict[str, set[str]]) -> list[str]:
+    """Imports that go up a layer (module -> module)."""
+    return [f"{m} ({LAYERS[layer_of(package_of(m))][0]}) imports {d} "
+            f"({LAYERS[layer_of(package_of(d))][0]})"
+            for m, deps in sorted(g.items()) for d in sorted(deps)
+            if layer_of(package_of(d)) < layer_of(package_of(m))]
+
+
+def main() -> int:
+    g = graph()
+    pkgs = packages(g)
+    for name, members in LAYERS:
+        print(f"{name}:")
+        for pkg in members:
+            if pkg in pkgs:
+                print(f"  {pkg:22} -> {', '.join(sorted(pkgs[pkg])) or '-'}")
+    problems = [f"cycle: {' <-> '.join(c)}" for c in cycles(g)] + breaches(g)
+    for line in problems:
+        print(line)
+    print(f"{len(g)} modules, {sum(len(d) for d in g.values())} imports, "
+          f"{len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

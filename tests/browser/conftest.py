@@ -1,0 +1,66 @@
+"""Shared by the browser tests: Debian's Chromium driven by Playwright, and a logged-in tab."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import PASSWORD, LiveServer
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--no-first-run"]
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+SIZES = pytest.mark.parametrize("size", [DESKTOP, PHONE], ids=["desktop", "phone"])
+"""Run a test at desktop and at phone size."""
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    playwright = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Chromium is not installed (scripts/test.sh installs Debian's)")
+    # The Playwright driver (node) and Chromium must not inherit the OpenBLAS preload that
+    # scripts/test.sh sets for MLX: node fails to start threads with it.
+    preload = os.environ.pop("LD_PRELOAD", None)
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            yield browser
+            browser.close()
+    finally:
+        if preload is not None:
+            os.environ["LD_PRELOAD"] = preload
+
+
+class Tab:
+    """A logged-in tab that records script errors and CSP violations."""
+
+    def __init__(self, chromium: Any, server: LiveServer, who: str,
+                 viewport: dict[str, int] = DESKTOP, color_scheme: str = "light") -> None:
+        self.server = server
+        self.context = chromium.new_context(viewport=viewport, color_scheme=color_scheme)
+        self.page = self.context.new_page()
+        self.problems: list[str] = []
+        self.page.on("pageerror", lambda e: self.problems.append(f"error: {e}"))
+        self.page.on("console", lambda m: self.problems.append(m.text)
+                     if m.type == "error" else None)
+        self.page.goto(server.url + "/chat")
+        assert self.page.url.endswith("/login")  # sent there first
+        self.page.fill("input[name=name]", who)
+        self.page.fill("input[name=password]", PASSWORD)
+        self.page.click("button[type=submit]")
+        self.page.wait_for_url("**/chat")
+
+    def goto(self, path: str) -> None:
+        self.page.goto(self.server.url + path)
+
+    def close(self) -> None:
+        self.context.close()
+        assert self.problems == [], self.problems

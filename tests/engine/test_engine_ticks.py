@@ -1,0 +1,91 @@
+"""Time-budgeted ticks on the real engine: a long prompt read beside four decoding streams.
+
+The engine books each forward's time through a meter; here the meter replaces the measured
+seconds with a fixed cost law (a slow CPU's), so the engine's own clock is deterministic:
+the cost model is fitted to it, the scheduler sizes chunks by it, and the test reads the
+engine's tick log. No wall-clock assertion.
+"""
+
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+
+from appliance.app import engine_config
+from appliance.engine.core import Engine
+from appliance.engine.request import (
+    FinishEvent,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+    blocking_sink,
+)
+from tests.helpers import make_settings, wait_until
+
+TOLERANCE = 0.15
+"""A tick may overrun its target by this share (the cost model's error after warm-up; the
+fit depends a little on how the streams were admitted, which depends on thread timing)."""
+WARM_UP = 8
+"""Ticks the cost model needs before its predictions are held to the tolerance."""
+STREAM_TOKENS = 800
+"""Long enough that the streams outlive the long prompt's reading even when the test's
+thread is slow to submit it on a loaded machine (the demo model decodes in milliseconds)."""
+
+
+def slow_cpu(kind: str, rows: int, tokens: int, offset: int, measured: float) -> float:
+    """About SmolLM-135M on two CPU cores, in the cost model's own family."""
+    if kind == "decode":
+        return 0.045 + 0.003 * rows + 0.018 * rows * offset / 1e3
+    return 0.08 + 1.5 * rows * tokens / 1e3 + 7.0 * rows * tokens * (offset + tokens / 2) / 1e6
+
+
+def _drain(q: queue.SimpleQueue) -> tuple[int, FinishEvent]:  # type: ignore[type-arg]
+    n = 0
+    while True:
+        ev = q.get(timeout=300)
+        if isinstance(ev, FinishEvent):
+            return n, ev
+        assert isinstance(ev, TokenEvent)
+        n += 1
+
+
+def test_no_decode_gap_exceeds_the_tick_target_while_a_long_prompt_is_read(
+        demo_model: Path) -> None:
+    settings = make_settings(demo_model, max_batch_size=8, itl_target_ms=400.0,
+                             prompt_cache_entries=0)
+    engine = Engine(engine_config(settings), meter=slow_cpu)
+    engine.start()
+    try:
+        ban_eos = SamplingParams(logit_bias=tuple(
+            (t, -100.0) for t in engine.loaded.eos_token_ids))  # type: ignore[attr-defined]
+        streams = []
+        for i in range(4):
+            q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+            engine.submit(GenerationRequest(prompt=(5, 6, 7, 8 + i), max_tokens=STREAM_TOKENS,
+                                            sampling=ban_eos), blocking_sink(q))
+            streams.append(q)
+        wait_until(lambda: engine.snapshot.active == 4 and all(
+            s.state == "decoding" for s in engine.snapshot.slots), what="4 streams decoding")
+        long_q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+        prompt = tuple(10 + (i * 37) % 4000 for i in range(1500))
+        engine.submit(GenerationRequest(prompt=prompt, max_tokens=4, sampling=ban_eos),
+                      blocking_sink(long_q))
+        assert _drain(long_q)[1].reason == "length"
+        assert all(_drain(q) [1].reason == "length" for q in streams)
+        wait_until(lambda: engine.snapshot.active == 0, what="idle")
+        log = engine.tick_log()
+    finally:
+        engine.stop()
+
+    reading = [t for t in log if t.prefill_tokens and t.decode_rows]
+    assert sum(t.prefill_tokens for t in reading) >= 1500 - 16, "the prompt was read in chunks"
+    assert len(reading) >= 5
+    # every tick of the long prompt carried a decode step of the four streams: their decode
+    # gap is one tick, never a tick of prefill alone
+    first = log.index(reading[0])
+    last = log.index(reading[-1])
+    assert all(t.decode_rows >= 4 for t in log[first:last + 1])
+    # and no such tick outlasted its target by more than the tolerance
+    for t in reading[WARM_UP:]:
+        assert t.target_s is not None
+        assert t.measured_s <= t.target_s * (1 + TOLERANCE), t

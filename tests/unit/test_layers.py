@@ -1,0 +1,57 @@
+"""No import cycles inside appliance/ and web/, and imports only go down the layers
+(scripts/layers.py prints the table: ``python3 scripts/layers.py``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _layers() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("layers", ROOT / "scripts" / "layers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("layers", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_there_is_no_import_cycle_in_appliance_or_web() -> None:
+    layers = _layers()
+    assert layers.cycles(layers.graph()) == []
+
+
+def test_every_import_goes_down_the_layers() -> None:
+    layers = _layers()
+    assert layers.breaches(layers.graph()) == []
+
+
+def test_a_cycle_through_a_function_or_type_checking_import_is_found(tmp_path: Path) -> None:
+    pkg = tmp_path / "appliance" / "sched"
+    pkg.mkdir(parents=True)
+    (tmp_path / "web").mkdir()
+    for folder in (tmp_path / "appliance", pkg, tmp_path / "web"):
+        (folder / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\n"
+                              "if TYPE_CHECKING:\n    from appliance.sched.b import B\n")
+    (pkg / "b.py").write_text("def f():\n    from . import c\n")
+    (pkg / "c.py").write_text("from appliance.sched import a\n")
+    (pkg / "d.py").write_text("from appliance.sched import a\n")
+    layers = _layers()
+    assert layers.cycles(layers.graph(tmp_path)) == [
+        ["appliance.sched.a", "appliance.sched.b", "appliance.sched.c"]]
+
+
+def test_an_import_up_a_layer_is_a_breach(tmp_path: Path) -> None:
+    for folder in ("appliance", "appliance/store", "appliance/api", "web"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "appliance" / "api" / "x.py").write_text("")
+    (tmp_path / "appliance" / "store" / "y.py").write_text("import appliance.api.x\n")
+    layers = _layers()
+    assert layers.breaches(layers.graph(tmp_path)) == [
+        "appliance.store.y (store) imports appliance.api.x (api)"]

@@ -1,0 +1,87 @@
+"""Number and time formatting for the templates (``h`` in every template's context)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from web import markdown
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "—"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def fmt_ms(ms: float | None) -> str:
+    if ms is None:
+        return "—"
+    return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.0f} ms"
+
+
+def fmt_num(n: float | None) -> str:
+    if n is None:
+        return "—"
+    if isinstance(n, float) and not n.is_integer():
+        return f"{n:,.1f}"
+    return f"{int(n):,}"
+
+
+def fmt_secs(s: float | None) -> str:
+    if s is None:
+        return "—"
+    if s < 60:
+        return f"{s:.1f} s"
+    m, sec = divmod(int(s), 60)
+    return f"{m} min {sec:02d} s" if m < 60 else f"{m // 60} h {m % 60:02d} min"
+
+
+def fmt_when(t: float | None) -> str:
+    if t is None:
+        return "never"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def fmt_pct(p: float) -> str:
+    """A share that is small but not nothing reads "0.3 %", not "0 %"."""
+    if p <= 0:
+        return "0 %"
+    return f"{p:.1f} %" if p < 10 else f"{p:.0f} %"
+
+
+def fmt_iso(t: float | None) -> str:
+    return "" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+def fmt_day(t: float | None, now: float | None = None) -> str:
+    """When, as a list shows it: "14:05" today, "Yesterday", "Mon" this week, "3 Mar"."""
+    if t is None:
+        return ""
+    now = time.time() if now is None else now
+    when, today = time.localtime(t), time.localtime(now)
+    days = (time.mktime(today[:3] + (0, 0, 0, 0, 0, -1)) -
+            time.mktime(when[:3] + (0, 0, 0, 0, 0, -1))) / 86400
+    if days < 0.5:
+        return time.strftime("%H:%M", when)
+    if days < 1.5:
+        return "Yesterday"
+    if days < 6.5:
+        return time.strftime("%a", when)
+    return time.strftime("%-d %b" if when.tm_year == today.tm_year else "%-d %b %Y", when)
+
+
+def percent(part: float | None, whole: float | None) -> int:
+    if not part or not whole:
+        return 0
+    return max(0, min(100, round(100 * part / whole)))
+
+
+HELPERS = SimpleNamespace(md=markdown.render, bytes=fmt_bytes, ms=fmt_ms, num=fmt_num,
+                          secs=fmt_secs, when=fmt_when, percent=percent, iso=fmt_iso, pct=fmt_pct,
+                          day=fmt_day)

@@ -14,6 +14,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import requests
@@ -29,6 +30,17 @@ from tests.adversarial.conftest import Live, normal_chat, scale
 SKIP: set[tuple[str, str]] = set()
 
 
+def in_error_shape(path: str, body: object) -> bool:
+    """OpenAI's ``{"error": {"message", "type", ...}}``; under ``/api/`` (the Ollama API)
+    Ollama's own ``{"error": "..."}``, which its clients and Home Assistant read."""
+    if not (isinstance(body, dict) and set(body) == {"error"}):
+        return False
+    error = body["error"]
+    if path.startswith("/api/"):
+        return isinstance(error, str) and bool(error)
+    return isinstance(error, dict) and {"message", "type"} <= set(error)
+
+
 def violations(r: requests.Response) -> str | None:
     if r.status_code >= 500 and not (r.status_code == 503 and r.headers.get("retry-after")):
         return f"{r.status_code}: {r.text[:300]}"
@@ -37,9 +49,7 @@ def violations(r: requests.Response) -> str | None:
             body = r.json()
         except ValueError:
             return f"{r.status_code} is not JSON: {r.text[:200]}"
-        error = body.get("error") if isinstance(body, dict) else None
-        if not (isinstance(body, dict) and set(body) == {"error"} and isinstance(error, dict)
-                and {"message", "type"} <= set(error)):
+        if not in_error_shape(urlsplit(r.url).path, body):
             return f"{r.status_code} not in the error shape: {r.text[:200]}"
     return None
 

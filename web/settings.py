@@ -15,20 +15,12 @@ from litestar.datastructures import Cookie
 from litestar.exceptions import PermissionDeniedException
 from litestar.response import Redirect, Template
 
-from appliance.api.account import session_cookie
+from appliance.api.account import session_cookie, theme_cookie
 from appliance.api.auth import Principal
 from appliance.api.service import Services
 from appliance.store import auth, preferences, users, websessions
 from appliance.store.models import THEMES
 from web.common import PAGE, form_fields, is_htmx, me, page, services
-
-THEME_COOKIE = "theme"
-
-
-def theme_cookie(theme: str) -> Cookie:
-    return Cookie(key=THEME_COOKIE, value=theme, path="/", samesite="lax",
-                  max_age=400 * 24 * 3600)
-
 
 def _load(svc: Services, who: Principal) -> tuple[preferences.Preferences, str]:
     with svc.store.read_sessions() as s:

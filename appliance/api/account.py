@@ -23,7 +23,7 @@ from appliance.api.service import decode_body
 from appliance.api.throttle import MAX_NAME_LENGTH, MAX_PASSWORD_LENGTH
 from appliance.store import conversations as convs
 from appliance.store import keys as store_keys
-from appliance.store import ledger, users, websessions
+from appliance.store import ledger, preferences, users, websessions
 from appliance.store.db import Store
 from appliance.store.errors import NotFound
 from appliance.store.models import ApiKey, Conversation, Message
@@ -104,7 +104,8 @@ def _check_password(store: Store, name: str, password: str) -> Any:
         if user.disabled:
             return DISABLED
         token = websessions.start_session(s, user)
-        return user.id, user.name, user.role, token
+        theme = preferences.get_preferences(s, user.id).theme
+        return user.id, user.name, user.role, token, theme
 
 
 @post("/login", status_code=200)
@@ -141,14 +142,24 @@ async def login(request: Request, state: State) -> Response[Any]:
             return Template("login.html", context={"error": DISABLED}, status_code=403)
         raise ApiError(403, DISABLED, "permission_error", "account_disabled")
     services.throttle.succeeded(body.name, address)
-    uid, name, role, token = found
+    uid, name, role, token, theme = found
     old = request.cookies.get(SESSION_COOKIE)
     if old:  # the id rotates: whatever session the browser had is over
         await anyio.to_thread.run_sync(_end_session, services.store, old)
-    cookie = session_cookie(request, token)
+    # the theme follows the person: this browser takes the one saved in their settings
+    cookies = [session_cookie(request, token), theme_cookie(theme)]
     if is_form:
-        return Redirect("/", status_code=303, cookies=[cookie])
-    return Response({"id": uid, "name": name, "role": role}, cookies=[cookie])
+        return Redirect("/", status_code=303, cookies=cookies)
+    return Response({"id": uid, "name": name, "role": role}, cookies=cookies)
+
+
+THEME_COOKIE = "theme"
+"""Mirrors the theme saved in a person's settings; pages read it to colour themselves."""
+
+
+def theme_cookie(theme: str) -> Cookie:
+    return Cookie(key=THEME_COOKIE, value=theme, path="/", samesite="lax",
+                  max_age=400 * 24 * 3600)
 
 
 def session_cookie(request: Request, token: str) -> Cookie:

@@ -149,6 +149,10 @@ def test_persona_theme_and_the_household_default(server: LiveServer) -> None:
         assert "Talk like a pirate." in carol.get("/settings").text
         assert 'data-theme="dark"' in carol.get("/settings").text
         assert carol.post("/settings/preferences", data={"theme": "pink"}).status_code == 400
+    with browser(server.url, "carol") as elsewhere:  # another device: the theme follows her
+        assert elsewhere.cookies.get("theme") == "dark"
+        assert 'data-theme="dark"' in elsewhere.get("/settings").text
+    with browser(server.url, "carol") as carol:
         long = carol.post("/settings/preferences", data={"system_prompt": "x" * 5000})
         assert long.status_code == 400 and "at most 4,000 characters" in long.text
         assert carol.post("/settings/household",

@@ -15,9 +15,10 @@ from litestar.datastructures import Cookie
 from litestar.exceptions import PermissionDeniedException
 from litestar.response import Redirect, Template
 
+from appliance.api.account import session_cookie
 from appliance.api.auth import Principal
 from appliance.api.service import Services
-from appliance.store import auth, preferences, users
+from appliance.store import auth, preferences, users, websessions
 from appliance.store.models import THEMES
 from web.common import PAGE, form_fields, is_htmx, me, page, services
 
@@ -59,7 +60,10 @@ async def settings_page(request: Request[Any, Any, Any], done: str = "") -> Temp
     return await _page(request)
 
 
-def _change_password(svc: Services, who: Principal, f: dict[str, str]) -> None:
+def _change_password(svc: Services, who: Principal, f: dict[str, str]) -> str:
+    """Set the new password; every session of the person ends (anyone who knew the old
+    password is logged out), and this browser continues in a new session, whose id is
+    returned."""
     new = f.get("new_password", "")
     if new != f.get("repeat_password", ""):
         raise ValueError("The two new passwords are not the same.")
@@ -69,18 +73,23 @@ def _change_password(svc: Services, who: Principal, f: dict[str, str]) -> None:
                                                      f.get("current_password", "")):
             raise ValueError("Your current password is not right.")
         users.set_password(s, user, new)
+        return websessions.start_session(s, user)
 
 
 @post("/settings/password", status_code=200)
 async def change_password(request: Request[Any, Any, Any]) -> Response[Any]:
     f = await form_fields(request)
     try:
-        await anyio.to_thread.run_sync(_change_password, services(request), me(request), f)
+        token = await anyio.to_thread.run_sync(_change_password, services(request),
+                                               me(request), f)
     except ValueError as exc:
         return await _page(request, 400, ("error", str(exc)), "password")
+    cookie = session_cookie(request, token)
     if not is_htmx(request):
-        return Redirect("/settings?done=password", status_code=303)
-    return await _page(request, notice=("ok", DONE["password"]), section="password")
+        return Redirect("/settings?done=password", status_code=303, cookies=[cookie])
+    page = await _page(request, notice=("ok", DONE["password"]), section="password")
+    page.set_cookie(cookie)
+    return page
 
 
 def _save_preferences(svc: Services, who: Principal, f: dict[str, str]) -> None:

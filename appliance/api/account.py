@@ -144,11 +144,16 @@ async def login(request: Request, state: State) -> Response[Any]:
     old = request.cookies.get(SESSION_COOKIE)
     if old:  # the id rotates: whatever session the browser had is over
         await anyio.to_thread.run_sync(_end_session, services.store, old)
-    cookie = Cookie(key=SESSION_COOKIE, value=token, httponly=True, samesite="lax", path="/",
-                    max_age=int(websessions.SESSION_TTL_S), secure=_is_https(request))
+    cookie = session_cookie(request, token)
     if is_form:
         return Redirect("/", status_code=303, cookies=[cookie])
     return Response({"id": uid, "name": name, "role": role}, cookies=[cookie])
+
+
+def session_cookie(request: Request, token: str) -> Cookie:
+    """The browser's session cookie for a new session id."""
+    return Cookie(key=SESSION_COOKIE, value=token, httponly=True, samesite="lax", path="/",
+                  max_age=int(websessions.SESSION_TTL_S), secure=_is_https(request))
 
 
 def _is_https(request: Request) -> bool:

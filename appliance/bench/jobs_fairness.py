@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     while not server.started:
         time.sleep(0.05)
     url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    corpus = (Path(__file__).resolve().parents[1] / "engine" / "demo_corpus.txt").read_text()
+    corpus = (Path(__file__).resolve().parents[1] / "demo" / "corpus.txt").read_text()
     tok = services.model.tokenizer
     ids = tok.encode(corpus)
     while len(ids) < args.doc_tokens:

@@ -34,12 +34,18 @@ def test_tags_and_version_answer_while_16_streams_saturate_the_engine(
         server: LiveServer) -> None:
     body = {"model": "tiny", "messages": [{"role": "user", "content": "go on"}],
             "options": {"num_predict": SLOW}}
+    snap = lambda: server.engine.snapshot  # noqa: E731
     with ExitStack() as stack:
-        for _ in range(16):
-            client = stack.enter_context(server.client("bob"))
-            r = stack.enter_context(client.stream("POST", "/api/chat", json=body))
-            assert r.status_code == 200
-        snap = lambda: server.engine.snapshot  # noqa: E731
+        def open_streams(n: int) -> None:
+            for _ in range(n):
+                client = stack.enter_context(server.client("bob"))
+                r = stack.enter_context(client.stream("POST", "/api/chat", json=body))
+                assert r.status_code == 200
+        # the batch first, then the queue: 16 at once could find 12 still waiting for
+        # admission and the 13th would (rightly) be told the queue is full
+        open_streams(4)
+        wait_until(lambda: snap().active == 4, 60, "a full batch")
+        open_streams(12)
         wait_until(lambda: snap().active == 4 and snap().queued == 12, 60, "saturation")
         ha = ollama.Client(host=server.url, timeout=5,
                            headers={"Authorization": f"Bearer {server.keys['alice']}"})

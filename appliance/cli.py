@@ -13,6 +13,7 @@ from typing import NoReturn
 from appliance import settings as settings_mod
 from appliance.blas import openblas_lib
 from appliance.settings import Settings
+from appliance.vocab import FinishReason
 
 log = logging.getLogger("appliance")
 
@@ -128,7 +129,7 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
             event = events.get()
             if isinstance(event, FinishEvent):
                 sys.stdout.write(event.text + "\n")
-                if event.reason == "error":
+                if event.reason is FinishReason.ERROR:
                     print(f"error: {event.error}", file=sys.stderr)
                     return 1
                 return 0

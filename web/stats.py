@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from appliance.store import ledger, limits, users
-from appliance.store.ledger import DAY_S, HOUR_S
+from appliance.vocab import DAY_S, HOUR_S
 
 SERIES_BUCKETS = 60
 """Points in each user's chart: one per minute over the last hour."""

@@ -31,7 +31,6 @@ from appliance.engine.request import (
 from appliance.sched.classes import Klass
 from appliance.sched.quota import (
     CONCURRENCY_RETRY_S,
-    DAY_S,
     QuotaLimits,
     QuotaVerdict,
     check_admission,
@@ -39,6 +38,7 @@ from appliance.sched.quota import (
 )
 from appliance.store import limits
 from appliance.store.db import Store
+from appliance.vocab import DAY_S
 
 if TYPE_CHECKING:
     from litestar.types import Receive

@@ -33,6 +33,7 @@ from appliance.bench.common import (
     safe_ratio,
     wait_ready,
 )
+from appliance.vocab import FinishReason
 
 QUESTIONS = ["turn on the kitchen light", "is the front door locked", "what time is it",
              "dim the living room lamp", "good night"]
@@ -102,7 +103,7 @@ def _row(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"phase": name, "n": len(rows), "ttft_p50_ms": percentile(ttft, 50),
             "ttft_p95_ms": percentile(ttft, 95), "total_p50_ms": percentile(total, 50),
             "total_p95_ms": percentile(total, 95),
-            "deadline_misses": sum(r["finish_reason"] == "deadline" for r in rows)}
+            "deadline_misses": sum(r["finish_reason"] == FinishReason.DEADLINE for r in rows)}
 
 
 def _markdown(rows: list[dict[str, Any]], ratio: float | None, argv: list[str]) -> str:

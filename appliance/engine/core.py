@@ -31,6 +31,7 @@ from appliance.engine.snapshot import EngineSnapshot
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.types import SchedulerConfig
 from appliance.sched.usage import RollingUsage
+from appliance.vocab import FinishReason
 
 if TYPE_CHECKING:
     from appliance.engine.runner import Runner
@@ -244,7 +245,7 @@ class Engine:
             handles = list(self._open.values())
             self._open.clear()
         for h in handles:
-            h.emit(FinishEvent("error", Usage(len(h.request.prompt), 0), error=reason,
+            h.emit(FinishEvent(FinishReason.ERROR, Usage(len(h.request.prompt), 0), error=reason,
                                unavailable=True))
         return len(handles)
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from appliance.sched.classes import Klass
+from appliance.vocab import FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class FinishEvent:
-    reason: str
+    reason: FinishReason
     """stop | length | cancelled | error | quota"""
     usage: Usage
     text: str = ""
@@ -143,7 +144,7 @@ class Finished:
     """What the ledger records of a finished request (unix times; ids and counts only)."""
 
     request: GenerationRequest
-    reason: str
+    reason: FinishReason
     usage: Usage
     queued_at: float
     admitted_at: float | None

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from appliance.sched.classes import Klass
+from appliance.vocab import DAY_S
 
-DAY_S = 24 * 3600.0
 CONCURRENCY_RETRY_S = 1
 """Retry-After for the concurrency limit: a slot frees when any running request ends."""
 

@@ -85,7 +85,7 @@ def table(res: SimResult) -> str:
              f"{'wait max':>8} {'ttft p50':>8} {'ttft p95':>8} {'served wtok':>12} {'share':>6}"]
     for user in users:
         mine: list[RequestResult] = [r for r in res.requests if r.user == user]
-        done = [r for r in mine if r.reason in ("stop", "length")]
+        done = [r for r in mine if r.reason.complete]
         waits = [r.started - r.arrival for r in mine if r.started is not None]
         ttfts = [t for r in done if (t := r.ttft) is not None]
         served = res.served[-1].get(user, 0.0)
@@ -97,7 +97,7 @@ def table(res: SimResult) -> str:
             f"{_s(percentile(ttfts, 50)):>8} {_s(percentile(ttfts, 95)):>8} "
             f"{served:>12.0f} {served / total:>6.1%}")
     avg, top, n = res.service_difference(60.0)
-    completed = sum(r.reason in ("stop", "length") for r in res.requests) or 1
+    completed = sum(r.reason.complete for r in res.requests) or 1
     lines.append(f"service difference per 60 s window (backlogged users): avg {avg:.0f} "
                  f"max {top:.0f} over {n} windows")
     lines.append(f"preemptions per completed request: {res.preemptions / completed:.3f}; "

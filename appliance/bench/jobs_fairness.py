@@ -12,11 +12,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
+
+from appliance.bench.provision import BenchUser, add_users
+from appliance.bench.report import safe_ratio
+from appliance.percentiles import percentile
+
+CORPUS = Path(__file__).resolve().parents[1] / "demo" / "corpus.txt"
+"""The demo model's training text: a long document of the demo model's own words."""
 
 
 def _ttft(client: httpx.Client) -> float | None:
@@ -30,19 +36,9 @@ def _ttft(client: httpx.Client) -> float | None:
     return None  # an answer that ended before any text (counted as missing)
 
 
-def p95(values: list[float]) -> float:
-    return statistics.quantiles(values, n=20)[18] if len(values) >= 2 else values[0]
-
-
 def main(argv: list[str] | None = None) -> int:
-    import uvicorn
-
-    from appliance.app import build_services, create_app, shutdown_engine, start_engine
-    from appliance.cli_admin import db_path
+    from appliance.daemon import build_daemon, serve_in_thread
     from appliance.settings import Settings
-    from appliance.store import keys, migrate, users
-    from appliance.store.db import open_store
-    from appliance.store.writer import StoreWriter
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--requests", type=int, default=30)
@@ -50,34 +46,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     settings = Settings()
     settings.store.data_dir = tempfile.mkdtemp(prefix="appliance-bench-")
-    migrate.upgrade(db_path(settings))
-    store = open_store(db_path(settings))
-    with store.sessions.begin() as s:
-        light = users.create_user(s, "light", "password-light")
-        heavy = users.create_user(s, "heavy", "password-heavy")
-        _, light_key = keys.create_api_key(s, light, "k")
-        _, heavy_key = keys.create_api_key(s, heavy, "k")
-    writer = StoreWriter(store.sessions)
-    engine = start_engine(settings, writer=writer)
-    services = build_services(settings, engine, store, writer)
-    server = uvicorn.Server(uvicorn.Config(create_app(services, "x" * 32), host="127.0.0.1",
-                                           port=0, log_config=None, lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    corpus = (Path(__file__).resolve().parents[1] / "engine" / "demo_corpus.txt").read_text()
-    tok = services.model.tokenizer
-    ids = tok.encode(corpus)
+    daemon = build_daemon(settings, secret="x" * 32, drain_timeout=5)
+    keys = add_users(daemon.store, [BenchUser("light", key_name="k"),
+                                    BenchUser("heavy", key_name="k")])
+    served = serve_in_thread(daemon)
+    url = served.url
+    tok = daemon.services.model.tokenizer
+    ids = tok.encode(CORPUS.read_text())
     while len(ids) < args.doc_tokens:
         ids = ids + ids
     doc = tok.decode(ids[:args.doc_tokens])
     try:
         with httpx.Client(base_url=url, timeout=600,
-                          headers={"Authorization": f"Bearer {light_key}"}) as lc, \
+                          headers={"Authorization": f"Bearer {keys['light']}"}) as lc, \
                 httpx.Client(base_url=url, timeout=600,
-                             headers={"Authorization": f"Bearer {heavy_key}"}) as hc:
+                             headers={"Authorization": f"Bearer {keys['heavy']}"}) as hc:
             _ttft(lc)  # warm-up
             solo = [t for t in (_ttft(lc) for _ in range(args.requests)) if t is not None]
             job = hc.post("/jobs", json={"name": "long", "source": "text", "text": doc,
@@ -95,19 +78,16 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.2)
             print(f"document {args.doc_tokens} tokens; interactive requests {args.requests} "
                   f"each (with text: solo {len(solo)}, during {len(busy)})")
-            print(f"interactive TTFT p95 solo {p95(solo):.0f} ms, during the map-reduce "
-                  f"{p95(busy):.0f} ms, ratio {p95(busy) / p95(solo):.2f}")
+            solo95, busy95 = percentile(solo, 95, "linear"), percentile(busy, 95, "linear")
+            print(f"interactive TTFT p95 solo {solo95:.0f} ms, during the map-reduce "
+                  f"{busy95:.0f} ms, ratio {safe_ratio(busy95, solo95):.2f}")
             print(f"median solo {statistics.median(solo):.0f} ms, during "
                   f"{statistics.median(busy):.0f} ms")
             print(f"job progress when the interactive sample ended: {progress_at_end}; "
                   f"job finished: {got['status']} ({got['requests']} requests, "
                   f"{time.perf_counter() - job_started:.0f} s after the sample)")
     finally:
-        server.should_exit = True
-        thread.join(30)
-        shutdown_engine(engine, 5)
-        writer.close()
-        store.close()
+        served.stop()
     return 0
 
 

@@ -33,6 +33,7 @@ from appliance.engine.request import (
 from appliance.engine.sampling import RowSampler, sample_batch
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
+from appliance.percentiles import percentile
 from appliance.sched.cost import CostModel
 from appliance.sched.memory import held, reservation
 from appliance.sched.scheduler import Scheduler
@@ -587,14 +588,14 @@ class Runner:
         def wall(t: float | None) -> float | None:
             return None if t is None else wall_now - (now - t)
 
-        itl = sorted(s.itl)
+        itl, p95 = s.itl, percentile(s.itl, 95)
         return Finished(
             request=s.handle.request, reason=reason, usage=usage,
             queued_at=wall_now - (now - s.arrival), admitted_at=wall(s.admitted_at),
             first_token_at=wall(s.first_token_at), finished_at=wall_now,
             preemptions=s.preemptions,
             itl_mean_ms=sum(itl) / len(itl) * 1000.0 if itl else None,
-            itl_p95_ms=itl[min(len(itl) - 1, int(0.95 * len(itl)))] * 1000.0 if itl else None)
+            itl_p95_ms=None if p95 is None else p95 * 1000.0)
 
     def _preempt(self, s: Seq, keep_kv: bool = False) -> None:
         """Back to the queue with its tokens kept. Its KV is freed and rebuilt on

@@ -17,6 +17,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from appliance.percentiles import percentile
 from appliance.sched.classes import Klass
 from appliance.sched.simulator import Arrival, Loop, RequestResult, SimResult, Simulator
 from appliance.sched.types import SchedulerConfig
@@ -62,15 +63,6 @@ SCENARIOS: dict[str, Callable[[int, float], Workload]] = {
     "heavy-light": heavy_light,
     "voice-background": voice_background,
 }
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[k]
 
 
 def _s(x: float | None) -> str:

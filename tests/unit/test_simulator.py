@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from appliance.percentiles import percentile
 from appliance.sched.classes import Klass
 from appliance.sched.quota import QuotaLimits
 from appliance.sched.simulator import (
@@ -14,7 +15,7 @@ from appliance.sched.simulator import (
     Simulator,
 )
 from appliance.sched.types import SchedulerConfig
-from appliance.sched.workloads import SCENARIOS, main, percentile, table
+from appliance.sched.workloads import SCENARIOS, main, table
 
 IA, BG, VO = Klass.INTERACTIVE, Klass.BACKGROUND, Klass.VOICE
 

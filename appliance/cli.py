@@ -118,8 +118,7 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     try:
         loaded = engine.loaded
         assert loaded is not None
-        prompt = chat_prompt(loaded.tokenizer,  # type: ignore[attr-defined]
-                             [ChatMessage(role="user", content=args.prompt)])
+        prompt = chat_prompt(loaded.tokenizer, [ChatMessage(role="user", content=args.prompt)])
         events: queue.SimpleQueue = queue.SimpleQueue()
         request = GenerationRequest(
             prompt=tuple(prompt), max_tokens=args.max_tokens or settings.engine.default_max_tokens,

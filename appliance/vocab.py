@@ -3,7 +3,9 @@ from the rest of the appliance, so any layer may use them."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from dataclasses import dataclass
 
 WEIGHT_MIN = 0.01
 WEIGHT_MAX = 100.0
@@ -52,3 +54,33 @@ class FinishReason(enum.StrEnum):
 
 FAILED = frozenset({FinishReason.ERROR, FinishReason.CANCELLED})
 """Reasons that end a request without an answer: APIs report an error instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaLimits:
+    """A user's limits; None means unlimited. One type for the store (the ``quotas`` row)
+    and the scheduler's checks (``appliance.sched.quota``)."""
+
+    tokens_per_day: int | None = None
+    max_concurrent: int | None = None
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            top = QUOTA_MAX[field.name]
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top
+            ):
+                raise ValueError(f"{field.name} must be >= 1 or null (unlimited), an "
+                                 f"integer at most {top}")
+
+
+QUOTA_MAX = {"tokens_per_day": 10**9, "max_concurrent": 1024,
+             "max_prompt_tokens": 1_048_576, "max_output_tokens": 1_048_576}
+"""Upper bounds: beyond these a value is a typo, not a limit (a billion tokens a day is
+more than a household machine can produce; the contexts are the engine's own bounds)."""
+
+
+UNLIMITED = QuotaLimits()

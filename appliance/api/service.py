@@ -292,10 +292,7 @@ async def _disconnected(receive: Receive) -> None:
 
 def quota_of(store: Store, user_id: int) -> QuotaLimits:
     with store.read_sessions() as s:
-        q = limits.get_quota(s, user_id)
-    return QuotaLimits(tokens_per_day=q.tokens_per_day, max_concurrent=q.max_concurrent,
-                       max_prompt_tokens=q.max_prompt_tokens,
-                       max_output_tokens=q.max_output_tokens)
+        return limits.get_quota(s, user_id)
 
 
 def quota_error(verdict: QuotaVerdict) -> ApiError:

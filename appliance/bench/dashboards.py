@@ -147,7 +147,7 @@ def paired(phases: list[dict[str, Any]]) -> tuple[float, float]:
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     model = _model(args.model)
     engine, app, keys, url, stop, loop_thread = _server(model, args.batch)
-    ban = list(getattr(engine.loaded, "eos_token_ids", []) or [])
+    ban = list(engine.loaded.eos_token_ids if engine.loaded else [])
     load = _spawn("--role", "load", "--url", url, "--key", keys["bench-load"], "--clients",
                   str(args.clients), "--max-tokens", str(args.max_tokens),
                   "--ban", ",".join(map(str, ban)), *(["--stream"] if args.stream else []))

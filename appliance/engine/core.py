@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from appliance.engine.model import LoadedModel, load_model
 from appliance.engine.request import (
     Event,
     FaultHook,
@@ -106,7 +107,8 @@ class Engine:
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self.loaded: object | None = None  # LoadedModel once ready
+        self.loaded: LoadedModel | None = None
+        """The model once the engine thread has loaded it (None before, or when loading failed)."""
         self.snapshot = EngineSnapshot.empty()
         self._open: dict[int, RequestHandle] = {}
         """Every submitted request not yet finished (the supervisor fails them if need be)."""
@@ -251,7 +253,6 @@ class Engine:
 
     # ---- the engine thread ----
     def _main(self) -> None:
-        from appliance.engine.model import load_model
         from appliance.engine.runner import Runner
 
         try:

@@ -18,6 +18,31 @@ DAY_S = 24 * 3600.0
 HOUR_S = 3600.0
 
 
+class Klass(enum.IntEnum):
+    """Request classes (priority: voice > interactive > background); higher value goes
+    first. ``label`` is the name the store, the API and the pages use."""
+
+    BACKGROUND = 0
+    INTERACTIVE = 1
+    VOICE = 2
+
+    @classmethod
+    def parse(cls, name: str) -> Klass:
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            raise ValueError(
+                f"unknown class {name!r}; use voice, interactive or background") from None
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+CLASS_LABELS: tuple[str, ...] = tuple(k.label for k in sorted(Klass, reverse=True))
+"""Every class's name, highest first: voice, interactive, background."""
+
+
 class FinishReason(enum.StrEnum):
     """Why a request ended. The value is the wire string: OpenAI's ``finish_reason``, Ollama's
     ``done_reason``, the voice hook's ``finish_reason`` and the ledger's column all show it

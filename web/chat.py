@@ -27,11 +27,10 @@ from appliance.api.errors import ApiError, bad_request
 from appliance.api.schemas import ChatMessage, SamplingFields
 from appliance.api.service import Generation, Services, chat_prompt, quota_of, submit
 from appliance.engine.request import Event, FinishEvent, TokenEvent
-from appliance.sched.classes import Klass
 from appliance.store import conversations as convs
 from appliance.store import preferences
 from appliance.store.errors import NotFound
-from appliance.vocab import FinishReason
+from appliance.vocab import FinishReason, Klass
 from web import sse
 from web.common import PAGE, base_context, form_fields, is_htmx, me, page, services, web_state
 from web.state import LiveAnswer, WebState

@@ -21,6 +21,7 @@ import anyio
 
 from appliance.api.service import Services
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
+from appliance.vocab import CLASS_LABELS
 from web import charts, stats
 from web.format import HELPERS
 
@@ -30,7 +31,6 @@ STATS_TTL_S = 2.0
 """How long ledger figures are reused before the next query."""
 HISTORY_S = 120.0
 """Span of the throughput chart."""
-CLASS_ORDER = ("voice", "interactive", "background")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +155,7 @@ class QueuedView:
 
 def queue_by_class(queue: tuple[SlotInfo, ...], only_user: str | None) -> list[QueuedView]:
     out = []
-    for klass in CLASS_ORDER:
+    for klass in CLASS_LABELS:
         group = [q for q in queue if q.klass == klass]
         shown = tuple(sorted((q for q in group if only_user is None or q.user == only_user),
                              key=lambda q: -q.waited_s))

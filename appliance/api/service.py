@@ -28,7 +28,6 @@ from appliance.engine.request import (
     SamplingParams,
     asyncio_sink,
 )
-from appliance.sched.classes import Klass
 from appliance.sched.quota import (
     CONCURRENCY_RETRY_S,
     QuotaLimits,
@@ -38,7 +37,7 @@ from appliance.sched.quota import (
 )
 from appliance.store import limits
 from appliance.store.db import Store
-from appliance.vocab import DAY_S
+from appliance.vocab import DAY_S, Klass
 
 if TYPE_CHECKING:
     from litestar.types import Receive

@@ -94,8 +94,8 @@ from appliance.bench.serve import (
     resolve_model,
     warm_up,
 )
-from appliance.sched.classes import Klass
 from appliance.sched.types import DEFAULT_W_IN, DEFAULT_W_OUT
+from appliance.vocab import Klass
 
 HOST = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -256,17 +256,17 @@ def phase_specs(cfg: Config) -> list[PhaseSpec]:
     """The five phases, in the order each server runs them."""
     n = cfg.solo_requests
     bob = Lane(LIGHT, None, 1, cfg.light, cfg.light_think_s)
-    dave = Lane(VOICE, "voice", 1, cfg.voice, cfg.voice_think_s)
+    dave = Lane(VOICE, Klass.VOICE.label, 1, cfg.voice, cfg.voice_think_s)
     alice = Lane(HEAVY, None, cfg.heavy_concurrency, cfg.heavy)
     return [
         PhaseSpec(SOLO_LIGHT, (Lane(LIGHT, None, 1, cfg.light, cfg.light_think_s, n),), None),
-        PhaseSpec(SOLO_VOICE, (Lane(VOICE, "voice", 1, cfg.voice, cfg.voice_think_s, n),), None),
+        PhaseSpec(SOLO_VOICE, (Lane(VOICE, Klass.VOICE.label, 1, cfg.voice, cfg.voice_think_s, n),), None),
         PhaseSpec(HEAVY_LIGHT, (alice, bob), cfg.ramp_s + cfg.heavy_light_s, cfg.ramp_s),
         PhaseSpec(BACKLOGGED, (Lane(HEAVY, None, cfg.heavy_backlog, cfg.heavy),
                                Lane(LIGHT, None, cfg.light_backlog, cfg.light)),
                   cfg.ramp_s + cfg.window_s * cfg.windows, cfg.ramp_s),
         PhaseSpec(VOICE_BACKGROUND,
-                  (Lane(BACKGROUND, "background", cfg.background_concurrency, cfg.background),
+                  (Lane(BACKGROUND, Klass.BACKGROUND.label, cfg.background_concurrency, cfg.background),
                    dave),
                   cfg.ramp_s + cfg.voice_background_s, cfg.ramp_s),
     ]
@@ -426,7 +426,7 @@ async def drive(cfg: Config, policy: str, server: ServerProcess, port: int,
 
 def user_targets(base_url: str, keys: Mapping[str, str], model: str | None
                  ) -> dict[str, Target]:
-    klass = {BACKGROUND: "background", VOICE: "voice"}
+    klass = {BACKGROUND: Klass.BACKGROUND.label, VOICE: Klass.VOICE.label}
     targets = {}
     for user, key in keys.items():
         headers = {"Authorization": f"Bearer {key}"}

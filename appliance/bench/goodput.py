@@ -43,7 +43,7 @@ from appliance.bench.goodput_stats import (
 )
 from appliance.bench.process import default_blas, free_port, run_guarded, wait_ready
 from appliance.bench.report import describe_model, git_commit, model_facts, write_report
-from appliance.sched.classes import Klass
+from appliance.vocab import Klass
 
 WORDS = ["kitchen", "light", "garden", "window", "heating", "water", "bread", "table", "evening", "morning", "door", "radio", "garage", "kettle", "winter", "dinner", "school", "bicycle", "laundry", "battery", "market", "letter", "music", "rain", "shelf", "clock", "pillow", "tomato", "basket", "candle", "ladder", "blanket", "stairs", "meeting"]
 

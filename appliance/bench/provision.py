@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from appliance.sched.classes import Klass
+from appliance.vocab import Klass
 
 if TYPE_CHECKING:
     from appliance.store.db import Store

@@ -50,7 +50,7 @@ from appliance.bench.report import (
     write_report,
 )
 from appliance.percentiles import percentile
-from appliance.sched.classes import Klass
+from appliance.vocab import Klass
 
 OURS = "ours"
 MLX_LM = "mlx_lm"

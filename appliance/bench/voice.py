@@ -28,8 +28,7 @@ from appliance.bench.process import ServerProcess, free_port, running, wait_read
 from appliance.bench.provision import DATA_DIR_ENV, BenchUser, provision
 from appliance.bench.report import safe_ratio
 from appliance.percentiles import percentile
-from appliance.sched.classes import Klass
-from appliance.vocab import FinishReason
+from appliance.vocab import FinishReason, Klass
 
 QUESTIONS = ["turn on the kitchen light", "is the front door locked", "what time is it",
              "dim the living room lamp", "good night"]
@@ -44,7 +43,7 @@ async def _backlog_stream(client: httpx.AsyncClient, key: str, max_tokens: int,
                           stop: asyncio.Event) -> None:
     body = {"prompt": "Tell a long story about a lighthouse.", "max_tokens": max_tokens,
             "stream": True, "temperature": 0.8}
-    headers = {"Authorization": f"Bearer {key}", "X-Appliance-Class": "background"}
+    headers = {"Authorization": f"Bearer {key}", "X-Appliance-Class": Klass.BACKGROUND.label}
     while not stop.is_set():
         async with client.stream("POST", "/v1/completions", json=body,
                                  headers=headers) as r:

@@ -18,8 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from appliance.sched.classes import Klass
-from appliance.vocab import FinishReason
+from appliance.vocab import FinishReason, Klass
 
 log = logging.getLogger(__name__)
 

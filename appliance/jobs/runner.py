@@ -36,10 +36,9 @@ from appliance.jobs import fetch, mapreduce, sources
 from appliance.jobs.definition import Limits
 from appliance.jobs.netguard import Guard, Refused, parse_allow_list
 from appliance.jobs.schedule import household_zone, in_words, latest_slot, make_trigger
-from appliance.sched.classes import Klass
 from appliance.store import jobs as store_jobs
 from appliance.store.models import Job, User
-from appliance.vocab import DAY_S, FinishReason
+from appliance.vocab import DAY_S, FinishReason, Klass
 
 if TYPE_CHECKING:
     from appliance.api.service import Services

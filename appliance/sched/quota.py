@@ -16,8 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from appliance.sched.classes import Klass
-from appliance.vocab import DAY_S, QuotaLimits
+from appliance.vocab import DAY_S, Klass, QuotaLimits
 
 CONCURRENCY_RETRY_S = 1
 """Retry-After for the concurrency limit: a slot frees when any running request ends."""

@@ -18,12 +18,11 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from appliance.sched.classes import Klass
 from appliance.sched.quota import QuotaLimits, check_admission, exhausted
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import RequestState, finish_state
 from appliance.sched.types import Plan, SchedulerConfig, SeqView
-from appliance.vocab import DAY_S, FinishReason
+from appliance.vocab import DAY_S, FinishReason, Klass
 
 Observer = Callable[[float, Sequence[SeqView], Plan], None]
 

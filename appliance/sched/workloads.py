@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from appliance.percentiles import percentile
-from appliance.sched.classes import Klass
 from appliance.sched.simulator import Arrival, Loop, RequestResult, SimResult, Simulator
 from appliance.sched.types import SchedulerConfig
+from appliance.vocab import Klass
 
 
 @dataclass(frozen=True, slots=True)

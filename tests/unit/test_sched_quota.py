@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.sched.classes import Klass
 from appliance.sched.quota import (
     DAY_S,
     QuotaLimits,
@@ -16,6 +15,7 @@ from appliance.sched.quota import (
     reset_after,
 )
 from appliance.store import limits as store_limits
+from appliance.vocab import Klass
 
 NOW = 1_000_000.0
 IA, VO = Klass.INTERACTIVE, Klass.VOICE

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from appliance.percentiles import percentile
-from appliance.sched.classes import Klass
 from appliance.sched.quota import QuotaLimits
 from appliance.sched.simulator import (
     Arrival,
@@ -16,6 +15,7 @@ from appliance.sched.simulator import (
 )
 from appliance.sched.types import SchedulerConfig
 from appliance.sched.workloads import SCENARIOS, main, table
+from appliance.vocab import Klass
 
 IA, BG, VO = Klass.INTERACTIVE, Klass.BACKGROUND, Klass.VOICE
 

@@ -643,7 +643,7 @@ class Runner:
         waiting: list[SlotInfo] = []
         for s in self.seqs.values():
             r = s.handle.request
-            info = SlotInfo(rid=s.rid, user=r.user, klass=r.klass.label, state=s.state.value,
+            info = SlotInfo(rid=s.rid, user_id=r.user_id, user=r.user, klass=r.klass.label, state=s.state.value,
                             prompt_tokens=s.n_prompt, prefilled=min(s.computed, s.n_prompt)
                             if s.state is RequestState.PREFILLING else s.n_prompt
                             if s.state is RequestState.DECODING else 0,

@@ -213,13 +213,15 @@ def test_the_kv_gauge_shows_budget_reserved_and_prompt_cache() -> None:
 
 
 def test_queue_groups_by_class_with_the_longest_wait_first() -> None:
+    ids = {"bob": 2, "carol": 3}
+
     def slot(rid: int, user: str, klass: str, waited: float) -> SlotInfo:
-        return SlotInfo(rid, user, klass, "queued", 10, 0, 0, 16, waited)
+        return SlotInfo(rid, ids[user], user, klass, "queued", 10, 0, 0, 16, waited)
     queue = (slot(1, "bob", "background", 9.0), slot(2, "carol", "interactive", 2.0),
              slot(3, "bob", "interactive", 5.0))
     groups = {g.klass: g for g in live.queue_by_class(queue, None)}
     assert groups["interactive"].count == 2 and groups["interactive"].longest_wait_s == 5.0
     assert [r.rid for r in groups["interactive"].requests] == [3, 2]
     assert groups["voice"].count == 0
-    mine = {g.klass: g for g in live.queue_by_class(queue, "carol")}
+    mine = {g.klass: g for g in live.queue_by_class(queue, ids["carol"])}
     assert mine["interactive"].count == 2 and [r.rid for r in mine["interactive"].requests] == [2]

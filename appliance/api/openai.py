@@ -34,6 +34,7 @@ from appliance.vocab import FinishReason
 CLASS_HEADER = "x-appliance-class"
 """Optional request header: run this request in a lower class (voice|interactive|background)."""
 
+
 def _usage(finish: FinishEvent) -> dict[str, Any]:
     u = finish.usage
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,

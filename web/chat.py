@@ -336,7 +336,8 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
                 finish = event
                 parts.append(event.text)
         html = templates.get_template("_answer.html").render(
-            **ctx, content="".join(parts), reason=finish.reason if finish else FinishReason.CANCELLED,
+            **ctx, content="".join(parts),
+            reason=finish.reason if finish else FinishReason.CANCELLED,
             error=finish.error if finish else None)
         yield sse.event("done", html)
     finally:

@@ -260,13 +260,15 @@ def phase_specs(cfg: Config) -> list[PhaseSpec]:
     alice = Lane(HEAVY, None, cfg.heavy_concurrency, cfg.heavy)
     return [
         PhaseSpec(SOLO_LIGHT, (Lane(LIGHT, None, 1, cfg.light, cfg.light_think_s, n),), None),
-        PhaseSpec(SOLO_VOICE, (Lane(VOICE, Klass.VOICE.label, 1, cfg.voice, cfg.voice_think_s, n),), None),
+        PhaseSpec(SOLO_VOICE,
+                  (Lane(VOICE, Klass.VOICE.label, 1, cfg.voice, cfg.voice_think_s, n),), None),
         PhaseSpec(HEAVY_LIGHT, (alice, bob), cfg.ramp_s + cfg.heavy_light_s, cfg.ramp_s),
         PhaseSpec(BACKLOGGED, (Lane(HEAVY, None, cfg.heavy_backlog, cfg.heavy),
                                Lane(LIGHT, None, cfg.light_backlog, cfg.light)),
                   cfg.ramp_s + cfg.window_s * cfg.windows, cfg.ramp_s),
         PhaseSpec(VOICE_BACKGROUND,
-                  (Lane(BACKGROUND, Klass.BACKGROUND.label, cfg.background_concurrency, cfg.background),
+                  (Lane(BACKGROUND, Klass.BACKGROUND.label, cfg.background_concurrency,
+                        cfg.background),
                    dave),
                   cfg.ramp_s + cfg.voice_background_s, cfg.ramp_s),
     ]

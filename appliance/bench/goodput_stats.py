@@ -44,7 +44,8 @@ class RequestClass:
 
 MIX: tuple[RequestClass, ...] = (
     RequestClass("voice", 0.30, (4, 12), (8, 24), Klass.VOICE.label, ttft_s=1.5),
-    RequestClass("chat", 0.55, (10, 60), (32, 96), Klass.INTERACTIVE.label, ttft_s=3.0, itl_p95_s=0.5),
+    RequestClass("chat", 0.55, (10, 60), (32, 96), Klass.INTERACTIVE.label, ttft_s=3.0,
+                 itl_p95_s=0.5),
     RequestClass("document", 0.15, (300, 700), (48, 96), Klass.BACKGROUND.label, total_s=120.0),
 )
 CLASSES = {c.name: c for c in MIX}

@@ -87,7 +87,8 @@ def _row(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     ttft = [r["timings"]["ttft_ms"] for r in rows if r["timings"]["ttft_ms"] is not None]
     total = [r["timings"]["total_ms"] for r in rows]
     return {"phase": name, "n": len(rows), "ttft_p50_ms": percentile(ttft, 50, "linear"),
-            "ttft_p95_ms": percentile(ttft, 95, "linear"), "total_p50_ms": percentile(total, 50, "linear"),
+            "ttft_p95_ms": percentile(ttft, 95, "linear"),
+            "total_p50_ms": percentile(total, 50, "linear"),
             "total_p95_ms": percentile(total, 95, "linear"),
             "deadline_misses": sum(r["finish_reason"] == FinishReason.DEADLINE for r in rows)}
 

@@ -173,7 +173,8 @@ class Runner:
                 self.errors_total += 1
                 self.completed += 1
                 error = str(exc) if isinstance(exc, ValueError) else BACKEND_ERROR
-                h.emit(FinishEvent(FinishReason.ERROR, Usage(len(h.request.prompt), 0), error=error))
+                h.emit(FinishEvent(FinishReason.ERROR, Usage(len(h.request.prompt), 0),
+                                   error=error))
                 self._done(h)
 
     def _take_one(self, h: RequestHandle, now: float) -> None:
@@ -643,7 +644,8 @@ class Runner:
         waiting: list[SlotInfo] = []
         for s in self.seqs.values():
             r = s.handle.request
-            info = SlotInfo(rid=s.rid, user_id=r.user_id, user=r.user, klass=r.klass.label, state=s.state.value,
+            info = SlotInfo(rid=s.rid, user_id=r.user_id, user=r.user, klass=r.klass.label,
+                            state=s.state.value,
                             prompt_tokens=s.n_prompt, prefilled=min(s.computed, s.n_prompt)
                             if s.state is RequestState.PREFILLING else s.n_prompt
                             if s.state is RequestState.DECODING else 0,

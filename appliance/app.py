@@ -127,7 +127,8 @@ def ledger_record(f: Finished) -> LedgerRecord:
 
 def build_services(settings: Settings, engine: Engine, store: Store,
                    writer: StoreWriter | None = None) -> Services:
-    loaded: Any = engine.loaded
+    loaded = engine.loaded
+    assert loaded is not None, "start_engine returns once the model is loaded"
     info = ModelInfo(name=loaded.name, path=str(loaded.path), is_demo=loaded.is_demo,
                      ctx_limit=loaded.ctx_limit,
                      vocab_size=int(loaded.config.get("vocab_size") or 0) or 1 << 30,

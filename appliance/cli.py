@@ -13,6 +13,7 @@ from typing import NoReturn
 from appliance import settings as settings_mod
 from appliance.blas import openblas_lib
 from appliance.settings import Settings
+from appliance.vocab import FinishReason
 
 log = logging.getLogger("appliance")
 
@@ -117,8 +118,7 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     try:
         loaded = engine.loaded
         assert loaded is not None
-        prompt = chat_prompt(loaded.tokenizer,  # type: ignore[attr-defined]
-                             [ChatMessage(role="user", content=args.prompt)])
+        prompt = chat_prompt(loaded.tokenizer, [ChatMessage(role="user", content=args.prompt)])
         events: queue.SimpleQueue = queue.SimpleQueue()
         request = GenerationRequest(
             prompt=tuple(prompt), max_tokens=args.max_tokens or settings.engine.default_max_tokens,
@@ -128,7 +128,7 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
             event = events.get()
             if isinstance(event, FinishEvent):
                 sys.stdout.write(event.text + "\n")
-                if event.reason == "error":
+                if event.reason is FinishReason.ERROR:
                     print(f"error: {event.error}", file=sys.stderr)
                     return 1
                 return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from appliance.settings import Settings
+from appliance.vocab import CLASS_LABELS, Klass
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -31,8 +32,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add = usub.add_parser("add", help="add a user (password read from stdin or generated)")
     add.add_argument("name")
     add.add_argument("--role", default="member", choices=("member", "admin"))
-    add.add_argument("--max-class", dest="user_max_class", default="interactive",
-                     choices=("voice", "interactive", "background"))
+    add.add_argument("--max-class", dest="user_max_class", default=Klass.INTERACTIVE.label,
+                     choices=CLASS_LABELS)
     add.add_argument("--password-stdin", action="store_true",
                      help="read the password from standard input instead of generating one")
     add.add_argument("--weight", type=float, default=1.0,
@@ -54,9 +55,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     kc.add_argument("user")
     kc.add_argument("--name", default="default")
     kc.add_argument("--max-class", dest="key_max_class", default=None,
-                    choices=("voice", "interactive", "background"))
+                    choices=CLASS_LABELS)
     kc.add_argument("--default-class", dest="key_default_class", default=None,
-                    choices=("voice", "interactive", "background"),
+                    choices=CLASS_LABELS,
                     help="class of requests that ask for none (Home Assistant cannot send "
                          "headers: give its key 'voice'); default: the key's maximum")
     kl = ksub.add_parser("list", help="list keys")

@@ -14,8 +14,8 @@ top to bottom; a package imports only from its own layer or those below it:
     engine    engine, models (model files: pull, list)
     sched     sched
     store     store
-    base      appliance (the version), settings, vocab (shared words), blas, httpserver,
-              demo (the demo-model builder)
+    base      appliance (the version), settings, vocab (shared words), percentiles, blas,
+              httpserver, demo (the demo-model builder)
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sched", ("appliance.sched",)),
     ("store", ("appliance.store",)),
     ("base", ("appliance", "appliance.settings", "appliance.blas", "appliance.demo",
-              "appliance.vocab", "appliance.httpserver", "appliance.logfilter")),
+              "appliance.vocab", "appliance.percentiles", "appliance.httpserver",
+              "appliance.logfilter")),
 )
 
 

@@ -27,10 +27,10 @@ from appliance.api.errors import ApiError, bad_request
 from appliance.api.schemas import ChatMessage, SamplingFields
 from appliance.api.service import Generation, Services, chat_prompt, quota_of, submit
 from appliance.engine.request import Event, FinishEvent, TokenEvent
-from appliance.sched.classes import Klass
 from appliance.store import conversations as convs
 from appliance.store import preferences
 from appliance.store.errors import NotFound
+from appliance.vocab import FinishReason, Klass
 from web import sse
 from web.common import PAGE, base_context, form_fields, is_htmx, me, page, services, web_state
 from web.state import LiveAnswer, WebState
@@ -336,7 +336,8 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
                 finish = event
                 parts.append(event.text)
         html = templates.get_template("_answer.html").render(
-            **ctx, content="".join(parts), reason=finish.reason if finish else "cancelled",
+            **ctx, content="".join(parts),
+            reason=finish.reason if finish else FinishReason.CANCELLED,
             error=finish.error if finish else None)
         yield sse.event("done", html)
     finally:
@@ -346,7 +347,7 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
                                            "".join(parts), finish)
 
 
-NOTED = ("cancelled", "length", "quota")
+NOTED = frozenset({FinishReason.CANCELLED, FinishReason.LENGTH, FinishReason.QUOTA})
 """Finish reasons whose note is kept with the answer (shown again after a reload)."""
 
 
@@ -355,8 +356,8 @@ def _save_answer(svc: Services, answer: LiveAnswer, text: str,
     """Keep what was said, even when stopped (an answer stopped before its first word is
     kept empty, so the conversation still shows it was stopped); an answer that failed is
     not kept."""
-    reason = finish.reason if finish is not None else "cancelled"
-    if reason == "error" or (not text and reason not in NOTED):
+    reason = finish.reason if finish is not None else FinishReason.CANCELLED
+    if reason is FinishReason.ERROR or (not text and reason not in NOTED):
         return
     usage = finish.usage if finish is not None else None
     try:

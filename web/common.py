@@ -12,6 +12,7 @@ from litestar.response import Template
 from appliance.api.auth import Principal
 from appliance.api.headers import CSP as CSP  # re-exported for the pages
 from appliance.api.service import Services
+from appliance.vocab import CLASS_LABELS
 from web.assets import vendor_scripts
 from web.format import HELPERS
 
@@ -22,7 +23,6 @@ PAGE = {"web_page": True}
 """``opt`` of a handler that renders a whole page: an anonymous visitor is sent to /login."""
 
 
-CLASSES = ("voice", "interactive", "background")
 ROLES = ("member", "admin")
 
 
@@ -66,7 +66,7 @@ def base_context(request: Request[Any, Any, Any]) -> dict[str, Any]:
     theme = request.cookies.get("theme", "")
     return {"me": user if isinstance(user, Principal) else None, "model": svc.model,
             "theme": theme if theme in ("light", "dark") else "",
-            "scripts": vendor_scripts(), "h": HELPERS, "classes": CLASSES, "roles": ROLES}
+            "scripts": vendor_scripts(), "h": HELPERS, "classes": CLASS_LABELS, "roles": ROLES}
 
 
 def page(request: Request[Any, Any, Any], template: str, *, status_code: int = 200,

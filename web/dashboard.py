@@ -21,6 +21,7 @@ from litestar.params import Parameter
 from litestar.response import Template
 from markupsafe import Markup
 
+from appliance.vocab import DAY_S, HOUR_S
 from web import charts, sse, stats
 from web.common import PAGE, me, page, services, web_state
 from web.live import INTERVAL_S, Audience, Hub
@@ -77,12 +78,12 @@ def _history(svc: Any, audience: Audience) -> list[stats.UsageHistory]:
 
 
 def _labels(now: float) -> tuple[list[str], list[str]]:
-    hour0 = (now // 3600 - (stats.HISTORY_HOURS - 1)) * 3600
-    hours = [time.strftime("%H:00", time.localtime(hour0 + i * 3600))
+    hour0 = (now // HOUR_S - (stats.HISTORY_HOURS - 1)) * HOUR_S
+    hours = [time.strftime("%H:00", time.localtime(hour0 + i * HOUR_S))
              for i in range(stats.HISTORY_HOURS)]
     today = time.mktime(time.localtime(now)[:3] + (12, 0, 0, 0, 0, -1))
     days = [time.strftime("%a %-d %b", time.localtime(today - (stats.HISTORY_DAYS - 1 - i)
-                                                      * 86400))
+                                                      * DAY_S))
             for i in range(stats.HISTORY_DAYS)]
     return hours, days
 

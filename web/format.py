@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+from appliance.vocab import DAY_S
 from web import markdown
 
 
@@ -66,7 +67,7 @@ def fmt_day(t: float | None, now: float | None = None) -> str:
     now = time.time() if now is None else now
     when, today = time.localtime(t), time.localtime(now)
     days = (time.mktime(today[:3] + (0, 0, 0, 0, 0, -1)) -
-            time.mktime(when[:3] + (0, 0, 0, 0, 0, -1))) / 86400
+            time.mktime(when[:3] + (0, 0, 0, 0, 0, -1))) / DAY_S
     if days < 0.5:
         return time.strftime("%H:%M", when)
     if days < 1.5:

@@ -21,6 +21,7 @@ import anyio
 
 from appliance.api.service import Services
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
+from appliance.vocab import CLASS_LABELS
 from web import charts, stats
 from web.format import HELPERS
 
@@ -30,7 +31,6 @@ STATS_TTL_S = 2.0
 """How long ledger figures are reused before the next query."""
 HISTORY_S = 120.0
 """Span of the throughput chart."""
-CLASS_ORDER = ("voice", "interactive", "background")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,15 +119,16 @@ class Hub:
         rates = self.rates()
         recent = rates[-4:]
         rate = sum(recent) / len(recent) if recent else 0.0
-        table = _with_live_counters(table, getattr(snap, "counters", None))
+        table = _with_live_counters(table, snap.counters)
         ctx: dict[str, Any] = {
             "h": HELPERS, "snap": snap, "admin": audience.admin, "me_name": audience.name,
             "max_batch": self._services.max_batch_size, "rate": rate,
             "chart": charts.spark(rates, width=320, height=60),
             "kv": kv_view(snap, self._services.engine.kv_budget_bytes),
-            "slots": [s for s in snap.slots if audience.admin or s.user == audience.name],
-            "others": 0 if audience.admin else sum(s.user != audience.name for s in snap.slots),
-            "queue": queue_by_class(snap.queue, None if audience.admin else audience.name),
+            "slots": [s for s in snap.slots if audience.admin or s.user_id == audience.user_id],
+            "others": 0 if audience.admin else sum(s.user_id != audience.user_id
+                                                   for s in snap.slots),
+            "queue": queue_by_class(snap.queue, None if audience.admin else audience.user_id),
             "users": table if audience.admin else
             [u for u in table if u.user_id == audience.user_id],
             "spark": charts.spark, "updated": time.strftime("%H:%M:%S"),
@@ -153,11 +154,11 @@ class QueuedView:
     """The requests shown: all of them for admins, the viewer's own for members."""
 
 
-def queue_by_class(queue: tuple[SlotInfo, ...], only_user: str | None) -> list[QueuedView]:
+def queue_by_class(queue: tuple[SlotInfo, ...], only_user: int | None) -> list[QueuedView]:
     out = []
-    for klass in CLASS_ORDER:
+    for klass in CLASS_LABELS:
         group = [q for q in queue if q.klass == klass]
-        shown = tuple(sorted((q for q in group if only_user is None or q.user == only_user),
+        shown = tuple(sorted((q for q in group if only_user is None or q.user_id == only_user),
                              key=lambda q: -q.waited_s))
         out.append(QueuedView(klass, len(group), max((q.waited_s for q in group), default=0.0),
                               shown))
@@ -165,14 +166,14 @@ def queue_by_class(queue: tuple[SlotInfo, ...], only_user: str | None) -> list[Q
 
 
 def _with_live_counters(table: list[stats.UserService],
-                        live: Mapping[Any, float] | None) -> list[stats.UserService]:
-    """Overlay the scheduler's live counters (keyed by user id, as a number or text, or by
-    name) on the persisted ones."""
+                        live: Mapping[str, float]) -> list[stats.UserService]:
+    """Overlay the scheduler's live counters (keyed by user id as text, as the engine's
+    snapshot has them) on the persisted ones."""
     if not live:
         return table
     out = []
     for u in table:
-        value = next((live[k] for k in (u.user_id, str(u.user_id), u.name) if k in live), None)
+        value = live.get(str(u.user_id))
         out.append(u if value is None else dataclasses.replace(u, counter=float(value)))
     return out
 

@@ -21,6 +21,7 @@ from appliance.api.service import Services
 from appliance.store import limits, users, websessions
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
 from appliance.store.models import User
+from appliance.vocab import Klass
 from web.common import PAGE, form_fields, is_htmx, page, services
 
 QUOTA_FIELDS = ("tokens_per_day", "max_concurrent", "max_prompt_tokens", "max_output_tokens")
@@ -89,7 +90,7 @@ def _add(svc: Services, f: dict[str, str]) -> None:
     with svc.store.sessions.begin() as s:
         users.create_user(s, f.get("name", "").strip(), f.get("password", ""),
                           role=f.get("role") or "member",
-                          max_class=f.get("max_class") or "interactive",
+                          max_class=f.get("max_class") or Klass.INTERACTIVE.label,
                           weight=_number(f.get("weight") or "1", "weight"))
 
 

@@ -11,14 +11,13 @@ percentile of the requests' p95s.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from appliance.percentiles import percentile
 from appliance.store import ledger, limits, users
-from appliance.store.ledger import DAY_S, HOUR_S
+from appliance.vocab import DAY_S, HOUR_S
 
 SERIES_BUCKETS = 60
 """Points in each user's chart: one per minute over the last hour."""
@@ -47,15 +46,6 @@ class UserService:
     itl_p95_ms: float | None
     series: tuple[int, ...]
     """Tokens served per minute over the last hour, oldest first."""
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in 0..100); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 @dataclass(slots=True)

@@ -23,13 +23,14 @@ from appliance.store import ledger, limits, users, websessions
 from appliance.store.db import Store
 from appliance.store.errors import NotFound
 from appliance.store.models import User
+from appliance.vocab import Klass
 
 
 class NewUser(msgspec.Struct):
     name: str
     password: str
     role: str = "member"
-    max_class: str = "interactive"
+    max_class: str = Klass.INTERACTIVE.label
     weight: float = 1.0
 
 

@@ -26,11 +26,10 @@ from litestar.middleware.authentication import (
 from litestar.middleware.csrf import CSRFMiddleware
 from litestar.types import Receive, Scope, Send
 
-from appliance.sched.classes import Klass
 from appliance.store import keys as store_keys
 from appliance.store import websessions
 from appliance.store.db import Store
-from appliance.store.models import CLASSES
+from appliance.vocab import CLASS_LABELS, Klass
 
 SESSION_COOKIE = "appliance_session"
 API_PREFIXES = ("/v1/", "/v1", "/api/", "/hooks/")
@@ -136,7 +135,7 @@ def new_key_class(principal: Principal, asked: str | None) -> str | None:
     """The class asked for a new key, refused (403) when it outranks the calling key. Pass
     ``at_most=key_scope(principal)`` to the store too: its default is then no higher."""
     scope = key_scope(principal)
-    if (scope is not None and asked in CLASSES
+    if (scope is not None and asked in CLASS_LABELS
             and store_keys.class_rank(asked) < store_keys.class_rank(scope)):
         raise PermissionDeniedException(
             f"An API key of class '{scope}' cannot create a key of class '{asked}'.")

@@ -33,6 +33,7 @@ from appliance.api.schemas import SamplingFields
 from appliance.api.service import Generation, Services, decode_body, submit
 from appliance.api.voice_memory import SentenceSplitter
 from appliance.engine.request import FinishEvent, TokenEvent
+from appliance.vocab import FinishReason
 
 ENDPOINT = "/hooks/voice"
 DEFAULT_MAX_TOKENS = 150
@@ -97,7 +98,7 @@ class Answer:
     tokens: int = 0
     first_at: float | None = None
     finish: FinishEvent | None = None
-    reason: str = "deadline"
+    reason: FinishReason = FinishReason.DEADLINE
 
     def add(self, text: str) -> None:
         if self.first_at is None:
@@ -142,7 +143,7 @@ async def _events(gen: Generation, answer: Answer, deadline: float
                 yield event.text
                 continue
             answer.finish = event
-            if event.reason in ("error", "cancelled"):
+            if not event.reason.answered:
                 raise finish_error(event)
             answer.reason = event.reason
             answer.parts.append(event.text)

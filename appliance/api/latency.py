@@ -84,5 +84,5 @@ class Probe:
     def finish(self, event: FinishEvent) -> None:
         if event.queue_s is not None:
             self._m.queue.labels(*self._labels).observe(event.queue_s)
-        if event.reason in ("stop", "length", "quota"):
+        if event.reason.answered:
             self._m.e2e.labels(*self._labels).observe(self._clock() - self.start)

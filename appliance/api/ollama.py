@@ -41,6 +41,7 @@ from appliance.api.ollama_stream import (
 )
 from appliance.api.openai import CLASS_HEADER
 from appliance.api.service import Generation, Services, check_context, decode_body, submit
+from appliance.vocab import FinishReason
 
 OLLAMA_API_VERSION = "0.12.0"
 """The Ollama API level this server speaks (clients gate features on it)."""
@@ -169,7 +170,7 @@ def _load_reply(services: Services, field: str) -> dict[str, Any]:
     """Ollama's answer to an empty request: the model is (already) loaded."""
     empty: Any = {"role": "assistant", "content": ""} if field == "message" else ""
     return {"model": ollama_name(services.model.name), "created_at": now_iso(),
-            field: empty, "done": True, "done_reason": "load"}
+            field: empty, "done": True, "done_reason": FinishReason.LOAD}
 
 
 @post("/api/chat", status_code=200)
@@ -199,7 +200,7 @@ async def chat(request: Request[Any, Any, Any], state: State) -> Any:
     if body.stream:
         return stream_response(ndjson(gen, clock, pieces, chunk))
     fields, finish = await collect(gen, clock, pieces, request.receive)
-    if finish.reason in ("error", "cancelled"):
+    if not finish.reason.answered:
         raise finish_error(finish)
     return {**chunk(fields, True), **clock.final(finish)}
 
@@ -255,7 +256,7 @@ async def generate(request: Request[Any, Any, Any], state: State) -> Any:
     if body.stream:
         return stream_response(ndjson(gen, clock, pieces, chunk))
     fields, finish = await collect(gen, clock, pieces, request.receive)
-    if finish.reason in ("error", "cancelled"):
+    if not finish.reason.answered:
         raise finish_error(finish)
     return {**chunk(fields, True), "response": fields.get("content", ""),
             **clock.final(finish)}

@@ -24,7 +24,6 @@ from appliance.api.service import ClientGone, Generation, _disconnected
 from appliance.engine.request import FinishEvent, TokenEvent
 
 NDJSON = "application/x-ndjson"
-DONE_REASONS = {"stop": "stop", "length": "length", "quota": "quota"}
 
 
 def now_iso() -> str:
@@ -54,7 +53,7 @@ class Clock:
         prefill_s = 0.0
         if finish.ttft_s is not None:
             prefill_s = max(0.0, finish.ttft_s - (finish.queue_s or 0.0))
-        return {"done_reason": DONE_REASONS.get(finish.reason, finish.reason),
+        return {"done_reason": finish.reason,
                 "total_duration": end - self.start, "load_duration": 0,
                 "prompt_eval_count": finish.usage.prompt_tokens,
                 "prompt_eval_duration": int(prefill_s * 1e9),
@@ -97,7 +96,7 @@ async def ndjson(gen: Generation, clock: Clock, pieces: Pieces,
                 if fields:
                     yield line(chunk(fields, False))
                 continue
-            if event.reason in ("error", "cancelled"):
+            if not event.reason.answered:
                 yield line({"error": finish_error(event).message})
                 break
             tail = merge(pieces.feed(event.text), pieces.finish())

@@ -29,12 +29,10 @@ from appliance.api.service import (
     submit,
 )
 from appliance.engine.request import FinishEvent, TokenEvent
+from appliance.vocab import FinishReason
 
 CLASS_HEADER = "x-appliance-class"
 """Optional request header: run this request in a lower class (voice|interactive|background)."""
-
-FINISH_REASONS = {"stop": "stop", "length": "length", "quota": "quota"}
-"""OpenAI's reasons, plus ``quota``: the user's daily tokens ran out mid-answer."""
 
 
 def _usage(finish: FinishEvent) -> dict[str, Any]:
@@ -98,7 +96,7 @@ async def _stream(gen: Generation, kind: str, rid: str, model: str,
                     for piece in pieces(parser.feed(event.text)):
                         yield piece
                 continue
-            if event.reason in ("error", "cancelled"):
+            if not event.reason.answered:
                 yield _sse(_error_payload(event))
                 break
             if parser is not None:
@@ -178,9 +176,8 @@ async def _respond(request: Request, services: Services,
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return _stream_response(gen, kind, rid, services.model.name, include_usage, parser)
     text, finish = await gen.text_while_connected(request.receive)
-    if finish.reason == "error":
+    if finish.reason is FinishReason.ERROR:
         raise engine_down(finish.error) if finish.unavailable else backend_error(finish.error)
-    reason = FINISH_REASONS.get(finish.reason, finish.reason)
     if kind == "chat" and parser is not None:
         first, last = parser.feed(text), parser.finish()
         parsed = Delta(first.content + last.content, first.thinking + last.thinking,
@@ -189,10 +186,10 @@ async def _respond(request: Request, services: Services,
                                   "finish_reason": finish_reason(finish.reason,
                                                                  len(parsed.tool_calls))}
     elif kind == "chat":
-        choice = {"index": 0, "finish_reason": reason, "logprobs": None,
+        choice = {"index": 0, "finish_reason": finish.reason, "logprobs": None,
                   "message": {"role": "assistant", "content": text}}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish.reason}
     return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": int(time.time()), "model": services.model.name, "choices": [choice],
             "usage": _usage(finish)}

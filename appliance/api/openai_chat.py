@@ -21,6 +21,7 @@ from appliance.api.errors import bad_request
 from appliance.api.schemas import ChatCompletionRequest
 from appliance.api.service import chat_turns
 from appliance.api.structured import JSON_OBJECT, Constraint, tool_call_grammar
+from appliance.vocab import FinishReason
 
 JSON_TOOL_PARSERS = {"json_tools"}
 """mlx-lm parser modules whose call body is ``{"name": ..., "arguments": {...}}``."""
@@ -141,10 +142,10 @@ def openai_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     return out
 
 
-def finish_reason(reason: str, calls: int) -> str:
-    if calls and reason == "stop":
-        return "tool_calls"
-    return {"stop": "stop", "length": "length", "quota": "quota"}.get(reason, reason)
+def finish_reason(reason: FinishReason, calls: int) -> FinishReason:
+    """OpenAI's ``finish_reason``: the engine's, but ``tool_calls`` for a ``stop`` whose
+    answer called tools (``quota`` is ours: the user's daily tokens ran out mid-answer)."""
+    return FinishReason.TOOL_CALLS if calls and reason is FinishReason.STOP else reason
 
 
 def message(parsed: Delta) -> dict[str, Any]:

@@ -28,10 +28,8 @@ from appliance.engine.request import (
     SamplingParams,
     asyncio_sink,
 )
-from appliance.sched.classes import Klass
 from appliance.sched.quota import (
     CONCURRENCY_RETRY_S,
-    DAY_S,
     QuotaLimits,
     QuotaVerdict,
     check_admission,
@@ -39,6 +37,7 @@ from appliance.sched.quota import (
 )
 from appliance.store import limits
 from appliance.store.db import Store
+from appliance.vocab import DAY_S, Klass
 
 if TYPE_CHECKING:
     from litestar.types import Receive
@@ -292,10 +291,7 @@ async def _disconnected(receive: Receive) -> None:
 
 def quota_of(store: Store, user_id: int) -> QuotaLimits:
     with store.read_sessions() as s:
-        q = limits.get_quota(s, user_id)
-    return QuotaLimits(tokens_per_day=q.tokens_per_day, max_concurrent=q.max_concurrent,
-                       max_prompt_tokens=q.max_prompt_tokens,
-                       max_output_tokens=q.max_output_tokens)
+        return limits.get_quota(s, user_id)
 
 
 def quota_error(verdict: QuotaVerdict) -> ApiError:

@@ -27,6 +27,8 @@ from typing import Any
 
 import httpx
 
+from appliance.bench.provision import BenchUser, add_users
+
 SETTLE_S = 1.5
 """After opening or closing the dashboards, wait this long before measuring."""
 
@@ -82,23 +84,16 @@ def run_viewers(url: str, key: str, dashboards: int, seconds: float) -> None:
 def _server(model: Path, batch: int) -> tuple[Any, Any, dict[str, str], str, Any, int]:
     """Engine, app, API keys, URL, a stop function and the event loop's thread id, wired
     exactly as the daemon is (``build_daemon``)."""
-    from argon2 import PasswordHasher
-
     from appliance.daemon import build_daemon, serve_in_thread
     from appliance.settings import Settings
-    from appliance.store import keys, users
 
     settings = Settings()
     settings.engine.model = str(model)
     settings.engine.max_batch_size = batch
     settings.store.data_dir = tempfile.mkdtemp(prefix="appliance-bench-")
     daemon = build_daemon(settings, secret="b" * 32, drain_timeout=1)
-    plain: dict[str, str] = {}
-    with daemon.store.sessions.begin() as s:
-        for name, role in (("bench-admin", "admin"), ("bench-load", "member")):
-            user = users.create_user(s, name, "bench-password", role=role,
-                                     hasher=PasswordHasher(time_cost=1, memory_cost=1024))
-            plain[name] = keys.create_api_key(s, user, name)[1]
+    plain = add_users(daemon.store, [BenchUser("bench-admin", role="admin", key_name="bench-admin"),
+                                     BenchUser("bench-load", key_name="bench-load")])
     served = serve_in_thread(daemon)
     return (daemon.engine, daemon.app, plain, served.url, served.stop,
             int(served.thread.native_id or 0))
@@ -152,7 +147,7 @@ def paired(phases: list[dict[str, Any]]) -> tuple[float, float]:
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     model = _model(args.model)
     engine, app, keys, url, stop, loop_thread = _server(model, args.batch)
-    ban = list(getattr(engine.loaded, "eos_token_ids", []) or [])
+    ban = list(engine.loaded.eos_token_ids if engine.loaded else [])
     load = _spawn("--role", "load", "--url", url, "--key", keys["bench-load"], "--clients",
                   str(args.clients), "--max-tokens", str(args.max_tokens),
                   "--ban", ",".join(map(str, ban)), *(["--stream"] if args.stream else []))

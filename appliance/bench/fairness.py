@@ -36,7 +36,6 @@ import math
 import os
 import platform
 import random
-import secrets
 import shlex
 import shutil
 import subprocess
@@ -49,21 +48,7 @@ from typing import Any
 
 import httpx
 
-from appliance.bench.common import (
-    OPENBLAS_PATH,
-    ServerProcess,
-    ServerStartError,
-    default_blas,
-    free_port,
-    git_commit,
-    model_facts,
-    run_guarded,
-    running,
-    server_env,
-    stream_chat,
-    wait_ready,
-    write_report,
-)
+from appliance.bench.client import stream_chat
 from appliance.bench.fairness_stats import (
     BACKGROUND,
     BACKLOGGED,
@@ -84,8 +69,20 @@ from appliance.bench.fairness_stats import (
     render_report,
     summarize_policy,
 )
+from appliance.bench.process import (
+    OPENBLAS_PATH,
+    ServerProcess,
+    ServerStartError,
+    default_blas,
+    free_port,
+    run_guarded,
+    running,
+    server_env,
+    wait_ready,
+)
+from appliance.bench.provision import DATA_DIR_ENV, BenchUser, provision
+from appliance.bench.report import git_commit, model_facts, write_report
 from appliance.bench.serve import (
-    DATA_DIR_ENV,
     QUESTIONS,
     Target,
     Workload,
@@ -93,12 +90,12 @@ from appliance.bench.serve import (
     blas_report,
     chat_payload,
     discover_model,
-    last_line,
     package_versions,
     resolve_model,
     warm_up,
 )
 from appliance.sched.types import DEFAULT_W_IN, DEFAULT_W_OUT
+from appliance.vocab import Klass
 
 HOST = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -107,23 +104,17 @@ DEFAULT_OUTPUT_ROOT = Path(".bench/fairness")
 POLICIES = ("fcfs", "fair")
 CLASS_HEADER = "x-appliance-class"
 
+KEY_NAME = "bench-fairness"
 START_SPREAD_S = 2.0
 """The slots of a multi-request lane start at random within this many seconds."""
 
 
 
-@dataclass(frozen=True)
-class Persona:
-    name: str
-    role: str = "member"
-    max_class: str = "interactive"
-
-
 PERSONAS = (
-    Persona(HEAVY),
-    Persona(LIGHT),
-    Persona(BACKGROUND),
-    Persona(VOICE, role="admin", max_class="voice"),
+    BenchUser(HEAVY, key_name=KEY_NAME),
+    BenchUser(LIGHT, key_name=KEY_NAME),
+    BenchUser(BACKGROUND, key_name=KEY_NAME),
+    BenchUser(VOICE, role="admin", max_class=Klass.VOICE, key_name=KEY_NAME),
 )
 
 # --------------------------------------------------------------------------------------
@@ -265,17 +256,19 @@ def phase_specs(cfg: Config) -> list[PhaseSpec]:
     """The five phases, in the order each server runs them."""
     n = cfg.solo_requests
     bob = Lane(LIGHT, None, 1, cfg.light, cfg.light_think_s)
-    dave = Lane(VOICE, "voice", 1, cfg.voice, cfg.voice_think_s)
+    dave = Lane(VOICE, Klass.VOICE.label, 1, cfg.voice, cfg.voice_think_s)
     alice = Lane(HEAVY, None, cfg.heavy_concurrency, cfg.heavy)
     return [
         PhaseSpec(SOLO_LIGHT, (Lane(LIGHT, None, 1, cfg.light, cfg.light_think_s, n),), None),
-        PhaseSpec(SOLO_VOICE, (Lane(VOICE, "voice", 1, cfg.voice, cfg.voice_think_s, n),), None),
+        PhaseSpec(SOLO_VOICE,
+                  (Lane(VOICE, Klass.VOICE.label, 1, cfg.voice, cfg.voice_think_s, n),), None),
         PhaseSpec(HEAVY_LIGHT, (alice, bob), cfg.ramp_s + cfg.heavy_light_s, cfg.ramp_s),
         PhaseSpec(BACKLOGGED, (Lane(HEAVY, None, cfg.heavy_backlog, cfg.heavy),
                                Lane(LIGHT, None, cfg.light_backlog, cfg.light)),
                   cfg.ramp_s + cfg.window_s * cfg.windows, cfg.ramp_s),
         PhaseSpec(VOICE_BACKGROUND,
-                  (Lane(BACKGROUND, "background", cfg.background_concurrency, cfg.background),
+                  (Lane(BACKGROUND, Klass.BACKGROUND.label, cfg.background_concurrency,
+                        cfg.background),
                    dave),
                   cfg.ramp_s + cfg.voice_background_s, cfg.ramp_s),
     ]
@@ -435,7 +428,7 @@ async def drive(cfg: Config, policy: str, server: ServerProcess, port: int,
 
 def user_targets(base_url: str, keys: Mapping[str, str], model: str | None
                  ) -> dict[str, Target]:
-    klass = {BACKGROUND: "background", VOICE: "voice"}
+    klass = {BACKGROUND: Klass.BACKGROUND.label, VOICE: Klass.VOICE.label}
     targets = {}
     for user, key in keys.items():
         headers = {"Authorization": f"Bearer {key}"}
@@ -443,42 +436,6 @@ def user_targets(base_url: str, keys: Mapping[str, str], model: str | None
             headers[CLASS_HEADER] = klass[user]
         targets[user] = Target(user, base_url, headers, model)
     return targets
-
-
-# --------------------------------------------------------------------------------------
-# provisioning: a throwaway data dir with the personas
-# --------------------------------------------------------------------------------------
-
-
-def admin_steps(personas: Sequence[Persona]) -> list[tuple[list[str], str | None]]:
-    """The `appliance` commands (and their stdin) that make the personas and their keys."""
-    steps: list[tuple[list[str], str | None]] = [(["migrate"], None)]
-    for p in personas:
-        steps.append((["user", "add", p.name, "--role", p.role, "--max-class", p.max_class,
-                       "--password-stdin"], secrets.token_urlsafe(18) + "\n"))
-        steps.append((["key", "create", p.name, "--name", "bench-fairness"], None))
-    return steps
-
-
-def provision(cfg: Config, data_dir: Path) -> dict[str, str]:
-    """Users and API keys of the personas in a fresh data dir; returns user → key."""
-    shutil.rmtree(data_dir, ignore_errors=True)
-    env = server_env(cfg.blas)
-    env[DATA_DIR_ENV] = str(data_dir)
-    keys: dict[str, str] = {}
-    for argv, stdin in admin_steps(PERSONAS):
-        proc = subprocess.run([sys.executable, "-m", "appliance", *argv], env=env, input=stdin,
-                              capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise RuntimeError(f"`appliance {' '.join(argv)}` failed ({proc.returncode}): "
-                               f"{(proc.stderr or proc.stdout).strip()[-500:]}")
-        if argv[0] == "key":
-            key = last_line(proc.stdout)
-            if not key or " " in key:
-                raise RuntimeError(f"no API key in the output of `appliance key create`: "
-                                   f"{proc.stdout!r}")
-            keys[argv[2]] = key
-    return keys
 
 
 # --------------------------------------------------------------------------------------
@@ -705,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     template = cfg.output_dir / "data-template"
     log(f"provisioning users {', '.join(p.name for p in PERSONAS)} in {template}")
     try:
-        keys = provision(cfg, template)
+        keys = provision(template, PERSONAS, server_env(cfg.blas))
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         log(f"could not provision the users: {exc}")
         return 1

@@ -10,8 +10,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance.bench.common import RequestTiming, describe_model, percentile, safe_ratio
+from appliance.bench.client import RequestTiming
+from appliance.bench.report import describe_model, safe_ratio
 from appliance.bench.serve import fmt_ms, fmt_rate
+from appliance.percentiles import percentile
 from appliance.sched.simulator import SimResult
 
 HEAVY = "alice"
@@ -123,8 +125,8 @@ def ttft_stats(records: Iterable[Record], user: str, since_s: float = 0.0,
     return TtftStats(
         requests=len(mine),
         errors=len(failed),
-        p50_s=percentile(ok, 50),
-        p95_s=percentile(ok, 95),
+        p50_s=percentile(ok, 50, "linear"),
+        p95_s=percentile(ok, 95, "linear"),
         first_error=failed[0].timing.error if failed else None,
     )
 

@@ -29,17 +29,7 @@ from typing import Any
 import httpx
 
 from appliance.bench import serve
-from appliance.bench.common import (
-    default_blas,
-    describe_model,
-    free_port,
-    git_commit,
-    model_facts,
-    run_guarded,
-    stream_chat,
-    wait_ready,
-    write_report,
-)
+from appliance.bench.client import stream_chat
 from appliance.bench.goodput_stats import (
     CLASSES,
     MIX,
@@ -51,6 +41,9 @@ from appliance.bench.goodput_stats import (
     schedule,
     summarize_rate,
 )
+from appliance.bench.process import default_blas, free_port, run_guarded, wait_ready
+from appliance.bench.report import describe_model, git_commit, model_facts, write_report
+from appliance.vocab import Klass
 
 WORDS = ["kitchen", "light", "garden", "window", "heating", "water", "bread", "table", "evening", "morning", "door", "radio", "garage", "kettle", "winter", "dinner", "school", "bicycle", "laundry", "battery", "market", "letter", "music", "rain", "shelf", "clock", "pillow", "tomato", "basket", "candle", "ladder", "blanket", "stairs", "meeting"]
 
@@ -262,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                         our_env={}, mlx_cmd=shlex.split(f"{exe} -m mlx_lm server"),
                         output_dir=out, ready_timeout_s=300.0, command="")
     if serve.OURS in servers:
-        serve.apply_provisioning(scfg, max_class="voice")
+        serve.apply_provisioning(scfg, max_class=Klass.VOICE)
     got = run_guarded(with_servers(cfg, scfg), out)
     if got is None:
         return 1

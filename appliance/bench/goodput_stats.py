@@ -18,10 +18,12 @@ servers see exactly the same requests at the same offsets.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from appliance.percentiles import percentile
+from appliance.vocab import Klass
 
 GOODPUT_SHARE = 0.9
 """A rate counts towards goodput when at least this share of its requests met their SLO."""
@@ -41,9 +43,10 @@ class RequestClass:
 
 
 MIX: tuple[RequestClass, ...] = (
-    RequestClass("voice", 0.30, (4, 12), (8, 24), "voice", ttft_s=1.5),
-    RequestClass("chat", 0.55, (10, 60), (32, 96), "interactive", ttft_s=3.0, itl_p95_s=0.5),
-    RequestClass("document", 0.15, (300, 700), (48, 96), "background", total_s=120.0),
+    RequestClass("voice", 0.30, (4, 12), (8, 24), Klass.VOICE.label, ttft_s=1.5),
+    RequestClass("chat", 0.55, (10, 60), (32, 96), Klass.INTERACTIVE.label, ttft_s=3.0,
+                 itl_p95_s=0.5),
+    RequestClass("document", 0.15, (300, 700), (48, 96), Klass.BACKGROUND.label, total_s=120.0),
 )
 CLASSES = {c.name: c for c in MIX}
 
@@ -89,13 +92,6 @@ class Outcome:
     error: str | None = None
 
 
-def p95(values: Sequence[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
-
-
 def meets_slo(o: Outcome, scale: float = 1.0, classes: Mapping[str, RequestClass] = CLASSES
               ) -> bool:
     c = classes[o.klass]
@@ -104,7 +100,7 @@ def meets_slo(o: Outcome, scale: float = 1.0, classes: Mapping[str, RequestClass
     if c.ttft_s is not None and (o.ttft_s is None or o.ttft_s > c.ttft_s * scale):
         return False
     if c.itl_p95_s is not None:
-        tail = p95(o.itls)
+        tail = percentile(o.itls, 95)
         if tail is not None and tail > c.itl_p95_s * scale:
             return False
     return c.total_s is None or o.total_s <= c.total_s * scale
@@ -136,14 +132,14 @@ def summarize_rate(rate: float, outcomes: Sequence[Outcome], scale: float = 1.0)
     span = (max((o.sent_s + o.total_s for o in outcomes), default=0.0)
             - min((o.sent_s for o in outcomes), default=0.0))
     busy = sum(o.total_s for o in outcomes)
-    ttfts = sorted(o.ttft_s for o in outcomes if o.ttft_s is not None)
+    ttfts = [o.ttft_s for o in outcomes if o.ttft_s is not None]
     itls = [g for o in outcomes for g in o.itls]
     return RateResult(
         rate=rate, requests=len(outcomes),
         attainment=sum(met) / len(met) if met else 0.0, by_class=by_class,
         mean_in_flight=busy / span if span > 0 else 0.0,
-        ttft_p50_s=ttfts[(len(ttfts) - 1) // 2] if ttfts else None, ttft_p95_s=p95(ttfts),
-        itl_p95_s=p95(itls), errors=sum(not o.ok for o in outcomes),
+        ttft_p50_s=percentile(ttfts, 50), ttft_p95_s=percentile(ttfts, 95),
+        itl_p95_s=percentile(itls, 95), errors=sum(not o.ok for o in outcomes),
         first_error=next((o.error for o in outcomes if o.error), None))
 
 

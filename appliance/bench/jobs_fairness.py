@@ -17,6 +17,13 @@ from pathlib import Path
 
 import httpx
 
+from appliance.bench.provision import BenchUser, add_users
+from appliance.bench.report import safe_ratio
+from appliance.percentiles import percentile
+
+CORPUS = Path(__file__).resolve().parents[1] / "demo" / "corpus.txt"
+"""The demo model's training text: a long document of the demo model's own words."""
+
 
 def _ttft(client: httpx.Client) -> float | None:
     started = time.perf_counter()
@@ -29,14 +36,9 @@ def _ttft(client: httpx.Client) -> float | None:
     return None  # an answer that ended before any text (counted as missing)
 
 
-def p95(values: list[float]) -> float:
-    return statistics.quantiles(values, n=20)[18] if len(values) >= 2 else values[0]
-
-
 def main(argv: list[str] | None = None) -> int:
     from appliance.daemon import build_daemon, serve_in_thread
     from appliance.settings import Settings
-    from appliance.store import keys, users
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--requests", type=int, default=30)
@@ -44,25 +46,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     settings = Settings()
     settings.store.data_dir = tempfile.mkdtemp(prefix="appliance-bench-")
-    # the daemon as `appliance serve` assembles it (appliance.daemon), served on a thread
-    served = serve_in_thread(build_daemon(settings, secret="x" * 32))
-    with served.daemon.store.sessions.begin() as s:
-        light = users.create_user(s, "light", "password-light")
-        heavy = users.create_user(s, "heavy", "password-heavy")
-        _, light_key = keys.create_api_key(s, light, "k")
-        _, heavy_key = keys.create_api_key(s, heavy, "k")
+    daemon = build_daemon(settings, secret="x" * 32, drain_timeout=5)
+    keys = add_users(daemon.store, [BenchUser("light", key_name="k"),
+                                    BenchUser("heavy", key_name="k")])
+    served = serve_in_thread(daemon)
     url = served.url
-    corpus = (Path(__file__).resolve().parents[1] / "demo" / "corpus.txt").read_text()
-    tok = served.daemon.services.model.tokenizer
-    ids = tok.encode(corpus)
+    tok = daemon.services.model.tokenizer
+    ids = tok.encode(CORPUS.read_text())
     while len(ids) < args.doc_tokens:
         ids = ids + ids
     doc = tok.decode(ids[:args.doc_tokens])
     try:
         with httpx.Client(base_url=url, timeout=600,
-                          headers={"Authorization": f"Bearer {light_key}"}) as lc, \
+                          headers={"Authorization": f"Bearer {keys['light']}"}) as lc, \
                 httpx.Client(base_url=url, timeout=600,
-                             headers={"Authorization": f"Bearer {heavy_key}"}) as hc:
+                             headers={"Authorization": f"Bearer {keys['heavy']}"}) as hc:
             _ttft(lc)  # warm-up
             solo = [t for t in (_ttft(lc) for _ in range(args.requests)) if t is not None]
             job = hc.post("/jobs", json={"name": "long", "source": "text", "text": doc,
@@ -80,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.2)
             print(f"document {args.doc_tokens} tokens; interactive requests {args.requests} "
                   f"each (with text: solo {len(solo)}, during {len(busy)})")
-            print(f"interactive TTFT p95 solo {p95(solo):.0f} ms, during the map-reduce "
-                  f"{p95(busy):.0f} ms, ratio {p95(busy) / p95(solo):.2f}")
+            solo95, busy95 = percentile(solo, 95, "linear"), percentile(busy, 95, "linear")
+            print(f"interactive TTFT p95 solo {solo95:.0f} ms, during the map-reduce "
+                  f"{busy95:.0f} ms, ratio {safe_ratio(busy95, solo95):.2f}")
             print(f"median solo {statistics.median(solo):.0f} ms, during "
                   f"{statistics.median(busy):.0f} ms")
             print(f"job progress when the interactive sample ended: {progress_at_end}; "

@@ -28,26 +28,29 @@ from typing import Any
 
 import httpx
 
-from appliance.bench.common import (
+from appliance.bench.client import RequestTiming, stream_chat
+from appliance.bench.process import (
     OPENBLAS_PATH,
-    RequestTiming,
     ServerProcess,
     ServerStartError,
     default_blas,
-    describe_model,
     free_port,
+    run_guarded,
+    running,
+    server_env,
+    wait_ready,
+)
+from appliance.bench.provision import DATA_DIR_ENV, BenchUser, provision
+from appliance.bench.report import (
+    describe_model,
     git_commit,
     mean,
     model_facts,
-    percentile,
-    run_guarded,
-    running,
     safe_ratio,
-    server_env,
-    stream_chat,
-    wait_ready,
     write_report,
 )
+from appliance.percentiles import percentile
+from appliance.vocab import Klass
 
 OURS = "ours"
 MLX_LM = "mlx_lm"
@@ -164,10 +167,10 @@ def summarize_level(
         output_tokens=tokens,
         wall_s=wall_s,
         tokens_per_s=safe_ratio(float(tokens), wall_s) if ok else None,
-        ttft_p50_s=percentile(ttfts, 50),
-        ttft_p95_s=percentile(ttfts, 95),
-        itl_p50_s=percentile(itls, 50),
-        itl_p95_s=percentile(itls, 95),
+        ttft_p50_s=percentile(ttfts, 50, "linear"),
+        ttft_p95_s=percentile(ttfts, 95, "linear"),
+        itl_p50_s=percentile(itls, 50, "linear"),
+        itl_p95_s=percentile(itls, 95, "linear"),
         tpot_mean_s=mean(tpots),
         token_source=token_source(ok) if ok else "none",
         first_error=errors[0].error if errors else None,
@@ -510,61 +513,20 @@ def make_server(name: str, cfg: Config, port: int, log: Path) -> ServerProcess:
     )
 
 
-DATA_DIR_ENV = "APPLIANCE_DATA_DIR"
-
-
 def needs_provisioning(cfg: Config) -> bool:
     """Our server needs an API key and the user gave neither a key nor a data directory."""
     return OURS in cfg.servers and cfg.api_key is None and DATA_DIR_ENV not in cfg.our_env
 
 
-def last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
-def provision_api_key(cfg: Config, max_class: str = "interactive") -> tuple[str, Path]:
-    """A fresh data directory for our server with one `bench` user and its API key.
-
-    Runs `appliance migrate`, `appliance user add bench` and `appliance key create bench`
-    with `APPLIANCE_DATA_DIR` pointing into the output directory, so the benchmark never
-    writes ledger rows into the household's real database.
-    """
-    data_dir = (cfg.output_dir / "ours-data").resolve()
-    env = server_env(cfg.blas)
-    env.update(cfg.our_env)
-    env[DATA_DIR_ENV] = str(data_dir)
-    admin = [sys.executable, "-m", "appliance"]
-    steps = (["migrate"], ["user", "add", "bench", "--max-class", max_class],
-             ["key", "create", "bench", "--name", "bench"])
-    out = ""
-    for step in steps:
-        proc = subprocess.run(
-            [*admin, *step],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            stdin=subprocess.DEVNULL,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"`appliance {' '.join(step)}` failed ({proc.returncode}): "
-                f"{(proc.stderr or proc.stdout).strip()[-500:]}"
-            )
-        out = proc.stdout
-    key = last_line(out)
-    if not key or " " in key:
-        raise RuntimeError(f"could not read the API key from `appliance key create`: {out!r}")
-    return key, data_dir
-
-
-def apply_provisioning(cfg: Config, max_class: str = "interactive") -> None:
-    """Give our server a throwaway data dir and key when the user did not bring their own."""
+def apply_provisioning(cfg: Config, max_class: Klass = Klass.INTERACTIVE) -> None:
+    """Give our server a throwaway data dir (in the output directory) with one ``bench``
+    user and its key, when the user did not bring their own."""
     if not needs_provisioning(cfg):
         return
+    data_dir = (cfg.output_dir / "ours-data").resolve()
     try:
-        key, data_dir = provision_api_key(cfg, max_class)
+        key = provision(data_dir, [BenchUser("bench", max_class=max_class)],
+                        {**server_env(cfg.blas), **cfg.our_env})["bench"]
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         print(
             f"[bench] could not provision an API key for ours ({exc}); pass --api-key "

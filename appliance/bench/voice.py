@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,38 +24,26 @@ from typing import Any
 
 import httpx
 
-from appliance.bench.common import (
-    ServerProcess,
-    free_port,
-    percentile,
-    running,
-    safe_ratio,
-    wait_ready,
-)
+from appliance.bench.process import ServerProcess, free_port, running, wait_ready
+from appliance.bench.provision import DATA_DIR_ENV, BenchUser, provision
+from appliance.bench.report import safe_ratio
+from appliance.percentiles import percentile
+from appliance.vocab import FinishReason, Klass
 
 QUESTIONS = ["turn on the kitchen light", "is the front door locked", "what time is it",
              "dim the living room lamp", "good night"]
 
 
-def _cli(data_dir: Path, *args: str) -> str:
-    env = {**os.environ, "APPLIANCE_DATA_DIR": str(data_dir)}
-    out = subprocess.run([sys.executable, "-m", "appliance", *args], env=env, check=True,
-                         capture_output=True, text=True, input="bench password\n")
-    return out.stdout.strip().splitlines()[-1]
-
-
-def _household(data_dir: Path) -> tuple[str, str]:
-    _cli(data_dir, "user", "add", "ha", "--max-class", "voice", "--password-stdin")
-    _cli(data_dir, "user", "add", "bob", "--password-stdin")
-    return (_cli(data_dir, "key", "create", "ha", "--default-class", "voice"),
-            _cli(data_dir, "key", "create", "bob"))
+HOUSEHOLD = (BenchUser("ha", max_class=Klass.VOICE, default_class=Klass.VOICE),
+             BenchUser("bob"))
+"""Home Assistant's user (its key asks for ``voice``) and bob, whose stories back up."""
 
 
 async def _backlog_stream(client: httpx.AsyncClient, key: str, max_tokens: int,
                           stop: asyncio.Event) -> None:
     body = {"prompt": "Tell a long story about a lighthouse.", "max_tokens": max_tokens,
             "stream": True, "temperature": 0.8}
-    headers = {"Authorization": f"Bearer {key}", "X-Appliance-Class": "background"}
+    headers = {"Authorization": f"Bearer {key}", "X-Appliance-Class": Klass.BACKGROUND.label}
     while not stop.is_set():
         async with client.stream("POST", "/v1/completions", json=body,
                                  headers=headers) as r:
@@ -99,10 +86,11 @@ async def _measure(url: str, ha: str, bob: str, args: argparse.Namespace
 def _row(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     ttft = [r["timings"]["ttft_ms"] for r in rows if r["timings"]["ttft_ms"] is not None]
     total = [r["timings"]["total_ms"] for r in rows]
-    return {"phase": name, "n": len(rows), "ttft_p50_ms": percentile(ttft, 50),
-            "ttft_p95_ms": percentile(ttft, 95), "total_p50_ms": percentile(total, 50),
-            "total_p95_ms": percentile(total, 95),
-            "deadline_misses": sum(r["finish_reason"] == "deadline" for r in rows)}
+    return {"phase": name, "n": len(rows), "ttft_p50_ms": percentile(ttft, 50, "linear"),
+            "ttft_p95_ms": percentile(ttft, 95, "linear"),
+            "total_p50_ms": percentile(total, 50, "linear"),
+            "total_p95_ms": percentile(total, 95, "linear"),
+            "deadline_misses": sum(r["finish_reason"] == FinishReason.DEADLINE for r in rows)}
 
 
 def _markdown(rows: list[dict[str, Any]], ratio: float | None, argv: list[str]) -> str:
@@ -133,13 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=2.0)
     args = p.parse_args(argv)
     data_dir = Path(tempfile.mkdtemp(prefix="bench-voice-"))
-    ha, bob = _household(data_dir)
+    keys = provision(data_dir, HOUSEHOLD, os.environ)
+    ha, bob = keys["ha"], keys["bob"]
     port = free_port()
     server = ServerProcess(
         "appliance", [sys.executable, "-m", "appliance", "serve", "--port", str(port),
                       "--max-batch-size", str(args.max_batch_size),
                       *(["--model", args.model] if args.model else [])],
-        {**os.environ, "APPLIANCE_DATA_DIR": str(data_dir)}, args.out / "server.log")
+        {**os.environ, DATA_DIR_ENV: str(data_dir)}, args.out / "server.log")
     url = f"http://127.0.0.1:{port}"
     with running(server):
         asyncio.run(wait_ready(server, url, {}, 300))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from appliance.engine.model import LoadedModel, load_model
 from appliance.engine.request import (
     Event,
     FaultHook,
@@ -31,6 +32,7 @@ from appliance.engine.snapshot import EngineSnapshot
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.types import SchedulerConfig
 from appliance.sched.usage import RollingUsage
+from appliance.vocab import FinishReason
 
 if TYPE_CHECKING:
     from appliance.engine.runner import Runner
@@ -105,7 +107,8 @@ class Engine:
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self.loaded: object | None = None  # LoadedModel once ready
+        self.loaded: LoadedModel | None = None
+        """The model once the engine thread has loaded it (None before, or when loading failed)."""
         self.snapshot = EngineSnapshot.empty()
         self._open: dict[int, RequestHandle] = {}
         """Every submitted request not yet finished (the supervisor fails them if need be)."""
@@ -244,13 +247,12 @@ class Engine:
             handles = list(self._open.values())
             self._open.clear()
         for h in handles:
-            h.emit(FinishEvent("error", Usage(len(h.request.prompt), 0), error=reason,
+            h.emit(FinishEvent(FinishReason.ERROR, Usage(len(h.request.prompt), 0), error=reason,
                                unavailable=True))
         return len(handles)
 
     # ---- the engine thread ----
     def _main(self) -> None:
-        from appliance.engine.model import load_model
         from appliance.engine.runner import Runner
 
         try:

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from appliance.sched.classes import Klass
+from appliance.vocab import FinishReason, Klass
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class FinishEvent:
-    reason: str
+    reason: FinishReason
     """stop | length | cancelled | error | quota"""
     usage: Usage
     text: str = ""
@@ -143,7 +143,7 @@ class Finished:
     """What the ledger records of a finished request (unix times; ids and counts only)."""
 
     request: GenerationRequest
-    reason: str
+    reason: FinishReason
     usage: Usage
     queued_at: float
     admitted_at: float | None

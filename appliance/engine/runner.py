@@ -33,12 +33,14 @@ from appliance.engine.request import (
 from appliance.engine.sampling import RowSampler, sample_batch
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
+from appliance.percentiles import percentile
 from appliance.sched.cost import CostModel
 from appliance.sched.memory import held, reservation
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import RequestState, check_transition, finish_state
 from appliance.sched.types import Plan, SeqView
 from appliance.sched.usage import RollingUsage
+from appliance.vocab import FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +173,8 @@ class Runner:
                 self.errors_total += 1
                 self.completed += 1
                 error = str(exc) if isinstance(exc, ValueError) else BACKEND_ERROR
-                h.emit(FinishEvent("error", Usage(len(h.request.prompt), 0), error=error))
+                h.emit(FinishEvent(FinishReason.ERROR, Usage(len(h.request.prompt), 0),
+                                   error=error))
                 self._done(h)
 
     def _take_one(self, h: RequestHandle, now: float) -> None:
@@ -203,7 +206,7 @@ class Runner:
             return
         if s.rid in self.batch.rids:
             self.batch.remove({s.rid})
-        self._finish(s, "error", error=BACKEND_ERROR)
+        self._finish(s, FinishReason.ERROR, error=BACKEND_ERROR)
 
     def _grammar_row(self, r: GenerationRequest) -> GrammarRow | None:
         if r.grammar is None:
@@ -298,7 +301,7 @@ class Runner:
         if over:
             self.batch.remove({s.rid for s in over})
         for s in over:
-            self._finish(s, "quota")
+            self._finish(s, FinishReason.QUOTA)
 
     def flush_counters(self) -> None:
         self._counters_dirty = False
@@ -310,7 +313,7 @@ class Runner:
             self.prompt_cache.evict_bytes(plan.evict_tokens * self.loaded.kv_bytes_per_token)
         for rid in plan.reject:
             s = self.seqs[rid]
-            self._finish(s, "length" if s.generated else "error",
+            self._finish(s, FinishReason.LENGTH if s.generated else FinishReason.ERROR,
                          error=None if s.generated else TOO_LARGE)
         for rid in plan.preempt:
             self._preempt(self.seqs[rid], keep_kv=rid in plan.keep_kv)
@@ -360,7 +363,7 @@ class Runner:
         for s, tok in zip(rows, tokens, strict=True):
             if s.rid in failed or tok is None:
                 log.error("request failed rid=%d phase=decode: %s", s.rid, failed.get(s.rid))
-                self._finish(s, "error", error=BACKEND_ERROR)
+                self._finish(s, FinishReason.ERROR, error=BACKEND_ERROR)
                 done.add(s.rid)
             else:
                 self._serve(s, 0, 1)
@@ -495,16 +498,16 @@ class Runner:
         if self.fault:
             self.fault(s.handle.request, "token")
         if token in self.eos:
-            self._finish(s, "stop")
+            self._finish(s, FinishReason.STOP)
             return True
         text = s.text.push(token)
         if text:
             s.handle.emit(TokenEvent(token, text))
         if s.text.stopped:
-            self._finish(s, "stop")
+            self._finish(s, FinishReason.STOP)
             return True
         if s.generated >= s.max_tokens:
-            self._finish(s, "length")
+            self._finish(s, FinishReason.LENGTH)
             return True
         s.next_token = token
         return False
@@ -533,7 +536,7 @@ class Runner:
         if 0 < size < len(s.tokens):
             self.prompt_cache.store(s.handle.request.user_key, s.tokens[:size], cache)
 
-    def _finish(self, s: Seq, reason: str, error: str | None = None) -> None:
+    def _finish(self, s: Seq, reason: FinishReason, error: str | None = None) -> None:
         """Finish one sequence: it leaves the engine, its caller gets the finish event, the
         ledger gets its row. Never raises: what fails on the way (keeping its prefix, the
         detokenizer's tail, the ledger hand-off) is logged and the request still ends."""
@@ -543,21 +546,21 @@ class Runner:
         try:
             if self.fault:
                 self.fault(s.handle.request, "finish")
-            if reason in ("stop", "length", "quota"):
+            if reason.answered:
                 self._keep_prefix(s)
-            tail = s.text.finish() if reason in ("stop", "length") else ""
+            tail = s.text.finish() if reason.complete else ""
         except Exception as exc:
             log.error("request failed rid=%d phase=finish: %s", s.rid, type(exc).__name__)
-            reason, error, tail = "error", BACKEND_ERROR, ""
+            reason, error, tail = FinishReason.ERROR, BACKEND_ERROR, ""
         if s.state is RequestState.QUEUED and s.admitted_at is None:
             self._left_queue += 1
         s.move(finish_state(reason))
         s.cache = None
         del self.seqs[s.rid]
         self.completed += 1
-        if reason == "error":
+        if reason is FinishReason.ERROR:
             self.errors_total += 1
-        elif reason == "cancelled":
+        elif reason is FinishReason.CANCELLED:
             self.cancelled_total += 1
         ttft = None if s.first_token_at is None else s.first_token_at - s.arrival
         usage = Usage(prompt_tokens=s.n_prompt, completion_tokens=s.generated,
@@ -578,7 +581,7 @@ class Runner:
                  usage.completion_tokens, "-" if ttft is None else f"{ttft * 1000:.1f}",
                  s.preemptions)
 
-    def _record(self, s: Seq, reason: str, usage: Usage) -> Finished:
+    def _record(self, s: Seq, reason: FinishReason, usage: Usage) -> Finished:
         """Monotonic engine times turned into wall-clock times for the ledger."""
         now = self.clock()
         wall_now = time.time()
@@ -586,14 +589,14 @@ class Runner:
         def wall(t: float | None) -> float | None:
             return None if t is None else wall_now - (now - t)
 
-        itl = sorted(s.itl)
+        itl, p95 = s.itl, percentile(s.itl, 95)
         return Finished(
             request=s.handle.request, reason=reason, usage=usage,
             queued_at=wall_now - (now - s.arrival), admitted_at=wall(s.admitted_at),
             first_token_at=wall(s.first_token_at), finished_at=wall_now,
             preemptions=s.preemptions,
             itl_mean_ms=sum(itl) / len(itl) * 1000.0 if itl else None,
-            itl_p95_ms=itl[min(len(itl) - 1, int(0.95 * len(itl)))] * 1000.0 if itl else None)
+            itl_p95_ms=None if p95 is None else p95 * 1000.0)
 
     def _preempt(self, s: Seq, keep_kv: bool = False) -> None:
         """Back to the queue with its tokens kept. Its KV is freed and rebuilt on
@@ -614,7 +617,7 @@ class Runner:
         if gone:
             self.batch.remove({s.rid for s in gone})
         for s in gone:
-            self._finish(s, "cancelled")
+            self._finish(s, FinishReason.CANCELLED)
 
     def cancel_everything(self) -> None:
         for s in list(self.seqs.values()):
@@ -626,7 +629,7 @@ class Runner:
         flight with an error, start from an empty batch, keep serving."""
         self._joining = []  # rows of the failed tick that had not joined the batch yet
         for s in list(self.seqs.values()):
-            self._finish(s, "error", error=BACKEND_ERROR)
+            self._finish(s, FinishReason.ERROR, error=BACKEND_ERROR)
         self.batch = DecodeBatch(self.model)
 
     # ---- monitoring ----
@@ -641,7 +644,8 @@ class Runner:
         waiting: list[SlotInfo] = []
         for s in self.seqs.values():
             r = s.handle.request
-            info = SlotInfo(rid=s.rid, user=r.user, klass=r.klass.label, state=s.state.value,
+            info = SlotInfo(rid=s.rid, user_id=r.user_id, user=r.user, klass=r.klass.label,
+                            state=s.state.value,
                             prompt_tokens=s.n_prompt, prefilled=min(s.computed, s.n_prompt)
                             if s.state is RequestState.PREFILLING else s.n_prompt
                             if s.state is RequestState.DECODING else 0,

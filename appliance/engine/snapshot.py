@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True, slots=True)
 class SlotInfo:
     rid: int
+    user_id: int
     user: str
+    """The user's name, for the people who read /slots and the dashboard (code goes by
+    ``user_id``)."""
     klass: str
     state: str
     prompt_tokens: int

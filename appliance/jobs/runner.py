@@ -36,9 +36,9 @@ from appliance.jobs import fetch, mapreduce, sources
 from appliance.jobs.definition import Limits
 from appliance.jobs.netguard import Guard, Refused, parse_allow_list
 from appliance.jobs.schedule import household_zone, in_words, latest_slot, make_trigger
-from appliance.sched.classes import Klass
 from appliance.store import jobs as store_jobs
 from appliance.store.models import Job, User
+from appliance.vocab import DAY_S, FinishReason, Klass
 
 if TYPE_CHECKING:
     from appliance.api.service import Services
@@ -406,7 +406,7 @@ class JobService:
                                           timeout=s.fetch_timeout)
             return await anyio.to_thread.run_sync(sources.from_fetched, fetched, cursor,
                                                   s.document_max_bytes)
-        since = float(cursor.get("since") or job.created_at - 86400)
+        since = float(cursor.get("since") or job.created_at - DAY_S)
         return await anyio.to_thread.run_sync(self._conversations, owner.id, since)
 
     def _conversations(self, user_id: int, since: float) -> sources.Document:
@@ -465,9 +465,9 @@ class JobService:
         tally.requests += 1
         tally.prompt_tokens += finish.usage.prompt_tokens
         tally.output_tokens += finish.usage.completion_tokens
-        if finish.reason == "quota":
+        if finish.reason is FinishReason.QUOTA:
             raise JobFailed("quota", "the owner's daily token quota ran out during the run")
-        if finish.reason in ("error", "cancelled"):
+        if not finish.reason.answered:
             raise JobFailed("error", f"a model request ended with {finish.reason}: "
                             f"{finish.error or 'no detail'}")
         return answer

@@ -14,10 +14,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from appliance.sched.classes import Klass
 from appliance.sched.states import RequestState
 from appliance.sched.types import DEFAULT_AGING_SECONDS, DEFAULT_W_IN, DEFAULT_W_OUT, SeqView
-from appliance.vocab import WEIGHT_MAX, WEIGHT_MIN
+from appliance.vocab import WEIGHT_MAX, WEIGHT_MIN, Klass
 
 
 def effective_class(klass: Klass, waited: float, aging_seconds: float) -> Klass:

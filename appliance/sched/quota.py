@@ -12,38 +12,14 @@ them the bound is conservative (everything has aged out 24 h from now).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from appliance.sched.classes import Klass
+from appliance.vocab import DAY_S, Klass, QuotaLimits
 
-DAY_S = 24 * 3600.0
 CONCURRENCY_RETRY_S = 1
 """Retry-After for the concurrency limit: a slot frees when any running request ends."""
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaLimits:
-    """A user's limits; None means unlimited. Field for field the same as
-    ``appliance.store.limits.QuotaLimits`` (sched/ stays free of SQLAlchemy, so the store's
-    class, which lives in a module importing it, is mirrored rather than imported)."""
-
-    tokens_per_day: int | None = None
-    max_concurrent: int | None = None
-    max_prompt_tokens: int | None = None
-    max_output_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is not None and (
-                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{f.name} must be a positive integer or unlimited")
-
-
-UNLIMITED = QuotaLimits()
 
 
 @dataclass(frozen=True, slots=True)

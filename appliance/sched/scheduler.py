@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from appliance.sched.classes import Klass
 from appliance.sched.cost import (
     CostModel,
     PrefillAllowance,
@@ -30,6 +29,7 @@ from appliance.sched.types import (
     SchedulerConfig,
     SeqView,
 )
+from appliance.vocab import Klass
 
 
 def _backlogged(seqs: Iterable[SeqView]) -> set[str]:

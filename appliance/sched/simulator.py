@@ -18,11 +18,11 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from appliance.sched.classes import Klass
-from appliance.sched.quota import DAY_S, QuotaLimits, check_admission, exhausted
+from appliance.sched.quota import QuotaLimits, check_admission, exhausted
 from appliance.sched.scheduler import Scheduler
-from appliance.sched.states import RequestState
+from appliance.sched.states import RequestState, finish_state
 from appliance.sched.types import Plan, SchedulerConfig, SeqView
+from appliance.vocab import DAY_S, FinishReason, Klass
 
 Observer = Callable[[float, Sequence[SeqView], Plan], None]
 
@@ -76,7 +76,7 @@ class RequestResult:
     """First admission."""
     first_token: float | None
     finished: float | None
-    reason: str
+    reason: FinishReason
     preemptions: int
     generated: int
 
@@ -97,7 +97,7 @@ class _Req:
     first_token: float | None = None
     finished: float | None = None
     preemptions: int = 0
-    reason: str = ""
+    reason: FinishReason | None = None
 
     @property
     def tokens(self) -> int:
@@ -119,6 +119,7 @@ class _Req:
                        kv_tokens=self.kv, max_tokens=self.cap, generated=self.generated)
 
     def result(self) -> RequestResult:
+        assert self.reason is not None, "only a finished request has a result"
         return RequestResult(self.rid, self.a.user, self.a.klass, self.a.t, self.started,
                              self.first_token, self.finished, self.reason, self.preemptions,
                              self.generated)
@@ -292,7 +293,7 @@ class Simulator:
     def _apply(self, plan: Plan) -> None:
         for rid in plan.reject:
             r = self._live[rid]
-            self._finish(r, "length" if r.generated else "error")
+            self._finish(r, FinishReason.LENGTH if r.generated else FinishReason.ERROR)
         for rid in plan.preempt:
             r = self._live[rid]
             r.state, r.computed = RequestState.QUEUED, 0
@@ -308,7 +309,7 @@ class Simulator:
         work.served.setdefault(r.a.user, [0, 0])[1] += 1
         if r.generated >= r.cap:
             capped = r.a.max_tokens is not None and r.generated >= r.a.max_tokens
-            work.done.append((r, "length" if capped else "stop"))
+            work.done.append((r, FinishReason.LENGTH if capped else FinishReason.STOP))
 
     def _prefill(self, r: _Req, n: int, work: _Work) -> None:
         r.computed += n
@@ -332,11 +333,11 @@ class Simulator:
         for user, limits in self.quotas.items():
             if exhausted(limits, self._res.usage.get(user, 0)):
                 for r in [r for r in self._live.values() if r.a.user == user]:
-                    self._finish(r, "quota")
+                    self._finish(r, FinishReason.QUOTA)
 
-    def _finish(self, r: _Req, reason: str) -> None:
+    def _finish(self, r: _Req, reason: FinishReason) -> None:
         del self._live[r.rid]
-        r.finished, r.reason, r.state = self._now, reason, RequestState(reason)
+        r.finished, r.reason, r.state = self._now, reason, finish_state(reason)
         self._res.requests.append(r.result())
         if r.loop is not None:
             self._next_of(r.loop, self._now)
@@ -348,4 +349,4 @@ class _Work:
 
     served: dict[str, list[int]] = field(default_factory=dict)
     first: list[_Req] = field(default_factory=list)
-    done: list[tuple[_Req, str]] = field(default_factory=list)
+    done: list[tuple[_Req, FinishReason]] = field(default_factory=list)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import enum
 
+from appliance.vocab import FinishReason
+
 
 class RequestState(enum.Enum):
     QUEUED = "queued"
     PREFILLING = "prefilling"
     DECODING = "decoding"
-    FINISHED_STOP = "stop"
-    FINISHED_LENGTH = "length"
-    FINISHED_CANCELLED = "cancelled"
-    FINISHED_ERROR = "error"
-    FINISHED_QUOTA = "quota"
+    FINISHED_STOP = FinishReason.STOP.value
+    FINISHED_LENGTH = FinishReason.LENGTH.value
+    FINISHED_CANCELLED = FinishReason.CANCELLED.value
+    FINISHED_ERROR = FinishReason.ERROR.value
+    FINISHED_QUOTA = FinishReason.QUOTA.value
 
     @property
     def finished(self) -> bool:
@@ -54,6 +56,7 @@ def check_transition(old: RequestState, new: RequestState) -> None:
         raise InvalidTransition(f"{old.value} -> {new.value} is not allowed")
 
 
-def finish_state(reason: str) -> RequestState:
-    """The finished state for an OpenAI-style finish reason."""
-    return RequestState(reason)
+def finish_state(reason: FinishReason) -> RequestState:
+    """The finished state for an engine's finish reason (not DEADLINE or TOOL_CALLS, which
+    only the APIs use)."""
+    return RequestState(reason.value)

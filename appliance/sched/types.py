@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from appliance.sched.classes import Klass
 from appliance.sched.cost import TickObjectives
 from appliance.sched.states import RequestState
+from appliance.vocab import Klass
 
 DEFAULT_W_IN = 1.0
 DEFAULT_W_OUT = 2.0

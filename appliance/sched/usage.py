@@ -11,7 +11,8 @@ import threading
 from collections import defaultdict, deque
 from collections.abc import Iterable
 
-DAY_S = 24 * 3600.0
+from appliance.vocab import DAY_S
+
 BUCKET_S = 60.0
 
 

@@ -17,9 +17,10 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from appliance.sched.classes import Klass
+from appliance.percentiles import percentile
 from appliance.sched.simulator import Arrival, Loop, RequestResult, SimResult, Simulator
 from appliance.sched.types import SchedulerConfig
+from appliance.vocab import Klass
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +65,6 @@ SCENARIOS: dict[str, Callable[[int, float], Workload]] = {
 }
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[k]
-
-
 def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
@@ -85,7 +77,7 @@ def table(res: SimResult) -> str:
              f"{'wait max':>8} {'ttft p50':>8} {'ttft p95':>8} {'served wtok':>12} {'share':>6}"]
     for user in users:
         mine: list[RequestResult] = [r for r in res.requests if r.user == user]
-        done = [r for r in mine if r.reason in ("stop", "length")]
+        done = [r for r in mine if r.reason.complete]
         waits = [r.started - r.arrival for r in mine if r.started is not None]
         ttfts = [t for r in done if (t := r.ttft) is not None]
         served = res.served[-1].get(user, 0.0)
@@ -97,7 +89,7 @@ def table(res: SimResult) -> str:
             f"{_s(percentile(ttfts, 50)):>8} {_s(percentile(ttfts, 95)):>8} "
             f"{served:>12.0f} {served / total:>6.1%}")
     avg, top, n = res.service_difference(60.0)
-    completed = sum(r.reason in ("stop", "length") for r in res.requests) or 1
+    completed = sum(r.reason.complete for r in res.requests) or 1
     lines.append(f"service difference per 60 s window (backlogged users): avg {avg:.0f} "
                  f"max {top:.0f} over {n} windows")
     lines.append(f"preemptions per completed request: {res.preemptions / completed:.3f}; "

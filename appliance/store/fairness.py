@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from appliance.store.ledger import DAY_S
 from appliance.store.limits import load_counters
 from appliance.store.models import LedgerEntry, User
+from appliance.vocab import DAY_S
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,9 @@ from sqlalchemy.orm import Session
 
 from appliance.store import auth
 from appliance.store.errors import NotFound
-from appliance.store.models import CLASSES, ApiKey, User
+from appliance.store.models import ApiKey, User
 from appliance.store.users import validate_class
+from appliance.vocab import CLASS_LABELS
 
 # last_used_at is refreshed at most this often, so authenticating a key is a read on
 # almost every request instead of a write.
@@ -23,7 +24,7 @@ LAST_USED_RESOLUTION_S = 60.0
 
 def class_rank(klass: str) -> int:
     """0 for the highest class (voice), larger is lower."""
-    return CLASSES.index(klass)
+    return CLASS_LABELS.index(klass)
 
 
 def effective_max_class(user: User, key: ApiKey | None) -> str:
@@ -106,7 +107,7 @@ def _find_by_prefix(session: Session, prefix: str) -> ApiKey | None:
 
 def classes_at_most(klass: str) -> tuple[str, ...]:
     """``klass`` and every class below it."""
-    return CLASSES[class_rank(klass):]
+    return CLASS_LABELS[class_rank(klass):]
 
 
 def list_keys(

@@ -16,9 +16,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from appliance.store.models import LedgerEntry
-
-HOUR_S = 3600.0
-DAY_S = 86400.0
+from appliance.vocab import DAY_S, HOUR_S, FinishReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +37,7 @@ class LedgerRecord:
     admitted_at: float | None
     first_token_at: float | None
     finished_at: float
-    finish_reason: str
+    finish_reason: FinishReason
     preemptions: int = 0
     ttft_ms: float | None = None
     itl_mean_ms: float | None = None

@@ -8,42 +8,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from appliance.store.models import Quota, UsageCounter
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaLimits:
-    """A user's limits; None means unlimited."""
-
-    tokens_per_day: int | None = None
-    max_concurrent: int | None = None
-    max_prompt_tokens: int | None = None
-    max_output_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            top = QUOTA_MAX[field.name]
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top
-            ):
-                raise ValueError(f"{field.name} must be >= 1 or null (unlimited), an "
-                                 f"integer at most {top}")
-
-
-QUOTA_MAX = {"tokens_per_day": 10**9, "max_concurrent": 1024,
-             "max_prompt_tokens": 1_048_576, "max_output_tokens": 1_048_576}
-"""Upper bounds: beyond these a value is a typo, not a limit (a billion tokens a day is
-more than a household machine can produce; the contexts are the engine's own bounds)."""
-
-
-UNLIMITED = QuotaLimits()
+from appliance.vocab import UNLIMITED, QuotaLimits
 
 
 def _limits_of(row: Quota) -> QuotaLimits:

@@ -30,9 +30,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from appliance.vocab import CLASS_LABELS, Klass
+
 ROLES: tuple[str, ...] = ("admin", "member")
 # Request classes, highest priority first.
-CLASSES: tuple[str, ...] = ("voice", "interactive", "background")
+
 MESSAGE_ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 THEMES: tuple[str, ...] = ("system", "light", "dark")
 
@@ -58,7 +60,7 @@ class User(Base):
     __tablename__ = "users"
     __table_args__ = (
         CheckConstraint(_in("role", ROLES), name="role"),
-        CheckConstraint(_in("max_class", CLASSES), name="max_class"),
+        CheckConstraint(_in("max_class", CLASS_LABELS), name="max_class"),
         CheckConstraint("weight > 0", name="weight_positive"),
     )
 
@@ -69,7 +71,7 @@ class User(Base):
     password_hash: Mapped[str] = mapped_column(String(255))
     role: Mapped[str] = mapped_column(String(16), default="member")
     disabled: Mapped[bool] = mapped_column(default=False)
-    max_class: Mapped[str] = mapped_column(String(16), default="interactive")
+    max_class: Mapped[str] = mapped_column(String(16), default=Klass.INTERACTIVE.label)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
 
@@ -79,8 +81,8 @@ class User(Base):
 
 class ApiKey(Base):
     __tablename__ = "api_keys"
-    __table_args__ = (CheckConstraint(_in("max_class", CLASSES), name="max_class"),
-                      CheckConstraint(_in("default_class", CLASSES), name="default_class"))
+    __table_args__ = (CheckConstraint(_in("max_class", CLASS_LABELS), name="max_class"),
+                      CheckConstraint(_in("default_class", CLASS_LABELS), name="default_class"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
@@ -89,7 +91,7 @@ class ApiKey(Base):
     prefix: Mapped[str] = mapped_column(String(16), unique=True)
     # sha256 hex of the whole plaintext key; the plaintext is never stored.
     key_hash: Mapped[str] = mapped_column(String(64))
-    max_class: Mapped[str] = mapped_column(String(16), default="interactive")
+    max_class: Mapped[str] = mapped_column(String(16), default=Klass.INTERACTIVE.label)
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     last_used_at: Mapped[float | None] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float)

@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 
 from appliance.store import auth
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
-from appliance.store.models import CLASSES, ROLES, User, WebSession
-from appliance.vocab import WEIGHT_MAX, WEIGHT_MIN
+from appliance.store.models import ROLES, User, WebSession
+from appliance.vocab import CLASS_LABELS, WEIGHT_MAX, WEIGHT_MIN, Klass
 
 MAX_NAME_LENGTH = 64
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -34,8 +34,8 @@ def validate_name(name: str) -> str:
 
 
 def validate_class(klass: str) -> str:
-    if klass not in CLASSES:
-        raise ValueError(f"class must be one of {', '.join(CLASSES)}")
+    if klass not in CLASS_LABELS:
+        raise ValueError(f"class must be one of {', '.join(CLASS_LABELS)}")
     return klass
 
 
@@ -59,7 +59,7 @@ def create_user(
     password: str,
     *,
     role: str = "member",
-    max_class: str = "interactive",
+    max_class: str = Klass.INTERACTIVE.label,
     weight: float = 1.0,
     now: float | None = None,
     hasher: PasswordHasher = auth.DEFAULT_HASHER,

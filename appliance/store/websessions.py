@@ -10,8 +10,9 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from appliance.store.models import User, WebSession
+from appliance.vocab import DAY_S
 
-SESSION_TTL_S = 30 * 86400.0
+SESSION_TTL_S = 30 * DAY_S
 
 
 def _hash(token: str) -> str:

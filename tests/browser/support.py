@@ -11,7 +11,7 @@ import httpx
 
 from appliance.engine.core import Engine
 from appliance.engine.request import GenerationRequest, RequestHandle, SamplingParams
-from appliance.sched.classes import Klass
+from appliance.vocab import Klass
 from tests.helpers import PASSWORD
 
 SLOW_USERS = frozenset({"bob"})

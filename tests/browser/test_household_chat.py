@@ -183,7 +183,7 @@ def _set_quota(server: LiveServer, who: str, **limits: str) -> None:
 @SIZES
 def test_while_slots_are_busy_the_chat_says_how_many_requests_are_ahead(
         chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
-    from appliance.sched.classes import Klass
+    from appliance.vocab import Klass
     from tests.browser.support import slow_request
     from tests.helpers import wait_until
 

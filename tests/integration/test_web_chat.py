@@ -16,6 +16,7 @@ from jinja2 import Environment, FileSystemLoader
 
 from appliance.engine.request import FinishEvent, TokenEvent, Usage
 from appliance.store.models import LedgerEntry
+from appliance.vocab import FinishReason
 from tests.browser.support import HOSTILE, browser, slow_fault, sse_events, stream_id
 from tests.helpers import LiveServer, live_server, make_settings, wait_until
 from web import chat
@@ -144,7 +145,7 @@ def test_hostile_text_in_messages_and_titles_is_rendered_inert(server: LiveServe
 class FakeGeneration:
     """Stands in for the engine: says exactly what a hostile model would say."""
 
-    def __init__(self, pieces: list[str], reason: str = "stop") -> None:
+    def __init__(self, pieces: list[str], reason: FinishReason = FinishReason.STOP) -> None:
         self.pieces, self.reason, self.closed = pieces, reason, False
 
     async def events(self) -> Any:

@@ -204,22 +204,24 @@ def test_the_kv_gauge_shows_budget_reserved_and_prompt_cache() -> None:
     assert 'class="kv-used" width="37.5"' in html and 'class="kv-res" x="37.5"' in html
     assert "100 %</strong> of the 8.0 MiB budget taken" in html
     assert "5.0 MiB" in html and "1.0 MiB" in html and "8.0 MiB" in html
-    small = SimpleNamespace(kv_bytes=34 << 20, kv_reserved_bytes=0, prompt_cache_bytes=0)
+    small = dataclasses.replace(EngineSnapshot.empty(), kv_bytes=34 << 20)
     html = _templates().get_template("_dash_kv.html").render(
-        kv=live.kv_view(small, int(10.4 * (1 << 30))), h=HELPERS)  # type: ignore[arg-type]
+        kv=live.kv_view(small, int(10.4 * (1 << 30))), h=HELPERS)
     assert "0.3 %</strong>" in html and 'class="kv-used" width="0.6"' in html  # seen, not 0 %
     plain = live.kv_view(EngineSnapshot.empty())
     assert plain.budget is None and plain.reserved == 0  # the engine now publishes it
 
 
 def test_queue_groups_by_class_with_the_longest_wait_first() -> None:
+    ids = {"bob": 2, "carol": 3}
+
     def slot(rid: int, user: str, klass: str, waited: float) -> SlotInfo:
-        return SlotInfo(rid, user, klass, "queued", 10, 0, 0, 16, waited)
+        return SlotInfo(rid, ids[user], user, klass, "queued", 10, 0, 0, 16, waited)
     queue = (slot(1, "bob", "background", 9.0), slot(2, "carol", "interactive", 2.0),
              slot(3, "bob", "interactive", 5.0))
     groups = {g.klass: g for g in live.queue_by_class(queue, None)}
     assert groups["interactive"].count == 2 and groups["interactive"].longest_wait_s == 5.0
     assert [r.rid for r in groups["interactive"].requests] == [3, 2]
     assert groups["voice"].count == 0
-    mine = {g.klass: g for g in live.queue_by_class(queue, "carol")}
+    mine = {g.klass: g for g in live.queue_by_class(queue, ids["carol"])}
     assert mine["interactive"].count == 2 and [r.rid for r in mine["interactive"].requests] == [2]

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from appliance.bench.common import RequestTiming
+from appliance.bench.client import RequestTiming
 from appliance.bench.fairness import (
     PERSONAS,
     Config,
     PromptMaker,
-    admin_steps,
     build_parser,
     config_from_args,
     eos_token_ids,
@@ -61,6 +60,7 @@ from appliance.bench.fairness_stats import (
     summarize_policy,
     ttft_stats,
 )
+from appliance.bench.provision import admin_steps
 
 
 def rec(user: str, sent: float, chunks: list[float], *, usage: int | None = None,

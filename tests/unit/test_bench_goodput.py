@@ -12,10 +12,10 @@ from appliance.bench.goodput_stats import (
     goodput,
     goodput_ratio,
     meets_slo,
-    p95,
     schedule,
     summarize_rate,
 )
+from appliance.percentiles import percentile
 
 
 def test_the_schedule_is_seeded_and_poisson_at_the_rate() -> None:
@@ -74,9 +74,10 @@ def test_a_document_is_judged_on_completion() -> None:
 
 
 def test_p95_is_the_nearest_rank() -> None:
-    assert p95([]) is None
-    assert p95([3.0]) == 3.0
-    assert p95([float(i) for i in range(1, 101)]) == 95.0
+    assert percentile([], 95) is None
+    assert percentile([3.0], 95) == 3.0
+    assert percentile([float(i) for i in range(1, 101)], 95) == 95.0
+    assert percentile([1.0, 2.0], 50) == 1.0
 
 
 def test_summarize_counts_attainment_per_class_and_the_batch_held() -> None:

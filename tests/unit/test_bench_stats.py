@@ -13,16 +13,15 @@ from typing import Any
 import httpx
 import pytest
 
-from appliance.bench.common import (
+from appliance.bench.client import (
     RequestTiming,
     chunk_text,
-    describe_model,
-    percentile,
-    safe_ratio,
     sse_data,
     stream_chat,
     usage_completion_tokens,
 )
+from appliance.bench.provision import last_line
+from appliance.bench.report import describe_model, safe_ratio
 from appliance.bench.serve import (
     Config,
     LevelRatio,
@@ -31,7 +30,6 @@ from appliance.bench.serve import (
     Workload,
     combine_flags,
     compute_ratios,
-    last_line,
     level_serials,
     needs_provisioning,
     pool_runs,
@@ -43,6 +41,7 @@ from appliance.bench.serve import (
     time_per_output_token,
     token_source,
 )
+from appliance.percentiles import percentile
 
 
 def timing(
@@ -74,7 +73,7 @@ def timing(
 def test_percentile_matches_linear_interpolation(
     values: list[float], q: float, expected: float
 ) -> None:
-    result = percentile(values, q)
+    result = percentile(values, q, "linear")
     assert result is not None
     assert math.isclose(result, expected, rel_tol=1e-12)
 

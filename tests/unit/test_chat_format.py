@@ -19,6 +19,7 @@ from appliance.api.chat_format import (
     supports_thinking,
 )
 from appliance.api.errors import ApiError
+from appliance.vocab import FinishReason
 
 DEMO = Path(__file__).resolve().parents[2] / "appliance" / "demo_model"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -262,7 +263,7 @@ def test_v1_thinking_goes_to_reasoning_content_and_a_call_to_tool_calls(thinker:
     msg = message(d)
     assert msg["reasoning_content"] == "dark in here" and msg["content"] is None
     assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"name": "kitchen light"}
-    assert finish_reason("stop", len(d.tool_calls)) == "tool_calls"
+    assert finish_reason(FinishReason.STOP, len(d.tool_calls)) == "tool_calls"
     deltas = stream_deltas(d, 3)
     assert deltas[0] == {"reasoning_content": "dark in here"}
     assert deltas[1]["tool_calls"][0]["index"] == 3

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.sched.classes import Klass
 from appliance.sched.fair import VirtualCounters, effective_class
 from appliance.sched.policy import POLICIES, FcfsPolicy, make_policy
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import RequestState
 from appliance.sched.types import SchedulerConfig, SeqView
+from appliance.vocab import Klass
 
 Q, P, D = RequestState.QUEUED, RequestState.PREFILLING, RequestState.DECODING
 BG, IA, VO = Klass.BACKGROUND, Klass.INTERACTIVE, Klass.VOICE

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.sched.classes import Klass
 from appliance.sched.quota import QuotaLimits
 from appliance.sched.simulator import Arrival, CostModel, Loop, SimResult, Simulator
 from appliance.sched.states import RequestState
 from appliance.sched.types import CHUNK_IDLE, Plan, SchedulerConfig, SeqView
+from appliance.vocab import Klass
 
 USERS = ("alice", "bob", "carol")
 COST = CostModel()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.sched.classes import Klass
 from appliance.sched.memory import reservation, worst_case
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import RequestState
 from appliance.sched.types import KvBudget, Plan, SchedulerConfig, SeqView
+from appliance.vocab import Klass
 
 Q, P, D = RequestState.QUEUED, RequestState.PREFILLING, RequestState.DECODING
 BG, IA, VO = Klass.BACKGROUND, Klass.INTERACTIVE, Klass.VOICE

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.sched.classes import Klass
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import (
     ALLOWED,
@@ -14,6 +13,7 @@ from appliance.sched.states import (
     check_transition,
 )
 from appliance.sched.types import CHUNK_BUSY, CHUNK_IDLE, SchedulerConfig, SeqView
+from appliance.vocab import Klass
 
 Q, P, D = RequestState.QUEUED, RequestState.PREFILLING, RequestState.DECODING
 

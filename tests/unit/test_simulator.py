@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.sched.classes import Klass
+from appliance.percentiles import percentile
 from appliance.sched.quota import QuotaLimits
 from appliance.sched.simulator import (
     Arrival,
@@ -14,7 +14,8 @@ from appliance.sched.simulator import (
     Simulator,
 )
 from appliance.sched.types import SchedulerConfig
-from appliance.sched.workloads import SCENARIOS, main, percentile, table
+from appliance.sched.workloads import SCENARIOS, main, table
+from appliance.vocab import Klass
 
 IA, BG, VO = Klass.INTERACTIVE, Klass.BACKGROUND, Klass.VOICE
 

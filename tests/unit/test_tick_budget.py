@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from appliance.sched.classes import Klass
 from appliance.sched.cost import (
     DECODE_PRIOR,
     PREFILL_PRIOR,
@@ -23,6 +22,7 @@ from appliance.sched.cost import (
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import RequestState
 from appliance.sched.types import SchedulerConfig, SeqView
+from appliance.vocab import Klass
 
 Q, P, D = RequestState.QUEUED, RequestState.PREFILLING, RequestState.DECODING
 

@@ -1,0 +1,179 @@
+"""Process control for the benchmarks: servers under test as child processes (started,
+polled until ready, always stopped by their own PID), their environment (which BLAS), and
+a SIGTERM that unwinds through the ``finally`` blocks that stop them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Coroutine, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+T = TypeVar("T")
+
+
+OPENBLAS_PATH = Path("/usr/lib/x86_64-linux-gnu/libopenblas.so.0")
+"""Debian's OpenBLAS (apt package `libopenblas0-pthread`), preloaded into both servers."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on `host`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    """One server under test, run as a child process with its output in a log file."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            # Own session: a Ctrl-C in the terminal reaches the benchmark only, which then
+            # stops the server itself (by PID) in its `finally`.
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def exited(self) -> int | None:
+        """The exit code if the process has ended, else None."""
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout_s`. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=timeout_s)
+        return self.proc.returncode
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def mapped_libraries(self) -> str:
+        """The process's memory map (Linux), to check which BLAS it really loaded."""
+        if self.pid is None:
+            return ""
+        try:
+            return Path(f"/proc/{self.pid}/maps").read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+@contextlib.contextmanager
+def running(server: ServerProcess, stop_timeout_s: float = 20.0) -> Iterator[ServerProcess]:
+    """Start `server` and always stop it (by its own PID) on the way out."""
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop(stop_timeout_s)
+
+
+class ServerStartError(RuntimeError):
+    """A server under test exited or never became ready."""
+
+
+async def wait_ready(
+    server: ServerProcess,
+    base_url: str,
+    headers: Mapping[str, str],
+    timeout_s: float,
+) -> dict[str, Any]:
+    """Poll `GET /health` until it answers 200 with `{"status": "ok"}`; return that JSON."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        while time.monotonic() < deadline:
+            code = server.exited()
+            if code is not None:
+                raise ServerStartError(
+                    f"{server.name} exited with code {code} before it was ready; "
+                    f"log {server.log_path}:\n{server.log_tail()}"
+                )
+            try:
+                resp = await client.get(f"{base_url}/health", headers=dict(headers))
+                body = resp.json() if resp.content else {}
+                if (
+                    resp.status_code == 200
+                    and isinstance(body, dict)
+                    and body.get("status") == "ok"
+                ):
+                    return body
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+            except (httpx.HTTPError, ValueError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            await asyncio.sleep(0.25)
+    raise ServerStartError(
+        f"{server.name} not ready after {timeout_s:.0f}s (last: {last}); "
+        f"log {server.log_path}:\n{server.log_tail()}"
+    )
+
+
+def server_env(blas: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment every server gets: ours plus `LD_PRELOAD` of OpenBLAS, or without it."""
+    env = dict(os.environ if base is None else base)
+    env.pop("LD_PRELOAD", None)
+    if blas == "openblas":
+        env["LD_PRELOAD"] = str(OPENBLAS_PATH)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def default_blas() -> str:
+    """`openblas` when Debian's OpenBLAS is installed (Linux), else `bundled`."""
+    return "openblas" if platform.system() == "Linux" and OPENBLAS_PATH.exists() else "bundled"
+
+
+def _raise_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run_guarded(coro: Coroutine[Any, Any, T], output_dir: Path) -> T | None:
+    """Run the benchmark's event loop; SIGTERM unwinds through the ``finally`` blocks that
+    stop the servers. None when interrupted (Ctrl-C)."""
+    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        print(f"[bench] interrupted; logs in {output_dir}", file=sys.stderr)
+        return None
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -35,14 +34,9 @@ def p95(values: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import uvicorn
-
-    from appliance.app import build_services, create_app, shutdown_engine, start_engine
-    from appliance.cli_admin import db_path
+    from appliance.daemon import build_daemon, serve_in_thread
     from appliance.settings import Settings
-    from appliance.store import keys, migrate, users
-    from appliance.store.db import open_store
-    from appliance.store.writer import StoreWriter
+    from appliance.store import keys, users
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--requests", type=int, default=30)
@@ -50,25 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     settings = Settings()
     settings.store.data_dir = tempfile.mkdtemp(prefix="appliance-bench-")
-    migrate.upgrade(db_path(settings))
-    store = open_store(db_path(settings))
-    with store.sessions.begin() as s:
+    # the daemon as `appliance serve` assembles it (appliance.daemon), served on a thread
+    served = serve_in_thread(build_daemon(settings, secret="x" * 32))
+    with served.daemon.store.sessions.begin() as s:
         light = users.create_user(s, "light", "password-light")
         heavy = users.create_user(s, "heavy", "password-heavy")
         _, light_key = keys.create_api_key(s, light, "k")
         _, heavy_key = keys.create_api_key(s, heavy, "k")
-    writer = StoreWriter(store.sessions)
-    engine = start_engine(settings, writer=writer)
-    services = build_services(settings, engine, store, writer)
-    server = uvicorn.Server(uvicorn.Config(create_app(services, "x" * 32), host="127.0.0.1",
-                                           port=0, log_config=None, lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    corpus = (Path(__file__).resolve().parents[1] / "engine" / "demo_corpus.txt").read_text()
-    tok = services.model.tokenizer
+    url = served.url
+    corpus = (Path(__file__).resolve().parents[1] / "demo" / "corpus.txt").read_text()
+    tok = served.daemon.services.model.tokenizer
     ids = tok.encode(corpus)
     while len(ids) < args.doc_tokens:
         ids = ids + ids
@@ -103,11 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"job finished: {got['status']} ({got['requests']} requests, "
                   f"{time.perf_counter() - job_started:.0f} s after the sample)")
     finally:
-        server.should_exit = True
-        thread.join(30)
-        shutdown_engine(engine, 5)
-        writer.close()
-        store.close()
+        served.stop()
     return 0
 
 

@@ -138,8 +138,8 @@ def disable_user(session: Session, user: User, disabled: bool = True) -> None:
     their browser sessions are deleted, so re-enabling never brings an old session back."""
     if disabled:
         _guard_last_admin(session, user)
+        _end_sessions(session, user.id)  # so enabling later has no old session to revive
     user.disabled = disabled
-    _end_sessions(session, user.id)
 
 
 def _end_sessions(session: Session, user_id: int) -> None:

@@ -181,7 +181,8 @@ def test_viewers_share_one_frame_and_one_ledger_read(monkeypatch: pytest.MonkeyP
             return None
 
     monkeypatch.setattr(stats, "service_table", table)
-    services = SimpleNamespace(engine=SimpleNamespace(snapshot=EngineSnapshot.empty()),
+    services = SimpleNamespace(engine=SimpleNamespace(snapshot=EngineSnapshot.empty(),
+                                                      kv_budget_bytes=None),
                                store=SimpleNamespace(read_sessions=Sessions),
                                max_batch_size=4)
     hub = live.Hub(services, _templates())  # type: ignore[arg-type]
@@ -203,10 +204,9 @@ def test_the_kv_gauge_shows_budget_reserved_and_prompt_cache() -> None:
     assert 'class="kv-used" width="37.5"' in html and 'class="kv-res" x="37.5"' in html
     assert "100 %</strong> of the 8.0 MiB budget taken" in html
     assert "5.0 MiB" in html and "1.0 MiB" in html and "8.0 MiB" in html
-    small = SimpleNamespace(kv_bytes=34 << 20, kv_budget_bytes=int(10.4 * (1 << 30)),
-                            kv_reserved_bytes=0, prompt_cache_bytes=0)
-    html = _templates().get_template("_dash_kv.html").render(kv=live.kv_view(small),  # type: ignore[arg-type]
-                                                             h=HELPERS)
+    small = SimpleNamespace(kv_bytes=34 << 20, kv_reserved_bytes=0, prompt_cache_bytes=0)
+    html = _templates().get_template("_dash_kv.html").render(
+        kv=live.kv_view(small, int(10.4 * (1 << 30))), h=HELPERS)  # type: ignore[arg-type]
     assert "0.3 %</strong>" in html and 'class="kv-used" width="0.6"' in html  # seen, not 0 %
     plain = live.kv_view(EngineSnapshot.empty())
     assert plain.budget is None and plain.reserved == 0  # the engine now publishes it

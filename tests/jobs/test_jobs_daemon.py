@@ -58,8 +58,8 @@ def test_slots_missed_while_down_are_caught_up_as_one_run(tiny_model: Path,
 def test_kill_9_mid_run_leaves_it_interrupted_then_retried_once_and_the_ledger_agrees(
         demo_model: Path, tmp_path: Path) -> None:
     keys = make_household(tmp_path)
-    corpus = (Path(__file__).resolve().parents[2] / "appliance" / "engine"
-              / "demo_corpus.txt").read_text()
+    corpus = (Path(__file__).resolve().parents[2] / "appliance" / "demo"
+              / "corpus.txt").read_text()
     doc = tmp_path / "long.txt"
     doc.write_text(corpus[:24_000])  # several map stages on the demo model
     cli(tmp_path, "job", "add", "long read", "--user", "bob", "--text-file", str(doc),

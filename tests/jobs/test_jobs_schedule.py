@@ -143,8 +143,8 @@ def test_runs_are_written_while_the_ledger_writer_is_busy(
 @pytest.mark.timeout(900)  # ~30 s on a quiet 2-core machine; far more on a loaded one
 def test_a_long_document_is_map_reduced_with_progress_advancing(demo_model: Path) -> None:
     """At least 30,000 tokens on the demo model: many map stages, then the reduce."""
-    corpus = (Path(__file__).resolve().parents[2] / "appliance" / "engine"
-              / "demo_corpus.txt").read_text()
+    corpus = (Path(__file__).resolve().parents[2] / "appliance" / "demo"
+              / "corpus.txt").read_text()
     with live_server(make_settings(demo_model)) as server:
         tokenizer = _services(server).model.tokenizer
         ids = tokenizer.encode(corpus)

@@ -22,6 +22,7 @@ from appliance.store import auth, preferences, users, websessions
 from appliance.store.models import THEMES
 from web.common import PAGE, form_fields, is_htmx, me, page, services
 
+
 def _load(svc: Services, who: Principal) -> tuple[preferences.Preferences, str]:
     with svc.store.read_sessions() as s:
         return preferences.get_preferences(s, who.user_id), preferences.household_prompt(s)

@@ -14,7 +14,6 @@ import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import requests
@@ -41,7 +40,7 @@ def in_error_shape(path: str, body: object) -> bool:
     return isinstance(error, dict) and {"message", "type"} <= set(error)
 
 
-def violations(r: requests.Response) -> str | None:
+def violations(r: Any, path: str) -> str | None:
     if r.status_code >= 500 and not (r.status_code == 503 and r.headers.get("retry-after")):
         return f"{r.status_code}: {r.text[:300]}"
     if r.status_code >= 400:
@@ -49,7 +48,7 @@ def violations(r: requests.Response) -> str | None:
             body = r.json()
         except ValueError:
             return f"{r.status_code} is not JSON: {r.text[:200]}"
-        if not in_error_shape(urlsplit(r.url).path, body):
+        if not in_error_shape(path, body):
             return f"{r.status_code} not in the error shape: {r.text[:200]}"
     return None
 
@@ -69,7 +68,7 @@ def run_operation(op: Any, base_url: str, key: str, mode: GenerationMode, n: int
             failures.append(f"{case.method} {case.formatted_path}: connection {exc}")
             return
         tally[str(r.status_code)] += 1
-        problem = violations(r)
+        problem = violations(r, case.path)
         if problem:
             failures.append(f"{case.method} {case.formatted_path} [{mode.value}] {problem}")
 

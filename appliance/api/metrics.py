@@ -44,6 +44,9 @@ class SnapshotCollector(Collector):
             "appliance_request_errors": ("Requests ended by an error.", snap.errors_total),
             "appliance_requests_cancelled": ("Requests cancelled.", snap.cancelled_total),
             "appliance_engine_ticks": ("Engine ticks run.", snap.ticks),
+            "appliance_engine_ticks_over_target": (
+                "Engine ticks that took more than twice their time target.",
+                snap.ticks_over_target),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)

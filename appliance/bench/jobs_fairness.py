@@ -1,39 +1,72 @@
 """Fairness while a background job map-reduces a long document.
 
 ``python -m appliance.bench.jobs_fairness [--requests N] [--doc-tokens T]``: the daemon
-(assembled as ``appliance serve`` does, on a loopback port, demo model) measures an
-interactive user's time to first token alone, then again while another user's job
-summarises a document of ``T`` tokens map-reduce (many ``background`` requests); it reports
-both p95 values, their ratio, and whether the job finished (no starvation).
+(assembled as ``appliance serve`` does, on a loopback port, demo model) first measures the
+time to first token of a voice user and of an interactive user alone (``N`` streamed
+requests each, taking turns), then starts another user's job that summarises a document of
+``T`` tokens map-reduce (many ``background`` requests) and samples both users, taking
+turns, for **the whole job**: from its start until it ends. It reports per class the p50
+and p95 alone and during the job, their ratio, how many requests each sample holds, what
+share of the job's stages ran while sampling, and whether the job finished (no starvation).
+
+End-of-sequence is suppressed (``logit_bias``) so every answer streams text: a sample that
+ends before its first text is a failure and is counted and reported as one, never dropped.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from appliance.bench.provision import BenchUser, add_users
-from appliance.bench.report import safe_ratio
 from appliance.percentiles import percentile
+from appliance.vocab import Klass
 
 CORPUS = Path(__file__).resolve().parents[1] / "demo" / "corpus.txt"
 """The demo model's training text: a long document of the demo model's own words."""
 
+QUESTIONS = ("Turn on the kitchen lights.", "What is the weather like?",
+             "Set a timer for ten minutes.", "Is the front door locked?")
 
-def _ttft(client: httpx.Client) -> float | None:
+
+@dataclass
+class Sample:
+    """TTFTs (ms) of one user, and the requests that ended without any text."""
+
+    ttft_ms: list[float] = field(default_factory=list)
+    empty: int = 0
+
+    def line(self) -> str:
+        if not self.ttft_ms:
+            return f"n=0, empty {self.empty}"
+        return (f"p50 {statistics.median(self.ttft_ms):.0f} ms, p95 {p95(self.ttft_ms):.0f} ms"
+                f" (n={len(self.ttft_ms)}, empty {self.empty})")
+
+
+def p95(values: list[float]) -> float:
+    return percentile(values, 95, "linear") or 0.0
+
+
+def ask(client: httpx.Client, n: int, no_eos: dict[str, float], sample: Sample) -> None:
+    """One streamed chat request; its TTFT goes into ``sample`` (or it counts as empty)."""
     started = time.perf_counter()
-    body = {"messages": [{"role": "user", "content": "Turn on the kitchen lights."}],
-            "max_tokens": 8, "stream": True}
+    body = {"messages": [{"role": "user", "content": QUESTIONS[n % len(QUESTIONS)]}],
+            "max_tokens": 8, "stream": True, "logit_bias": no_eos}
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith("data: ") and '"content"' in line:
-                return (time.perf_counter() - started) * 1000
-    return None  # an answer that ended before any text (counted as missing)
+                sample.ttft_ms.append((time.perf_counter() - started) * 1000)
+                return
+    sample.empty += 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,54 +74,72 @@ def main(argv: list[str] | None = None) -> int:
     from appliance.settings import Settings
 
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--requests", type=int, default=30)
-    ap.add_argument("--doc-tokens", type=int, default=30_000)
+    ap.add_argument("--requests", type=int, default=30,
+                    help="solo requests per user (default 30)")
+    ap.add_argument("--doc-tokens", type=int, default=12_000)
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args(argv)
     settings = Settings()
     settings.store.data_dir = tempfile.mkdtemp(prefix="appliance-bench-")
+    # the daemon as `appliance serve` assembles it (appliance.daemon), served on a thread
     daemon = build_daemon(settings, secret="x" * 32, drain_timeout=5)
-    keys = add_users(daemon.store, [BenchUser("light", key_name="k"),
-                                    BenchUser("heavy", key_name="k")])
+    who = add_users(daemon.store, [BenchUser("light", key_name="k"),
+                                   BenchUser("voice", max_class=Klass.VOICE, key_name="k"),
+                                   BenchUser("heavy", key_name="k")])
     served = serve_in_thread(daemon)
-    url = served.url
     tok = daemon.services.model.tokenizer
+    loaded = daemon.engine.loaded
+    assert loaded is not None
+    no_eos = {str(t): -100.0 for t in loaded.eos_token_ids}
     ids = tok.encode(CORPUS.read_text())
     while len(ids) < args.doc_tokens:
         ids = ids + ids
     doc = tok.decode(ids[:args.doc_tokens])
+
+    def client(name: str) -> httpx.Client:
+        return httpx.Client(base_url=served.url, timeout=600,
+                            headers={"Authorization": f"Bearer {who[name]}"})
+
+    solo = {"interactive": Sample(), "voice": Sample()}
+    busy = {"interactive": Sample(), "voice": Sample()}
     try:
-        with httpx.Client(base_url=url, timeout=600,
-                          headers={"Authorization": f"Bearer {keys['light']}"}) as lc, \
-                httpx.Client(base_url=url, timeout=600,
-                             headers={"Authorization": f"Bearer {keys['heavy']}"}) as hc:
-            _ttft(lc)  # warm-up
-            solo = [t for t in (_ttft(lc) for _ in range(args.requests)) if t is not None]
+        with client("light") as lc, client("voice") as vc, client("heavy") as hc:
+            turns = (("interactive", lc), ("voice", vc))
+            for _, c in turns:  # warm-up
+                ask(c, 0, no_eos, Sample())
+            for i in range(args.requests):
+                for klass, c in turns:
+                    ask(c, i, no_eos, solo[klass])
             job = hc.post("/jobs", json={"name": "long", "source": "text", "text": doc,
                                          "max_output_tokens": 32}).json()
             run = hc.post(f"/jobs/{job['id']}/run").json()
-            while hc.get(f"/jobs/{job['id']}/runs/{run['id']}").json()["progress"]["done"] < 1:
-                time.sleep(0.05)
-            busy = [t for t in (_ttft(lc) for _ in range(args.requests)) if t is not None]
-            progress_at_end = hc.get(f"/jobs/{job['id']}/runs/{run['id']}").json()["progress"]
-            job_started = time.perf_counter()
-            while True:
-                got = hc.get(f"/jobs/{job['id']}/runs/{run['id']}").json()
-                if got["status"] not in ("pending", "running"):
-                    break
-                time.sleep(0.2)
-            print(f"document {args.doc_tokens} tokens; interactive requests {args.requests} "
-                  f"each (with text: solo {len(solo)}, during {len(busy)})")
-            solo95, busy95 = percentile(solo, 95, "linear"), percentile(busy, 95, "linear")
-            print(f"interactive TTFT p95 solo {solo95:.0f} ms, during the map-reduce "
-                  f"{busy95:.0f} ms, ratio {safe_ratio(busy95, solo95):.2f}")
-            print(f"median solo {statistics.median(solo):.0f} ms, during "
-                  f"{statistics.median(busy):.0f} ms")
-            print(f"job progress when the interactive sample ended: {progress_at_end}; "
-                  f"job finished: {got['status']} ({got['requests']} requests, "
-                  f"{time.perf_counter() - job_started:.0f} s after the sample)")
+            run_url = f"/jobs/{job['id']}/runs/{run['id']}"
+            started = time.perf_counter()
+            i = 0
+            while (got := hc.get(run_url).json())["status"] in ("pending", "running"):
+                for klass, c in turns:
+                    ask(c, i, no_eos, busy[klass])
+                i += 1
+            job_s = time.perf_counter() - started
     finally:
         served.stop()
-    return 0
+    report: dict[str, Any] = {"doc_tokens": args.doc_tokens, "job_status": got["status"],
+                              "job_progress": got["progress"], "job_requests": got["requests"],
+                              "job_seconds": round(job_s, 1), "classes": {}}
+    print(f"document {args.doc_tokens} tokens; the job ran {job_s:.0f} s and ended "
+          f"'{got['status']}' ({got['requests']} requests, progress {got['progress']}); "
+          "both users were sampled, taking turns, from its start to its end")
+    for klass in ("voice", "interactive"):
+        a, b = solo[klass], busy[klass]
+        ratio = p95(b.ttft_ms) / p95(a.ttft_ms) if a.ttft_ms and b.ttft_ms else None
+        print(f"{klass}: alone {a.line()}; during the job {b.line()}; p95 ratio "
+              f"{'-' if ratio is None else f'{ratio:.2f}'}")
+        report["classes"][klass] = {
+            "solo_ms": a.ttft_ms, "busy_ms": b.ttft_ms, "solo_empty": a.empty,
+            "busy_empty": b.empty, "p95_ratio": ratio}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0 if got["status"] == "done" else 1
 
 
 if __name__ == "__main__":

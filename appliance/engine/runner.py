@@ -51,6 +51,9 @@ COUNTERS_EVERY_S = 2.0
 more when the engine goes idle, so an idle daemon has its latest counters on disk)."""
 TICK_LOG = 2048
 """Recent ticks kept for tests and the debug log (target, prediction, measurement)."""
+OVER_TARGET = 2.0
+"""A tick that takes more than this many times its target is logged and counted (the cost
+model mispredicted, or the machine was busy): what stalls a stream shows in the log."""
 
 Meter = Callable[[str, int, int, int, float], float]
 """Test hook: (``decode``|``prefill``, rows, tokens per row, KV offset, measured seconds)
@@ -153,6 +156,7 @@ class Runner:
         self._left_queue = 0
         self.completed = 0
         self.ticks = 0
+        self.ticks_over_target = 0
         self.prompt_total = 0
         self.generated_total = 0
         self.preemptions_total = 0
@@ -248,11 +252,17 @@ class Runner:
         self.ticks += 1
         self._counters_dirty = True
         budget = self.scheduler.budget
-        self.tick_log.append(TickRecord(
-            target_s=None if budget is None else budget.target_s,
-            predicted_s=self._tick_predicted, measured_s=self._tick_s,
-            decode_rows=self._tick_rows,
-            prefill_tokens=sum(n for _, n in plan.prefill)))
+        record = TickRecord(target_s=None if budget is None else budget.target_s,
+                            predicted_s=self._tick_predicted, measured_s=self._tick_s,
+                            decode_rows=self._tick_rows,
+                            prefill_tokens=sum(n for _, n in plan.prefill))
+        self.tick_log.append(record)
+        if record.target_s is not None and record.measured_s > OVER_TARGET * record.target_s:
+            self.ticks_over_target += 1
+            log.info("tick over target tick=%d target_ms=%.0f predicted_ms=%.0f "
+                     "measured_ms=%.0f decode_rows=%d prefill_tokens=%d", self.ticks,
+                     record.target_s * 1e3, record.predicted_s * 1e3, record.measured_s * 1e3,
+                     record.decode_rows, record.prefill_tokens)
         if now - self._counters_at >= COUNTERS_EVERY_S:
             self.flush_counters()
             self._counters_at = now
@@ -666,4 +676,5 @@ class Runner:
             counters=self.scheduler.counters.snapshot(),
             weights=self.scheduler.counters.weights(),
             prompt_cache=None if pc is None else dataclasses.asdict(pc.stats),
-            kv_reserved_bytes=self._reserved_tokens() * self.loaded.kv_bytes_per_token)
+            kv_reserved_bytes=self._reserved_tokens() * self.loaded.kv_bytes_per_token,
+            ticks_over_target=self.ticks_over_target)

@@ -50,6 +50,8 @@ class EngineSnapshot:
     """KV the scheduler has set aside for running requests beyond what they hold now."""
     weights: Mapping[str, float] = field(default_factory=dict)
     """The weights the running scheduler uses (by user id as text; absent: 1)."""
+    ticks_over_target: int = 0
+    """Ticks that took more than twice their time target (``runner.OVER_TARGET``)."""
 
     @property
     def prompt_cache_bytes(self) -> int:

@@ -113,7 +113,7 @@ def test_after_send_the_question_and_its_answer_are_in_view(
 
 
 # ---- 3. phone layout ----
-PAGES = ["/chat", "/dashboard", "/keys", "/manage/users", "/settings"]
+PAGES = ["/chat", "/dashboard", "/keys", "/manage/users", "/settings", "/jobs/page"]
 TOO_SMALL = """() => {
     const out = [];
     for (const el of document.querySelectorAll(

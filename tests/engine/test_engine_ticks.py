@@ -8,8 +8,11 @@ engine's tick log. No wall-clock assertion.
 
 from __future__ import annotations
 
+import logging
 import queue
 from pathlib import Path
+
+import pytest
 
 from appliance.app import engine_config
 from appliance.engine.core import Engine
@@ -89,3 +92,32 @@ def test_no_decode_gap_exceeds_the_tick_target_while_a_long_prompt_is_read(
     for t in reading[WARM_UP:]:
         assert t.target_s is not None
         assert t.measured_s <= t.target_s * (1 + TOLERANCE), t
+
+
+def test_a_tick_far_over_its_target_is_counted_and_logged(
+        demo_model: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A forward that takes far longer than predicted (a busy machine, a bad fit) shows in
+    ``/metrics`` (the snapshot's counter) and in the log, with the tick's numbers."""
+    stalled = 30.0
+
+    def one_stall(kind: str, rows: int, tokens: int, offset: int, measured: float) -> float:
+        if kind == "prefill" and tokens == 300:  # the marked prompt's forward
+            return stalled
+        return slow_cpu(kind, rows, tokens, offset, measured)
+
+    settings = make_settings(demo_model, max_batch_size=8, itl_target_ms=400.0,
+                             ttft_target_ms=120_000.0, prompt_cache_entries=0)
+    engine = Engine(engine_config(settings), meter=one_stall)
+    engine.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="appliance.engine.runner"):
+            q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+            engine.submit(GenerationRequest(prompt=tuple(range(10, 310)), max_tokens=2),
+                          blocking_sink(q))
+            assert _drain(q)[1].reason in ("length", "stop")
+            wait_until(lambda: engine.snapshot.active == 0, what="idle")
+        assert engine.snapshot.ticks_over_target == 1
+    finally:
+        engine.stop()
+    lines = [r.getMessage() for r in caplog.records if "tick over target" in r.getMessage()]
+    assert len(lines) == 1 and "measured_ms=30000" in lines[0] and "prefill_tokens=300" in lines[0]

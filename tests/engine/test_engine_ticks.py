@@ -101,12 +101,12 @@ def test_a_tick_far_over_its_target_is_counted_and_logged(
     stalled = 30.0
 
     def one_stall(kind: str, rows: int, tokens: int, offset: int, measured: float) -> float:
-        if kind == "prefill" and tokens == 300:  # the marked prompt's forward
+        if kind == "prefill" and offset == 0:  # the prompt's first chunk
             return stalled
         return slow_cpu(kind, rows, tokens, offset, measured)
 
     settings = make_settings(demo_model, max_batch_size=8, itl_target_ms=400.0,
-                             ttft_target_ms=120_000.0, prompt_cache_entries=0)
+                             prompt_cache_entries=0)
     engine = Engine(engine_config(settings), meter=one_stall)
     engine.start()
     try:
@@ -120,4 +120,4 @@ def test_a_tick_far_over_its_target_is_counted_and_logged(
     finally:
         engine.stop()
     lines = [r.getMessage() for r in caplog.records if "tick over target" in r.getMessage()]
-    assert len(lines) == 1 and "measured_ms=30000" in lines[0] and "prefill_tokens=300" in lines[0]
+    assert len(lines) == 1 and "measured_ms=30000" in lines[0], lines

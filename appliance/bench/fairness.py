@@ -81,7 +81,13 @@ from appliance.bench.process import (
     wait_ready,
 )
 from appliance.bench.provision import DATA_DIR_ENV, BenchUser, provision
-from appliance.bench.report import git_commit, model_facts, write_report
+from appliance.bench.report import (
+    display_command,
+    git_commit,
+    model_facts,
+    relative,
+    write_report,
+)
 from appliance.bench.serve import (
     QUESTIONS,
     Target,
@@ -387,7 +393,8 @@ async def bench_policy(cfg: Config, policy: str, keys: Mapping[str, str], templa
     shutil.copytree(template, data_dir)
     port = free_port(HOST)
     server = make_server(cfg, policy, port, data_dir)
-    info: dict[str, Any] = {"command": shlex.join(server.argv), "log": str(server.log_path),
+    info: dict[str, Any] = {"command": display_command(server.argv),
+                            "log": relative(server.log_path),
                             "error": None, "phases": {}, "cut_off": {}}
     log(f"starting {policy}: {info['command']}")
     try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.bench.client import RequestTiming
-from appliance.bench.report import describe_model, safe_ratio
+from appliance.bench.report import describe_model, relative, safe_ratio
 from appliance.bench.serve import fmt_ms, fmt_rate
 from appliance.percentiles import percentile
 from appliance.sched.simulator import SimResult
@@ -448,7 +448,7 @@ def render_report(meta: Mapping[str, Any], summaries: Mapping[str, PolicySummary
         f"### Fairness benchmark: {', '.join(summaries)} ({meta['date']})",
         "",
         f"- command: `{meta['command']}`",
-        f"- model: `{meta['model']['path']}` ({describe_model(meta['model'])})",
+        f"- model: `{relative(meta['model']['path'])}` ({describe_model(meta['model'])})",
         f"- BLAS: {meta['blas_report']}",
         f"- git commit: `{meta['git_commit']}`; mlx {meta['versions'].get('mlx', '?')}, "
         f"mlx-lm {meta['versions'].get('mlx_lm', '?')}, python {meta['versions']['python']}",

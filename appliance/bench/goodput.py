@@ -42,7 +42,14 @@ from appliance.bench.goodput_stats import (
     summarize_rate,
 )
 from appliance.bench.process import default_blas, free_port, run_guarded, wait_ready
-from appliance.bench.report import describe_model, git_commit, model_facts, write_report
+from appliance.bench.report import (
+    describe_model,
+    display_command,
+    git_commit,
+    model_facts,
+    relative,
+    write_report,
+)
 from appliance.vocab import Klass
 
 WORDS = ["kitchen", "light", "garden", "window", "heating", "water", "bread", "table", "evening", "morning", "door", "radio", "garage", "kettle", "winter", "dinner", "school", "bicycle", "laundry", "battery", "market", "letter", "music", "rain", "shelf", "clock", "pillow", "tomato", "basket", "candle", "ladder", "blanket", "stairs", "meeting"]
@@ -114,8 +121,8 @@ async def with_servers(cfg: argparse.Namespace, scfg: serve.Config) -> dict[str,
             model = ("default_model" if name == serve.MLX_LM else
                      await serve.discover_model(serve.Target(name, base, headers, None)))
             targets[name] = serve.Target(name, base, headers, model)
-            info[name] = {"command": serve.display_command(server.argv),
-                          "log": serve.relative(server.log_path),
+            info[name] = {"command": display_command(server.argv),
+                          "log": relative(server.log_path),
                           "openblas_loaded": serve.blas_loaded(server)}
             await serve.warm_up(targets[name], scfg.workload)
         for name, url in cfg.url:
@@ -131,7 +138,7 @@ def render(report: dict[str, Any]) -> str:
     names = list(results)
     lines = [f"### Goodput benchmark: {', '.join(names)} ({meta['date']})", "",
              f"- command: `{meta['command']}`",
-             f"- model: `{serve.relative(meta['model']['path'])}` "
+             f"- model: `{relative(meta['model']['path'])}` "
              f"({describe_model(meta['model'])})",
              f"- git commit: `{meta['git_commit']}`; machine: {meta['machine']}",
              f"- arrivals: Poisson, {meta['duration_s']:g} s per rate, seed {meta['seed']}; "
@@ -274,6 +281,6 @@ def main(argv: list[str] | None = None) -> int:
                                         report["goodput"][serve.MLX_LM], cfg.rates[0])
     png = out / "goodput.png"
     if plot(report, png):
-        report["plot"] = serve.relative(png)
+        report["plot"] = relative(png)
     write_report(out, render(report), report, cfg.json)
     return 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -112,3 +114,17 @@ def write_report(output_dir: Path, markdown: str, report: Mapping[str, Any],
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(text)
+
+
+def relative(path: str | Path) -> str:
+    """A path as the report shows it: relative to the working directory (no machine paths)."""
+    text = str(path)
+    try:
+        return os.path.relpath(text)
+    except ValueError:
+        return text
+
+
+def display_command(argv: Sequence[str]) -> str:
+    """A command line as the report shows it: absolute paths made relative."""
+    return shlex.join(relative(a) if os.path.isabs(a) else a for a in argv)

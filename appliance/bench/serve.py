@@ -43,9 +43,11 @@ from appliance.bench.process import (
 from appliance.bench.provision import DATA_DIR_ENV, BenchUser, provision
 from appliance.bench.report import (
     describe_model,
+    display_command,
     git_commit,
     mean,
     model_facts,
+    relative,
     safe_ratio,
     write_report,
 )
@@ -316,20 +318,6 @@ def render_report(report: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------
 # workload
 # --------------------------------------------------------------------------------------
-
-
-def relative(path: str | Path) -> str:
-    """A path as the report shows it: relative to the working directory (no machine paths)."""
-    text = str(path)
-    try:
-        return os.path.relpath(text)
-    except ValueError:
-        return text
-
-
-def display_command(argv: Sequence[str]) -> str:
-    """A command line as the report shows it: absolute paths made relative."""
-    return shlex.join(relative(a) if os.path.isabs(a) else a for a in argv)
 
 
 def prompt_for(serial: int, words: int = 0) -> str:

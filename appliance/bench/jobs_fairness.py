@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from appliance.bench.client import chunk_text
 from appliance.bench.provision import BenchUser, add_users
 from appliance.percentiles import percentile
 from appliance.vocab import Klass
@@ -43,12 +44,14 @@ class Sample:
 
     ttft_ms: list[float] = field(default_factory=list)
     empty: int = 0
+    refused: list[str] = field(default_factory=list)
+    """Requests the server refused: status and error message, as the client got them."""
 
     def line(self) -> str:
         if not self.ttft_ms:
-            return f"n=0, empty {self.empty}"
+            return f"n=0, empty {self.empty}, refused {len(self.refused)}"
         return (f"p50 {statistics.median(self.ttft_ms):.0f} ms, p95 {p95(self.ttft_ms):.0f} ms"
-                f" (n={len(self.ttft_ms)}, empty {self.empty})")
+                f" (n={len(self.ttft_ms)}, empty {self.empty}, refused {len(self.refused)})")
 
 
 def p95(values: list[float]) -> float:
@@ -61,9 +64,12 @@ def ask(client: httpx.Client, n: int, no_eos: dict[str, float], sample: Sample) 
     body = {"messages": [{"role": "user", "content": QUESTIONS[n % len(QUESTIONS)]}],
             "max_tokens": 8, "stream": True, "logit_bias": no_eos}
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
+        if r.status_code != 200:  # a failure of the sample, reported with the server's words
+            sample.refused.append(f"{r.status_code}: {r.read().decode()[:200]}")
+            return
         for line in r.iter_lines():
-            if line.startswith("data: ") and '"content"' in line:
+            # the first chunk carrying text: the role chunk before it has an empty content
+            if line.startswith("data: {") and chunk_text(json.loads(line[6:])):
                 sample.ttft_ms.append((time.perf_counter() - started) * 1000)
                 return
     sample.empty += 1
@@ -134,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         ratio = p95(b.ttft_ms) / p95(a.ttft_ms) if a.ttft_ms and b.ttft_ms else None
         print(f"{klass}: alone {a.line()}; during the job {b.line()}; p95 ratio "
               f"{'-' if ratio is None else f'{ratio:.2f}'}")
+        for refusal in sorted(set(a.refused + b.refused)):
+            print(f"  {klass} refused: {refusal}")
         report["classes"][klass] = {
             "solo_ms": a.ttft_ms, "busy_ms": b.ttft_ms, "solo_empty": a.empty,
-            "busy_empty": b.empty, "p95_ratio": ratio}
+            "busy_empty": b.empty, "refused": a.refused + b.refused, "p95_ratio": ratio}
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0 if got["status"] == "done" else 1

@@ -8,7 +8,6 @@ request in the engine.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,7 +19,7 @@ from litestar.response import Stream
 from litestar.types import Receive
 
 from appliance.api.errors import ApiError, backend_error, engine_down
-from appliance.api.service import ClientGone, Generation, _disconnected
+from appliance.api.service import Generation
 from appliance.engine.request import FinishEvent, TokenEvent
 
 NDJSON = "application/x-ndjson"
@@ -110,20 +109,8 @@ async def ndjson(gen: Generation, clock: Clock, pieces: Pieces,
 async def collect(gen: Generation, clock: Clock, pieces: Pieces, receive: Receive
                   ) -> tuple[dict[str, Any], FinishEvent]:
     """The whole answer's fields (``stream: false``); a client that leaves first cancels
-    the request (as :meth:`Generation.text_while_connected`)."""
-    answer = asyncio.ensure_future(_collect(gen, clock, pieces))
-    gone = asyncio.ensure_future(_disconnected(receive))
-    try:
-        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (answer, gone):
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(answer, gone, return_exceptions=True)
-    if answer.done() and not answer.cancelled():
-        return answer.result()
-    gen.close()
-    raise ClientGone()
+    the request (:meth:`Generation.while_connected`)."""
+    return await gen.while_connected(receive, _collect(gen, clock, pieces))
 
 
 def finish_error(finish: FinishEvent) -> ApiError:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import msgspec
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from litestar.types import Receive
 
     from appliance.api.auth import Principal
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -257,11 +259,15 @@ class Generation:
         return "".join(parts), self.finish
 
     async def text_while_connected(self, receive: Receive) -> tuple[str, FinishEvent]:
-        """:meth:`text`, unless the client leaves first: then the request is cancelled (its
-        slot and KV are freed on the next tick, as for a stream) and :class:`ClientGone`
-        is raised. ``receive`` is the ASGI receive of a request whose body was read, so the
-        next message it gives is ``http.disconnect``."""
-        answer = asyncio.ensure_future(self.text())
+        """:meth:`text`, unless the client leaves first (see :meth:`while_connected`)."""
+        return await self.while_connected(receive, self.text())
+
+    async def while_connected(self, receive: Receive, reading: Awaitable[T]) -> T:
+        """``reading`` (which reads this request's answer), unless the client leaves first:
+        then the request is cancelled (its slot and KV are freed on the next tick, as for a
+        stream) and :class:`ClientGone` is raised. ``receive`` is the ASGI receive of a
+        request whose body was read, so the next message it gives is ``http.disconnect``."""
+        answer = asyncio.ensure_future(reading)
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)

@@ -10,7 +10,7 @@ engine's last snapshot, so they answer at once however busy the engine is.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from litestar import Request, get, head, post
 from litestar.datastructures import State
@@ -47,6 +47,7 @@ OLLAMA_API_VERSION = "0.12.0"
 """The Ollama API level this server speaks (clients gate features on it)."""
 
 ROLES = ("system", "user", "assistant", "tool")
+B = TypeVar("B", ChatBody, GenerateBody)
 
 
 def _services(state: State) -> Services:
@@ -173,14 +174,20 @@ def _load_reply(services: Services, field: str) -> dict[str, Any]:
             field: empty, "done": True, "done_reason": FinishReason.LOAD}
 
 
+def _read(services: Services, raw: bytes, kind: type[B]) -> tuple[B, Options]:
+    """A chat or generate body, checked the same way: the model named, ``keep_alive`` and
+    ``options`` (each a 400 when malformed)."""
+    body: B = decode_body(raw, kind)
+    require_model(services.model, body.model)
+    parse_keep_alive(body.keep_alive)
+    return body, parse_options(body.options)
+
+
 @post("/api/chat", status_code=200)
 async def chat(request: Request[Any, Any, Any], state: State) -> Any:
     clock = Clock()
     services = _services(state)
-    body: ChatBody = decode_body(await request.body(), ChatBody)
-    require_model(services.model, body.model)
-    parse_keep_alive(body.keep_alive)
-    opts = parse_options(body.options)
+    body, opts = _read(services, await request.body(), ChatBody)
     if not body.messages:
         return _load_reply(services, "message")
     for m in body.messages:
@@ -230,10 +237,7 @@ def _generate_prompt(services: Services, body: GenerateBody, think: bool | None
 async def generate(request: Request[Any, Any, Any], state: State) -> Any:
     clock = Clock()
     services = _services(state)
-    body: GenerateBody = decode_body(await request.body(), GenerateBody)
-    require_model(services.model, body.model)
-    parse_keep_alive(body.keep_alive)
-    opts = parse_options(body.options)
+    body, opts = _read(services, await request.body(), GenerateBody)
     _no_images(services, body.images)
     think = _think(services, body.think)
     constraint = _constraint(body.format)

@@ -211,8 +211,12 @@ class TickObjectives:
       the objectives leave no room, so a long prompt always finishes.
     * ``prefill_floor``: the objectives are feasible when they leave prefill at least this
       many times a prefill forward's fixed cost (then at least half of the prefill time
-      reads tokens). When they do not, a slow or busy machine overruns them with the most
-      efficient chunk instead of crawling through prompts a few tokens at a time.
+      reads tokens). When they do not, a slow or busy machine overruns them: by that floor
+      while someone waits on an answer, and by the most efficient chunk otherwise (see
+      :func:`tick_budget`), instead of crawling through prompts a few tokens at a time.
+    * ``presence_s``: how long after the last voice or interactive request was seen the
+      household counts as present (someone may send a chat turn or a voice command any
+      moment, so a long prompt is read in chunks that keep the next arrival's wait short).
     """
 
     itl_target_s: float = 0.0
@@ -220,21 +224,24 @@ class TickObjectives:
     ttft_target_s: float = 1.0
     min_chunk: int = 16
     prefill_floor: float = 2.0
+    presence_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.itl_target_s < 0 or self.itl_factor < 1 or self.ttft_target_s <= 0:
             raise ValueError("itl_target_s >= 0, itl_factor >= 1 and ttft_target_s > 0")
-        if self.min_chunk < 1 or self.prefill_floor < 0:
-            raise ValueError("min_chunk must be >= 1 and prefill_floor >= 0")
+        if self.min_chunk < 1 or self.prefill_floor < 0 or self.presence_s < 0:
+            raise ValueError("min_chunk >= 1, prefill_floor >= 0 and presence_s >= 0")
 
 
 @dataclass(frozen=True, slots=True)
 class TickBudget:
     """What one tick may spend: ``target_s`` in all, ``decode_s`` of it predicted for the
-    decode step, the rest (``prefill_s``) for prefill chunks."""
+    decode step, the rest (``prefill_s``) for prefill chunks, of which at most
+    ``partial_s`` on chunks that leave their prompt unfinished (None: all of it)."""
 
     target_s: float
     decode_s: float
+    partial_s: float | None = None
 
     @property
     def prefill_s(self) -> float:
@@ -242,12 +249,18 @@ class TickBudget:
 
 
 def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
-                kv_len: int) -> TickBudget:
+                kv_len: int, *, present: bool = True) -> TickBudget:
     """The tick target of a tick that prefills: the ITL objective while a batch decodes,
-    capped by the TTFT bound (half the TTFT objective) either way. When that leaves prefill
-    less than its floor, the objectives cannot be met on this machine at all, and the tick
-    gets the time of the most efficient chunk instead (so a slow or busy machine at least
-    reads prompts at its best pace, several fresh ones per forward)."""
+    capped by the TTFT bound (half the TTFT objective) either way.
+
+    When that leaves prefill less than its floor (``prefill_floor`` forward fixed costs),
+    the objectives cannot be met on this machine at all, and the tick gets the time of the
+    most efficient chunk on top of the decode step, so a slow or busy machine at least
+    reads prompts at its best pace, several fresh ones per forward. While the household is
+    ``present`` (voice or interactive work about), only prompts read to their end may use
+    that extra time: a chunk of a long document gets no more than the floor, so the next
+    chat turn or voice command waits one short tick, not one efficient chunk of someone
+    else's document (on a CPU with long contexts, seconds)."""
     decode_s = costs.decode(decode_rows, kv_len + 1)
     bound = objectives.ttft_target_s / 2
     if decode_rows:
@@ -256,11 +269,15 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     else:
         target = bound
     floor = objectives.prefill_floor * costs.prefill_fit.beta[0]
+    partial: float | None = None
     if floor > 0 and target - decode_s < floor:
         best = costs.efficient_chunk()
+        if present:
+            partial = floor
         if best is not None:
             floor = max(floor, costs.prefill(best, 0))
-    return TickBudget(target_s=max(target, decode_s + floor), decode_s=decode_s)
+    return TickBudget(target_s=max(target, decode_s + floor), decode_s=decode_s,
+                      partial_s=partial)
 
 
 class PrefillAllowance:
@@ -274,6 +291,9 @@ class PrefillAllowance:
         self.costs = costs
         self.seconds = budget.prefill_s if budget is not None else None
         self.full = self.seconds
+        self.slack = 0.0  # share of the prefill time only prompts read to their end may use
+        if budget is not None and budget.partial_s is not None:
+            self.slack = max(budget.prefill_s - budget.partial_s, 0.0)
         self.min_chunk = min_chunk
         self._fresh_forward = False  # a batched forward of whole fresh prompts is planned
         self.spent_any = False
@@ -294,21 +314,33 @@ class PrefillAllowance:
 
     def size(self, remaining: int, computed: int, *, grant: bool = False) -> int:
         """Tokens a prompt with ``remaining`` tokens left after ``computed`` may read now.
-        ``grant``: a due grant, sized against the whole share whatever is spent."""
+        ``grant``: a due grant, sized against the whole share whatever is spent.
+
+        A chunk that leaves its prompt unfinished gets only the budget's partial share, and
+        no more than the most efficient chunk; the first chunk of a tick (or a grant) reads
+        at least ``min_chunk`` tokens, and a fresh prompt whole when that costs at most two
+        such chunks (a short chat turn split in two would wait a tick for its first token
+        and pay a second forward's fixed cost)."""
         if not self.timed:
             cap = self.full_tokens if grant else self.tokens
             return remaining if cap is None else min(remaining, cap)
-        assert self.costs is not None and self.seconds is not None and self.full is not None
+        costs = self.costs
+        assert costs is not None and self.seconds is not None and self.full is not None
         seconds = self.full if grant else self.seconds
         if self._rides(remaining, computed,
-                       self.costs.tokens_within(seconds, computed, overhead=False)):
+                       costs.tokens_within(seconds, computed, overhead=False)):
             return remaining
-        n = self.costs.tokens_within(seconds, computed)
+        n = costs.tokens_within(seconds, computed)
+        first = not self.spent_any or grant
         if n < remaining:
-            best = self.costs.efficient_chunk(computed)
+            if first and computed == 0 and (costs.prefill(remaining)
+                                            <= 2 * costs.prefill(self.min_chunk)):
+                return remaining
+            n = min(n, costs.tokens_within(seconds - self.slack, computed))
+            best = costs.efficient_chunk(computed)
             if best is not None:
                 n = min(n, best)
-        if not self.spent_any or grant:
+        if first:
             n = max(n, self.min_chunk)
         return max(0, min(n, remaining))
 

@@ -134,9 +134,17 @@ class FairPolicy:
         return effective_class(seq.klass, now - seq.arrival, self.aging_seconds)
 
     def order(self, now: float, seqs: Sequence[SeqView]) -> list[SeqView]:
+        """Best-first for prefill: each user's key is the counter plus the prompt still to
+        read of their requests being ordered (VTC charges a prompt on admission). A user
+        just lifted to the backlog's lowest counter thus goes before the one whose long
+        prompts are still being read, instead of after them on arrival order."""
         top = max((int(s.klass) for s in seqs), default=int(Klass.BACKGROUND))
+        owed: dict[str, float] = {}
+        for s in seqs:
+            owed[s.user] = owed.get(s.user, 0.0) + self._cost(s)
         return sorted(seqs, key=lambda s: (-min(int(self.effective_class(now, s)), top),
-                                           self.vtc.get(s.user), s.arrival, s.rid))
+                                           self.vtc.get(s.user) + owed[s.user],
+                                           s.arrival, s.rid))
 
     def admit_order(self, now: float, queued: Sequence[SeqView],
                     running: Sequence[SeqView]) -> list[SeqView]:

@@ -51,6 +51,9 @@ class Scheduler:
     _parked_ticks: dict[int, int] = field(default_factory=dict)
     _stepped: dict[int, SeqView] = field(default_factory=dict)
     _costs: CostModel | None = None
+    _seen_at: float = float("-inf")
+    """When a voice or interactive request was last live (queued or running)."""
+    _present: bool = False
     budget: TickBudget | None = None
     """The time budget of the last planned tick (None when prefill is sized in tokens)."""
 
@@ -89,17 +92,25 @@ class Scheduler:
            for at most the tick in flight). What the predicted decode step leaves goes to
            prefill chunks in policy order, each as large as the time left allows (and no
            larger than the chunk with the lowest time per token), at least ``min_chunk``
-           for the first; several short prompts fit one tick. With a fixed
+           for the first (a prompt costing at most two such chunks is read whole); several
+           short prompts fit one tick. When the decode step alone leaves prefill less than
+           twice a forward's fixed cost, the tick grows to the most efficient chunk, but
+           while voice or interactive work was live in the last ``presence_s`` only prompts
+           read to their end may use that growth (tick_budget). With a fixed
            ``prefill_chunk_size`` (or no cost model) the budget is that many tokens
            instead (2048 idle, 512 decoding without a model). A tick in which a prompt is
            read to its end carries no partial chunk of a prompt behind it in that order:
            a short chat's first token never waits on someone's long document.
         4. Parking: a prefill of a lower class than some decoding request waits, so a
            background document never stalls a voice answer; it still gets one chunk at
-           least every ``prefill_grant_interval`` decode ticks.
+           least every ``prefill_grant_interval`` decode ticks (one such grant a tick
+           beyond the budget; the others stay due).
         """
         self._stepped = {s.rid: s for s in seqs}
         self._costs = costs if self.config.prefill_chunk_size == -1 else None
+        if any(s.klass > Klass.BACKGROUND for s in seqs):
+            self._seen_at = now
+        self._present = now - self._seen_at <= self.config.objectives.presence_s
         self.counters.observe(_backlogged(seqs))
         running = [s for s in seqs if s.state.running]
         reject = self._hopeless([s for s in seqs if s.state is RequestState.QUEUED])
@@ -253,7 +264,8 @@ class Scheduler:
             self.budget = None
             return PrefillAllowance(self.config.chunk(decoding=bool(decoding)))
         kv_len = max((held(s) for s in decoding), default=0)
-        self.budget = tick_budget(costs, self.config.objectives, len(decoding), kv_len)
+        self.budget = tick_budget(costs, self.config.objectives, len(decoding), kv_len,
+                                  present=self._present)
         return PrefillAllowance(costs=costs, budget=self.budget,
                                 min_chunk=self.config.objectives.min_chunk)
 
@@ -275,8 +287,12 @@ class Scheduler:
                 ready.append(s)
         chunks: list[tuple[int, int]] = []
         allowance = self._allowance(decoding)
-        for s in due:  # a due grant always gets one full chunk, budget or not
-            n = allowance.size(s.remaining, s.computed, grant=True)
+        for i, s in enumerate(due):  # one due grant a tick gets a full chunk, budget or not
+            if i and allowance.exhausted():
+                break  # the rest stay due, first in line next tick
+            n = allowance.size(s.remaining, s.computed, grant=i == 0)
+            if n <= 0:
+                break
             chunks.append((s.rid, n))
             allowance.spend(s.remaining, s.computed, n)
         finishing = False

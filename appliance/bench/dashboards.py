@@ -117,17 +117,33 @@ def _thread_cpu(native_id: int) -> float:
                  if t.id == native_id), 0.0)
 
 
-def _measure(engine: Any, app: Any, loop_thread: int, seconds: float
-             ) -> tuple[float, float, float]:
+def _process_cpu(pids: list[int]) -> float:
+    """CPU seconds the processes have used so far (gone ones count 0)."""
+    import psutil
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def _measure(engine: Any, app: Any, loop_thread: int, seconds: float, clients: list[int]
+             ) -> tuple[float, float, float, float]:
     """Generated tokens per second; the share of one core the dashboard frames took; the
-    share of one core the whole event loop used (HTTP, SSE sends, frames)."""
-    start_t, start_n, start_b, start_c = (time.monotonic(),
-                                          engine.snapshot.generated_tokens_total,
-                                          _hub_busy(app), _thread_cpu(loop_thread))
+    share of one core the whole event loop used (HTTP, SSE sends, frames); and the share
+    of one core the benchmark's own client processes used (the load and the viewers, which
+    share this machine's cores with the engine: in a home they are other devices)."""
+    start_t, start_n, start_b, start_c, start_p = (
+        time.monotonic(), engine.snapshot.generated_tokens_total, _hub_busy(app),
+        _thread_cpu(loop_thread), _process_cpu(clients))
     time.sleep(seconds)
     took = time.monotonic() - start_t
     return ((engine.snapshot.generated_tokens_total - start_n) / took,
-            (_hub_busy(app) - start_b) / took, (_thread_cpu(loop_thread) - start_c) / took)
+            (_hub_busy(app) - start_b) / took, (_thread_cpu(loop_thread) - start_c) / took,
+            (_process_cpu(clients) - start_p) / took)
 
 
 def paired(phases: list[dict[str, Any]]) -> tuple[float, float]:
@@ -162,15 +178,19 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                                      keys["bench-admin"], "--dashboards", str(args.dashboards),
                                      "--seconds", str(args.phase_s + SETTLE_S))
                 time.sleep(SETTLE_S)
-                rate, busy, loop = _measure(engine, app, loop_thread, args.phase_s)
+                clients = [load.pid] + ([viewers.pid] if viewers is not None else [])
+                rate, busy, loop, client = _measure(engine, app, loop_thread, args.phase_s,
+                                                    clients)
                 phase: dict[str, Any] = {"round": r, "dashboards": args.dashboards
                                          if kind == "open" else 0, "tokens_per_s": rate,
-                                         "frame_cpu_share": busy, "loop_cpu_share": loop}
+                                         "frame_cpu_share": busy, "loop_cpu_share": loop,
+                                         "client_cpu_share": client}
                 if viewers is not None:
                     out, _ = viewers.communicate(timeout=60)
                     phase.update(json.loads(out.strip().splitlines()[-1]))
                 phases.append(phase)
-                print(f"  round {r} {kind:>4}: {rate:8.1f} tok/s, loop {100 * loop:4.1f}%"
+                print(f"  round {r} {kind:>4}: {rate:8.1f} tok/s, loop {100 * loop:4.1f}%, "
+                      f"clients {100 * client:4.1f}%"
                       + (f"  ({phase['events']} dashboard events)" if viewers else ""),
                       flush=True)
     finally:
@@ -193,7 +213,11 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             "loop_cpu_share_none": statistics.mean(
                 p["loop_cpu_share"] for p in phases if p["dashboards"] == 0),
             "loop_cpu_share_open": statistics.mean(
-                p["loop_cpu_share"] for p in phases if p["dashboards"] > 0)}
+                p["loop_cpu_share"] for p in phases if p["dashboards"] > 0),
+            "client_cpu_share_none": statistics.mean(
+                p["client_cpu_share"] for p in phases if p["dashboards"] == 0),
+            "client_cpu_share_open": statistics.mean(
+                p["client_cpu_share"] for p in phases if p["dashboards"] > 0)}
 
 
 def _model(choice: str) -> Path:
@@ -262,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{100 * result['frame_cpu_share_open']:.2f}% of one core; event loop "
           f"{100 * result['loop_cpu_share_none']:.1f}% -> "
           f"{100 * result['loop_cpu_share_open']:.1f}% of one core ({100 * extra:+.2f} points)")
+    print(f"the benchmark's own clients (load, viewers) on this machine: "
+          f"{100 * result['client_cpu_share_none']:.1f}% -> "
+          f"{100 * result['client_cpu_share_open']:.1f}% of one core")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
     return 0

@@ -157,3 +157,20 @@ def test_queue_order_is_the_order_admission_takes_and_changes_nothing() -> None:
     assert s.queue_order(0.0, seqs) == [4, 3, 2]  # voice first, then the lower counter
     assert s.counters.snapshot() == before
     assert s.queue_order(0.0, [seq(1, D)]) == []
+
+
+def test_due_grants_falling_in_one_tick_take_turns() -> None:
+    """Three background prompts parked behind a voice stream fall due together: one gets
+    its grant beyond the budget, the others stay due and get theirs in the next ticks (not
+    three grants, three times the tick, at once)."""
+    s = sched(prefill_grant_interval=4, max_batch_size=8)
+    seqs = [seq(1, D, klass=Klass.VOICE)] + [
+        seq(i, P, prompt=5000, klass=Klass.BACKGROUND) for i in (2, 3, 4)]
+    granted = []
+    for tick in range(6):
+        plan = s.step(float(tick), seqs)
+        granted.append(tuple(rid for rid, _ in plan.prefill))
+        s.update(plan, seqs, decoded=True, served={})
+    assert granted[:3] == [(), (), ()]
+    assert [len(g) for g in granted[3:]] == [1, 1, 1]
+    assert sorted(g[0] for g in granted[3:]) == [2, 3, 4]

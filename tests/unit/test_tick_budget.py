@@ -273,3 +273,66 @@ def test_when_the_objective_leaves_no_room_the_prompt_still_advances_by_min_chun
                                                             prefill_floor=0)))
     plan = s.step(0.0, [seq(1, D, kv=100), seq(2, P, prompt=3000, computed=500)], costs=costs)
     assert plan.prefill == ((2, 24),)
+
+
+# ---- latency while someone is present ----
+def test_past_the_objectives_a_present_household_caps_unfinished_chunks_at_the_floor(
+        ) -> None:
+    """The decode step eats the TTFT bound: the tick grows to the most efficient chunk, but
+    while voice or interactive work is about only prompts read to their end may use the
+    growth; a document's chunk gets the floor (two forward fixed costs)."""
+    costs = trained(SLOW_CPU)
+    objectives = TickObjectives(ttft_target_s=0.6)
+    away = tick_budget(costs, objectives, 8, 3000, present=False)
+    here = tick_budget(costs, objectives, 8, 3000, present=True)
+    assert away.partial_s is None and away.decode_s > 0.3
+    assert here.target_s == away.target_s
+    assert here.partial_s == pytest.approx(2 * costs.prefill_fit.beta[0])
+    assert tick_budget(costs, TickObjectives(ttft_target_s=10.0), 8, 3000).partial_s is None
+
+
+def _doc_chunk(klass: Klass, now: float, s: Scheduler, costs: CostModel) -> int:
+    views = [seq(i, D, kv=3000, klass=klass, user="alice") for i in range(1, 9)]
+    views.append(seq(20, P, prompt=3000, computed=600, klass=klass, user="alice"))
+    plan = s.step(now, views, costs=costs)
+    ((rid, n),) = plan.prefill
+    assert rid == 20
+    return n
+
+
+def test_a_long_document_is_read_in_small_chunks_only_while_the_household_is_present(
+        ) -> None:
+    costs = trained(SLOW_CPU)
+    objectives = TickObjectives(ttft_target_s=0.6, presence_s=60.0)
+    s = Scheduler(SchedulerConfig(max_batch_size=9, objectives=objectives))
+    interactive = _doc_chunk(Klass.INTERACTIVE, 0.0, s, costs)
+    assert s.budget is not None and s.budget.partial_s is not None
+    assert interactive == max(16, costs.tokens_within(s.budget.partial_s, 600))
+    # background work only, but someone chatted 30 s ago: still present
+    assert _doc_chunk(Klass.BACKGROUND, 30.0, s, costs) == interactive
+    # nobody for longer than presence_s: the night job reads at the machine's best pace
+    night = _doc_chunk(Klass.BACKGROUND, 100.0, s, costs)
+    assert s.budget is not None and s.budget.partial_s is None
+    assert night == costs.tokens_within(s.budget.prefill_s, 600) > 2 * interactive
+
+
+def test_a_short_fresh_prompt_is_read_whole_when_the_budget_leaves_only_min_chunk() -> None:
+    costs = trained(SLOW_CPU)
+    s = Scheduler(SchedulerConfig(objectives=TickObjectives(ttft_target_s=0.05, min_chunk=16,
+                                                            prefill_floor=0)))
+    plan = s.step(0.0, [seq(1, D, kv=2000), seq(2, P, prompt=30, computed=0)], costs=costs)
+    assert plan.prefill == ((2, 30),), "a 30-token chat turn is not split in two ticks"
+    plan = s.step(0.0, [seq(1, D, kv=2000), seq(2, P, prompt=30, computed=10)], costs=costs)
+    assert plan.prefill == ((2, 16),), "the tail of a prompt keeps to min_chunk"
+
+
+def test_a_user_lifted_to_the_backlog_goes_before_the_long_documents_being_read() -> None:
+    """Equal counters (bob was just lifted to alice's): alice's unread documents count
+    against her, so bob's short prompt is read first, in this very tick."""
+    costs = trained(SLOW_CPU)
+    s = Scheduler(SchedulerConfig(objectives=TickObjectives(ttft_target_s=1.0)))
+    views = [seq(1, P, prompt=1500, computed=300, user="alice"),
+             seq(2, P, prompt=1400, computed=0, user="alice"),
+             seq(9, Q, prompt=30, user="bob")]
+    plan = s.step(0.0, views, costs=costs)
+    assert plan.prefill[0] == (9, 30)

@@ -216,7 +216,12 @@ class TickObjectives:
       :func:`tick_budget`), instead of crawling through prompts a few tokens at a time.
     * ``presence_s``: how long after the last voice or interactive request was seen the
       household counts as present (someone may send a chat turn or a voice command any
-      moment, so a long prompt is read in chunks that keep the next arrival's wait short).
+      moment, so work that can wait is read in pieces that keep the next arrival's wait
+      short).
+    * ``arrival_tokens``: the prompt of such an arrival (a chat turn or a voice command,
+      past what the prompt cache holds). While someone is present, a tick spent on work
+      that can wait lasts about what reading this alone takes, so an arrival waits for the
+      tick in flight no longer than for its own reading: its TTFT stays within twice solo.
     """
 
     itl_target_s: float = 0.0
@@ -225,23 +230,27 @@ class TickObjectives:
     min_chunk: int = 16
     prefill_floor: float = 2.0
     presence_s: float = 60.0
+    arrival_tokens: int = 64
 
     def __post_init__(self) -> None:
         if self.itl_target_s < 0 or self.itl_factor < 1 or self.ttft_target_s <= 0:
             raise ValueError("itl_target_s >= 0, itl_factor >= 1 and ttft_target_s > 0")
         if self.min_chunk < 1 or self.prefill_floor < 0 or self.presence_s < 0:
             raise ValueError("min_chunk >= 1, prefill_floor >= 0 and presence_s >= 0")
+        if self.arrival_tokens < 1:
+            raise ValueError("arrival_tokens must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
 class TickBudget:
     """What one tick may spend: ``target_s`` in all, ``decode_s`` of it predicted for the
     decode step, the rest (``prefill_s``) for prefill chunks, of which at most
-    ``partial_s`` on chunks that leave their prompt unfinished (None: all of it)."""
+    ``patient_s`` on work that can wait (None: all of it): chunks that leave their prompt
+    unfinished, and background prompts."""
 
     target_s: float
     decode_s: float
-    partial_s: float | None = None
+    patient_s: float | None = None
 
     @property
     def prefill_s(self) -> float:
@@ -256,11 +265,14 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     When that leaves prefill less than its floor (``prefill_floor`` forward fixed costs),
     the objectives cannot be met on this machine at all, and the tick gets the time of the
     most efficient chunk on top of the decode step, so a slow or busy machine at least
-    reads prompts at its best pace, several fresh ones per forward. While the household is
-    ``present`` (voice or interactive work about), only prompts read to their end may use
-    that extra time: a chunk of a long document gets no more than the floor, so the next
-    chat turn or voice command waits one short tick, not one efficient chunk of someone
-    else's document (on a CPU with long contexts, seconds)."""
+    reads prompts at its best pace, several fresh ones per forward.
+
+    While the household is ``present`` (voice or interactive work about), work that can
+    wait (a chunk of a long document, a background prompt) gets no more than keeps the
+    tick within the time of reading one arrival (``arrival_tokens``) alone, and never less
+    than the floor: the next chat turn or voice command waits one short tick, not a big
+    chunk of someone's document (on a CPU with long contexts, seconds). Prompts read to
+    their end (chat turns arriving together) may use the whole share."""
     decode_s = costs.decode(decode_rows, kv_len + 1)
     bound = objectives.ttft_target_s / 2
     if decode_rows:
@@ -268,16 +280,18 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
         target = min(itl, bound)
     else:
         target = bound
+    share = target - decode_s
     floor = objectives.prefill_floor * costs.prefill_fit.beta[0]
-    partial: float | None = None
-    if floor > 0 and target - decode_s < floor:
+    patient = None
+    if present:
+        arrival = costs.prefill(objectives.arrival_tokens)
+        patient = max(floor, min(share, arrival - decode_s))
+    if floor > 0 and share < floor:
         best = costs.efficient_chunk()
-        if present:
-            partial = floor
         if best is not None:
             floor = max(floor, costs.prefill(best, 0))
     return TickBudget(target_s=max(target, decode_s + floor), decode_s=decode_s,
-                      partial_s=partial)
+                      patient_s=patient)
 
 
 class PrefillAllowance:
@@ -291,9 +305,9 @@ class PrefillAllowance:
         self.costs = costs
         self.seconds = budget.prefill_s if budget is not None else None
         self.full = self.seconds
-        self.slack = 0.0  # share of the prefill time only prompts read to their end may use
-        if budget is not None and budget.partial_s is not None:
-            self.slack = max(budget.prefill_s - budget.partial_s, 0.0)
+        self.slack = 0.0  # the share of the prefill time that work which can wait may not use
+        if budget is not None and budget.patient_s is not None:
+            self.slack = max(budget.prefill_s - budget.patient_s, 0.0)
         self.min_chunk = min_chunk
         self._fresh_forward = False  # a batched forward of whole fresh prompts is planned
         self.spent_any = False
@@ -312,25 +326,28 @@ class PrefillAllowance:
         (the engine reads those together), so it pays no fixed cost of its own."""
         return self._fresh_forward and computed == 0 and n >= remaining
 
-    def size(self, remaining: int, computed: int, *, grant: bool = False) -> int:
+    def size(self, remaining: int, computed: int, *, grant: bool = False,
+             patient: bool = False) -> int:
         """Tokens a prompt with ``remaining`` tokens left after ``computed`` may read now.
         ``grant``: a due grant, sized against the whole share whatever is spent.
+        ``patient``: work that can wait (a background prompt).
 
-        A chunk that leaves its prompt unfinished gets only the budget's partial share, and
-        no more than the most efficient chunk; the first chunk of a tick (or a grant) reads
-        at least ``min_chunk`` tokens, and a fresh prompt whole when that costs at most two
-        such chunks (a short chat turn split in two would wait a tick for its first token
-        and pay a second forward's fixed cost)."""
+        Work that can wait, and any chunk that leaves its prompt unfinished, gets only the
+        budget's patient share, and no more than the most efficient chunk; the first chunk
+        of a tick (or a grant) reads at least ``min_chunk`` tokens, and a fresh prompt whole
+        when that costs at most two such chunks (a short chat turn split in two would wait
+        a tick for its first token and pay a second forward's fixed cost)."""
         if not self.timed:
             cap = self.full_tokens if grant else self.tokens
             return remaining if cap is None else min(remaining, cap)
         costs = self.costs
         assert costs is not None and self.seconds is not None and self.full is not None
         seconds = self.full if grant else self.seconds
+        limit = seconds - self.slack if patient else seconds
         if self._rides(remaining, computed,
-                       costs.tokens_within(seconds, computed, overhead=False)):
+                       costs.tokens_within(limit, computed, overhead=False)):
             return remaining
-        n = costs.tokens_within(seconds, computed)
+        n = costs.tokens_within(limit, computed)
         first = not self.spent_any or grant
         if n < remaining:
             if first and computed == 0 and (costs.prefill(remaining)

@@ -94,9 +94,10 @@ class Scheduler:
            larger than the chunk with the lowest time per token), at least ``min_chunk``
            for the first (a prompt costing at most two such chunks is read whole); several
            short prompts fit one tick. When the decode step alone leaves prefill less than
-           twice a forward's fixed cost, the tick grows to the most efficient chunk, but
-           while voice or interactive work was live in the last ``presence_s`` only prompts
-           read to their end may use that growth (tick_budget). With a fixed
+           twice a forward's fixed cost, the tick grows to the most efficient chunk. While
+           voice or interactive work was live in the last ``presence_s``, work that can wait
+           (unfinished chunks, background prompts) keeps the tick near the time of reading
+           one arrival alone (tick_budget), so arrivals wait short ticks. With a fixed
            ``prefill_chunk_size`` (or no cost model) the budget is that many tokens
            instead (2048 idle, 512 decoding without a model). A tick in which a prompt is
            read to its end carries no partial chunk of a prompt behind it in that order:
@@ -290,7 +291,8 @@ class Scheduler:
         for i, s in enumerate(due):  # one due grant a tick gets a full chunk, budget or not
             if i and allowance.exhausted():
                 break  # the rest stay due, first in line next tick
-            n = allowance.size(s.remaining, s.computed, grant=i == 0)
+            n = allowance.size(s.remaining, s.computed, grant=i == 0,
+                               patient=s.klass is Klass.BACKGROUND)
             if n <= 0:
                 break
             chunks.append((s.rid, n))
@@ -299,7 +301,7 @@ class Scheduler:
         for s in ready:
             if allowance.exhausted():
                 break
-            n = allowance.size(s.remaining, s.computed)
+            n = allowance.size(s.remaining, s.computed, patient=s.klass is Klass.BACKGROUND)
             if n <= 0:
                 break
             if finishing and n < s.remaining:

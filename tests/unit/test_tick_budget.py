@@ -276,19 +276,29 @@ def test_when_the_objective_leaves_no_room_the_prompt_still_advances_by_min_chun
 
 
 # ---- latency while someone is present ----
-def test_past_the_objectives_a_present_household_caps_unfinished_chunks_at_the_floor(
+def test_past_the_objectives_a_present_household_caps_work_that_can_wait_at_the_floor(
         ) -> None:
     """The decode step eats the TTFT bound: the tick grows to the most efficient chunk, but
-    while voice or interactive work is about only prompts read to their end may use the
-    growth; a document's chunk gets the floor (two forward fixed costs)."""
+    while voice or interactive work is about, work that can wait (a document's chunk, a
+    background prompt) gets only the floor (two forward fixed costs)."""
     costs = trained(SLOW_CPU)
     objectives = TickObjectives(ttft_target_s=0.6)
     away = tick_budget(costs, objectives, 8, 3000, present=False)
     here = tick_budget(costs, objectives, 8, 3000, present=True)
-    assert away.partial_s is None and away.decode_s > 0.3
+    assert away.patient_s is None and away.decode_s > 0.3
     assert here.target_s == away.target_s
-    assert here.partial_s == pytest.approx(2 * costs.prefill_fit.beta[0])
-    assert tick_budget(costs, TickObjectives(ttft_target_s=10.0), 8, 3000).partial_s is None
+    assert here.patient_s == pytest.approx(2 * costs.prefill_fit.beta[0])
+
+
+def test_while_present_work_that_can_wait_keeps_a_tick_to_one_arrivals_reading() -> None:
+    """Nothing decodes and the TTFT bound allows half a second, but an arrival's own prompt
+    reads in far less: a tick of someone's document lasts about that, not half a second."""
+    costs = trained(SLOW_CPU)
+    objectives = TickObjectives(ttft_target_s=1.0, arrival_tokens=64)
+    budget = tick_budget(costs, objectives, 0, 0, present=True)
+    assert budget.target_s == pytest.approx(0.5)
+    assert budget.patient_s == pytest.approx(costs.prefill(64)) and budget.patient_s < 0.25
+    assert tick_budget(costs, objectives, 0, 0, present=False).patient_s is None
 
 
 def _doc_chunk(klass: Klass, now: float, s: Scheduler, costs: CostModel) -> int:
@@ -306,13 +316,13 @@ def test_a_long_document_is_read_in_small_chunks_only_while_the_household_is_pre
     objectives = TickObjectives(ttft_target_s=0.6, presence_s=60.0)
     s = Scheduler(SchedulerConfig(max_batch_size=9, objectives=objectives))
     interactive = _doc_chunk(Klass.INTERACTIVE, 0.0, s, costs)
-    assert s.budget is not None and s.budget.partial_s is not None
-    assert interactive == max(16, costs.tokens_within(s.budget.partial_s, 600))
+    assert s.budget is not None and s.budget.patient_s is not None
+    assert interactive == max(16, costs.tokens_within(s.budget.patient_s, 600))
     # background work only, but someone chatted 30 s ago: still present
     assert _doc_chunk(Klass.BACKGROUND, 30.0, s, costs) == interactive
     # nobody for longer than presence_s: the night job reads at the machine's best pace
     night = _doc_chunk(Klass.BACKGROUND, 100.0, s, costs)
-    assert s.budget is not None and s.budget.partial_s is None
+    assert s.budget is not None and s.budget.patient_s is None
     assert night == costs.tokens_within(s.budget.prefill_s, 600) > 2 * interactive
 
 
@@ -324,6 +334,21 @@ def test_a_short_fresh_prompt_is_read_whole_when_the_budget_leaves_only_min_chun
     assert plan.prefill == ((2, 30),), "a 30-token chat turn is not split in two ticks"
     plan = s.step(0.0, [seq(1, D, kv=2000), seq(2, P, prompt=30, computed=10)], costs=costs)
     assert plan.prefill == ((2, 16),), "the tail of a prompt keeps to min_chunk"
+
+
+def test_a_background_prompt_read_whole_only_when_nobody_is_about() -> None:
+    """A job's 300-token prompt: while someone chatted within presence_s it is read in
+    pieces of about one arrival's reading; at night, whole."""
+    costs = trained(SLOW_CPU)
+    objectives = TickObjectives(ttft_target_s=4.0, presence_s=60.0)
+    s = Scheduler(SchedulerConfig(objectives=objectives))
+    job = [seq(1, Q, prompt=300, klass=Klass.BACKGROUND)]
+    assert s.step(0.0, job, costs=costs).prefill == ((1, 300),)
+    s = Scheduler(SchedulerConfig(objectives=objectives))
+    s.step(0.0, [seq(2, D, kv=20)], costs=costs)  # bob was chatting
+    ((rid, n),) = s.step(10.0, job, costs=costs).prefill
+    assert rid == 1 and n < 150
+    assert s.step(100.0, job, costs=costs).prefill == ((1, 300),)
 
 
 def test_a_user_lifted_to_the_backlog_goes_before_the_long_documents_being_read() -> None:

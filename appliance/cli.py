@@ -169,6 +169,9 @@ def cmd_bench(settings: Settings, args: argparse.Namespace, rest: list[str]) -> 
     if args.bench_cmd == "dashboards":
         from appliance.bench.dashboards import main as bench_dashboards
         return bench_dashboards(rest)
+    if args.bench_cmd == "prefill":
+        from appliance.bench.prefill import main as bench_prefill
+        return bench_prefill(rest)
     raise AssertionError(args.bench_cmd)
 
 
@@ -203,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     cli_jobs.add_parsers(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (see docs/BENCHMARKS.md)")
-    bench.add_argument("bench_cmd", choices=("serve", "fairness", "goodput", "dashboards"))
+    bench.add_argument("bench_cmd",
+                       choices=("serve", "fairness", "goodput", "dashboards", "prefill"))
     return parser
 
 

@@ -26,6 +26,8 @@ class RequestTiming:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     error: str | None = None
+    text: str = ""
+    """The generated text (for a chat benchmark's next turn; never in a summary)."""
 
     @property
     def ok(self) -> bool:
@@ -134,8 +136,10 @@ async def _consume_stream(resp: httpx.Response, timing: RequestTiming, start: fl
         if "error" in chunk:
             timing.error = f"stream error: {json.dumps(chunk['error'])[:300]}"
             return
-        if chunk_text(chunk):
+        text = chunk_text(chunk)
+        if text:
             timing.chunk_times.append(now)
+            timing.text += text
         tokens = usage_completion_tokens(chunk)
         if tokens is not None:
             timing.usage_tokens = tokens

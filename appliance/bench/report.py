@@ -42,8 +42,9 @@ def git_commit(repo: Path) -> str:
 
 
 def safetensors_summary(model_dir: Path) -> dict[str, Any]:
-    """Parameter count and dtypes from the safetensors headers (no weights are read)."""
-    params = 0
+    """Parameter count, their bytes and dtypes from the safetensors headers (no weights are
+    read)."""
+    params = nbytes = 0
     dtypes: set[str] = set()
     for path in sorted(model_dir.glob("*.safetensors")):
         with path.open("rb") as fh:
@@ -54,7 +55,9 @@ def safetensors_summary(model_dir: Path) -> dict[str, Any]:
                 continue
             dtypes.add(str(info["dtype"]))
             params += math.prod(info["shape"])
-    return {"parameters": params, "dtypes": sorted(dtypes)}
+            start, end = info["data_offsets"]
+            nbytes += end - start
+    return {"parameters": params, "parameter_bytes": nbytes, "dtypes": sorted(dtypes)}
 
 
 MODEL_SHAPE_KEYS = (

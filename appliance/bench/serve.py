@@ -5,7 +5,9 @@ environment (OpenBLAS preloaded by default on Linux), warmed up, then driven by 
 concurrent streaming chat clients; each client sends N requests back to back. For every level
 we report aggregate output tokens/s, TTFT p50/p95 (request sent → first text chunk) and
 inter-token latency p50/p95 (gaps between text chunks), and the ratios ours/mlx_lm. The
-machine is shared and noisy, so only the ratios measured in the same run mean much.
+machine is shared and noisy, so only the ratios measured in the same run mean much. With
+``--stagger-ms MS`` every level runs a second time with its clients starting MS ms apart,
+and the report sets the running streams' ITL p95 then against the steady run's.
 
 Run: ``python -m appliance.bench.serve [--model DIR] [--requests-per-client N] [--json PATH]``.
 """
@@ -269,6 +271,21 @@ def render_table(results: Mapping[str, Sequence[LevelStats]], ratios: Sequence[L
     return "\n".join(lines)
 
 
+def render_stagger(report: Mapping[str, Any], stagger_ms: float) -> str:
+    """Markdown: each level again with clients starting `stagger_ms` apart; ITL p95 of the
+    running streams against the steady run of the same level."""
+    lines = [f"Staggered arrivals (clients start {stagger_ms:g} ms apart; goal: ITL p95 "
+             "≤ 1.5× steady):", "",
+             "| C | server | ITL p95 steady ms | ITL p95 staggered ms | ITL max staggered ms "
+             "| staggered/steady |", "|---:|---|---:|---:|---:|---:|"]
+    for name, server in report["servers"].items():
+        for row in server.get("staggered", []):
+            lines.append(f"| {row['concurrency']} | {name} | {fmt_ms(row['itl_p95_steady_s'])} "
+                         f"| {fmt_ms(row['itl_p95_staggered_s'])} "
+                         f"| {fmt_ms(row['itl_max_staggered_s'])} | {fmt_ratio(row['ratio'])} |")
+    return "\n".join(lines)
+
+
 def render_report(report: Mapping[str, Any]) -> str:
     """The whole Markdown report: facts about the run, the table, notes."""
     meta = report["meta"]
@@ -295,6 +312,8 @@ def render_report(report: Mapping[str, Any]) -> str:
     for name, server in report["servers"].items():
         lines.append(f"- {name}: `{server['command']}` (log `{server['log']}`)")
     lines += ["", render_table(results, ratios), ""]
+    if meta.get("stagger_ms"):
+        lines += [render_stagger(report, meta["stagger_ms"]), ""]
     lines += [
         "tok/s: output tokens of all clients / wall time of the level. TTFT: request sent → "
         "first text chunk. ITL: gaps between text chunks. Ratios are ours/mlx_lm: above 1 is "
@@ -340,6 +359,8 @@ class Workload:
     request_timeout_s: float
     prompt_words: int = 0
     """Filler words after each question (0: the question alone, about 40 tokens)."""
+    stagger_ms: float = 0.0
+    """> 0: every level also runs with its clients starting this many ms apart."""
 
 
 @dataclass
@@ -374,10 +395,12 @@ async def client_loop(
     workload: Workload,
     client_id: int,
     serials: Sequence[int],
+    delay_s: float = 0.0,
 ) -> list[RequestTiming]:
-    """One client: its requests strictly one after another."""
+    """One client: after `delay_s`, its requests strictly one after another."""
     url = f"{target.base_url}/v1/chat/completions"
     timings = []
+    await asyncio.sleep(delay_s)
     for index, serial in enumerate(serials):
         payload = chat_payload(
             target, prompt_for(serial, workload.prompt_words), workload.max_tokens,
@@ -400,15 +423,18 @@ def level_serials(level_offset: int, concurrency: int, per_client: int) -> list[
 
 
 async def run_level(
-    target: Target, workload: Workload, concurrency: int, level_offset: int
+    target: Target, workload: Workload, concurrency: int, level_offset: int,
+    stagger_s: float = 0.0,
 ) -> tuple[LevelStats, list[RequestTiming]]:
+    """All clients of one level; client i starts i × `stagger_s` after the first."""
     limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency)
     timeout = httpx.Timeout(workload.request_timeout_s, connect=30.0)
     serials = level_serials(level_offset, concurrency, workload.requests_per_client)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         start = time.perf_counter()
         per_client = await asyncio.gather(
-            *(client_loop(client, target, workload, i, serials[i]) for i in range(concurrency))
+            *(client_loop(client, target, workload, i, serials[i], i * stagger_s)
+              for i in range(concurrency))
         )
         wall = time.perf_counter() - start
     timings = [t for client_timings in per_client for t in client_timings]
@@ -542,20 +568,37 @@ class LevelRun:
     concurrency: int
     wall_s: float
     timings: list[RequestTiming]
+    staggered: bool = False
 
 
-def pool_runs(runs: Sequence[LevelRun]) -> list[LevelStats]:
+def pool_runs(runs: Sequence[LevelRun], staggered: bool = False) -> list[LevelStats]:
     """Per level (in first-seen order), every round's requests together; tok/s over the
-    summed wall time of that level's rounds."""
+    summed wall time of that level's rounds. Steady runs only, or staggered ones only."""
     by_level: dict[int, list[LevelRun]] = {}
     for run in runs:
-        by_level.setdefault(run.concurrency, []).append(run)
+        if run.staggered == staggered:
+            by_level.setdefault(run.concurrency, []).append(run)
     return [
         summarize_level(
             level, [t for run in group for t in run.timings], sum(run.wall_s for run in group)
         )
         for level, group in by_level.items()
     ]
+
+
+def stagger_comparison(runs: Sequence[LevelRun]) -> list[dict[str, Any]]:
+    """Per level run both ways: running streams' ITL p95 with clients all at once (steady)
+    and staggered, and staggered/steady (the goal: at most 1.5)."""
+    steady = {s.concurrency: s for s in pool_runs(runs)}
+    rows = []
+    for s in pool_runs(runs, staggered=True):
+        base = steady.get(s.concurrency)
+        rows.append({"concurrency": s.concurrency,
+                     "itl_p95_steady_s": base.itl_p95_s if base else None,
+                     "itl_p95_staggered_s": s.itl_p95_s, "itl_max_staggered_s": s.itl_max_s,
+                     "ratio": safe_ratio(s.itl_p95_s, base.itl_p95_s if base else None),
+                     "errors": s.errors})
+    return rows
 
 
 def round_order(servers: Sequence[str], round_index: int) -> list[str]:
@@ -629,6 +672,11 @@ async def drive_server(
         stats, timings = await run_level(target, cfg.workload, concurrency, offset)
         offset += concurrency * cfg.workload.requests_per_client
         runs.append(LevelRun(concurrency, stats.wall_s, timings))
+        if cfg.workload.stagger_ms > 0 and concurrency > 1:
+            stats, timings = await run_level(target, cfg.workload, concurrency, offset,
+                                             cfg.workload.stagger_ms / 1000)
+            offset += concurrency * cfg.workload.requests_per_client
+            runs.append(LevelRun(concurrency, stats.wall_s, timings, staggered=True))
         print(
             f"[bench] {name} C={concurrency}: {fmt_rate(stats.tokens_per_s)} tok/s, "
             f"TTFT p95 {fmt_ms(stats.ttft_p95_s)} ms, ITL p95 {fmt_ms(stats.itl_p95_s)} ms, "
@@ -647,9 +695,11 @@ def server_result(starts: Sequence[dict[str, Any]], runs: Sequence[LevelRun]) ->
         "openblas_loaded": combine_flags([s.get("openblas_loaded") for s in starts]),
         "error": "; ".join(errors) or None,
         "levels": [asdict(stats) for stats in pool_runs(runs)],
+        "staggered": stagger_comparison(runs),
         "starts": list(starts),
         "requests": [
-            dict(t.summary(), concurrency=run.concurrency) for run in runs for t in run.timings
+            dict(t.summary(), concurrency=run.concurrency, staggered=run.staggered)
+            for run in runs for t in run.timings
         ],
     }
 
@@ -717,6 +767,7 @@ def build_report(
         "requests_per_client": cfg.workload.requests_per_client,
         "max_tokens": cfg.workload.max_tokens,
         "prompt_words": cfg.workload.prompt_words,
+        "stagger_ms": cfg.workload.stagger_ms,
         "max_batch_size": cfg.max_batch_size,
         "rounds": cfg.rounds,
         "auth": cfg.auth,
@@ -805,6 +856,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prompt-words", type=int, default=0,
         help="filler words appended to each question, for longer prompts (default: 0)",
+    )
+    p.add_argument(
+        "--stagger-ms", type=float, default=0.0,
+        help="also run every level with its clients starting MS ms apart, and report the "
+        "running streams' ITL p95 against the steady run (default: 0, steady only)",
     )
     p.add_argument(
         "--max-batch-size",
@@ -901,6 +957,8 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
         raise SystemExit(f"--servers: unknown {unknown}; choose from {', '.join(SERVER_NAMES)}")
     if min(args.requests_per_client, args.max_tokens, args.rounds) < 1:
         raise SystemExit("--requests-per-client, --max-tokens and --rounds must be at least 1")
+    if args.stagger_ms < 0:
+        raise SystemExit("--stagger-ms must not be negative")
     blas = args.blas or default_blas()
     if blas == "openblas" and not OPENBLAS_PATH.exists():
         raise SystemExit(
@@ -918,6 +976,7 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
             warmup=not args.no_warmup,
             request_timeout_s=args.request_timeout,
             prompt_words=args.prompt_words,
+            stagger_ms=args.stagger_ms,
         ),
         max_batch_size=args.max_batch_size or max(args.concurrency),
         blas=blas,

@@ -37,6 +37,7 @@ from appliance.bench.serve import (
     render_report,
     render_table,
     round_order,
+    stagger_comparison,
     summarize_level,
     time_per_output_token,
     token_source,
@@ -417,3 +418,18 @@ def test_last_line_reads_the_key_printed_last() -> None:
     out = "key cdf39f98 for bench (class interactive); shown once:\napl_cdf_xyz\n\n"
     assert last_line(out) == "apl_cdf_xyz"
     assert last_line("") == ""
+
+
+# ---- staggered arrivals ---------------------------------------------------------------
+
+
+def test_stagger_comparison_sets_staggered_itl_against_steady() -> None:
+    steady = LevelRun(2, 1.0, [timing([0.1, 0.2, 0.3], usage=3)])  # gaps 100 ms
+    staggered = LevelRun(2, 1.2, [timing([0.1, 0.25, 0.4], usage=3)], staggered=True)
+    assert [s.concurrency for s in pool_runs([steady, staggered])] == [2]
+    assert pool_runs([steady, staggered])[0].itl_p95_s == pytest.approx(0.1)
+    rows = stagger_comparison([steady, staggered])
+    assert len(rows) == 1
+    assert rows[0]["itl_p95_staggered_s"] == pytest.approx(0.15)
+    assert rows[0]["ratio"] == pytest.approx(1.5)
+    assert stagger_comparison([steady]) == []

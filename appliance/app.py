@@ -80,7 +80,8 @@ def engine_config(settings: Settings) -> EngineConfig:
 def tick_objectives(settings: Settings) -> TickObjectives:
     e = settings.engine
     return TickObjectives(itl_target_s=e.itl_target_ms / 1000.0, itl_factor=e.itl_factor,
-                          ttft_target_s=e.ttft_target_ms / 1000.0)
+                          ttft_target_s=e.ttft_target_ms / 1000.0, presence_s=e.presence_s,
+                          arrival_tokens=e.arrival_tokens)
 
 
 def start_engine(settings: Settings, fault: FaultHook | None = None,

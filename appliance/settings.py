@@ -111,6 +111,18 @@ class EngineSettings:
         1000.0, "Time-to-first-token objective: no tick is planned longer than half of it, "
         "so an arrival waits for at most one bounded tick, decoding or not.",
         lo=1.0, hi=600_000.0)
+    presence_s: float = _opt(
+        60.0, "Someone counts as about for this many seconds after a voice or interactive "
+        "request was last live; meanwhile work that can wait (a chunk of a long document, "
+        "a background job's prompt) is read in ticks of about one arrival_tokens turn's "
+        "reading, so chat turns and voice commands wait short ticks. 0: only while such a "
+        "request is live.",
+        lo=0.0, hi=86400.0)
+    arrival_tokens: int = _opt(
+        64, "The chat turn or voice command the presence rule keeps ticks short for: while "
+        "someone is about, a tick of work that can wait lasts about what reading this many "
+        "prompt tokens alone takes (never under twice a forward's fixed cost).",
+        lo=1, hi=1_000_000)
     debug_invariants: bool = _opt(
         False, "Check the scheduler's invariants on every tick (slower; tests turn it on).")
     engine_stall_timeout: float = _opt(

@@ -50,3 +50,11 @@ def test_every_setting_is_documented_in_the_readme() -> None:
     for _, f in S.iter_fields():
         assert S.flag_name(f) in readme, f"{S.flag_name(f)} missing from README"
         assert S.env_name(f) in readme, f"{S.env_name(f)} missing from README"
+
+
+def test_the_latency_objectives_reach_the_scheduler() -> None:
+    from appliance.app import tick_objectives
+    s = S.load(parse("--ttft-target-ms", "800", "--presence-s", "0",  # type: ignore[arg-type]
+                     "--arrival-tokens", "128"), env={})
+    o = tick_objectives(s)
+    assert (o.ttft_target_s, o.presence_s, o.arrival_tokens) == (0.8, 0.0, 128)

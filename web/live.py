@@ -63,6 +63,8 @@ class Hub:
         self.frames_made = 0
         self.busy_s = 0.0
         """Event-loop time spent making frames (sampling and rendering): what viewers cost."""
+        self.table_cpu_s = 0.0
+        """CPU time of the worker thread reading the service table for those frames."""
 
     async def frame(self, audience: Audience) -> dict[str, str]:
         """Event name -> HTML fragment, the same object for every viewer in one interval."""
@@ -97,8 +99,12 @@ class Hub:
             return table
 
     def _read_table(self) -> list[stats.UserService]:
-        with self._services.store.read_sessions() as s:
-            return stats.service_table(s, time.time())
+        started = time.thread_time()
+        try:
+            with self._services.store.read_sessions() as s:
+                return stats.service_table(s, time.time())
+        finally:
+            self.table_cpu_s += time.thread_time() - started
 
     # ---- throughput samples (taken only while someone watches) ----
     def _sample(self, snap: EngineSnapshot) -> None:

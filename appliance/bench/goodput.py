@@ -284,3 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         report["plot"] = relative(png)
     write_report(out, render(report), report, cfg.json)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

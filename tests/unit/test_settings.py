@@ -58,3 +58,10 @@ def test_the_latency_objectives_reach_the_scheduler() -> None:
                      "--arrival-tokens", "128"), env={})
     o = tick_objectives(s)
     assert (o.ttft_target_s, o.presence_s, o.arrival_tokens) == (0.8, 0.0, 128)
+
+
+def test_bad_presence_settings_get_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="arrival_tokens must be >= 1"):
+        S.load(parse("--arrival-tokens", "0"), env={})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="presence_s must be >= 0"):
+        S.load(parse("--presence-s", "-5"), env={})  # type: ignore[arg-type]

@@ -174,6 +174,10 @@ def test_objectives_are_validated() -> None:
         TickObjectives(itl_factor=0.5)
     with pytest.raises(ValueError):
         TickObjectives(ttft_target_s=0)
+    with pytest.raises(ValueError, match="presence_s"):
+        TickObjectives(presence_s=-1)
+    with pytest.raises(ValueError, match="arrival_tokens"):
+        TickObjectives(arrival_tokens=0)
 
 
 # ---- the scheduler plans in time ----
@@ -297,7 +301,8 @@ def test_while_present_work_that_can_wait_keeps_a_tick_to_one_arrivals_reading()
     objectives = TickObjectives(ttft_target_s=1.0, arrival_tokens=64)
     budget = tick_budget(costs, objectives, 0, 0, present=True)
     assert budget.target_s == pytest.approx(0.5)
-    assert budget.patient_s == pytest.approx(costs.prefill(64)) and budget.patient_s < 0.25
+    assert budget.patient_s is not None and budget.patient_s < 0.25
+    assert budget.patient_s == pytest.approx(costs.prefill(64))
     assert tick_budget(costs, objectives, 0, 0, present=False).patient_s is None
 
 

@@ -45,6 +45,7 @@ from appliance.bench.process import (
     run_guarded,
     wait_ready,
 )
+from appliance.bench.serve_stats import time_per_output_token
 from appliance.percentiles import percentile
 
 Messages = list[dict[str, str]]
@@ -106,7 +107,7 @@ def turn_rows(warm: Sequence[RequestTiming], cold: Mapping[int, RequestTiming]
 def decode_summary(timings: Sequence[RequestTiming], roofline: float | None) -> dict[str, Any]:
     """B = 1 decode: tokens/s from the mean time per output token, and its roofline share."""
     ok = [t for t in timings if t.ok]
-    tpot = rep.mean([v for v in (serve.time_per_output_token(t) for t in ok) if v is not None])
+    tpot = rep.mean([v for v in (time_per_output_token(t) for t in ok) if v is not None])
     rate = rep.safe_ratio(1.0, tpot)
     return {"requests": len(timings), "ok": len(ok),
             "output_tokens": [t.output_tokens for t in ok], "tokens_per_s": rate,

@@ -24,20 +24,22 @@ from appliance.bench.provision import last_line
 from appliance.bench.report import describe_model, safe_ratio
 from appliance.bench.serve import (
     Config,
-    LevelRatio,
     LevelRun,
-    LevelStats,
     Workload,
     combine_flags,
-    compute_ratios,
     level_serials,
     needs_provisioning,
     pool_runs,
     prompt_for,
-    render_report,
-    render_table,
     round_order,
     stagger_comparison,
+)
+from appliance.bench.serve_stats import (
+    LevelRatio,
+    LevelStats,
+    compute_ratios,
+    render_report,
+    render_table,
     summarize_level,
     time_per_output_token,
     token_source,

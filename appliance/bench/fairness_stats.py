@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.bench.client import RequestTiming
-from appliance.bench.report import describe_model, relative, safe_ratio
-from appliance.bench.serve import fmt_ms, fmt_rate
+from appliance.bench.report import run_facts, safe_ratio
+from appliance.bench.serve_stats import fmt_ms, fmt_rate
 from appliance.percentiles import percentile
 from appliance.sched.simulator import SimResult
 
@@ -447,11 +447,7 @@ def render_report(meta: Mapping[str, Any], summaries: Mapping[str, PolicySummary
     lines = [
         f"### Fairness benchmark: {', '.join(summaries)} ({meta['date']})",
         "",
-        f"- command: `{meta['command']}`",
-        f"- model: `{relative(meta['model']['path'])}` ({describe_model(meta['model'])})",
-        f"- BLAS: {meta['blas_report']}",
-        f"- git commit: `{meta['git_commit']}`; mlx {meta['versions'].get('mlx', '?')}, "
-        f"mlx-lm {meta['versions'].get('mlx_lm', '?')}, python {meta['versions']['python']}",
+        *run_facts(meta),
         f"- machine: {meta['machine']}; max batch {meta['max_batch_size']}; "
         f"w_in {meta['w_in']:g}, w_out {meta['w_out']:g}; run took {meta['duration_s']:.0f} s",
         f"- workload: {wl}",

@@ -131,3 +131,15 @@ def relative(path: str | Path) -> str:
 def display_command(argv: Sequence[str]) -> str:
     """A command line as the report shows it: absolute paths made relative."""
     return shlex.join(relative(a) if os.path.isabs(a) else a for a in argv)
+
+
+def run_facts(meta: Mapping[str, Any]) -> list[str]:
+    """The report lines every benchmark opens with: command, model, BLAS, commit, versions."""
+    versions = meta["versions"]
+    return [
+        f"- command: `{meta['command']}`",
+        f"- model: `{relative(meta['model']['path'])}` ({describe_model(meta['model'])})",
+        f"- BLAS: {meta['blas_report']}",
+        f"- git commit: `{meta['git_commit']}`; mlx {versions.get('mlx', '?')}, "
+        f"mlx-lm {versions.get('mlx_lm', '?')}, python {versions['python']}",
+    ]

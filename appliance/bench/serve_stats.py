@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.bench.client import RequestTiming
-from appliance.bench.report import describe_model, mean, relative, safe_ratio
+from appliance.bench.report import mean, run_facts, safe_ratio
 from appliance.percentiles import percentile
 
 OURS = "ours"
@@ -209,11 +209,7 @@ def render_report(report: Mapping[str, Any]) -> str:
     lines = [
         f"### Serving benchmark: {', '.join(report['servers'])} ({meta['date']})",
         "",
-        f"- command: `{meta['command']}`",
-        f"- model: `{relative(meta['model']['path'])}` ({describe_model(meta['model'])})",
-        f"- BLAS: {meta['blas_report']}",
-        f"- git commit: `{meta['git_commit']}`; mlx {meta['versions'].get('mlx', '?')}, "
-        f"mlx-lm {meta['versions'].get('mlx_lm', '?')}, python {meta['versions']['python']}",
+        *run_facts(meta),
         f"- machine: {meta['machine']}; auth for ours: {meta.get('auth', 'none')}",
         f"- workload: {meta.get('rounds', 1)} round(s) × {meta['requests_per_client']} "
         "requests per client back to back, "

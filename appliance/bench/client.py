@@ -50,7 +50,8 @@ class RequestTiming:
         return [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
 
     def summary(self) -> dict[str, Any]:
-        """A compact JSON-able record (no per-chunk times)."""
+        """A compact JSON-able record: no text, and the gaps between chunks in whole
+        milliseconds (where in a stream the slow gaps fall)."""
         return {
             "client": self.client,
             "index": self.index,
@@ -62,6 +63,7 @@ class RequestTiming:
             "usage_tokens": self.usage_tokens,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            "itl_ms": [round(gap * 1000) for gap in self.inter_token_latencies],
         }
 
 

@@ -258,9 +258,13 @@ class TickBudget:
 
 
 def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
-                kv_len: int, *, present: bool = True) -> TickBudget:
+                kv_len: int, *, present: bool = True, overdue: bool = False) -> TickBudget:
     """The tick target of a tick that prefills: the ITL objective while a batch decodes,
-    capped by the TTFT bound (half the TTFT objective) either way.
+    capped by the TTFT bound (half the TTFT objective) either way. ``overdue``: a prompt
+    someone waits on has already waited that bound unread (a burst of arrivals read one a
+    tick would leave the last waiting seconds), so the tick takes the bound itself even
+    where the ITL objective is shorter: the streams' gaps grow to at most the bound while
+    several waiting prompts share one forward.
 
     When that leaves prefill less than its floor (``prefill_floor`` forward fixed costs),
     the objectives cannot be met on this machine at all, and the tick gets the time of the
@@ -277,7 +281,7 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     bound = objectives.ttft_target_s / 2
     if decode_rows:
         itl = objectives.itl_target_s or objectives.itl_factor * decode_s
-        target = min(itl, bound)
+        target = bound if overdue else min(itl, bound)
     else:
         target = bound
     share = target - decode_s

@@ -89,7 +89,10 @@ class Scheduler:
         3. Prefill budget, in time (Sarathi-Serve's stall-free batching): the tick may last
            the ITL objective while a batch decodes (default 3x the predicted decode step),
            and never more than half the TTFT objective, decoding or not (an arrival waits
-           for at most the tick in flight). What the predicted decode step leaves goes to
+           for at most the tick in flight); while a prompt that is not background work has
+           waited half the TTFT objective unread (a burst of arrivals), the tick takes that
+           bound even where the ITL objective is shorter, so several prompts share one
+           forward instead of one a tick. What the predicted decode step leaves goes to
            prefill chunks in policy order, each as large as the time left allows (and no
            larger than the chunk with the lowest time per token), at least ``min_chunk``
            for the first (a prompt costing at most two such chunks is read whole); several
@@ -258,15 +261,21 @@ class Scheduler:
         return first + [s for s in ordered if s.rid not in ids]
 
     # ---- 3./4. prefill chunks and parking ----
-    def _allowance(self, decoding: list[SeqView]) -> PrefillAllowance:
-        """This tick's prefill share: seconds from the cost model, or fixed tokens."""
+    def _allowance(self, now: float, readable: list[SeqView],
+                   decoding: list[SeqView]) -> PrefillAllowance:
+        """This tick's prefill share: seconds from the cost model, or fixed tokens.
+        ``readable``: the prompts this tick may read (an unread one waiting half the TTFT
+        objective makes the tick overdue)."""
         costs = self._costs
         if costs is None:
             self.budget = None
             return PrefillAllowance(self.config.chunk(decoding=bool(decoding)))
         kv_len = max((held(s) for s in decoding), default=0)
+        since = now - self.config.objectives.ttft_target_s / 2
+        overdue = any(s.klass is not Klass.BACKGROUND and s.computed == 0 and s.generated == 0
+                      and s.arrival <= since for s in readable)
         self.budget = tick_budget(costs, self.config.objectives, len(decoding), kv_len,
-                                  present=self._present)
+                                  present=self._present, overdue=overdue)
         return PrefillAllowance(costs=costs, budget=self.budget,
                                 min_chunk=self.config.objectives.min_chunk)
 
@@ -287,7 +296,7 @@ class Scheduler:
             else:
                 ready.append(s)
         chunks: list[tuple[int, int]] = []
-        allowance = self._allowance(decoding)
+        allowance = self._allowance(now, [*due, *ready], decoding)
         for i, s in enumerate(due):  # one due grant a tick gets a full chunk, budget or not
             if i and allowance.exhausted():
                 break  # the rest stay due, first in line next tick

@@ -366,3 +366,37 @@ def test_a_user_lifted_to_the_backlog_goes_before_the_long_documents_being_read(
              seq(9, Q, prompt=30, user="bob")]
     plan = s.step(0.0, views, costs=costs)
     assert plan.prefill[0] == (9, 30)
+
+
+def test_an_overdue_arrival_lets_the_tick_take_the_ttft_bound() -> None:
+    costs = trained(SLOW_CPU)
+    objectives = TickObjectives(ttft_target_s=1.0)  # ITL objective: 3 decode steps
+    calm = tick_budget(costs, objectives, 2, 100)
+    assert calm.target_s < 0.5
+    assert tick_budget(costs, objectives, 2, 100, overdue=True).target_s == pytest.approx(0.5)
+
+
+def test_a_burst_of_arrivals_is_read_several_a_tick_once_it_has_waited_half_the_ttft() -> None:
+    """Eight chat turns arrive at once; the first is already decoding. Read one a tick
+    (the ITL objective), the last would wait eight ticks; once the others have waited
+    half the TTFT objective, a tick takes that bound and reads several in one forward."""
+    costs = trained(SLOW_CPU)
+    views = [seq(1, D, kv=60)] + [
+        SeqView(rid=i, user=f"u{i}", klass=Klass.INTERACTIVE, arrival=0.0, state=P,
+                prefill_len=51) for i in range(2, 9)]
+    by_id = {v.rid: v for v in views}
+    early = Scheduler(SchedulerConfig()).step(0.2, views, costs=costs)
+    late_s = Scheduler(SchedulerConfig())
+    late = late_s.step(0.5, views, costs=costs)
+    assert len(late.prefill) > len(early.prefill) >= 1
+    assert all(n == 51 for _, n in late.prefill)
+    assert late_s.budget is not None and late_s.budget.target_s == pytest.approx(0.5)
+    predicted = costs.decode(1, 61) + plan_seconds(SLOW_CPU, late.prefill, by_id)
+    assert predicted <= 0.5 * 1.05
+    # background work is never the reason a tick grows
+    quiet = [v if v.state is D else SeqView(rid=v.rid, user=v.user, klass=Klass.BACKGROUND,
+                                            arrival=0.0, state=P, prefill_len=51)
+             for v in views]
+    s = Scheduler(SchedulerConfig())
+    s.step(0.5, quiet, costs=costs)
+    assert s.budget is not None and s.budget.target_s < 0.5

@@ -261,10 +261,10 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
                 kv_len: int, *, present: bool = True, overdue: bool = False) -> TickBudget:
     """The tick target of a tick that prefills: the ITL objective while a batch decodes,
     capped by the TTFT bound (half the TTFT objective) either way. ``overdue``: a prompt
-    someone waits on has already waited that bound unread (a burst of arrivals read one a
-    tick would leave the last waiting seconds), so the tick takes the bound itself even
-    where the ITL objective is shorter: the streams' gaps grow to at most the bound while
-    several waiting prompts share one forward.
+    someone waits on has already waited that bound unread (a burst of arrivals, read one a
+    tick, would leave the last waiting several ticks past its objective), so the tick may
+    last the whole TTFT objective: the burst's prompts share one forward (one fixed cost)
+    and the running streams see one gap of at most that length.
 
     When that leaves prefill less than its floor (``prefill_floor`` forward fixed costs),
     the objectives cannot be met on this machine at all, and the tick gets the time of the
@@ -281,9 +281,11 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     bound = objectives.ttft_target_s / 2
     if decode_rows:
         itl = objectives.itl_target_s or objectives.itl_factor * decode_s
-        target = bound if overdue else min(itl, bound)
+        target = min(itl, bound)
     else:
         target = bound
+    if overdue:
+        target = objectives.ttft_target_s
     share = target - decode_s
     floor = objectives.prefill_floor * costs.prefill_fit.beta[0]
     patient = None

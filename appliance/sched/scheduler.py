@@ -89,10 +89,10 @@ class Scheduler:
         3. Prefill budget, in time (Sarathi-Serve's stall-free batching): the tick may last
            the ITL objective while a batch decodes (default 3x the predicted decode step),
            and never more than half the TTFT objective, decoding or not (an arrival waits
-           for at most the tick in flight); while a prompt that is not background work has
-           waited half the TTFT objective unread (a burst of arrivals), the tick takes that
-           bound even where the ITL objective is shorter, so several prompts share one
-           forward instead of one a tick. What the predicted decode step leaves goes to
+           for at most the tick in flight); but while a fresh prompt that is not
+           background work has waited half the TTFT objective unread (a burst of
+           arrivals), a tick may last the whole TTFT objective, so the burst shares one
+           forward instead of one prompt a tick. What the predicted decode step leaves goes to
            prefill chunks in policy order, each as large as the time left allows (and no
            larger than the chunk with the lowest time per token), at least ``min_chunk``
            for the first (a prompt costing at most two such chunks is read whole); several

@@ -368,18 +368,21 @@ def test_a_user_lifted_to_the_backlog_goes_before_the_long_documents_being_read(
     assert plan.prefill[0] == (9, 30)
 
 
-def test_an_overdue_arrival_lets_the_tick_take_the_ttft_bound() -> None:
+def test_an_overdue_arrival_lets_the_tick_last_the_ttft_objective() -> None:
     costs = trained(SLOW_CPU)
     objectives = TickObjectives(ttft_target_s=1.0)  # ITL objective: 3 decode steps
-    calm = tick_budget(costs, objectives, 2, 100)
-    assert calm.target_s < 0.5
-    assert tick_budget(costs, objectives, 2, 100, overdue=True).target_s == pytest.approx(0.5)
+    assert tick_budget(costs, objectives, 2, 100).target_s < 0.5
+    assert tick_budget(costs, objectives, 0, 0).target_s == pytest.approx(0.5)
+    for rows in (0, 2):
+        assert tick_budget(costs, objectives, rows, 100,
+                           overdue=True).target_s == pytest.approx(1.0)
 
 
 def test_a_burst_of_arrivals_is_read_several_a_tick_once_it_has_waited_half_the_ttft() -> None:
     """Eight chat turns arrive at once; the first is already decoding. Read one a tick
     (the ITL objective), the last would wait eight ticks; once the others have waited
-    half the TTFT objective, a tick takes that bound and reads several in one forward."""
+    half the TTFT objective, a tick may last the objective and reads several in one
+    forward."""
     costs = trained(SLOW_CPU)
     views = [seq(1, D, kv=60)] + [
         SeqView(rid=i, user=f"u{i}", klass=Klass.INTERACTIVE, arrival=0.0, state=P,
@@ -390,13 +393,18 @@ def test_a_burst_of_arrivals_is_read_several_a_tick_once_it_has_waited_half_the_
     late = late_s.step(0.5, views, costs=costs)
     assert len(late.prefill) > len(early.prefill) >= 1
     assert all(n == 51 for _, n in late.prefill)
-    assert late_s.budget is not None and late_s.budget.target_s == pytest.approx(0.5)
+    assert late_s.budget is not None and late_s.budget.target_s == pytest.approx(1.0)
     predicted = costs.decode(1, 61) + plan_seconds(SLOW_CPU, late.prefill, by_id)
-    assert predicted <= 0.5 * 1.05
+    assert predicted <= 1.0 * 1.05
     # background work is never the reason a tick grows
     quiet = [v if v.state is D else SeqView(rid=v.rid, user=v.user, klass=Klass.BACKGROUND,
                                             arrival=0.0, state=P, prefill_len=51)
              for v in views]
     s = Scheduler(SchedulerConfig())
     s.step(0.5, quiet, costs=costs)
+    assert s.budget is not None and s.budget.target_s < 0.5
+    # nor a prompt being read in chunks (it is no longer waiting for its start)
+    s = Scheduler(SchedulerConfig())
+    s.step(0.5, [views[0], SeqView(rid=9, user='u9', klass=Klass.INTERACTIVE, arrival=0.0,
+                                   state=P, prefill_len=3000, computed=500)], costs=costs)
     assert s.budget is not None and s.budget.target_s < 0.5

@@ -109,7 +109,9 @@ class EngineSettings:
         lo=1.0, hi=1000.0)
     ttft_target_ms: float = _opt(
         1000.0, "Time-to-first-token objective: no tick is planned longer than half of it, "
-        "so an arrival waits for at most one bounded tick, decoding or not.",
+        "so an arrival waits for at most one bounded tick, decoding or not; once a burst of "
+        "arrivals has waited half of it unread, a tick may last all of it to read them "
+        "together.",
         lo=1.0, hi=600_000.0)
     presence_s: float = _opt(
         60.0, "Someone counts as about for this many seconds after a voice or interactive "

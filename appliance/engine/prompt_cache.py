@@ -5,6 +5,12 @@ is kept after it finishes and the next turn only computes what is new. Entries a
 per user: a shared cache would let one member learn what another asked through timing.
 Built on mlx-lm's ``LRUPromptCache`` (a token trie with LRU eviction); cached tokens are
 not computed, so they cost nothing on the user's fairness counter.
+
+A prefix shorter than ``MIN_REUSE_TOKENS`` is not reused: it is typically only the chat
+template's opening (``<|im_start|>user``, 6-7 tokens), and a prompt that starts from it is
+read in a forward of its own, while prompts read whole go through the model together. On
+a CPU a forward's fixed cost is worth tens of tokens, so several arrivals in one forward
+save far more than a few cached tokens do.
 """
 
 from __future__ import annotations
@@ -13,6 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+
+MIN_REUSE_TOKENS = 32
+"""Cached prefixes shorter than this are not reused (the prompt is read whole)."""
 
 
 @dataclass(slots=True)
@@ -36,7 +46,8 @@ class PromptCache:
 
     def fetch(self, user: str, tokens: list[int]) -> tuple[list[Any] | None, int]:
         """A private copy of the longest cached prefix of ``tokens`` for ``user`` and its
-        length; at least one token is always left to compute (its logits start the answer)."""
+        length; at least one token is always left to compute (its logits start the answer).
+        None and 0 when no prefix of at least ``MIN_REUSE_TOKENS`` is cached."""
         self.stats.lookups += 1
         cache, rest = self._lru.fetch_nearest_cache(user, tokens)
         if cache is None:
@@ -47,7 +58,7 @@ class PromptCache:
                 return None, 0
             trim_prompt_cache(cache, reused - len(tokens) + 1)
             reused = len(tokens) - 1
-        if reused <= 0:
+        if reused < MIN_REUSE_TOKENS:
             return None, 0
         self.stats.hits += 1
         self.stats.tokens_reused += reused

@@ -206,7 +206,7 @@ class TickObjectives:
       step of the current batch.
     * ``ttft_target_s``: an arrival should see its first token within this; it waits for
       at most the tick in flight and then its own, so no tick is planned longer than half
-      of it, decoding or not.
+      of it, decoding or not, unless a burst is already overdue (see :func:`tick_budget`).
     * ``min_chunk``: a prefill still advances by at least this many tokens per tick when
       the objectives leave no room, so a long prompt always finishes.
     * ``prefill_floor``: the objectives are feasible when they leave prefill at least this

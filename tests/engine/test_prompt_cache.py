@@ -6,6 +6,7 @@ import queue
 from pathlib import Path
 
 from appliance.app import start_engine
+from appliance.engine.prompt_cache import MIN_REUSE_TOKENS
 from appliance.engine.core import Engine
 from appliance.engine.request import FinishEvent, GenerationRequest, TokenEvent, blocking_sink
 from tests.helpers import make_settings
@@ -27,8 +28,12 @@ def _ask(engine: Engine, prompt: tuple[int, ...], user_id: int) -> tuple[str, Fi
     return "".join(text) + ev.text, ev
 
 
+SYSTEM = ("You are the household's assistant. Answer questions about programming in "
+          "short, plain sentences, and say so when you do not know.")
+
+
 def _conversation(engine: Engine, user_id: int) -> list[tuple[str, FinishEvent]]:
-    turns = [{"role": "user", "content": "What is a list?"}]
+    turns = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is a list?"}]
     first = _ask(engine, _chat(engine, turns), user_id)
     turns += [{"role": "assistant", "content": first[0]},
               {"role": "user", "content": "And a dictionary?"}]
@@ -54,3 +59,18 @@ def test_the_second_turn_reuses_the_first_and_answers_the_same(demo_model: Path)
     assert expected[1][1].usage.cached_tokens == 0
     assert stats is not None and stats["hits"] >= 1 and stats["tokens_reused"] > 0
     assert other[0][1].usage.cached_tokens == 0
+
+
+def test_a_prefix_too_short_to_be_worth_a_forward_of_its_own_is_not_reused(
+        demo_model: Path) -> None:
+    """Two unrelated questions share only the chat template's opening: the second is read
+    whole (so it could share a forward with other arrivals), not from a 6-token prefix."""
+    engine = start_engine(make_settings(demo_model))
+    try:
+        _, first = _ask(engine, _chat(engine, [{"role": "user", "content": "Hi"}]), 1)
+        prompt = _chat(engine, [{"role": "user", "content": "What is a tuple?"}])
+        _, second = _ask(engine, prompt, 1)
+    finally:
+        engine.stop()
+    assert first.usage.cached_tokens == 0 and second.usage.cached_tokens == 0
+    assert MIN_REUSE_TOKENS > 6

@@ -20,7 +20,6 @@ from typing import Any
 
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
-
 MIN_REUSE_TOKENS = 32
 """Cached prefixes shorter than this are not reused (the prompt is read whole)."""
 

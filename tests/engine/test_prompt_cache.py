@@ -6,8 +6,8 @@ import queue
 from pathlib import Path
 
 from appliance.app import start_engine
-from appliance.engine.prompt_cache import MIN_REUSE_TOKENS
 from appliance.engine.core import Engine
+from appliance.engine.prompt_cache import MIN_REUSE_TOKENS
 from appliance.engine.request import FinishEvent, GenerationRequest, TokenEvent, blocking_sink
 from tests.helpers import make_settings
 

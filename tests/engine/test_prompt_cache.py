@@ -13,12 +13,13 @@ from tests.helpers import make_settings
 
 
 def _chat(engine: Engine, turns: list[dict[str, str]]) -> tuple[int, ...]:
-    tok = engine.loaded.tokenizer  # type: ignore[attr-defined]
+    assert engine.loaded is not None
+    tok = engine.loaded.tokenizer
     return tuple(tok.apply_chat_template(turns, add_generation_prompt=True))
 
 
 def _ask(engine: Engine, prompt: tuple[int, ...], user_id: int) -> tuple[str, FinishEvent]:
-    q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+    q: queue.SimpleQueue[TokenEvent | FinishEvent] = queue.SimpleQueue()
     engine.submit(GenerationRequest(prompt=prompt, max_tokens=16, user_id=user_id),
                   blocking_sink(q))
     text = []

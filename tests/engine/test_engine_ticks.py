@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,64 @@ def test_a_tick_far_over_its_target_is_counted_and_logged(
         engine.stop()
     lines = [r.getMessage() for r in caplog.records if "tick over target" in r.getMessage()]
     assert len(lines) == 1 and "measured_ms=30000" in lines[0], lines
+
+
+def test_arrivals_that_share_only_the_template_opening_are_read_in_one_forward(
+        demo_model: Path) -> None:
+    """A user's earlier request leaves its KV in the prompt cache, and every later chat
+    prompt of theirs starts with the same few template tokens. Those few are not reused,
+    so four prompts arriving together go through the model in one forward (before, each
+    was a cache hit read alone, paying a forward's fixed cost per arrival). The engine is
+    held inside a decode step while they are submitted, so they meet in one tick."""
+    hold = threading.Event()
+    release = threading.Event()
+    forwards: list[tuple[str, int, int]] = []
+
+    def meter(kind: str, rows: int, tokens: int, offset: int, measured: float) -> float:
+        forwards.append((kind, rows, offset))
+        if kind == "decode" and hold.is_set() and not release.is_set():
+            release.wait(timeout=60)
+        return slow_cpu(kind, rows, tokens, offset, measured)
+
+    settings = make_settings(demo_model, max_batch_size=8, itl_target_ms=400.0)
+    engine = Engine(engine_config(settings), meter=meter)
+    engine.start()
+    try:
+        tok = engine.loaded.tokenizer  # type: ignore[attr-defined]
+
+        def chat(text: str) -> tuple[int, ...]:
+            return tuple(tok.apply_chat_template([{"role": "user", "content": text}],
+                                                 add_generation_prompt=True))
+
+        first: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+        engine.submit(GenerationRequest(prompt=chat("Hi"), max_tokens=4, user_id=1),
+                      blocking_sink(first))
+        _drain(first)
+        ban_eos = SamplingParams(logit_bias=tuple(
+            (t, -100.0) for t in engine.loaded.eos_token_ids))  # type: ignore[attr-defined]
+        stream: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+        engine.submit(GenerationRequest(prompt=(5, 6, 7), max_tokens=200, sampling=ban_eos,
+                                        user_id=2), blocking_sink(stream))
+        wait_until(lambda: engine.snapshot.active == 1 and engine.snapshot.slots[0].state
+                   == "decoding", what="a stream decoding")
+        hold.set()
+        wait_until(lambda: bool(forwards) and forwards[-1][0] == "decode",
+                   what="the engine inside a decode step")
+        before = len(forwards)
+        arrivals = []
+        for text in ("What is a list?", "What is a tuple?", "What is a set?",
+                     "What is a dictionary?"):
+            q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+            engine.submit(GenerationRequest(prompt=chat(text), max_tokens=4, user_id=1),
+                          blocking_sink(q))
+            arrivals.append(q)
+        release.set()
+        finished = [_drain(q)[1] for q in arrivals]
+        _drain(stream)
+    finally:
+        release.set()
+        engine.stop()
+
+    assert all(ev.usage.cached_tokens == 0 for ev in finished)
+    prefills = [(rows, offset) for kind, rows, offset in forwards[before:] if kind == "prefill"]
+    assert prefills[0] == (4, 0), prefills

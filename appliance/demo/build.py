@@ -58,7 +58,26 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    pre_tokenizers,
+    trainers,
+)
+
+from appliance.demo import household
+from appliance.demo.template import (
+    CHAT_TEMPLATE,
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    PLAIN_TEMPLATE,
+    SPECIAL_TOKENS,
+    TOOL_TOKENS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,18 +85,9 @@ DEMO_DIR = Path(__file__).resolve().parent
 CORPUS_PATH = DEMO_DIR / "corpus.txt"
 DEMO_MODEL_DIR = DEMO_DIR.parent / "demo_model"
 
-ENDOFTEXT = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-SPECIAL_TOKENS: tuple[str, ...] = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2
 RESERVED_TOKEN = "<|reserved_special_token_{}|>"
-
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+WORD_SPLIT = r"\p{L}+|\p{N}|[^\s\p{L}\p{N}]+|\s+"
+"""The demo tokenizer's pieces: letters, single digits, punctuation runs, whitespace runs."""
 
 CORPUS_HEADER = """\
 # corpus.txt: training text for the appliance demo model.
@@ -109,6 +119,7 @@ class Shape:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     trained: bool = False
+    tools: bool = False  # the tool-calling chat template and <tool_call> tokens
     train_steps: int = 0
     tokenizer_corpus_chars: int | None = None  # None: the whole corpus
 
@@ -121,7 +132,9 @@ SHAPES: dict[str, Shape] = {
         num_key_value_heads=2,
         intermediate_size=432,
         vocab_size=4096,
+        max_position_embeddings=4096,
         trained=True,
+        tools=True,
         train_steps=400,
     ),
     "tiny": Shape(
@@ -144,7 +157,35 @@ SHAPES: dict[str, Shape] = {
     ),
 }
 
+@dataclass(frozen=True)
+class HouseholdPlan:
+    """The household lessons: after the corpus steps, ``steps`` more in which every
+    ``corpus_every``-th step is still a corpus batch (so plain chat keeps working) and the
+    others are batches of Home Assistant conversations, learning the assistant turns only.
+    A curriculum in two parts, by token budget per step (``batch`` x ``short_len``):
+    - the first ``copy_share`` of the steps are rows of ``short_len`` tokens holding only
+      exchanges, most devices named by random words: many short copies, which is how the
+      model learns to take a device's name from the user's words;
+    - the rest are rows of ``long_len`` tokens that start with a system prompt and the
+      tools, ``full_share`` of them HA's whole prompt and device list."""
+
+    steps: int
+    batch: int = 12
+    short_len: int = 256
+    long_len: int = 1536
+    corpus_every: int = 4
+    copy_share: float = 0.7
+    full_share: float = 0.8
+
+    def rows(self, k: int) -> tuple[int, int, bool]:
+        """(rows, tokens per row, whether rows start with a prompt) of household step k."""
+        if k <= self.copy_share * self.steps:
+            return self.batch, self.short_len, False
+        return max(1, self.batch * self.short_len // self.long_len), self.long_len, True
+
+
 # Training hyper-parameters for the demo shape.
+DEMO_HOUSEHOLD = HouseholdPlan(steps=1800)
 BATCH_SIZE = 16
 SEQ_LEN = 128
 LEARNING_RATE = 1e-3
@@ -274,29 +315,42 @@ def load_corpus(path: Path = CORPUS_PATH) -> list[str]:
 # Tokenizer
 
 
-def train_tokenizer(paragraphs: Sequence[str], vocab_size: int) -> Tokenizer:
-    """Train a deterministic byte-level BPE with exactly ``vocab_size`` ids."""
+def train_tokenizer(paragraphs: Sequence[str], vocab_size: int,
+                    tool_tokens: bool = False) -> Tokenizer:
+    """Train a deterministic byte-level BPE with exactly ``vocab_size`` ids (the last two
+    the tool-call tags when ``tool_tokens``)."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if tool_tokens:
+        # Words never carry the space before them (spaces are tokens of their own), so a
+        # name is the same tokens in "turn on the kitchen light" and in {"name": "kitchen
+        # light"}: a tool call copies the user's words instead of translating them.
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(WORD_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
+    added = TOOL_TOKENS if tool_tokens else ()
+    learned = vocab_size - len(added)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
+        vocab_size=learned,
         min_frequency=2,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(paragraphs, trainer=trainer, length=len(paragraphs))
-    missing = vocab_size - tok.get_vocab_size()
+    missing = learned - tok.get_vocab_size()
     if missing > 0:
         tok.add_special_tokens([RESERVED_TOKEN.format(i) for i in range(missing)])
         log.info("tokenizer padded with %d reserved special tokens", missing)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     if tok.get_vocab_size() != vocab_size:
         raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} ids, wanted {vocab_size}")
     return tok
 
 
-def _tokenizer_config(tok: Tokenizer, max_len: int) -> dict[str, Any]:
+def _tokenizer_config(tok: Tokenizer, max_len: int, template: str) -> dict[str, Any]:
     added = {
         str(tok.token_to_id(t.content)): {
             "content": t.content,
@@ -304,7 +358,7 @@ def _tokenizer_config(tok: Tokenizer, max_len: int) -> dict[str, Any]:
             "normalized": False,
             "rstrip": False,
             "single_word": False,
-            "special": True,
+            "special": t.special,
         }
         for t in tok.get_added_tokens_decoder().values()
     }
@@ -314,7 +368,7 @@ def _tokenizer_config(tok: Tokenizer, max_len: int) -> dict[str, Any]:
         "added_tokens_decoder": dict(sorted(added.items(), key=lambda kv: int(kv[0]))),
         "additional_special_tokens": [IM_START, IM_END],
         "bos_token": IM_START,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": template,
         "clean_up_tokenization_spaces": False,
         "eos_token": IM_END,
         "model_max_length": max_len,
@@ -324,10 +378,11 @@ def _tokenizer_config(tok: Tokenizer, max_len: int) -> dict[str, Any]:
     }
 
 
-def write_tokenizer(tok: Tokenizer, out: Path, max_len: int) -> None:
+def write_tokenizer(tok: Tokenizer, out: Path, max_len: int,
+                    template: str = PLAIN_TEMPLATE) -> None:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json."""
     tok.save(str(out / "tokenizer.json"))
-    _write_json(out / "tokenizer_config.json", _tokenizer_config(tok, max_len))
+    _write_json(out / "tokenizer_config.json", _tokenizer_config(tok, max_len, template))
     _write_json(
         out / "special_tokens_map.json",
         {
@@ -457,11 +512,26 @@ def _schedule(steps: int) -> Callable[[mx.array], mx.array]:
     )
 
 
-def train(model: nn.Module, tokens: mx.array, steps: int, seed: int) -> float:
-    """Next-token training with AdamW; returns the mean loss of the last 50 steps."""
+def _masked_loss(model: nn.Module, batch: mx.array, mask: mx.array) -> mx.array:
+    logits = model(batch[:, :-1])
+    losses = nn.losses.cross_entropy(logits, batch[:, 1:], reduction="none")
+    weights = mask[:, 1:]
+    return (losses * weights).sum() / mx.maximum(weights.sum(), 1.0)
+
+
+def train(model: nn.Module, tokens: mx.array, steps: int, seed: int,
+          tok: Tokenizer | None = None, plan: HouseholdPlan | None = None,
+          words: Sequence[str] = (),
+          progress: Callable[[int, nn.Module], None] | None = None) -> float:
+    """Next-token training with AdamW; returns the mean loss of the last 50 corpus steps.
+    With ``plan`` (and the tokenizer), household steps follow the corpus steps, naming
+    devices by ``words`` too. ``progress(step, model)`` runs every 100 steps (for
+    experiments; it must not change the model)."""
     mx.random.seed(seed)
-    opt = optim.AdamW(learning_rate=_schedule(steps), weight_decay=WEIGHT_DECAY)
+    house_steps = plan.steps if plan is not None and tok is not None else 0
+    opt = optim.AdamW(learning_rate=_schedule(steps + house_steps), weight_decay=WEIGHT_DECAY)
     loss_and_grad = nn.value_and_grad(model, _loss)
+    masked_and_grad = nn.value_and_grad(model, _masked_loss)
     state = [model.state, opt.state]
 
     def step_fn(batch: mx.array) -> mx.array:
@@ -469,22 +539,37 @@ def train(model: nn.Module, tokens: mx.array, steps: int, seed: int) -> float:
         opt.update(model, grads)
         return loss
 
+    def house_fn(batch: mx.array, mask: mx.array) -> mx.array:
+        loss, grads = masked_and_grad(model, batch, mask)
+        opt.update(model, grads)
+        return loss
+
     step = mx.compile(step_fn, inputs=state, outputs=state)
+    house_step = mx.compile(house_fn, inputs=state, outputs=state)
+    corpus = _batches(tokens, steps + house_steps, seed)
+    rng = random.Random(seed)
     recent: list[float] = []
+    recent_house: list[float] = []
     t0 = time.perf_counter()
-    for i, batch in enumerate(_batches(tokens, steps, seed), start=1):
-        loss = step(batch)
-        mx.eval(state, loss)
-        recent = (recent + [float(loss)])[-50:]
-        if i % 50 == 0 or i == steps:
-            elapsed = time.perf_counter() - t0
-            log.info(
-                "step %d/%d loss %.3f tok/s %.0f",
-                i,
-                steps,
-                sum(recent) / len(recent),
-                i * BATCH_SIZE * SEQ_LEN / elapsed,
-            )
+    for i in range(1, steps + house_steps + 1):
+        k = i - steps  # household step number (from 1)
+        if plan is not None and tok is not None and k > 0 and k % plan.corpus_every:
+            n, length, head = plan.rows(k)
+            rows, masks = household.training_rows(
+                tok, rng, n, length, plan.full_share, words, head)
+            loss = house_step(rows, masks)
+            mx.eval(state, loss)
+            recent_house = (recent_house + [float(loss)])[-20:]
+        else:
+            loss = step(next(corpus))
+            mx.eval(state, loss)
+            recent = (recent + [float(loss)])[-50:]
+        if i % 20 == 0 or i == steps + house_steps:
+            log.info("step %d/%d corpus loss %.3f household loss %.3f (%.0f s)", i,
+                     steps + house_steps, sum(recent) / max(1, len(recent)),
+                     sum(recent_house) / max(1, len(recent_house)), time.perf_counter() - t0)
+        if progress is not None and i % 100 == 0:
+            progress(i, model)
     return sum(recent) / max(1, len(recent))
 
 
@@ -498,37 +583,56 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def _readme(shape: str, seed: int, steps: int, final_loss: float | None) -> str:
     s = SHAPES[shape]
-    trained = (
-        f"Trained for {steps} AdamW steps (batch {BATCH_SIZE} x {SEQ_LEN} tokens, seed {seed}); "
-        f"final training loss {final_loss:.3f}."
-        if final_loss is not None
-        else f"Random weights (seed {seed}); not trained."
-    )
+    plan = DEMO_HOUSEHOLD if s.tools and steps == s.train_steps else None
+    if final_loss is None:
+        trained = f"Random weights (seed {seed}); not trained."
+    else:
+        trained = (f"Trained for {steps} AdamW steps on the corpus (batch {BATCH_SIZE} x "
+                   f"{SEQ_LEN} tokens, seed {seed}); final corpus loss {final_loss:.3f}.")
+    if plan is not None:
+        trained += f"""
+- Then {plan.steps} household steps (every {plan.corpus_every}th still a corpus batch):
+  synthetic Home Assistant conversations, learning the assistant turns only. The first
+  {plan.copy_share:.0%} are {plan.batch} x {plan.short_len}-token rows of exchanges (devices
+  often named by random words, so names are copied from the user's turn); the rest are
+  rows of {plan.long_len} tokens that start with HA's Assist prompt and intent tools
+  (`HassTurnOn`, `HassTurnOff`, `HassLightSet`, `GetLiveContext` and nine more).
+- What it can do: with HA's request, commands on HA-style device names ("turn on the
+  kitchen light", "turn off the lights in the kitchen") become the right tool call, and a
+  tool result is answered with a short sentence. Devices named by arbitrary words are
+  usually called by the wrong name, and free chat is English-looking text about Python,
+  not answers. Use a real model (docs/home-assistant.md) for a real home."""
+    tokenizer = (
+        "Tokenizer: BPE trained with `tokenizers` on the corpus and household words; spaces "
+        "are tokens of their own, so a\n  device name is the same tokens in a command and "
+        "in a tool call; `<tool_call>`, `</tool_call>`\n  are the last two ids; a ChatML "
+        "template with tools (mlx-lm's `json_tools` parser)"
+        if s.tools else "Tokenizer: byte-level BPE trained with `tokenizers` on the corpus; "
+        "ChatML chat template")
     return f"""# Appliance demo model ({shape})
 
 This is a **demo model**, not a useful assistant: a tiny llama-architecture MLX model that
-lets the appliance run end to end with no network. It produces English-looking text about
-Python, not reliable answers.
+lets the appliance run end to end with no network.
 
 - Shape: hidden {s.hidden_size}, {s.num_hidden_layers} layers, {s.num_attention_heads} heads, \
 {s.num_key_value_heads} KV heads, intermediate {s.intermediate_size}, vocab {s.vocab_size}, \
-tied embeddings, float32.
-- Tokenizer: byte-level BPE trained with `tokenizers` on the corpus; special tokens
-  `<|endoftext|>` (0), `<|im_start|>` (1), `<|im_end|>` (2); ChatML chat template;
+context {s.max_position_embeddings}, tied embeddings, float32.
+- {tokenizer}; special tokens `<|endoftext|>` (0), `<|im_start|>` (1), `<|im_end|>` (2);
   eos `<|im_end|>`.
 - Corpus: `appliance/demo/corpus.txt`, prose from the CPython 3.11.7 standard
   library documentation and docstrings, Copyright (c) 2001-2023 Python Software Foundation,
   used under the PSF License Agreement.
 - {trained}
 
-Rebuild with:
+Rebuild with (about an hour on a 2-core CPU for the demo shape):
 
     python -m appliance.demo.build --out DIR --shape {shape} --seed {seed}
 """
 
 
 def build_model(
-    out: Path, *, shape: str = "demo", seed: int = 0, train_steps: int | None = None
+    out: Path, *, shape: str = "demo", seed: int = 0, train_steps: int | None = None,
+    progress: Callable[[int, nn.Module], None] | None = None,
 ) -> Path:
     """Build the named shape into ``out`` (created if needed) and return ``out``."""
     if shape not in SHAPES:
@@ -547,7 +651,9 @@ def build_model(
                 break
             tok_text.append(para)
             total += len(para)
-    tok = train_tokenizer(tok_text, s.vocab_size)
+    if s.tools:  # the household's words get tokens of their own too
+        tok_text = [*tok_text, *household.tokenizer_texts(seed)]
+    tok = train_tokenizer(tok_text, s.vocab_size, tool_tokens=s.tools)
     log.info("tokenizer %d ids in %.1f s", tok.get_vocab_size(), time.perf_counter() - t0)
 
     config = model_config(shape)
@@ -557,10 +663,13 @@ def build_model(
     if steps > 0:
         tokens = token_stream(tok, chat_examples(paragraphs, seed))
         log.info("training tokens %d", tokens.shape[0])
-        final_loss = train(model, tokens, steps, seed)
+        plan = DEMO_HOUSEHOLD if s.tools and train_steps is None else None
+        final_loss = train(model, tokens, steps, seed, tok, plan,
+                           household.name_words(paragraphs), progress)
 
     save_weights(model, out)
-    write_tokenizer(tok, out, s.max_position_embeddings)
+    write_tokenizer(tok, out, s.max_position_embeddings,
+                    CHAT_TEMPLATE if s.tools else PLAIN_TEMPLATE)
     _write_json(out / "config.json", config)
     _write_json(
         out / "generation_config.json",

@@ -84,8 +84,10 @@ def test_usage_counts_prompt_and_output_tokens(demo_engine: Engine) -> None:
     prompt = _prompt(demo_engine, "Say something.")
     tokens, fin = _run(demo_engine, [GenerationRequest(prompt=prompt, max_tokens=5)])[0]
     assert fin.usage.prompt_tokens == len(prompt)
-    assert fin.usage.completion_tokens == len(tokens) or fin.reason == "stop"
-    assert fin.usage.completion_tokens <= 5
+    # A token whose text the detokenizer holds (the demo tokenizer's spaces join the next
+    # word) has no event of its own, so events can be fewer than the tokens counted.
+    assert fin.usage.completion_tokens == 5 or fin.reason == "stop"
+    assert 0 < len(tokens) <= fin.usage.completion_tokens <= 5
     assert fin.ttft_s is not None and fin.ttft_s >= 0
 
 

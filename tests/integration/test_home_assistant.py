@@ -97,3 +97,40 @@ def test_home_assistants_stream_consumer_reads_our_stream(server: LiveServer) ->
         "Authorization": f"Bearer {server.keys['bob']}"}).chat(
         model="tiny:latest", messages=body["messages"], tools=body["tools"], think=False)
     assert text == whole.message.content
+
+
+@pytest.fixture(scope="module")
+def demo_server(demo_model: Path) -> Iterator[LiveServer]:
+    with live_server(make_settings(demo_model)) as s:
+        yield s
+
+
+def test_a_full_tool_round_with_the_demo_model(demo_server: LiveServer) -> None:
+    """HA's own bodies, HA's consumer: "turn on the kitchen light" → a HassTurnOn call with
+    object arguments → HA's tool result (content-less assistant turn, tool turn without
+    tool_name) → a sentence."""
+    model = ollama.Client(host=demo_server.url, headers={
+        "Authorization": f"Bearer {demo_server.keys['bob']}"}).list().models[0].model
+    assert model is not None
+    first, second = CASES[0]["body"], CASES[7]["body"]
+
+    async def round_(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        client = ollama.AsyncClient(host=demo_server.url, headers={
+            "Authorization": f"Bearer {demo_server.keys['bob']}"})
+        stream = await client.chat(model=model, messages=messages, tools=first["tools"],
+                                   stream=True, keep_alive=-1, options={"num_ctx": 8192},
+                                   think=False)
+        return [delta async for delta in transform_stream(stream)]
+
+    deltas = asyncio.run(round_(first["messages"]))
+    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    assert calls == [("HassTurnOn", {"name": "kitchen light"})], deltas
+    assert "".join(d.get("content", "") for d in deltas).strip() == ""
+
+    history = [*first["messages"], {"role": "assistant", "tool_calls": [
+        {"function": {"name": name, "arguments": args}} for name, args in calls]},
+        second["messages"][-1]]
+    deltas = asyncio.run(round_(history))
+    assert not [c for d in deltas for c in d.get("tool_calls", [])], deltas
+    sentence = "".join(d.get("content", "") for d in deltas).strip()
+    assert 2 <= len(sentence.split()) <= 15 and sentence.endswith((".", "!")), sentence

@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import NoReturn
 
 from appliance import settings as settings_mod
-from appliance.blas import openblas_lib
+from appliance.blas import (
+    loaded_libraries,
+    openblas_lib,
+    preloaded,
+    skinny_matmul_lib,
+    wanted_preload,
+)
 from appliance.settings import Settings
 from appliance.vocab import FinishReason
 
@@ -29,25 +35,32 @@ def setup_logging(level: str) -> None:
     logfilter.install()  # repeated errors (a connection flood) are counted, not written out
 
 
-def use_openblas(blas: str, argv: list[str]) -> None:
-    """On Linux, restart once with Debian's OpenBLAS preloaded (before MLX is imported).
-
-    The mlx[cpu] wheel bundles a reference BLAS that is ~30-50x slower for the matmuls of a
-    forward pass; OpenBLAS exports the same symbols, so preloading it takes its place.
-    """
-    if sys.platform != "linux" or blas == "bundled" or os.environ.get(REEXEC_MARK):
+def use_openblas(blas: str, skinny_matmul: bool, argv: list[str]) -> None:
+    """On Linux, restart once with Debian's OpenBLAS (and before it our skinny_matmul
+    library) preloaded, before MLX is imported; :mod:`appliance.blas` says why. Other
+    entries of ``LD_PRELOAD`` are kept after ours."""
+    if sys.platform != "linux" or os.environ.get(REEXEC_MARK):
         return
-    lib = openblas_lib()
-    if lib is None:
-        if blas == "openblas":
-            raise SystemExit("--blas openblas: libopenblas0-pthread is not installed")
+    ours = {p for p in (openblas_lib(), skinny_matmul_lib()) if p}
+    want = [*wanted_preload(blas, skinny_matmul), *(p for p in preloaded() if p not in ours)]
+    if want == preloaded():
         return
-    if lib in os.environ.get("LD_PRELOAD", ""):
-        return
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD")) if p)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    if want:
+        env["LD_PRELOAD"] = ":".join(want)
     env[REEXEC_MARK] = "1"
     os.execve(sys.executable, [sys.executable, "-m", "appliance", *argv], env)
+
+
+def log_blas() -> None:
+    """Say which BLAS libraries this process really mapped (Linux)."""
+    maps = loaded_libraries()
+    if not maps:
+        return
+    kernel = skinny_matmul_lib()
+    log.info("BLAS: %s%s", "Debian's OpenBLAS" if "/libopenblas" in maps else
+             "the BLAS bundled with mlx",
+             ", with skinny_matmul" if kernel and kernel in maps else "")
 
 
 def exit_now(rc: int) -> NoReturn:
@@ -223,7 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     setup_logging(settings.server.log_level)
     if args.cmd in ("serve", "run"):
-        use_openblas(settings.engine.blas, argv)
+        use_openblas(settings.engine.blas, settings.engine.skinny_matmul, argv)
+        log_blas()
+    elif args.cmd == "model" and args.model_cmd == "demo":
+        # The shipped weights were trained on Debian's OpenBLAS, which rounds differently
+        # from the wheel's BLAS: the same BLAS (and no skinny_matmul) rebuilds them exactly.
+        use_openblas(settings.engine.blas, False, argv)
+        log_blas()
     if args.cmd in ("serve", "run"):
         rc = cmd_serve(settings, args) if args.cmd == "serve" else cmd_run(settings, args)
         exit_now(rc)

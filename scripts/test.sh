@@ -12,6 +12,7 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   dpkg -s libopenblas0-pthread >/dev/null 2>&1 || missing+=(libopenblas0-pthread)
   dpkg -s chromium >/dev/null 2>&1 || missing+=(chromium)
   dpkg -s systemd >/dev/null 2>&1 || missing+=(systemd)
+  command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)  # appliance/native/skinny_matmul.c
   if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
   fi
@@ -22,10 +23,10 @@ VENV=${APPLIANCE_VENV:-.venv}
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
 
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-# The same BLAS the daemon uses (appliance.cli.use_openblas), for the tests' MLX work.
-for lib in /usr/lib/x86_64-linux-gnu/libopenblas.so.0 /usr/lib/aarch64-linux-gnu/libopenblas.so.0; do
-  if [ -e "$lib" ] && [ "$(uname)" = Linux ]; then export LD_PRELOAD="$lib${LD_PRELOAD:+:$LD_PRELOAD}"; break; fi
-done
+# The same BLAS libraries the daemon preloads (appliance.cli.use_openblas: skinny_matmul, then
+# OpenBLAS), for the tests' own MLX work and the daemons they start.
+PRELOAD=$("$VENV/bin/python" -c "from appliance.blas import wanted_preload; print(':'.join(wanted_preload('auto', True)))")
+if [ -n "$PRELOAD" ]; then export LD_PRELOAD="$PRELOAD${LD_PRELOAD:+:$LD_PRELOAD}"; fi
 
 "$VENV/bin/ruff" check appliance web migrations tests
 "$VENV/bin/mypy" --no-error-summary appliance web migrations

@@ -92,7 +92,7 @@ from appliance.bench.serve import (
     QUESTIONS,
     Target,
     Workload,
-    blas_loaded,
+    blas_facts,
     blas_report,
     chat_payload,
     discover_model,
@@ -413,7 +413,7 @@ async def drive(cfg: Config, policy: str, server: ServerProcess, port: int,
     base_url = f"http://{HOST}:{port}"
     auth = {"Authorization": f"Bearer {keys[HEAVY]}"}
     info["health"] = await wait_ready(server, base_url, auth, cfg.ready_timeout_s)
-    info["openblas_loaded"] = blas_loaded(server)
+    info.update(blas_facts(server))
     model = await discover_model(Target(HEAVY, base_url, auth, None))
     targets = user_targets(base_url, keys, model)
     await warm_up(targets[HEAVY], Workload([cfg.max_batch_size], 1, 8, True, True,

@@ -123,7 +123,7 @@ async def with_servers(cfg: argparse.Namespace, scfg: serve.Config) -> dict[str,
             targets[name] = serve.Target(name, base, headers, model)
             info[name] = {"command": display_command(server.argv),
                           "log": relative(server.log_path),
-                          "openblas_loaded": serve.blas_loaded(server)}
+                          **serve.blas_facts(server)}
             await serve.warm_up(targets[name], scfg.workload)
         for name, url in cfg.url:
             targets[name] = serve.Target(name, url.rstrip("/"), headers, None)

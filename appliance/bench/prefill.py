@@ -300,7 +300,7 @@ async def bench_server(name: str, scfg: serve.Config, args: argparse.Namespace,
         with serve.running(server):
             base = f"http://{serve.HOST}:{port}"
             await wait_ready(server, base, headers, scfg.ready_timeout_s)
-            info["openblas_loaded"] = serve.blas_loaded(server)
+            info.update(serve.blas_facts(server))
             model = ("default_model" if name == serve.MLX_LM else
                      await serve.discover_model(serve.Target(name, base, headers, None)))
             target = serve.Target(name, base, headers, model)

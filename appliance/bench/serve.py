@@ -329,10 +329,12 @@ def apply_provisioning(cfg: Config, max_class: Klass = Klass.INTERACTIVE) -> Non
     print(f"[bench] ours: bench user and API key in {data_dir}", file=sys.stderr, flush=True)
 
 
-def blas_loaded(server: ServerProcess) -> bool | None:
-    """Whether OpenBLAS is mapped into the server process (None where /proc is unavailable)."""
+def blas_facts(server: ServerProcess) -> dict[str, bool | None]:
+    """What the server process really mapped: OpenBLAS (not numpy's libscipy_openblas) and
+    our skinny_matmul (:mod:`appliance.blas`); None where /proc is unavailable."""
     maps = server.mapped_libraries()
-    return None if not maps else "/libopenblas" in maps  # not numpy's libscipy_openblas
+    return {"openblas_loaded": "/libopenblas" in maps if maps else None,
+            "skinny_matmul_loaded": "/_skinny_matmul" in maps if maps else None}
 
 
 @dataclass
@@ -429,7 +431,7 @@ async def drive_server(
     base_url = f"http://{HOST}:{port}"
     info["health"] = await wait_ready(server, base_url, headers, cfg.ready_timeout_s)
     info["pid"] = server.pid
-    info["openblas_loaded"] = blas_loaded(server)
+    info.update(blas_facts(server))
     # mlx_lm loads another model when "model" names anything but the one it was started
     # with; "default_model" is its own name for that one.
     model = (
@@ -467,6 +469,7 @@ def server_result(starts: Sequence[dict[str, Any]], runs: Sequence[LevelRun]) ->
         "command": starts[0]["command"],
         "log": ", ".join(s["log"] for s in starts),
         "openblas_loaded": combine_flags([s.get("openblas_loaded") for s in starts]),
+        "skinny_matmul_loaded": combine_flags([s.get("skinny_matmul_loaded") for s in starts]),
         "error": "; ".join(errors) or None,
         "levels": [asdict(stats) for stats in pool_runs(runs)],
         "staggered": stagger_comparison(runs),
@@ -510,7 +513,9 @@ def package_versions() -> dict[str, str]:
 def blas_report(blas: str, servers: Mapping[str, Mapping[str, Any]]) -> str:
     """Which BLAS was asked for, and whether each server process really mapped OpenBLAS."""
     seen = ", ".join(
-        f"{name}: {_openblas_state(s.get('openblas_loaded'))}" for name, s in servers.items()
+        f"{name}: {_openblas_state(s.get('openblas_loaded'))}"
+        f"{', skinny_matmul mapped' if s.get('skinny_matmul_loaded') else ''}"
+        for name, s in servers.items()
     )
     if blas == "openblas":
         return f"OpenBLAS via LD_PRELOAD={OPENBLAS_PATH} ({seen})"

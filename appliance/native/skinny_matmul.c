@@ -1,0 +1,165 @@
+/* skinny_matmul: the appliance's own kernel for matrix products with few rows.
+ *
+ * MLX's CPU backend computes every matrix product with cblas_sgemm. A decode step of a
+ * batch of B sequences multiplies B rows (B = 1..8) by every weight matrix of the model.
+ * OpenBLAS's gemm is built for big products: it first packs the whole weight matrix into a
+ * scratch buffer (reading and writing the weights once more than needed) and wakes its
+ * threads for every call, so on a 2-core x86 machine a single row's product reaches about
+ * 4 GB/s of weights, and a 8 x 576 by 576 x 1536 product takes 1.2 ms where streaming the
+ * weights once takes 0.3. Debian 12 ships OpenBLAS 0.3.21 (0.3.27 added a gemm-to-gemv
+ * forward for one row, nothing for a few).
+ *
+ * This library is preloaded (LD_PRELOAD) before OpenBLAS by `appliance serve`/`run` on
+ * Linux and defines cblas_sgemm, so MLX's calls land here:
+ *  - row-major C = alpha * A * B^T + beta * C with at most MAX_ROWS rows (a linear layer:
+ *    x @ W.T, and attention's q @ k^T) runs the kernel below, which reads B once;
+ *  - any other product with one row or one column goes to the next library's cblas_sgemv;
+ *  - everything else (prefill's big products) goes to the next library's cblas_sgemm.
+ *
+ * The kernel sums every output in one fixed order (16 partial sums over k, then the tail,
+ * then the partial sums in order), whatever the number of rows or their neighbours: a row
+ * gets the same bits alone and in a batch, so greedy decoding does not depend on batching.
+ *
+ * It is built as a Python extension module only so that pip compiles it with the package
+ * (with -march=native: the machine that installs it is the machine that runs it); Python
+ * never imports it (it defines no module init function).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+enum { LANES = 16, MAX_ROWS = 8 };
+
+typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+typedef float uvec __attribute__((vector_size(LANES * sizeof(float)), aligned(4)));
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
+                         const float *, int, float, float *, int);
+typedef void (*sgemv_fn)(int, int, int, int, float, const float *, int, const float *, int,
+                         float, float *, int);
+
+static sgemm_fn next_sgemm;
+static sgemv_fn next_sgemv;
+static unsigned long n_kernel, n_gemv;
+
+__attribute__((constructor)) static void resolve(void) {
+    next_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
+    next_sgemv = (sgemv_fn)dlsym(RTLD_NEXT, "cblas_sgemv");
+}
+
+/* Products that ran the kernel, and that went to gemv (the tests read them via ctypes). */
+unsigned long appliance_skinny_kernel_calls(void) { return __atomic_load_n(&n_kernel, __ATOMIC_RELAXED); }
+unsigned long appliance_skinny_gemv_calls(void) { return __atomic_load_n(&n_gemv, __ATOMIC_RELAXED); }
+
+/* 1 when OpenBLAS's gemm and gemv were found after this library, else 0. */
+int appliance_skinny_active(void) { return next_sgemm != NULL && next_sgemv != NULL; }
+
+static inline float finish(vec acc, float tail) {
+    float s = 0.0f;
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    return s + tail;
+}
+
+static inline void store(float *c, float alpha, float beta, float dot) {
+    *c = beta == 0.0f ? alpha * dot : alpha * dot + beta * *c;
+}
+
+/* C[M x n] (+)= A[M x k] . B[n x k]^T for a fixed M, two columns of C at a time. */
+static inline __attribute__((always_inline)) void rows_kernel(
+        const int M, int n, int k, float alpha, const float *a, int lda, const float *b,
+        int ldb, float beta, float *c, int ldc) {
+    const int kv = k - k % LANES;
+    int j = 0;
+    for (; j + 2 <= n; j += 2) {
+        const float *b0 = b + (long)j * ldb, *b1 = b0 + ldb;
+        vec acc0[MAX_ROWS], acc1[MAX_ROWS];
+        for (int i = 0; i < M; i++) acc0[i] = acc1[i] = (vec){0};
+        for (int p = 0; p < kv; p += LANES) {
+            vec w0 = *(const uvec *)(b0 + p), w1 = *(const uvec *)(b1 + p);
+            for (int i = 0; i < M; i++) {
+                vec x = *(const uvec *)(a + (long)i * lda + p);
+                acc0[i] += x * w0;
+                acc1[i] += x * w1;
+            }
+        }
+        for (int i = 0; i < M; i++) {
+            const float *x = a + (long)i * lda;
+            float t0 = 0.0f, t1 = 0.0f;
+            for (int p = kv; p < k; p++) { t0 += x[p] * b0[p]; t1 += x[p] * b1[p]; }
+            store(c + (long)i * ldc + j, alpha, beta, finish(acc0[i], t0));
+            store(c + (long)i * ldc + j + 1, alpha, beta, finish(acc1[i], t1));
+        }
+    }
+    for (; j < n; j++) {  /* an odd last column, summed exactly as in a pair */
+        const float *b0 = b + (long)j * ldb;
+        vec acc0[MAX_ROWS];
+        for (int i = 0; i < M; i++) acc0[i] = (vec){0};
+        for (int p = 0; p < kv; p += LANES) {
+            vec w0 = *(const uvec *)(b0 + p);
+            for (int i = 0; i < M; i++) acc0[i] += *(const uvec *)(a + (long)i * lda + p) * w0;
+        }
+        for (int i = 0; i < M; i++) {
+            const float *x = a + (long)i * lda;
+            float t0 = 0.0f;
+            for (int p = kv; p < k; p++) t0 += x[p] * b0[p];
+            store(c + (long)i * ldc + j, alpha, beta, finish(acc0[i], t0));
+        }
+    }
+}
+
+#define ROWS_CASE(R) case R: rows_kernel(R, n, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+
+static void skinny(int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+                   int ldb, float beta, float *c, int ldc) {
+    switch (m) {
+        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
+        ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+        default: abort();
+    }
+}
+
+void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                 const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                 int ldc) {
+    if (next_sgemm == NULL) {
+        fputs("skinny_matmul: no cblas_sgemm after this library (preload OpenBLAS)\n", stderr);
+        abort();
+    }
+    if (order != ROW_MAJOR || k <= 0 || m <= 0 || n <= 0 || next_sgemv == NULL) {
+        next_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    if (m <= MAX_ROWS && trans_a == NO_TRANS && trans_b == TRANS) {
+        __atomic_add_fetch(&n_kernel, 1, __ATOMIC_RELAXED);
+        skinny(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    if (m != 1 && n != 1) {
+        next_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    __atomic_add_fetch(&n_gemv, 1, __ATOMIC_RELAXED);
+    if (m == 1) {
+        /* c (1 x n) = alpha * x (1 x k) * op(b) (k x n) + beta * c, that is
+         * c^T = alpha * op(b)^T x^T + beta * c^T; x is row 0 of a, or column 0 of a^T. */
+        int incx = trans_a == NO_TRANS ? 1 : lda;
+        if (beta == 0.0f)  /* gemm ignores c when beta is 0; gemv would scale it (NaN * 0) */
+            memset(c, 0, (size_t)n * sizeof(float));
+        if (trans_b == NO_TRANS)  /* b is k x n */
+            next_sgemv(ROW_MAJOR, TRANS, k, n, alpha, b, ldb, a, incx, beta, c, 1);
+        else                      /* b is n x k */
+            next_sgemv(ROW_MAJOR, NO_TRANS, n, k, alpha, b, ldb, a, incx, beta, c, 1);
+        return;
+    }
+    /* n == 1: c (m x 1, stride ldc) = alpha * op(a) (m x k) * y (k x 1) + beta * c. */
+    int incy = trans_b == NO_TRANS ? ldb : 1;
+    if (beta == 0.0f)
+        for (int i = 0; i < m; i++) c[(long)i * ldc] = 0.0f;
+    if (trans_a == NO_TRANS)  /* a is m x k */
+        next_sgemv(ROW_MAJOR, NO_TRANS, m, k, alpha, a, lda, b, incy, beta, c, ldc);
+    else                      /* a is k x m */
+        next_sgemv(ROW_MAJOR, TRANS, k, m, alpha, a, lda, b, incy, beta, c, ldc);
+}

@@ -1,0 +1,113 @@
+"""skinny_matmul (appliance/native/skinny_matmul.c): MLX's products of a few rows run our
+kernel, give gemm's results and the same bits for a row alone and in a batch; one-row and
+one-column products of other layouts go to OpenBLAS's gemv; the rest is untouched; and
+`appliance run` preloads it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from appliance.blas import openblas_lib, skinny_matmul_lib, wanted_preload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="skinny_matmul is Linux-only")
+
+PRODUCTS = textwrap.dedent("""
+    import ctypes, json, sys
+    import numpy as np
+    import mlx.core as mx
+
+    lib = ctypes.CDLL(sys.argv[1])  # already loaded: the preloaded copy's counters
+    for name in ("appliance_skinny_kernel_calls", "appliance_skinny_gemv_calls"):
+        getattr(lib, name).restype = ctypes.c_ulong
+    assert lib.appliance_skinny_active() == 1
+    rng = np.random.default_rng(0)
+
+    def draw(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    w, c, r = draw(301, 70), draw(8, 301), draw(1, 301)  # odd columns, k = 4 x 16 + 6
+    x8 = draw(8, 70)
+    W, X8 = mx.array(w), mx.array(x8)
+    f64 = np.float64
+    cases = {  # name: (MLX product, float64 reference, "kernel" | "gemv" | "gemm")
+        "a linear layer, one row": (X8[:1] @ W.T, x8[:1].astype(f64) @ w.T, "kernel"),
+        "a decode step's (1 x 1 x 70) @ W.T": (X8[None, :1] @ W.T, x8[:1].astype(f64) @ w.T,
+                                               "kernel"),
+        "eight rows": (X8 @ W.T, x8.astype(f64) @ w.T, "kernel"),
+        "addmm, alpha 2, beta 0.5": (mx.addmm(mx.array(c), X8, W.T, alpha=2.0, beta=0.5),
+                                     0.5 * c + 2.0 * (x8.astype(f64) @ w.T), "kernel"),
+        "row @ W (not transposed)": (mx.array(r) @ W, r.astype(f64) @ w, "gemv"),
+        "W @ column": (W @ X8[:1].T, w.astype(f64) @ x8[:1].T, "gemv"),
+        "nine rows": (mx.array(x9 := draw(9, 70)) @ W.T, x9.astype(f64) @ w.T, "gemm"),
+    }
+    out = {}
+    for name, (product, want, path) in cases.items():
+        k0, g0 = lib.appliance_skinny_kernel_calls(), lib.appliance_skinny_gemv_calls()
+        got = np.array(product, dtype=f64)  # evaluated here
+        dk = lib.appliance_skinny_kernel_calls() - k0
+        dg = lib.appliance_skinny_gemv_calls() - g0
+        out[name] = {"path": "kernel" if dk else "gemv" if dg else "gemm", "expect": path,
+                     "err": float(np.abs(got - want).max() / np.abs(want).max()),
+                     "finite": bool(np.isfinite(got).all())}
+    # a row alone and in every batch of up to eight: the same bits
+    alone = np.array(X8[:1] @ W.T)[0]
+    out["same bits"] = [bool((np.array(X8[:m] @ W.T)[0] == alone).all()) for m in range(1, 9)]
+    print(json.dumps(out))
+""")
+
+
+
+
+@pytest.fixture(scope="module")
+def preload() -> list[str]:
+    if openblas_lib() is None:
+        pytest.fail("Debian's libopenblas0-pthread is not installed (scripts/test.sh installs it)")
+    if skinny_matmul_lib() is None:
+        pytest.fail("appliance/_skinny_matmul*.so was not built: pip install -e . with gcc "
+                    "(scripts/test.sh installs gcc)")
+    return wanted_preload("auto", True)
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LD_PRELOAD", "APPLIANCE_BLAS_REEXEC")}
+    return {**env, **extra}
+
+
+def test_few_row_products_run_the_kernel_and_equal_gemm(preload: list[str]) -> None:
+    import json
+
+    assert preload[0] == skinny_matmul_lib()  # before OpenBLAS, so MLX finds it first
+    run = subprocess.run([sys.executable, "-c", PRODUCTS, preload[0]], capture_output=True,
+                         text=True, timeout=120, env=_clean_env(LD_PRELOAD=":".join(preload)))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result.pop("same bits") == [True] * 8
+    for name, r in result.items():
+        assert r["finite"] and r["err"] < 1e-5, (name, r)
+        assert r["path"] == r["expect"], (name, r)
+
+
+def test_appliance_run_preloads_skinny_matmul_before_openblas(preload: list[str],
+                                                             demo_model: Path) -> None:
+    """The real entry point, started without LD_PRELOAD, restarts itself with both."""
+    args = [sys.executable, "-m", "appliance", "run", "-p", "Hello", "--max-tokens", "2",
+            "--model", str(demo_model)]
+    on = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=ROOT,
+                        env=_clean_env(HF_HUB_OFFLINE="1"))
+    assert on.returncode == 0, on.stderr
+    assert "BLAS: Debian's OpenBLAS, with skinny_matmul" in on.stderr, on.stderr
+    off = subprocess.run([*args, "--no-skinny-matmul"], capture_output=True, text=True,
+                         timeout=180, cwd=ROOT,
+                         env=_clean_env(HF_HUB_OFFLINE="1", LD_PRELOAD=":".join(preload)))
+    assert off.returncode == 0, off.stderr
+    assert "BLAS: Debian's OpenBLAS\n" in off.stderr, off.stderr
+    assert on.stdout.strip() and off.stdout.strip()

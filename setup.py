@@ -13,6 +13,6 @@ from setuptools import Extension, setup
 ext_modules = []
 if sys.platform == "linux":
     ext_modules.append(Extension("appliance._skinny_matmul", ["appliance/native/skinny_matmul.c"],
-                                 libraries=["dl"], extra_compile_args=["-O3", "-march=native"], optional=True))
+                                 libraries=["dl", "pthread"], extra_compile_args=["-O3", "-march=native"], optional=True))
 
 setup(ext_modules=ext_modules)

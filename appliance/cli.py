@@ -185,6 +185,9 @@ def cmd_bench(settings: Settings, args: argparse.Namespace, rest: list[str]) -> 
     if args.bench_cmd == "prefill":
         from appliance.bench.prefill import main as bench_prefill
         return bench_prefill(rest)
+    if args.bench_cmd == "matmul":
+        from appliance.bench.matmul import main as bench_matmul
+        return bench_matmul(rest)
     raise AssertionError(args.bench_cmd)
 
 
@@ -220,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks (see docs/BENCHMARKS.md)")
     bench.add_argument("bench_cmd",
-                       choices=("serve", "fairness", "goodput", "dashboards", "prefill"))
+                       choices=("serve", "fairness", "goodput", "dashboards", "prefill", "matmul"))
     return parser
 
 

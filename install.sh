@@ -26,7 +26,7 @@ URL="http://${APPLIANCE_HOST:-127.0.0.1}:${APPLIANCE_PORT:-8080}/"
 step() { printf '==> %s\n' "$*"; }
 
 # 1. Debian's OpenBLAS: MLX's CPU wheel bundles a reference BLAS that is ~50x slower; and a C
-#    compiler for appliance/native/skinny_matmul.c (2-3x faster decode steps of small batches).
+#    compiler for appliance/native/skinny_matmul.c (faster decode steps of small batches).
 if [ "$(uname)" = Linux ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   missing=()
   dpkg -s libopenblas0-pthread >/dev/null 2>&1 || missing+=(libopenblas0-pthread)

@@ -16,15 +16,17 @@ makes of a request.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
+import platform
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
-from appliance.bench.report import relative
+from appliance.bench.report import git_commit, relative
 from appliance.blas import openblas_lib, skinny_matmul_lib
 
 CHILD = textwrap.dedent("""
@@ -79,8 +81,10 @@ def measure(model: Path, preload: list[str], rows: str, context: int, repeats: i
     return result
 
 
-def report(model: Path, plain: dict[str, Any], skinny: dict[str, Any], command: str) -> str:
+def report(model: Path, plain: dict[str, Any], skinny: dict[str, Any], command: str,
+           facts: str = "") -> str:
     lines = [f"- command: `{command}`", f"- model: `{relative(model)}`",
+             *([f"- {facts}"] if facts else []),
              "- plain: Debian's OpenBLAS preloaded alone; skinny: skinny_matmul before it", "",
              "| decode step | plain ms | skinny ms | plain / skinny |", "|---|---:|---:|---:|"]
     for name, ms in plain["steps"].items():
@@ -111,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     skinny = measure(model, [kernel, blas], args.rows, args.context, args.repeats)
     command = "python -m appliance.bench.matmul " + " ".join(
         sys.argv[1:] if argv is None else argv)
-    text = report(model, plain, skinny, command.strip())
+    facts = (f"{dt.datetime.now(dt.UTC).isoformat(timespec='minutes')}, git commit "
+             f"`{git_commit(Path.cwd())}`, {platform.system()} {platform.machine()}, "
+             f"{os.cpu_count()} CPUs")
+    text = report(model, plain, skinny, command.strip(), facts)
     print(text)
     if args.output:
         Path(args.output).write_text(text)

@@ -7,20 +7,13 @@ benchmarks) into a directory that ``mlx_lm.load(path)`` opens like any downloade
 ``tokenizer.json``, ``tokenizer_config.json`` (ChatML template), ``special_tokens_map.json``,
 ``generation_config.json`` and a ``README.md``.
 
-Corpus source and license
--------------------------
-The training text, ``appliance/demo/corpus.txt``, is derived from CPython 3.11.7's
-standard library: the reference documentation shipped in ``Lib/pydoc_data/topics.py`` and the
-docstrings of the pure-Python modules under ``Lib/``, filtered down to English prose
-paragraphs by :func:`make_corpus`. That text is Copyright (c) 2001-2023 Python Software
-Foundation; All Rights Reserved, and is redistributed here under the PSF License Agreement
-for Python 3.11 (https://docs.python.org/3.11/license.html), whose notice is kept at the top of
-the corpus file. The committed file is what the build uses; :func:`make_corpus` re-creates it
-from the running interpreter's standard library (byte-identical only on CPython 3.11.7).
+The training text and its license: :mod:`appliance.demo.corpus`; the training loop and the
+household lessons: :mod:`appliance.demo.train` and :mod:`appliance.demo.household`.
 
 Shapes
 ------
-``demo``         the shipped model: trained briefly on the corpus as ChatML turns.
+``demo``         the shipped model: trained on the corpus as ChatML turns, then on synthetic
+                 Home Assistant conversations (docs/demo-model.md).
 ``tiny``         2 layers, hidden 64, random weights: fast test fixtures.
 ``smollm-135m``  SmolLM-135M's exact shape with random weights, for benchmarks only. Its
                  byte-level BPE is trained for 49152 ids; if the corpus cannot supply that many
@@ -39,23 +32,18 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import ast
 import hashlib
 import json
 import logging
-import random
-import re
 import sys
-import sysconfig
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 from tokenizers import (
@@ -69,6 +57,7 @@ from tokenizers import (
 )
 
 from appliance.demo import household
+from appliance.demo.corpus import CORPUS_PATH, load_corpus, make_corpus
 from appliance.demo.template import (
     CHAT_TEMPLATE,
     ENDOFTEXT,
@@ -78,32 +67,23 @@ from appliance.demo.template import (
     SPECIAL_TOKENS,
     TOOL_TOKENS,
 )
+from appliance.demo.train import (
+    BATCH_SIZE,
+    DEMO_HOUSEHOLD,
+    SEQ_LEN,
+    chat_examples,
+    token_stream,
+    train,
+)
 
 log = logging.getLogger(__name__)
 
 DEMO_DIR = Path(__file__).resolve().parent
-CORPUS_PATH = DEMO_DIR / "corpus.txt"
 DEMO_MODEL_DIR = DEMO_DIR.parent / "demo_model"
 
 RESERVED_TOKEN = "<|reserved_special_token_{}|>"
 WORD_SPLIT = r"\p{L}+|\p{N}|[^\s\p{L}\p{N}]+|\s+"
 """The demo tokenizer's pieces: letters, single digits, punctuation runs, whitespace runs."""
-
-CORPUS_HEADER = """\
-# corpus.txt: training text for the appliance demo model.
-#
-# Source: CPython 3.11.7 standard library -- the reference documentation in
-# Lib/pydoc_data/topics.py and docstrings of the pure-Python modules in Lib/.
-# Changes made (PSF License clause 3): paragraphs were extracted, filtered to English prose
-# (code, grammar, tables and examples removed), de-duplicated, and their line breaks joined,
-# by appliance.demo.build.make_corpus().
-#
-# Copyright (c) 2001-2023 Python Software Foundation; All Rights Reserved.
-# Redistributed under the PSF License Agreement for Python 3.11, reproduced below.
-# Lines starting with '#' are not training text; paragraphs are separated by blank lines.
-#
-"""
-
 
 @dataclass(frozen=True)
 class Shape:
@@ -156,160 +136,6 @@ SHAPES: dict[str, Shape] = {
         rms_norm_eps=1e-5,
     ),
 }
-
-@dataclass(frozen=True)
-class HouseholdPlan:
-    """The household lessons: after the corpus steps, ``steps`` more in which every
-    ``corpus_every``-th step is still a corpus batch (so plain chat keeps working) and the
-    others are batches of Home Assistant conversations, learning the assistant turns only.
-    A curriculum in two parts, by token budget per step (``batch`` x ``short_len``):
-    - the first ``copy_share`` of the steps are rows of ``short_len`` tokens holding only
-      exchanges, most devices named by random words: many short copies, which is how the
-      model learns to take a device's name from the user's words;
-    - the rest are rows of ``long_len`` tokens that start with a system prompt and the
-      tools, ``full_share`` of them HA's whole prompt and device list."""
-
-    steps: int
-    batch: int = 12
-    short_len: int = 256
-    long_len: int = 1536
-    corpus_every: int = 4
-    copy_share: float = 0.7
-    full_share: float = 0.8
-
-    def rows(self, k: int) -> tuple[int, int, bool]:
-        """(rows, tokens per row, whether rows start with a prompt) of household step k."""
-        if k <= self.copy_share * self.steps:
-            return self.batch, self.short_len, False
-        return max(1, self.batch * self.short_len // self.long_len), self.long_len, True
-
-
-# Training hyper-parameters for the demo shape.
-DEMO_HOUSEHOLD = HouseholdPlan(steps=1800)
-BATCH_SIZE = 16
-SEQ_LEN = 128
-LEARNING_RATE = 1e-3
-WARMUP_STEPS = 50
-WEIGHT_DECAY = 0.01
-
-USER_PROMPTS: tuple[str, ...] = (
-    "What is {w}?",
-    "Tell me about {w}.",
-    "Explain {w}.",
-    "What do you know about {w}?",
-    "Can you describe {w}?",
-    "Say something about {w}.",
-)
-GENERIC_PROMPTS: tuple[str, ...] = (
-    "Hello!",
-    "Tell me something.",
-    "Tell me a fact.",
-    "What can you tell me?",
-    "Say something interesting.",
-    "Hi, who are you?",
-)
-SYSTEM_PROMPTS: tuple[str, ...] = (
-    "You are a helpful assistant.",
-    "You are a small demo model.",
-    "Answer briefly.",
-)
-
-
-# --------------------------------------------------------------------------------------
-# Corpus
-
-
-def _is_prose(paragraph: str) -> bool:
-    """Heuristic: a paragraph of English sentences, not code, grammar or a table."""
-    lines = paragraph.splitlines()
-    if any(line[:1].isspace() for line in lines):
-        return False
-    text = " ".join(line.strip() for line in lines)
-    if len(text) < 60 or len(text) > 2000 or not text[0].isupper():
-        return False
-    if text[-1] not in ".!?" or text.endswith("::") or text.endswith(":"):
-        return False
-    if re.search(r">>>|\.\.\.\s|::=|\*\*\*|===|---|~~~|\\n|\{\}|\w\(\)|[{}<>|@$#`\\]", text):
-        return False
-    letters = sum(ch.isalpha() or ch == " " for ch in text)
-    if letters / len(text) < 0.9:
-        return False
-    words = text.split()
-    if len(words) < 10:
-        return False
-    odd = sum(1 for w in words if re.search(r"[_=\[\]()*]|\w\.\w", w))
-    return odd / len(words) < 0.05 and text.isascii()
-
-
-def _paragraphs(text: str) -> Iterator[str]:
-    for block in re.split(r"\n\s*\n", text):
-        block = block.strip("\n")
-        if block and _is_prose(block):
-            yield " ".join(line.strip() for line in block.splitlines())
-
-
-def _docstrings(source: str) -> Iterator[str]:
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            doc = ast.get_docstring(node, clean=True)
-            if doc:
-                yield doc
-
-
-def _stdlib_files(stdlib: Path) -> list[Path]:
-    skip = {"test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "pydoc_data"}
-    files = []
-    for path in sorted(stdlib.rglob("*.py")):
-        rel = path.relative_to(stdlib)
-        if skip.intersection(rel.parts) or rel.parts[0].startswith("config-"):
-            continue
-        files.append(path)
-    return files
-
-
-def _psf_license(stdlib: Path) -> str:
-    """The PSF License Agreement section of CPython's LICENSE.txt, as '#' comment lines."""
-    text = (stdlib / "LICENSE.txt").read_text(encoding="utf-8")
-    start = text.index("PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2")
-    end = text.index("BEOPEN.COM LICENSE AGREEMENT", start)
-    lines = text[start:end].strip().splitlines()
-    return "".join(f"# {line}".rstrip() + "\n" for line in lines)
-
-
-def make_corpus(stdlib_dir: Path | None = None, max_chars: int = 1_200_000) -> str:
-    """Re-create the text of ``corpus.txt`` from the interpreter's standard library."""
-    stdlib = stdlib_dir or Path(sysconfig.get_paths()["stdlib"])
-    header = CORPUS_HEADER + _psf_license(stdlib)
-    topics_ns: dict[str, Any] = {}
-    exec((stdlib / "pydoc_data" / "topics.py").read_text(encoding="utf-8"), topics_ns)
-    sources = [topics_ns["topics"][key] for key in sorted(topics_ns["topics"])]
-    for path in _stdlib_files(stdlib):
-        sources.extend(_docstrings(path.read_text(encoding="utf-8", errors="replace")))
-    seen: set[str] = set()
-    kept: list[str] = []
-    total = 0
-    for text in sources:
-        for para in _paragraphs(text):
-            if para in seen:
-                continue
-            seen.add(para)
-            kept.append(para)
-            total += len(para) + 2
-            if total >= max_chars:
-                return header + "\n" + "\n\n".join(kept) + "\n"
-    return header + "\n" + "\n\n".join(kept) + "\n"
-
-
-def load_corpus(path: Path = CORPUS_PATH) -> list[str]:
-    """The corpus paragraphs (header comment lines dropped)."""
-    text = path.read_text(encoding="utf-8")
-    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
-    return [p.strip() for p in body.split("\n\n") if p.strip()]
-
 
 # --------------------------------------------------------------------------------------
 # Tokenizer
@@ -438,139 +264,6 @@ def init_model(config: dict[str, Any], seed: int) -> llama.Model:
 def save_weights(model: nn.Module, out: Path) -> None:
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-
-
-# --------------------------------------------------------------------------------------
-# Training data and loop (demo shape)
-
-
-def _sentences(paragraph: str) -> list[str]:
-    return [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z])", paragraph) if s]
-
-
-def _answer(paragraph: str, rng: random.Random) -> str:
-    sents = _sentences(paragraph)
-    start = rng.randrange(len(sents))
-    answer = sents[start]
-    for sent in sents[start + 1 : start + rng.randint(1, 3)]:
-        if len(answer) + len(sent) > 320:
-            break
-        answer += " " + sent
-    return answer
-
-
-def chat_examples(paragraphs: Sequence[str], seed: int, repeats: int = 2) -> list[str]:
-    """Corpus sentences wrapped as ChatML conversations (rendered with CHAT_TEMPLATE)."""
-    rng = random.Random(seed)
-    examples = []
-    for _ in range(repeats):
-        for para in paragraphs:
-            answer = _answer(para, rng)
-            words = re.findall(r"[a-z]{5,}", answer)
-            if words and rng.random() < 0.7:
-                user = rng.choice(USER_PROMPTS).format(w=rng.choice(words))
-            else:
-                user = rng.choice(GENERIC_PROMPTS)
-            text = ""
-            if rng.random() < 0.25:
-                text += f"{IM_START}system\n{rng.choice(SYSTEM_PROMPTS)}{IM_END}\n"
-            text += f"{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n{answer}{IM_END}\n"
-            examples.append(text)
-    rng.shuffle(examples)
-    return examples
-
-
-def token_stream(tok: Tokenizer, examples: Sequence[str]) -> mx.array:
-    ids: list[int] = []
-    for enc in tok.encode_batch(list(examples), add_special_tokens=False):
-        ids.extend(enc.ids)
-    return mx.array(ids, dtype=mx.int32)
-
-
-def _batches(tokens: mx.array, steps: int, seed: int) -> Iterator[mx.array]:
-    rng = random.Random(seed)
-    hi = tokens.shape[0] - SEQ_LEN - 1
-    offsets = mx.arange(SEQ_LEN + 1)
-    for _ in range(steps):
-        starts = mx.array([rng.randrange(hi) for _ in range(BATCH_SIZE)])
-        yield tokens[starts[:, None] + offsets[None, :]]
-
-
-def _loss(model: nn.Module, batch: mx.array) -> mx.array:
-    logits = model(batch[:, :-1])
-    return nn.losses.cross_entropy(logits, batch[:, 1:], reduction="mean")
-
-
-def _schedule(steps: int) -> Callable[[mx.array], mx.array]:
-    warmup = min(WARMUP_STEPS, max(1, steps // 10))
-    return optim.join_schedules(
-        [
-            optim.linear_schedule(LEARNING_RATE / 100, LEARNING_RATE, warmup),
-            optim.cosine_decay(LEARNING_RATE, max(1, steps - warmup), LEARNING_RATE / 10),
-        ],
-        [warmup],
-    )
-
-
-def _masked_loss(model: nn.Module, batch: mx.array, mask: mx.array) -> mx.array:
-    logits = model(batch[:, :-1])
-    losses = nn.losses.cross_entropy(logits, batch[:, 1:], reduction="none")
-    weights = mask[:, 1:]
-    return (losses * weights).sum() / mx.maximum(weights.sum(), 1.0)
-
-
-def train(model: nn.Module, tokens: mx.array, steps: int, seed: int,
-          tok: Tokenizer | None = None, plan: HouseholdPlan | None = None,
-          words: Sequence[str] = (),
-          progress: Callable[[int, nn.Module], None] | None = None) -> float:
-    """Next-token training with AdamW; returns the mean loss of the last 50 corpus steps.
-    With ``plan`` (and the tokenizer), household steps follow the corpus steps, naming
-    devices by ``words`` too. ``progress(step, model)`` runs every 100 steps (for
-    experiments; it must not change the model)."""
-    mx.random.seed(seed)
-    house_steps = plan.steps if plan is not None and tok is not None else 0
-    opt = optim.AdamW(learning_rate=_schedule(steps + house_steps), weight_decay=WEIGHT_DECAY)
-    loss_and_grad = nn.value_and_grad(model, _loss)
-    masked_and_grad = nn.value_and_grad(model, _masked_loss)
-    state = [model.state, opt.state]
-
-    def step_fn(batch: mx.array) -> mx.array:
-        loss, grads = loss_and_grad(model, batch)
-        opt.update(model, grads)
-        return loss
-
-    def house_fn(batch: mx.array, mask: mx.array) -> mx.array:
-        loss, grads = masked_and_grad(model, batch, mask)
-        opt.update(model, grads)
-        return loss
-
-    step = mx.compile(step_fn, inputs=state, outputs=state)
-    house_step = mx.compile(house_fn, inputs=state, outputs=state)
-    corpus = _batches(tokens, steps + house_steps, seed)
-    rng = random.Random(seed)
-    recent: list[float] = []
-    recent_house: list[float] = []
-    t0 = time.perf_counter()
-    for i in range(1, steps + house_steps + 1):
-        k = i - steps  # household step number (from 1)
-        if plan is not None and tok is not None and k > 0 and k % plan.corpus_every:
-            n, length, head = plan.rows(k)
-            rows, masks = household.training_rows(
-                tok, rng, n, length, plan.full_share, words, head)
-            loss = house_step(rows, masks)
-            mx.eval(state, loss)
-            recent_house = (recent_house + [float(loss)])[-20:]
-        else:
-            loss = step(next(corpus))
-            mx.eval(state, loss)
-            recent = (recent + [float(loss)])[-50:]
-        if i % 20 == 0 or i == steps + house_steps:
-            log.info("step %d/%d corpus loss %.3f household loss %.3f (%.0f s)", i,
-                     steps + house_steps, sum(recent) / max(1, len(recent)),
-                     sum(recent_house) / max(1, len(recent_house)), time.perf_counter() - t0)
-        if progress is not None and i % 100 == 0:
-            progress(i, model)
-    return sum(recent) / max(1, len(recent))
 
 
 # --------------------------------------------------------------------------------------

@@ -12,16 +12,9 @@ import pytest
 from mlx_lm import generate, load
 
 from appliance.demo import build as demo_model
-from appliance.demo.build import (
-    CHAT_TEMPLATE,
-    CORPUS_PATH,
-    DEMO_MODEL_DIR,
-    build_model,
-    load_corpus,
-    make_corpus,
-    model_config,
-    train_tokenizer,
-)
+from appliance.demo.build import DEMO_MODEL_DIR, build_model, model_config, train_tokenizer
+from appliance.demo.corpus import CORPUS_PATH, load_corpus, make_corpus
+from appliance.demo.template import CHAT_TEMPLATE
 
 EXPECTED_FILES = {
     "config.json",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 OPENBLAS_CANDIDATES = (
@@ -49,6 +50,23 @@ def wanted_preload(blas: str, skinny_matmul: bool) -> list[str]:
         return []
     kernel = skinny_matmul_lib() if skinny_matmul else None
     return [kernel, lib] if kernel else [lib]
+
+
+def preload_env(blas: str, skinny_matmul: bool) -> dict[str, str] | None:
+    """This process's environment with the wanted libraries at the front of ``LD_PRELOAD``
+    (other entries kept after them), or None when it has them already and nothing to
+    restart for (not Linux, or ``LD_PRELOAD`` already as wanted)."""
+    if sys.platform != "linux":
+        return None
+    ours = {p for p in (openblas_lib(), skinny_matmul_lib()) if p}
+    have = preloaded()
+    want = [*wanted_preload(blas, skinny_matmul), *(p for p in have if p not in ours)]
+    if want == have:
+        return None
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    if want:
+        env["LD_PRELOAD"] = ":".join(want)
+    return env
 
 
 def preloaded() -> list[str]:

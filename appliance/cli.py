@@ -13,10 +13,8 @@ from typing import NoReturn
 from appliance import settings as settings_mod
 from appliance.blas import (
     loaded_libraries,
-    openblas_lib,
-    preloaded,
+    preload_env,
     skinny_matmul_lib,
-    wanted_preload,
 )
 from appliance.settings import Settings
 from appliance.vocab import FinishReason
@@ -37,17 +35,10 @@ def setup_logging(level: str) -> None:
 
 def use_openblas(blas: str, skinny_matmul: bool, argv: list[str]) -> None:
     """On Linux, restart once with Debian's OpenBLAS (and before it our skinny_matmul
-    library) preloaded, before MLX is imported; :mod:`appliance.blas` says why. Other
-    entries of ``LD_PRELOAD`` are kept after ours."""
-    if sys.platform != "linux" or os.environ.get(REEXEC_MARK):
+    library) preloaded, before MLX is imported; :mod:`appliance.blas` says why."""
+    env = None if os.environ.get(REEXEC_MARK) else preload_env(blas, skinny_matmul)
+    if env is None:
         return
-    ours = {p for p in (openblas_lib(), skinny_matmul_lib()) if p}
-    want = [*wanted_preload(blas, skinny_matmul), *(p for p in preloaded() if p not in ours)]
-    if want == preloaded():
-        return
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    if want:
-        env["LD_PRELOAD"] = ":".join(want)
     env[REEXEC_MARK] = "1"
     os.execve(sys.executable, [sys.executable, "-m", "appliance", *argv], env)
 

@@ -234,14 +234,13 @@ def _model(choice: str) -> Path:
 
 
 def _openblas(argv: list[str]) -> None:
-    """Run with Debian's OpenBLAS preloaded, as ``appliance serve`` does (Linux)."""
-    from appliance.blas import openblas_lib
-    lib = openblas_lib()
-    if sys.platform != "linux" or lib is None or lib in os.environ.get("LD_PRELOAD", ""):
-        return
-    env = {**os.environ, "LD_PRELOAD": ":".join(p for p in (lib, os.environ.get("LD_PRELOAD"))
-                                                 if p)}
-    os.execve(sys.executable, [sys.executable, "-m", "appliance.bench.dashboards", *argv], env)
+    """Run with the BLAS libraries ``appliance serve`` preloads (Linux: skinny_matmul and
+    Debian's OpenBLAS; appliance.blas)."""
+    from appliance.blas import preload_env
+    env = preload_env("auto", True)
+    if env is not None:
+        os.execve(sys.executable, [sys.executable, "-m", "appliance.bench.dashboards", *argv],
+                  env)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,7 +41,7 @@ from appliance.bench.goodput_stats import (
     schedule,
     summarize_rate,
 )
-from appliance.bench.process import default_blas, free_port, run_guarded, wait_ready
+from appliance.bench.process import blas_facts, default_blas, free_port, run_guarded, wait_ready
 from appliance.bench.report import (
     describe_model,
     display_command,
@@ -123,7 +123,7 @@ async def with_servers(cfg: argparse.Namespace, scfg: serve.Config) -> dict[str,
             targets[name] = serve.Target(name, base, headers, model)
             info[name] = {"command": display_command(server.argv),
                           "log": relative(server.log_path),
-                          **serve.blas_facts(server)}
+                          **blas_facts(server)}
             await serve.warm_up(targets[name], scfg.workload)
         for name, url in cfg.url:
             targets[name] = serve.Target(name, url.rstrip("/"), headers, None)

@@ -40,6 +40,7 @@ from appliance.bench.client import RequestTiming, stream_chat
 from appliance.bench.fairness import PromptMaker, eos_token_ids, token_counter
 from appliance.bench.process import (
     ServerStartError,
+    blas_facts,
     default_blas,
     free_port,
     run_guarded,
@@ -300,7 +301,7 @@ async def bench_server(name: str, scfg: serve.Config, args: argparse.Namespace,
         with serve.running(server):
             base = f"http://{serve.HOST}:{port}"
             await wait_ready(server, base, headers, scfg.ready_timeout_s)
-            info.update(serve.blas_facts(server))
+            info.update(blas_facts(server))
             model = ("default_model" if name == serve.MLX_LM else
                      await serve.discover_model(serve.Target(name, base, headers, None)))
             target = serve.Target(name, base, headers, model)

@@ -1,6 +1,7 @@
 """Process control for the benchmarks: servers under test as child processes (started,
-polled until ready, always stopped by their own PID), their environment (which BLAS), and
-a SIGTERM that unwinds through the ``finally`` blocks that stop them.
+polled until ready, always stopped by their own PID), their environment (which BLAS) and
+what each really mapped (OpenBLAS, skinny_matmul), and a SIGTERM that unwinds through the
+``finally`` blocks that stop them.
 """
 
 from __future__ import annotations
@@ -177,3 +178,29 @@ def run_guarded(coro: Coroutine[Any, Any, T], output_dir: Path) -> T | None:
         return None
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def blas_facts(server: ServerProcess) -> dict[str, bool | None]:
+    """What the server process really mapped: OpenBLAS (not numpy's libscipy_openblas) and
+    our skinny_matmul (:mod:`appliance.blas`); None where /proc is unavailable."""
+    maps = server.mapped_libraries()
+    return {"openblas_loaded": "/libopenblas" in maps if maps else None,
+            "skinny_matmul_loaded": "/_skinny_matmul" in maps if maps else None}
+
+
+def blas_report(blas: str, servers: Mapping[str, Mapping[str, Any]]) -> str:
+    """Which BLAS was asked for, and whether each server process really mapped OpenBLAS."""
+    seen = ", ".join(
+        f"{name}: {_openblas_state(s.get('openblas_loaded'))}"
+        f"{', skinny_matmul mapped' if s.get('skinny_matmul_loaded') else ''}"
+        for name, s in servers.items()
+    )
+    if blas == "openblas":
+        return f"OpenBLAS via LD_PRELOAD={OPENBLAS_PATH} ({seen})"
+    return f"the BLAS bundled with the mlx wheel, no LD_PRELOAD ({seen})"
+
+
+def _openblas_state(loaded: bool | None) -> str:
+    if loaded is None:
+        return "unchecked"
+    return "libopenblas mapped" if loaded else "no libopenblas mapped"

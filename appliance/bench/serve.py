@@ -23,7 +23,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,8 @@ from appliance.bench.process import (
     OPENBLAS_PATH,
     ServerProcess,
     ServerStartError,
+    blas_facts,
+    blas_report,
     default_blas,
     free_port,
     run_guarded,
@@ -329,14 +331,6 @@ def apply_provisioning(cfg: Config, max_class: Klass = Klass.INTERACTIVE) -> Non
     print(f"[bench] ours: bench user and API key in {data_dir}", file=sys.stderr, flush=True)
 
 
-def blas_facts(server: ServerProcess) -> dict[str, bool | None]:
-    """What the server process really mapped: OpenBLAS (not numpy's libscipy_openblas) and
-    our skinny_matmul (:mod:`appliance.blas`); None where /proc is unavailable."""
-    maps = server.mapped_libraries()
-    return {"openblas_loaded": "/libopenblas" in maps if maps else None,
-            "skinny_matmul_loaded": "/_skinny_matmul" in maps if maps else None}
-
-
 @dataclass
 class LevelRun:
     """Raw outcome of one concurrency level on one server start."""
@@ -508,24 +502,6 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return versions
-
-
-def blas_report(blas: str, servers: Mapping[str, Mapping[str, Any]]) -> str:
-    """Which BLAS was asked for, and whether each server process really mapped OpenBLAS."""
-    seen = ", ".join(
-        f"{name}: {_openblas_state(s.get('openblas_loaded'))}"
-        f"{', skinny_matmul mapped' if s.get('skinny_matmul_loaded') else ''}"
-        for name, s in servers.items()
-    )
-    if blas == "openblas":
-        return f"OpenBLAS via LD_PRELOAD={OPENBLAS_PATH} ({seen})"
-    return f"the BLAS bundled with the mlx wheel, no LD_PRELOAD ({seen})"
-
-
-def _openblas_state(loaded: bool | None) -> str:
-    if loaded is None:
-        return "unchecked"
-    return "libopenblas mapped" if loaded else "no libopenblas mapped"
 
 
 def build_report(

@@ -111,3 +111,19 @@ def test_appliance_run_preloads_skinny_matmul_before_openblas(preload: list[str]
     assert off.returncode == 0, off.stderr
     assert "BLAS: Debian's OpenBLAS\n" in off.stderr, off.stderr
     assert on.stdout.strip() and off.stdout.strip()
+
+
+def test_the_preload_puts_ours_first_and_keeps_the_rest(preload: list[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `appliance serve` and the dashboards benchmark restart with (appliance.blas)."""
+    from appliance.blas import preload_env
+
+    monkeypatch.setenv("LD_PRELOAD", f"/opt/other.so:{preload[1]}")
+    env = preload_env("auto", True)
+    assert env is not None and env["LD_PRELOAD"] == ":".join([*preload, "/opt/other.so"])
+    monkeypatch.setenv("LD_PRELOAD", env["LD_PRELOAD"])
+    assert preload_env("auto", True) is None  # already as wanted: no restart
+    off = preload_env("auto", False)
+    assert off is not None and off["LD_PRELOAD"] == f"{preload[1]}:/opt/other.so"
+    bundled = preload_env("bundled", True)
+    assert bundled is not None and bundled["LD_PRELOAD"] == "/opt/other.so"

@@ -43,15 +43,20 @@ def use_openblas(blas: str, skinny_matmul: bool, argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "appliance", *argv], env)
 
 
-def log_blas() -> None:
-    """Say which BLAS libraries this process really mapped (Linux)."""
+def log_blas(skinny_matmul: bool) -> None:
+    """Say which BLAS libraries this process really mapped (Linux), and warn when the
+    skinny_matmul kernel was asked for but never built."""
     maps = loaded_libraries()
     if not maps:
         return
     kernel = skinny_matmul_lib()
-    log.info("BLAS: %s%s", "Debian's OpenBLAS" if "/libopenblas" in maps else
-             "the BLAS bundled with mlx",
+    openblas = "/libopenblas" in maps
+    log.info("BLAS: %s%s", "Debian's OpenBLAS" if openblas else "the BLAS bundled with mlx",
              ", with skinny_matmul" if kernel and kernel in maps else "")
+    if skinny_matmul and openblas and kernel is None:
+        log.warning("skinny_matmul is on but was not built (no C compiler when the package "
+                    "was installed?): decode steps run on OpenBLAS's gemm, about 1.2-1.7x "
+                    "slower; install gcc and reinstall, or set --no-skinny-matmul")
 
 
 def exit_now(rc: int) -> NoReturn:
@@ -231,12 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(settings.server.log_level)
     if args.cmd in ("serve", "run"):
         use_openblas(settings.engine.blas, settings.engine.skinny_matmul, argv)
-        log_blas()
+        log_blas(settings.engine.skinny_matmul)
     elif args.cmd == "model" and args.model_cmd == "demo":
         # The shipped weights were trained on Debian's OpenBLAS, which rounds differently
         # from the wheel's BLAS: the same BLAS (and no skinny_matmul) rebuilds them exactly.
         use_openblas(settings.engine.blas, False, argv)
-        log_blas()
+        log_blas(False)
     if args.cmd in ("serve", "run"):
         rc = cmd_serve(settings, args) if args.cmd == "serve" else cmd_run(settings, args)
         exit_now(rc)

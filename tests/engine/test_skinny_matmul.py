@@ -127,3 +127,17 @@ def test_the_preload_puts_ours_first_and_keeps_the_rest(preload: list[str],
     assert off is not None and off["LD_PRELOAD"] == f"{preload[1]}:/opt/other.so"
     bundled = preload_env("bundled", True)
     assert bundled is not None and bundled["LD_PRELOAD"] == "/opt/other.so"
+
+
+def test_a_kernel_asked_for_but_never_built_is_a_warning(
+        preload: list[str], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from appliance import cli
+
+    monkeypatch.setattr(cli, "loaded_libraries", lambda: f"7f00 r-xp {preload[1]}\n")
+    monkeypatch.setattr(cli, "skinny_matmul_lib", lambda: None)
+    with caplog.at_level("INFO", logger="appliance"):
+        cli.log_blas(True)
+        cli.log_blas(False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "skinny_matmul is on but was not built" in warnings[0]

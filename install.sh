@@ -26,11 +26,12 @@ URL="http://${APPLIANCE_HOST:-127.0.0.1}:${APPLIANCE_PORT:-8080}/"
 step() { printf '==> %s\n' "$*"; }
 
 # 1. Debian's OpenBLAS: MLX's CPU wheel bundles a reference BLAS that is ~50x slower; and a C
-#    compiler for appliance/native/skinny_matmul.c (faster decode steps of small batches).
+#    C and C++ compiler for appliance/native/ (faster decode steps, prefill and attention).
 if [ "$(uname)" = Linux ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   missing=()
   dpkg -s libopenblas0-pthread >/dev/null 2>&1 || missing+=(libopenblas0-pthread)
   command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+  command -v g++ >/dev/null 2>&1 || missing+=(g++)
   if [ ${#missing[@]} -gt 0 ]; then
     step "installing ${missing[*]}"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") \
@@ -44,11 +45,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 STAMP="$VENV/.appliance-install-stamp"
-WANT=$(cat pyproject.toml setup.py appliance/native/skinny_matmul.c | sha256sum | cut -c1-16)
+WANT=$(cat pyproject.toml setup.py appliance/native/* | sha256sum | cut -c1-16)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$VENV/bin/python" -c "import appliance" 2>/dev/null; then
   step "installing the appliance into $VENV"
   # shellcheck disable=SC2086
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check ${APPLIANCE_PIP_ARGS:-} -e "$ROOT"
+  # shellcheck disable=SC2086
+  "$ROOT/scripts/build-native.sh" "$VENV" ${APPLIANCE_PIP_ARGS:-}
   echo "$WANT" > "$STAMP"
 else
   step "package already installed"

@@ -13,6 +13,7 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   dpkg -s chromium >/dev/null 2>&1 || missing+=(chromium)
   dpkg -s systemd >/dev/null 2>&1 || missing+=(systemd)
   command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)  # appliance/native/skinny_matmul.c
+  command -v g++ >/dev/null 2>&1 || missing+=(g++)              # appliance/native/mlx_fast.cpp
   if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
   fi
@@ -21,6 +22,7 @@ fi
 VENV=${APPLIANCE_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+./scripts/build-native.sh "$VENV"
 
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 # The same BLAS libraries the daemon preloads (appliance.cli.use_openblas: skinny_matmul, then

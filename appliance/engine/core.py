@@ -64,6 +64,8 @@ AUTO_MIN = 64 << 20
 class EngineConfig:
     model_path: Path
     ctx_size: int = 0
+    fast_cpu_ops: bool = True
+    """Attention and SwiGLU from appliance/native/mlx_fast.cpp when MLX runs on the CPU."""
     max_queue_depth: int = 32
     scheduler: SchedulerConfig = SchedulerConfig()
     kv_cache_budget: int | str | None = None
@@ -258,7 +260,8 @@ class Engine:
         try:
             import psutil
 
-            self.loaded = load_model(self.config.model_path, self.config.ctx_size)
+            self.loaded = load_model(self.config.model_path, self.config.ctx_size,
+                                     fast_cpu_ops=self.config.fast_cpu_ops)
             self.kv_budget_bytes = budget_bytes(self.config.kv_cache_budget,
                                                 psutil.virtual_memory().available)
             sched = self.config.scheduler

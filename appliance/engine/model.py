@@ -56,11 +56,23 @@ def kv_bytes_per_token(config: dict[str, Any], dtype_size: int) -> int:
     return layers * kv_heads * head_dim * 2 * dtype_size
 
 
-def load_model(path: Path, ctx_size: int = 0) -> LoadedModel:
+def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False) -> LoadedModel:
+    """``fast_cpu_ops``: use appliance/engine/fast_ops.py's attention and SwiGLU (MLX on the
+    CPU; a process-wide switch, logged)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm import load
 
+    from appliance.engine import fast_ops
+
+    if not fast_cpu_ops:
+        fast_ops.uninstall()
+    elif (why := fast_ops.install()) is None:
+        log.info("fast CPU ops: attention softmax and SwiGLU from appliance._mlx_fast")
+    elif fast_ops.on_cpu():
+        log.warning("fast CPU ops are on but cannot be used: %s; prefill runs 1.7-2.3x "
+                    "slower (install a C++ compiler and reinstall, or set --no-fast-cpu-ops)",
+                    why)
     loaded: Any = load(str(path))
     model, tokenizer = loaded[0], loaded[1]
     config = json.loads((path / "config.json").read_text())

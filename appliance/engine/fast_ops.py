@@ -1,0 +1,155 @@
+"""Attention and SwiGLU for MLX on the CPU, from the two vectorised operations of
+appliance/native/mlx_fast.cpp (see its header for why: MLX computes exp and sigmoid one
+element at a time there, and they were three quarters of a 512-token prefill).
+
+:func:`install` puts :func:`attention` and :func:`swiglu` in place of mlx-lm's
+``scaled_dot_product_attention`` and ``swiglu`` in the model modules that use them
+(:data:`MODULES`) when MLX's default device is the CPU: a switch for the whole process,
+which :func:`uninstall` turns back. Anything they do
+not handle (another dtype, quantized KV caches, attention sinks, the GPU) goes to mlx-lm's
+own functions unchanged.
+
+Attention is computed as MLX's own CPU fallback computes it (scores by a matrix product,
+mask, softmax, a second product), with two differences: the query heads that share a KV head
+are stacked as rows of one product instead of broadcasting the keys, and the softmax is the
+vectorised one. A query row with nothing to attend to (left padding) gets zeros instead of
+NaN.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import mlx.core as mx
+
+MODULES = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma", "gemma3_text", "olmo2",
+           "granite")
+"""mlx-lm model modules whose attention (and, but for the Gemmas, MLP) call
+``scaled_dot_product_attention`` and ``swiglu`` by those names; models built on them
+(SmolLM 2 and 3, Mistral) follow."""
+
+REPLACED = {"scaled_dot_product_attention": lambda f: _attention_with(f),
+            "swiglu": lambda f: _swiglu_with(f)}
+
+try:
+    from appliance import _mlx_fast  # type: ignore[attr-defined]
+except ImportError:  # not built (no C++ compiler, or another platform)
+    _mlx_fast = None
+
+_installed: dict[str, dict[str, Any]] = {}
+MLX_VERSION: str = getattr(mx, "__version__", "")
+
+
+def on_cpu() -> bool:
+    return bool(mx.default_device() == mx.cpu)
+
+
+def available() -> str | None:
+    """None when the operations can be used here, else why not."""
+    if _mlx_fast is None:
+        return "appliance._mlx_fast was not built"
+    if _mlx_fast.mlx_version != MLX_VERSION:
+        return (f"appliance._mlx_fast was built for MLX {_mlx_fast.mlx_version}, "
+                f"this is MLX {MLX_VERSION} (reinstall the appliance)")
+    if not on_cpu():
+        return "MLX runs on the GPU here"
+    return None
+
+
+def installed() -> bool:
+    return bool(_installed)
+
+
+def install() -> str | None:
+    """Use the fast attention and SwiGLU in every model module of :data:`MODULES`; None when
+    done, else why they cannot be used here."""
+    if _installed:
+        return None
+    why = available()
+    if why is not None:
+        return why
+    for name in MODULES:
+        try:
+            module = importlib.import_module(f"mlx_lm.models.{name}")
+        except ImportError:
+            continue
+        originals = {attr: getattr(module, attr) for attr in REPLACED if hasattr(module, attr)}
+        if originals:
+            _installed[name] = originals
+            for attr, original in originals.items():
+                setattr(module, attr, REPLACED[attr](original))
+    return None if _installed else "no mlx-lm model module to install them in"
+
+
+def uninstall() -> None:
+    """Put mlx-lm's own functions back."""
+    for name, originals in _installed.items():
+        module = importlib.import_module(f"mlx_lm.models.{name}")
+        for attr, original in originals.items():
+            setattr(module, attr, original)
+    _installed.clear()
+
+
+def softmax(x: mx.array) -> mx.array:
+    """Softmax over the last axis of a float32 array."""
+    assert _mlx_fast is not None
+    return _mlx_fast.softmax(x)
+
+
+def swiglu(gate: mx.array, x: mx.array) -> mx.array:
+    assert _mlx_fast is not None
+    return _mlx_fast.silu_mul(gate, x)
+
+
+def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
+              mask: mx.array | str | None) -> mx.array:
+    """softmax(q k^T * scale + mask) v for q [B, H, Lq, D], k and v [B, KV, L, D] (H a
+    multiple of KV); ``mask`` None, "causal", or boolean or additive, broadcastable to
+    [B, H, Lq, L]."""
+    b, h, lq, d = q.shape
+    kv, length = k.shape[1], k.shape[2]
+    rep = h // kv
+    scores = (q * scale).reshape(b, kv, rep * lq, d) @ k.swapaxes(-1, -2)
+    if mask is not None:
+        scores = scores.reshape(b, kv, rep, lq, length)
+        if isinstance(mask, str):
+            rows = mx.arange(length - lq, length)[:, None]
+            mask = rows >= mx.arange(length)[None]
+        else:
+            mask = _per_group(mask, kv, rep)
+        if mask.dtype == mx.bool_:
+            scores = mx.where(mask, scores, mx.array(-mx.inf, scores.dtype))
+        else:
+            scores = scores + mask.astype(scores.dtype)
+        scores = scores.reshape(b, kv, rep * lq, length)
+    out = softmax(scores) @ v
+    return out.reshape(b, h, lq, d)
+
+
+def _per_group(mask: mx.array, kv: int, rep: int) -> mx.array:
+    """A mask shaped for [B, H, Lq, L] scores reshaped for [B, KV, rep, Lq, L] ones."""
+    while mask.ndim < 4:
+        mask = mask[None]
+    if mask.shape[1] == 1:
+        return mask[:, :, None]
+    return mask.reshape(mask.shape[0], kv, rep, *mask.shape[2:])
+
+
+def _attention_with(fallback: Any) -> Any:
+    def scaled_dot_product_attention(queries: mx.array, keys: mx.array, values: mx.array,
+                                     cache: Any, scale: float, mask: Any,
+                                     sinks: Any = None) -> mx.array:
+        if (sinks is not None or hasattr(cache, "bits") or queries.dtype != mx.float32
+                or keys.dtype != mx.float32 or queries.shape[1] % keys.shape[1]):
+            return fallback(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+        return attention(queries, keys, values, scale, mask)
+    return scaled_dot_product_attention
+
+
+def _swiglu_with(fallback: Any) -> Any:
+    def fast_swiglu(gate: mx.array, x: mx.array) -> mx.array:
+        if gate.dtype != mx.float32 or x.dtype != mx.float32 or gate.shape != x.shape:
+            return fallback(gate, x)
+        return swiglu(gate, x)
+    return fast_swiglu

@@ -1,0 +1,169 @@
+"""The fast CPU ops (appliance/native/mlx_fast.cpp, appliance/engine/fast_ops.py): softmax,
+SwiGLU's gate and attention agree with MLX's own to float32 rounding in every shape and mask
+mlx-lm hands them; a row with nothing to attend to gives zeros, not NaN; the real model's
+logits and greedy tokens do not change; `appliance run` installs them and
+`--no-fast-cpu-ops` does not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from appliance.engine import fast_ops
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    why = fast_ops.available()
+    if why is not None:
+        pytest.fail(f"fast CPU ops unavailable: {why} (scripts/test.sh builds them with g++)")
+
+
+@pytest.fixture
+def without_fast_ops() -> Iterator[None]:
+    """mlx-lm's own functions for the test, and the switch restored after it."""
+    was = fast_ops.installed()
+    fast_ops.uninstall()
+    yield
+    fast_ops.uninstall()
+    if was:
+        assert fast_ops.install() is None
+
+
+def close(a: mx.array, b: mx.array, tol: float = 2e-6) -> bool:
+    return bool(mx.allclose(a, b, rtol=tol, atol=tol).item())
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 1), (2, 33), (4, 3, 5, 100), (1, 9, 1, 1500)])
+def test_softmax_matches_mlx(shape: tuple[int, ...]) -> None:
+    x = mx.random.normal(shape, key=mx.random.key(1)) * 6
+    assert close(fast_ops.softmax(x), mx.softmax(x, axis=-1, precise=True))
+    assert close(fast_ops.softmax(x.T.T), mx.softmax(x, axis=-1))  # views are copied first
+    if len(shape) > 1:
+        xt = x.swapaxes(0, -1)  # not contiguous
+        assert close(fast_ops.softmax(xt), mx.softmax(xt, axis=-1))
+
+
+def test_masked_scores_give_exact_zeros_and_an_empty_row_zeros() -> None:
+    x = mx.random.normal((3, 40), key=mx.random.key(2))
+    keep = mx.arange(40)[None] < mx.array([[40], [17], [0]])
+    got = fast_ops.softmax(mx.where(keep, x, mx.array(-mx.inf)))
+    want = mx.softmax(mx.where(keep[:2], x[:2], mx.array(-mx.inf)), axis=-1)
+    assert close(got[:2], want)
+    assert mx.all(got[1, 17:] == 0).item()  # exactly 0: a padded position adds nothing
+    assert mx.all(got[2] == 0).item()  # MLX gives NaN here
+    assert mx.all(mx.abs(got[:2].sum(-1) - 1) < 1e-6).item()
+
+
+def test_silu_mul_matches_mlx_and_refuses_what_it_cannot_do() -> None:
+    g = mx.random.normal((5, 1537), key=mx.random.key(3)) * 8
+    u = mx.random.normal((5, 1537), key=mx.random.key(4))
+    assert close(fast_ops.swiglu(g, u), nn.silu(g) * u, 1e-5)
+    assert close(fast_ops.swiglu(mx.array([-200.0, 0.0, 200.0]), mx.ones(3)),
+                 mx.array([0.0, 0.0, 200.0]))
+    with pytest.raises(ValueError, match="float32"):
+        fast_ops.swiglu(g.astype(mx.float16), u.astype(mx.float16))
+    with pytest.raises(ValueError, match="shapes"):
+        fast_ops.swiglu(g, u[:, :7])
+
+
+ATTENTION_CASES = {
+    # name: (B, H, KV, Lq, L, mask)
+    "decode, batched, left padding": (4, 9, 3, 1, 300, "padding"),
+    "decode, alone, no mask": (1, 9, 3, 1, 300, None),
+    "prefill from empty, causal": (1, 9, 3, 70, 70, "causal"),
+    "prefill chunk after a cache, causal": (1, 9, 3, 33, 120, "causal"),
+    "batched prefill, causal and left padding": (3, 4, 4, 20, 20, "causal+padding"),
+    "additive mask, per head": (2, 6, 2, 5, 40, "additive"),
+}
+
+
+def _mask(kind: str | None, b: int, h: int, lq: int, length: int) -> mx.array | str | None:
+    if kind in (None, "causal"):
+        return kind
+    pads = mx.array([i * 3 for i in range(b)])
+    cols = mx.arange(length)
+    padding = (pads[:, None, None, None] <= cols)  # [B, 1, 1, L]
+    if kind == "padding":
+        return padding
+    causal = mx.arange(length - lq, length)[:, None] >= cols[None]
+    if kind == "causal+padding":
+        return padding & causal
+    return mx.random.normal((b, h, lq, length), key=mx.random.key(5))
+
+
+@pytest.mark.parametrize("name", list(ATTENTION_CASES))
+def test_attention_matches_mlx_sdpa(name: str) -> None:
+    b, h, kv, lq, length, kind = ATTENTION_CASES[name]
+    keys = mx.random.split(mx.random.key(6), 3)
+    q = mx.random.normal((b, h, lq, 64), key=keys[0])
+    k = mx.random.normal((b, kv, length, 64), key=keys[1])
+    v = mx.random.normal((b, kv, length, 64), key=keys[2])
+    mask = _mask(kind, b, h, lq, length)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
+    got = fast_ops.attention(q, k, v, 0.125, mask)
+    # A query row of left padding attends to nothing: ours gives zeros, MLX something else
+    # (neither is ever read: the padded positions are masked for every real row).
+    real = mx.ones((b, 1, lq, 1), dtype=mx.bool_)
+    if isinstance(mask, mx.array) and mask.dtype == mx.bool_:
+        real = mx.any(mask, axis=-1, keepdims=True)
+        assert mx.all(mx.where(real, 0, got) == 0).item()
+    assert close(mx.where(real, got, 0), mx.where(real, want, 0), 1e-5), name
+
+
+def test_the_model_gives_the_same_logits_and_tokens(demo_model: Path,
+                                                    without_fast_ops: None) -> None:
+    """A prompt read whole, in chunks, and batched with a shorter one (left padding), then
+    greedy decoding: MLX's ops and ours agree to float32 rounding and pick the same tokens."""
+    from mlx_lm import load
+
+    from appliance.engine.batch import DecodeBatch, prefill, prefill_batch
+
+    model, _ = load(str(demo_model))
+    prompt = list(range(40, 140))
+    short = list(range(300, 320))
+
+    def run() -> tuple[mx.array, mx.array, list[int]]:
+        from appliance.engine.batch import new_sequence_cache
+
+        cache = new_sequence_cache(model)
+        assert prefill(model, cache, prompt[:60], False) is None
+        chunked = prefill(model, cache, prompt[60:], True)
+        assert chunked is not None
+        batched_cache, batched = prefill_batch(model, [short, prompt])
+        batch = DecodeBatch(model)
+        batch.add_rows([1, 2], batched_cache, [0, 1])
+        tokens = mx.argmax(batched, axis=-1).tolist()
+        out = []
+        for _ in range(6):
+            logits = batch.step(tokens)
+            tokens = mx.argmax(logits, axis=-1).tolist()
+            out.extend(tokens)
+        return chunked, batched, out
+
+    theirs = run()
+    assert fast_ops.install() is None
+    ours = run()
+    assert close(ours[0], theirs[0], 1e-4) and close(ours[1], theirs[1], 1e-4)
+    assert ours[2] == theirs[2]
+
+
+def test_appliance_run_installs_them_unless_told_not_to(demo_model: Path) -> None:
+    args = [sys.executable, "-m", "appliance", "run", "-p", "Hello", "--max-tokens", "2",
+            "--model", str(demo_model)]
+    on = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert on.returncode == 0, on.stderr
+    assert "fast CPU ops: attention softmax and SwiGLU" in on.stderr, on.stderr
+    off = subprocess.run([*args, "--no-fast-cpu-ops"], capture_output=True, text=True,
+                         timeout=180, cwd=ROOT)
+    assert off.returncode == 0, off.stderr
+    assert "fast CPU ops" not in off.stderr
+    assert on.stdout.strip() == off.stdout.strip()

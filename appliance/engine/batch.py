@@ -115,7 +115,12 @@ class DecodeBatch:
         """A copy of one row's KV (per layer, without the row's left padding)."""
         assert self._caches is not None
         idx = self.rids.index(rid)
-        return [c.extract(idx) for c in self._caches]
+        rows = [c.extract(idx) for c in self._caches]
+        # Evaluated now: mlx-lm's copy is lazy, and until it runs it holds the whole batch's
+        # KV (every row, every layer). Kept so in the prompt cache, those buffers stayed
+        # alive after the batch moved on, and decode steps beside them took 3-6x as long.
+        mx.eval([c.state for c in rows])
+        return rows
 
     def remove(self, rids: set[int]) -> None:
         keep = [i for i, rid in enumerate(self.rids) if rid not in rids]

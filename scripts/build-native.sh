@@ -9,4 +9,4 @@ shift
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 'nanobind>=3,<4' setuptools wheel
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" --no-build-isolation --no-deps \
   -e "$(dirname "$0")/.."
-"$VENV/bin/python" -c "from appliance.engine import fast_ops; why = fast_ops.available(); print('    fast CPU ops:', why or 'built')"
+"$VENV/bin/python" -c "from appliance import fast_ops; why = fast_ops.available(); print('    fast CPU ops:', why or 'built')"

@@ -15,6 +15,7 @@ top to bottom; a package imports only from its own layer or those below it:
     sched     sched
     store     store
     base      appliance (the version), settings, vocab (shared words), percentiles, blas,
+              fast_ops (MLX attention and SwiGLU on the CPU),
               httpserver, demo (the demo-model builder)
 """
 
@@ -37,7 +38,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine", ("appliance.engine", "appliance.models")),
     ("sched", ("appliance.sched",)),
     ("store", ("appliance.store",)),
-    ("base", ("appliance", "appliance.settings", "appliance.blas", "appliance.demo",
+    ("base", ("appliance", "appliance.settings", "appliance.blas", "appliance.fast_ops",
+              "appliance.demo",
               "appliance.vocab", "appliance.percentiles", "appliance.httpserver",
               "appliance.logfilter")),
 )

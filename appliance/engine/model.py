@@ -57,13 +57,13 @@ def kv_bytes_per_token(config: dict[str, Any], dtype_size: int) -> int:
 
 
 def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False) -> LoadedModel:
-    """``fast_cpu_ops``: use appliance/engine/fast_ops.py's attention and SwiGLU (MLX on the
+    """``fast_cpu_ops``: use appliance/fast_ops.py's attention and SwiGLU (MLX on the
     CPU; a process-wide switch, logged)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm import load
 
-    from appliance.engine import fast_ops
+    from appliance import fast_ops
 
     if not fast_cpu_ops:
         fast_ops.uninstall()

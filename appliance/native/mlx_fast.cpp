@@ -14,7 +14,7 @@
 //    attention rows of left padding, which attend to nothing), never NaN;
 //  - silu_mul(a, b): a * sigmoid(a) * b, float32, same shapes (SwiGLU's gate).
 // Both are exact to a few float32 ulps of the built-in ones (tests/engine/test_fast_ops.py).
-// appliance/engine/fast_ops.py builds attention and SwiGLU from them and installs those in
+// appliance/fast_ops.py builds attention and SwiGLU from them and installs those in
 // mlx-lm's model modules when MLX runs on the CPU.
 //
 // It is compiled against the MLX that is installed beside it (setup.py, with nanobind in the

@@ -208,16 +208,20 @@ class TickObjectives:
       at most the tick in flight and then its own, so no tick is planned longer than half
       of it, decoding or not, unless a burst is already overdue (see :func:`tick_budget`).
     * ``min_chunk``: a prefill still advances by at least this many tokens per tick when
-      the objectives leave no room, so a long prompt always finishes.
+      the objectives leave no room, so a long prompt always finishes; while someone is
+      present, work that can wait gets at least this chunk's time, and no more when the
+      decode step already takes an arrival's reading time. 8: on a CPU the appliance's own
+      kernel takes products of at most 8 rows (appliance/native/skinny_matmul.c), so such
+      a chunk costs about half of a forward of 9-32 tokens.
     * ``prefill_floor``: the objectives are feasible when they leave prefill at least this
       many times a prefill forward's fixed cost (then at least half of the prefill time
       reads tokens). When they do not, a slow or busy machine overruns them: by that floor
       while someone waits on an answer, and by the most efficient chunk otherwise (see
       :func:`tick_budget`), instead of crawling through prompts a few tokens at a time.
-    * ``presence_s``: how long after the last voice or interactive request was seen the
-      household counts as present (someone may send a chat turn or a voice command any
-      moment, so work that can wait is read in pieces that keep the next arrival's wait
-      short).
+    * ``presence_s``: how long after someone's last voice or interactive request was
+      seen they count as present (they may send a chat turn or a voice command any moment,
+      so other people's work that can wait is read in pieces that keep their next
+      arrival's wait short).
     * ``arrival_tokens``: the prompt of such an arrival (a chat turn or a voice command,
       past what the prompt cache holds). While someone is present, a tick spent on work
       that can wait lasts about what reading this alone takes, so an arrival waits for the
@@ -227,7 +231,7 @@ class TickObjectives:
     itl_target_s: float = 0.0
     itl_factor: float = 3.0
     ttft_target_s: float = 1.0
-    min_chunk: int = 16
+    min_chunk: int = 8
     prefill_floor: float = 2.0
     presence_s: float = 60.0
     arrival_tokens: int = 64
@@ -274,8 +278,8 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     While the household is ``present`` (voice or interactive work about), work that can
     wait (a chunk of a long document, a background prompt) gets no more than keeps the
     tick within the time of reading one arrival (``arrival_tokens``) alone, and never less
-    than the floor: the next chat turn or voice command waits one short tick, not a big
-    chunk of someone's document (on a CPU with long contexts, seconds). Prompts read to
+    than a ``min_chunk`` chunk: the next chat turn or voice command waits one short tick,
+    not a big chunk of someone's document (on a CPU with long contexts, seconds). Prompts read to
     their end (chat turns arriving together) may use the whole share."""
     decode_s = costs.decode(decode_rows, kv_len + 1)
     bound = objectives.ttft_target_s / 2
@@ -291,7 +295,7 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     patient = None
     if present:
         arrival = costs.prefill(objectives.arrival_tokens)
-        patient = max(floor, min(share, arrival - decode_s))
+        patient = max(costs.prefill(objectives.min_chunk), min(share, arrival - decode_s))
     if floor > 0 and share < floor:
         best = costs.efficient_chunk()
         if best is not None:

@@ -51,9 +51,9 @@ class Scheduler:
     _parked_ticks: dict[int, int] = field(default_factory=dict)
     _stepped: dict[int, SeqView] = field(default_factory=dict)
     _costs: CostModel | None = None
-    _seen_at: float = float("-inf")
-    """When a voice or interactive request was last live (queued or running)."""
-    _present: bool = False
+    _seen_at: dict[str, float] = field(default_factory=dict)
+    """Per user, when a voice or interactive request of theirs was last live (queued or
+    running)."""
     budget: TickBudget | None = None
     """The time budget of the last planned tick (None when prefill is sized in tokens)."""
 
@@ -98,9 +98,11 @@ class Scheduler:
            for the first (a prompt costing at most two such chunks is read whole); several
            short prompts fit one tick. When the decode step alone leaves prefill less than
            twice a forward's fixed cost, the tick grows to the most efficient chunk. While
-           voice or interactive work was live in the last ``presence_s``, work that can wait
-           (unfinished chunks, background prompts) keeps the tick near the time of reading
-           one arrival alone (tick_budget), so arrivals wait short ticks. With a fixed
+           voice or interactive work of someone other than the prompts' owners was live in
+           the last ``presence_s``, work that can wait (unfinished chunks, background
+           prompts) keeps the tick near the time of reading one arrival alone
+           (tick_budget), so that person's next arrival waits a short tick; a user alone
+           with a long prompt of their own gets it read at the machine's pace. With a fixed
            ``prefill_chunk_size`` (or no cost model) the budget is that many tokens
            instead (2048 idle, 512 decoding without a model). A tick in which a prompt is
            read to its end carries no partial chunk of a prompt behind it in that order:
@@ -112,9 +114,11 @@ class Scheduler:
         """
         self._stepped = {s.rid: s for s in seqs}
         self._costs = costs if self.config.prefill_chunk_size == -1 else None
-        if any(s.klass > Klass.BACKGROUND for s in seqs):
-            self._seen_at = now
-        self._present = now - self._seen_at <= self.config.objectives.presence_s
+        since = now - self.config.objectives.presence_s
+        self._seen_at = {u: at for u, at in self._seen_at.items() if at >= since}
+        for s in seqs:
+            if s.klass > Klass.BACKGROUND:
+                self._seen_at[s.user] = now
         self.counters.observe(_backlogged(seqs))
         running = [s for s in seqs if s.state.running]
         reject = self._hopeless([s for s in seqs if s.state is RequestState.QUEUED])
@@ -275,9 +279,18 @@ class Scheduler:
         overdue = any(s.klass is not Klass.BACKGROUND and s.computed == 0 and s.generated == 0
                       and s.arrival <= since for s in readable)
         self.budget = tick_budget(costs, self.config.objectives, len(decoding), kv_len,
-                                  present=self._present, overdue=overdue)
+                                  present=self._someone_else(now, readable), overdue=overdue)
         return PrefillAllowance(costs=costs, budget=self.budget,
                                 min_chunk=self.config.objectives.min_chunk)
+
+    def _someone_else(self, now: float, readable: list[SeqView]) -> bool:
+        """Whether someone other than the owners of the prompts still to read was live in
+        the last ``presence_s`` (voice or interactive work): then those prompts' unfinished
+        chunks keep the tick short for that person's next arrival. A user alone with a long
+        prompt of their own gets it read at the machine's pace."""
+        owners = {s.user for s in readable}
+        since = now - self.config.objectives.presence_s
+        return any(at >= since for user, at in self._seen_at.items() if user not in owners)
 
     def _prefill_plan(self, now: float, prefilling: list[SeqView],
                       decoding: list[SeqView]) -> Chunks:

@@ -1,4 +1,4 @@
-"""The fast CPU ops (appliance/native/mlx_fast.cpp, appliance/engine/fast_ops.py): softmax,
+"""The fast CPU ops (appliance/native/mlx_fast.cpp, appliance/fast_ops.py): softmax,
 SwiGLU's gate and attention agree with MLX's own to float32 rounding in every shape and mask
 mlx-lm hands them; a row with nothing to attend to gives zeros, not NaN; the real model's
 logits and greedy tokens do not change; `appliance run` installs them and
@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from appliance.engine import fast_ops
+from appliance import fast_ops
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -75,3 +75,31 @@ def test_a_prefix_too_short_to_be_worth_a_forward_of_its_own_is_not_reused(
         engine.stop()
     assert first.usage.cached_tokens == 0 and second.usage.cached_tokens == 0
     assert MIN_REUSE_TOKENS > 6
+
+
+def test_a_row_taken_out_of_the_batch_holds_only_its_own_kv(demo_model: Path) -> None:
+    """What the prompt cache keeps of a preempted or finished row is a copy of that row, not
+    a lazy view that holds the whole batch's KV buffers alive after the batch moves on."""
+    import gc
+
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from appliance.engine.batch import DecodeBatch, cache_nbytes, new_sequence_cache, prefill
+
+    model, _ = load(str(demo_model))
+    gc.collect()
+    start = mx.get_active_memory()
+    batch = DecodeBatch(model)
+    for rid in range(4):
+        cache = new_sequence_cache(model)
+        prefill(model, cache, [5 + rid] * (300 + 40 * rid), True)
+        batch.add(rid, cache)
+    mx.eval(batch.step([7] * 4))
+    held = batch.nbytes
+    row = batch.extract(0)
+    del batch, cache
+    gc.collect()
+    own = cache_nbytes(row)
+    assert 0 < 4 * own <= held
+    assert mx.get_active_memory() - start < 2 * own, "the batch's old KV is still held"

@@ -280,18 +280,18 @@ def test_when_the_objective_leaves_no_room_the_prompt_still_advances_by_min_chun
 
 
 # ---- latency while someone is present ----
-def test_past_the_objectives_a_present_household_caps_work_that_can_wait_at_the_floor(
+def test_past_the_objectives_a_present_household_caps_work_that_can_wait_at_min_chunk(
         ) -> None:
     """The decode step eats the TTFT bound: the tick grows to the most efficient chunk, but
     while voice or interactive work is about, work that can wait (a document's chunk, a
-    background prompt) gets only the floor (two forward fixed costs)."""
+    background prompt) gets only the time of a min_chunk chunk."""
     costs = trained(SLOW_CPU)
     objectives = TickObjectives(ttft_target_s=0.6)
     away = tick_budget(costs, objectives, 8, 3000, present=False)
     here = tick_budget(costs, objectives, 8, 3000, present=True)
     assert away.patient_s is None and away.decode_s > 0.3
     assert here.target_s == away.target_s
-    assert here.patient_s == pytest.approx(2 * costs.prefill_fit.beta[0])
+    assert here.patient_s == pytest.approx(costs.prefill(objectives.min_chunk))
 
 
 def test_while_present_work_that_can_wait_keeps_a_tick_to_one_arrivals_reading() -> None:
@@ -306,24 +306,32 @@ def test_while_present_work_that_can_wait_keeps_a_tick_to_one_arrivals_reading()
     assert tick_budget(costs, objectives, 0, 0, present=False).patient_s is None
 
 
-def _doc_chunk(klass: Klass, now: float, s: Scheduler, costs: CostModel) -> int:
+def _doc_chunk(klass: Klass, now: float, s: Scheduler, costs: CostModel,
+               bob_waits: bool = False) -> int:
     views = [seq(i, D, kv=3000, klass=klass, user="alice") for i in range(1, 9)]
     views.append(seq(20, P, prompt=3000, computed=600, klass=klass, user="alice"))
+    if bob_waits:  # queued behind the full batch
+        views.append(seq(30, Q, prompt=30, user="bob"))
     plan = s.step(now, views, costs=costs)
     ((rid, n),) = plan.prefill
     assert rid == 20
     return n
 
 
-def test_a_long_document_is_read_in_small_chunks_only_while_the_household_is_present(
+def test_a_long_document_is_read_in_small_chunks_only_while_someone_else_is_present(
         ) -> None:
     costs = trained(SLOW_CPU)
     objectives = TickObjectives(ttft_target_s=0.6, presence_s=60.0)
     s = Scheduler(SchedulerConfig(max_batch_size=9, objectives=objectives))
-    interactive = _doc_chunk(Klass.INTERACTIVE, 0.0, s, costs)
+    # alice alone with her own document: read at the machine's pace
+    alone = _doc_chunk(Klass.INTERACTIVE, 0.0, s, costs)
+    assert s.budget is not None and s.budget.patient_s is None
+    interactive = _doc_chunk(Klass.INTERACTIVE, 0.0, s, costs, bob_waits=True)
     assert s.budget is not None and s.budget.patient_s is not None
-    assert interactive == max(16, costs.tokens_within(s.budget.patient_s, 600))
-    # background work only, but someone chatted 30 s ago: still present
+    assert interactive == max(objectives.min_chunk,
+                              costs.tokens_within(s.budget.patient_s, 600))
+    assert alone > 2 * interactive
+    # background work only, but bob chatted 30 s ago: still present
     assert _doc_chunk(Klass.BACKGROUND, 30.0, s, costs) == interactive
     # nobody for longer than presence_s: the night job reads at the machine's best pace
     night = _doc_chunk(Klass.BACKGROUND, 100.0, s, costs)
@@ -347,7 +355,7 @@ def test_a_background_prompt_read_whole_only_when_nobody_is_about() -> None:
     costs = trained(SLOW_CPU)
     objectives = TickObjectives(ttft_target_s=4.0, presence_s=60.0)
     s = Scheduler(SchedulerConfig(objectives=objectives))
-    job = [seq(1, Q, prompt=300, klass=Klass.BACKGROUND)]
+    job = [seq(1, Q, prompt=300, klass=Klass.BACKGROUND, user="carol")]
     assert s.step(0.0, job, costs=costs).prefill == ((1, 300),)
     s = Scheduler(SchedulerConfig(objectives=objectives))
     s.step(0.0, [seq(2, D, kv=20)], costs=costs)  # bob was chatting

@@ -125,15 +125,15 @@ class EngineSettings:
         lo=1.0, hi=600_000.0)
     presence_s: float = _opt(
         60.0, "Someone counts as about for this many seconds after a voice or interactive "
-        "request was last live; meanwhile work that can wait (a chunk of a long document, "
-        "a background job's prompt) is read in ticks of about one arrival_tokens turn's "
-        "reading, so chat turns and voice commands wait short ticks. 0: only while such a "
-        "request is live.",
+        "request of theirs was last live; meanwhile other people's work that can wait (a "
+        "chunk of a long document, a background job's prompt) is read in ticks of about one "
+        "arrival_tokens turn's reading, so their chat turns and voice commands wait short "
+        "ticks. 0: only while such a request is live.",
         lo=0.0, hi=86400.0)
     arrival_tokens: int = _opt(
         64, "The chat turn or voice command the presence rule keeps ticks short for: while "
-        "someone is about, a tick of work that can wait lasts about what reading this many "
-        "prompt tokens alone takes (never under twice a forward's fixed cost).",
+        "someone is about, a tick of other people's work that can wait lasts about what "
+        "reading this many prompt tokens alone takes (never under an 8-token chunk's time).",
         lo=1, hi=1_000_000)
     debug_invariants: bool = _opt(
         False, "Check the scheduler's invariants on every tick (slower; tests turn it on).")

@@ -19,7 +19,9 @@ No MLX here.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -69,6 +71,7 @@ class Supervisor:
         self.reason = reason
         ended = self._engine.fail(reason)
         log.critical("engine not serving: %s; ended %d requests with 503", reason, ended)
+        _dump_stacks()
         if self._on_down is not None:
             try:
                 self._on_down(reason)
@@ -83,3 +86,14 @@ class Supervisor:
                     return
             except Exception:  # the watchdog itself must not die quietly
                 log.exception("engine supervisor: check failed")
+
+
+def _dump_stacks() -> None:
+    """Every thread's Python stack to stderr (the daemon's log): where a stalled engine
+    thread is stuck (code locations only, never a request's text)."""
+    try:
+        sys.stderr.write("engine supervisor: the threads' stacks, most recent call first\n")
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    except (OSError, ValueError, AttributeError):  # no real stderr (a test's capture)
+        log.warning("engine supervisor: could not dump the threads' stacks")

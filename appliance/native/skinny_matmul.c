@@ -162,11 +162,17 @@ static inline void relax(void) {
 #endif
 }
 
-/* Claims the next block of job `number`; -1 when it has none left (or is over). */
+enum { CLOSED = 0x7fffffff };  /* a finished job's claim index: nothing left to take */
+
+/* Claims the next block of job `number`; -1 when it has none left (or is over). A helper
+ * late for a job holds a copy of it that may be torn by the next job's writing; its claim
+ * fails because the caller closes a job's counter before writing the next job. */
 static int take_block(unsigned number, int blocks) {
     unsigned long long seen = __atomic_load_n(&claim, __ATOMIC_SEQ_CST);
     for (;;) {
-        if ((unsigned)(seen >> 32) != number || (int)(seen & 0xffffffffu) >= blocks) return -1;
+        unsigned index = (unsigned)(seen & 0xffffffffu);
+        if ((unsigned)(seen >> 32) != number || index >= CLOSED || (int)index >= blocks)
+            return -1;
         if (__atomic_compare_exchange_n(&claim, &seen, seen + 1, 0, __ATOMIC_SEQ_CST,
                                         __ATOMIC_SEQ_CST))
             return (int)(seen & 0xffffffffu);
@@ -242,11 +248,13 @@ static void skinny_shared(int m, int n, int k, float alpha, const float *a, int 
     __atomic_store_n(&posted, number, __ATOMIC_SEQ_CST);
     wake_helper();
     for (int block; (block = take_block(number, blocks)) >= 0;) run_block(&job, block);
-    for (long spin = 1; __atomic_load_n(&done_blocks, __ATOMIC_SEQ_CST) != blocks; spin++) {
+    for (long spin = 1; __atomic_load_n(&done_blocks, __ATOMIC_SEQ_CST) < blocks; spin++) {
         relax();
         if (spin % 4096 == 0)
             wake_helper();  /* belt and braces: never wait on a helper that sleeps */
     }
+    /* Closed before the next job is written: a late helper's claim on it now fails. */
+    __atomic_store_n(&claim, ((unsigned long long)number << 32) | CLOSED, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&helper_busy);
 }
 

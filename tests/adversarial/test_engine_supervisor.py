@@ -66,3 +66,5 @@ def test_a_dead_or_stalled_engine_answers_503_then_the_daemon_exits_70(
             d.kill()
     log = d.log.read_text()
     assert "engine not serving" in log and f"exiting with status {ENGINE_DOWN_EXIT}" in log
+    if "stall" in fault:  # where the engine thread was stuck: the fault's sleep
+        assert "the threads' stacks" in log and "faults.py" in log, log[-3000:]

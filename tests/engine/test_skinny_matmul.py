@@ -141,3 +141,32 @@ def test_a_kernel_asked_for_but_never_built_is_a_warning(
         cli.log_blas(False)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "skinny_matmul is on but was not built" in warnings[0]
+
+
+STRESS = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import mlx.core as mx
+
+    rng = np.random.default_rng(1)
+    w = {n: mx.array(rng.standard_normal((n, 576)).astype(np.float32)) for n in (192, 576, 1536)}
+    x = mx.array(rng.standard_normal((8, 576)).astype(np.float32))
+    want = {n: np.array(x) @ np.array(w[n]).T for n in w}
+    for i in range(int(sys.argv[1])):  # back to back, as a decode step's products come
+        n = (192, 576, 1536)[i % 3]
+        m = 1 + i % 8
+        got = np.array(x[:m] @ w[n].T)
+        if i % 97 == 0:
+            assert np.abs(got - want[n][:m]).max() < 1e-3, (i, n, m)
+    print("ok")
+""")
+
+
+def test_products_back_to_back_never_hang(preload: list[str]) -> None:
+    """Thousands of shared products in a row: the caller and the helper hand jobs over
+    without losing or double-counting a block (a late helper once made the caller wait
+    forever, and the engine stalled)."""
+    run = subprocess.run([sys.executable, "-c", STRESS, "20000"], capture_output=True,
+                         text=True, timeout=240, env=_clean_env(LD_PRELOAD=":".join(preload)))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().endswith("ok")

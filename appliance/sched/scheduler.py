@@ -279,18 +279,17 @@ class Scheduler:
         overdue = any(s.klass is not Klass.BACKGROUND and s.computed == 0 and s.generated == 0
                       and s.arrival <= since for s in readable)
         self.budget = tick_budget(costs, self.config.objectives, len(decoding), kv_len,
-                                  present=self._someone_else(now, readable), overdue=overdue)
+                                  present=self._someone_else(readable), overdue=overdue)
         return PrefillAllowance(costs=costs, budget=self.budget,
                                 min_chunk=self.config.objectives.min_chunk)
 
-    def _someone_else(self, now: float, readable: list[SeqView]) -> bool:
+    def _someone_else(self, readable: list[SeqView]) -> bool:
         """Whether someone other than the owners of the prompts still to read was live in
         the last ``presence_s`` (voice or interactive work): then those prompts' unfinished
         chunks keep the tick short for that person's next arrival. A user alone with a long
         prompt of their own gets it read at the machine's pace."""
         owners = {s.user for s in readable}
-        since = now - self.config.objectives.presence_s
-        return any(at >= since for user, at in self._seen_at.items() if user not in owners)
+        return any(user not in owners for user in self._seen_at)  # step() dropped the stale
 
     def _prefill_plan(self, now: float, prefilling: list[SeqView],
                       decoding: list[SeqView]) -> Chunks:

@@ -29,8 +29,6 @@ MODULES = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma", "gemma3_text
 ``scaled_dot_product_attention`` and ``swiglu`` by those names; models built on them
 (SmolLM 2 and 3, Mistral) follow."""
 
-REPLACED = {"scaled_dot_product_attention": lambda f: _attention_with(f),
-            "swiglu": lambda f: _swiglu_with(f)}
 
 try:
     from appliance import _mlx_fast  # type: ignore[attr-defined]
@@ -69,16 +67,17 @@ def install() -> str | None:
     why = available()
     if why is not None:
         return why
+    replaced = {"scaled_dot_product_attention": _attention_with, "swiglu": _swiglu_with}
     for name in MODULES:
         try:
             module = importlib.import_module(f"mlx_lm.models.{name}")
         except ImportError:
             continue
-        originals = {attr: getattr(module, attr) for attr in REPLACED if hasattr(module, attr)}
+        originals = {attr: getattr(module, attr) for attr in replaced if hasattr(module, attr)}
         if originals:
             _installed[name] = originals
             for attr, original in originals.items():
-                setattr(module, attr, REPLACED[attr](original))
+                setattr(module, attr, replaced[attr](original))
     return None if _installed else "no mlx-lm model module to install them in"
 
 

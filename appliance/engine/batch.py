@@ -12,6 +12,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
+from appliance.engine.mixed import mixed_step, restore_offsets, save_offsets
+
 HEAD_ONLY_LAST = frozenset({"llama", "qwen2", "qwen3", "phi3", "smollm3"})
 """Architectures whose forward is ``backbone -> lm_head`` and nothing else (mlx-lm's
 ``Model.__call__``), so a prefill may apply the head to the last position alone."""
@@ -110,6 +112,22 @@ class DecodeBatch:
         assert len(inputs) == len(self.rids)
         logits = self.model(mx.array(inputs)[:, None], cache=self._caches)
         return logits[:, -1, :]
+
+    def step_mixed(self, inputs: list[int], chunks: list[tuple[list[Any], list[int], bool]]
+                   ) -> tuple[mx.array, list[mx.array | None]]:
+        """One decode step for every row with prompt chunks read in the same forward
+        (:func:`appliance.engine.mixed.mixed_step`), evaluated. When it raises, the batch's
+        caches and the chunks' are as they were before it."""
+        assert len(inputs) == len(self.rids) and self._caches is not None
+        caches = [self._caches, *(cache for cache, _, _ in chunks)]
+        saved = save_offsets(caches)
+        try:
+            logits, lasts = mixed_step(self.model, self._caches, inputs, chunks)
+            mx.eval(logits, *(last for last in lasts if last is not None))
+        except Exception:
+            restore_offsets(caches, saved)
+            raise
+        return logits, lasts
 
     def extract(self, rid: int) -> list[Any]:
         """A copy of one row's KV (per layer, without the row's left padding)."""

@@ -19,6 +19,7 @@ from appliance.engine.batch import (
     prefill_batch,
 )
 from appliance.engine.grammar import GrammarRow, ll_tokenizer
+from appliance.engine.mixed import supports_mixed
 from appliance.engine.model import LoadedModel
 from appliance.engine.prompt_cache import PromptCache
 from appliance.engine.request import (
@@ -124,7 +125,7 @@ class Runner:
                  on_done: Callable[[RequestHandle], None] | None = None,
                  on_counters: Callable[[dict[str, float]], None] | None = None,
                  prompt_cache_entries: int = 0, timer: Callable[[], float] = time.perf_counter,
-                 meter: Meter | None = None) -> None:
+                 meter: Meter | None = None, mixed: bool = True) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.scheduler = scheduler
@@ -145,7 +146,9 @@ class Runner:
         self._joining: list[tuple[list[int], list[Any], list[int] | None]] = []
         """Rows prefilled this tick, merged into the batch after its decode step."""
         self._plain_kv = plain_kv(self.model)
-        self.costs = CostModel()
+        self._mixed = mixed and self._plain_kv and supports_mixed(self.model)
+        """Prompt chunks are read in the decode step's forward (appliance/engine/mixed.py)."""
+        self.costs = CostModel(rides=self._mixed)
         """Prefill and decode time, fitted from this engine's own forwards."""
         self.timer = timer
         self.meter = meter
@@ -157,6 +160,8 @@ class Runner:
         self.completed = 0
         self.ticks = 0
         self.ticks_over_target = 0
+        self.mixed_forwards = 0
+        """Decode steps that read prompt chunks in their forward."""
         self.prompt_total = 0
         self.generated_total = 0
         self.preemptions_total = 0
@@ -243,8 +248,12 @@ class Runner:
         self._tick_predicted = 0.0
         self._tick_rows = 0
         self._apply(plan, now)
-        self._prefill(plan)
-        decoded = self._decode()
+        chunks = self._chunks(plan)
+        decoded = self._mixed_tick(chunks) if self._mixed and chunks and len(self.batch) \
+            else None
+        if decoded is None:
+            self._prefill(chunks)
+            decoded = self._decode()
         self._join()
         self._enforce_quotas()
         served = {u: (p, o) for u, (p, o) in self._served.items()}
@@ -268,15 +277,21 @@ class Runner:
             self._counters_at = now
         return True
 
-    def _timed(self, kind: str, rows: int, tokens: int, offset: int, start: float) -> None:
-        """Book one forward's time (the meter may replace it) and fit the cost model."""
+    def _timed(self, kind: str, rows: int, tokens: int, offset: int, start: float,
+               riding: list[tuple[int, int]] | None = None) -> None:
+        """Book one forward's time (the meter may replace it: a decode step's, then each
+        riding chunk's as ``ride``) and fit the cost model. ``riding``: the prompt chunks
+        read in a decode step's forward, (tokens, offset) each."""
         seconds = self.timer() - start
+        riding = riding or []
         if self.meter is not None:
-            seconds = self.meter(kind, rows, tokens, offset, seconds)
+            seconds = self.meter(kind, rows, tokens, offset, seconds) + sum(
+                self.meter("ride", 1, n, k, 0.0) for n, k in riding)
         self._tick_s += seconds
         if kind == "decode":
-            self._tick_predicted += self.costs.decode(rows, offset)
-            self.costs.observe_decode(rows, offset, seconds)
+            self._tick_predicted += self.costs.decode(rows, offset) + sum(
+                self.costs.prefill(n, k, riding=True) for n, k in riding)
+            self.costs.observe_decode(rows, offset, seconds, riding)
         else:
             self._tick_predicted += self.costs.prefill_rows(rows, tokens, offset)
             self.costs.observe_prefill(rows, tokens, offset, seconds)
@@ -347,13 +362,7 @@ class Runner:
             return False
         rows = [self.seqs[rid] for rid in self.batch.rids]
         self._tick_rows = len(rows)
-        failed: dict[int, str] = {}
-        for s in rows:
-            try:
-                if self.fault:
-                    self.fault(s.handle.request, "decode")
-            except Exception as exc:
-                failed[s.rid] = repr(exc)
+        failed = self._decode_faults(rows)
         start = self.timer()
         kv_len = self.batch.padded_len + 1
         try:
@@ -368,6 +377,22 @@ class Runner:
         except Exception:
             log.exception("batched decode step failed; retrying its %d rows alone", len(rows))
             tokens = self._decode_alone(rows, failed)
+        self._decoded(rows, tokens, failed)
+        return True
+
+    def _decode_faults(self, rows: list[Seq]) -> dict[int, str]:
+        failed: dict[int, str] = {}
+        for s in rows:
+            try:
+                if self.fault:
+                    self.fault(s.handle.request, "decode")
+            except Exception as exc:
+                failed[s.rid] = repr(exc)
+        return failed
+
+    def _decoded(self, rows: list[Seq], tokens: list[int | None],
+                 failed: dict[int, str]) -> None:
+        """Hand each row its new token (or its error) and drop the rows that finished."""
         now = self.clock()
         done: set[int] = set()
         for s, tok in zip(rows, tokens, strict=True):
@@ -384,6 +409,51 @@ class Runner:
                     done.add(s.rid)
                     self._fail(s, "token", exc)
         self.batch.remove(done)
+
+    def _mixed_tick(self, chunks: list[tuple[Seq, int]]) -> bool | None:
+        """The decode step with every chunk of the plan read in its forward; None, with
+        every cache as it was, when that forward (or a fault hook on the way) raised: the
+        caller then reads the chunks and steps the batch one forward each, whose own
+        handling ends only the culprit."""
+        rows = [self.seqs[rid] for rid in self.batch.rids]
+        start = self.timer()
+        kv_len = self.batch.padded_len + 1
+        riding = [(n, s.computed) for s, n in chunks]
+        caches = [s.cache for s, _ in chunks]
+        assert all(cache is not None for cache in caches)
+        try:
+            failed = self._decode_faults(rows)
+            if self.fault:
+                for s, _ in chunks:
+                    self.fault(s.handle.request, "prefill")
+                for s in rows:
+                    self.fault(s.handle.request, "batch")
+            logits, lasts = self.batch.step_mixed(
+                [s.next_token for s in rows],
+                [(cache, s.tokens[s.computed:s.computed + n], s.computed + n == len(s.tokens))
+                 for (s, n), cache in zip(chunks, caches, strict=True) if cache is not None])
+        except Exception:
+            log.exception("mixed forward of %d rows and %d chunks failed; reading them one "
+                          "forward each", len(rows), len(chunks))
+            return None
+        tokens = sample_batch(logits, [s.sampler for s in rows], [s.tokens for s in rows],
+                              on_row_error=lambda i, e: failed.setdefault(rows[i].rid,
+                                                                          repr(e)))
+        firsts: list[int | None] = []
+        for (s, _), last in zip(chunks, lasts, strict=True):
+            try:
+                firsts.append(None if last is None
+                              else sample_batch(last, [s.sampler], [s.tokens])[0])
+            except Exception as exc:
+                firsts.append(None)
+                self._fail(s, "prefill", exc)
+        self._tick_rows = len(rows)
+        self.mixed_forwards += 1
+        self._timed("decode", len(rows), 1, kv_len, start, riding)
+        for (s, n), token in zip(chunks, firsts, strict=True):
+            if s.rid in self.seqs:
+                self._first_token(s, n, token)
+        self._decoded(rows, tokens, failed)
         return True
 
     def _decode_alone(self, rows: list[Seq], failed: dict[int, str]) -> list[int | None]:
@@ -406,19 +476,26 @@ class Runner:
             self.batch.add(s.rid, single.extract(s.rid))
         return tokens
 
-    def _prefill(self, plan: Plan) -> None:
-        """Run the plan's prefill chunks. Fresh prompts read whole in this tick go through the
-        model together (left-padded, one row each in a batched KV cache: still isolated);
-        everything else (partial chunks, prompt-cache hits) one sequence at a time."""
-        whole: list[Seq] = []
-        parts: list[tuple[Seq, int]] = []
+    def _chunks(self, plan: Plan) -> list[tuple[Seq, int]]:
+        """The plan's prefill chunks still to read: (sequence, tokens) each."""
+        chunks: list[tuple[Seq, int]] = []
         for rid, n in plan.prefill:
             s = self.seqs.get(rid)
             if s is None or s.state is not RequestState.PREFILLING:
                 continue
             n = min(n, len(s.tokens) - s.computed)  # a cache hit may have done part of it
-            if n <= 0:
-                continue
+            if n > 0:
+                chunks.append((s, n))
+        return chunks
+
+    def _prefill(self, chunks: list[tuple[Seq, int]]) -> None:
+        """Read prefill chunks in forwards of their own. Fresh prompts read whole in this
+        tick go through the model together (left-padded, one row each in a batched KV cache:
+        still isolated); everything else (partial chunks, prompt-cache hits) one sequence
+        at a time."""
+        whole: list[Seq] = []
+        parts: list[tuple[Seq, int]] = []
+        for s, n in chunks:
             if self._plain_kv and s.computed == 0 and n == len(s.tokens):
                 whole.append(s)
             else:
@@ -444,12 +521,18 @@ class Runner:
         except Exception as exc:
             self._fail(s, "prefill", exc)
             return
+        self._first_token(s, n, token)
+
+    def _first_token(self, s: Seq, n: int, token: int | None) -> None:
+        """Book a chunk read into ``s.cache``; with the prompt's first token, the sequence
+        joins the batch after this tick's decode step."""
         try:
             self._prefilled(s, n, token)
         except Exception as exc:
             self._fail(s, "token", exc)
             return
         if token is not None and s.state is RequestState.PREFILLING:
+            assert s.cache is not None
             s.move(RequestState.DECODING)
             self._joining.append(([s.rid], s.cache, None))
             s.cache = None

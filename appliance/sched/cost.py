@@ -9,7 +9,9 @@ The model (seconds):
 
 * decode step of ``B`` rows over ``L`` KV positions each (padded):
   ``d0 + d1 * B + d2 * B * L / 1e3``: a fixed cost per forward (on a CPU mostly reading the
-  weights), per row, and attention over the KV;
+  weights), per row, and attention over the KV; plus, for prompt chunks read in the same
+  forward (appliance/engine/mixed.py), ``d3 * n / 1e3 + d4 * n * (k + n / 2) / 1e6`` per
+  chunk of ``n`` tokens after ``k`` cached positions: they pay no fixed cost of their own;
 * prefill forward of ``rows`` prompts, ``n`` new tokens each, after ``k`` cached positions:
   ``p0 + p1 * rows * n / 1e3 + p2 * rows * n * (k + n / 2) / 1e6``: a fixed cost per
   forward, the matmuls per token, and attention (every new token looks at every earlier
@@ -30,8 +32,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-DECODE_PRIOR = (0.05, 0.002, 0.01)
-"""d0 s/step, d1 s/row, d2 s per 1e3 row-positions (about a 135M fp32 model on 2 cores)."""
+DECODE_PRIOR = (0.05, 0.002, 0.01, 1.5, 8.0)
+"""d0 s/step, d1 s/row, d2 s per 1e3 row-positions (about a 135M fp32 model on 2 cores);
+d3 s per 1e3 and d4 s per 1e6 token-positions of prompt chunks riding in the step (the
+prefill prior's per-token terms)."""
 PREFILL_PRIOR = (0.08, 1.5, 8.0)
 """p0 s/forward, p1 s per 1e3 tokens, p2 s per 1e6 token-positions (same machine)."""
 
@@ -131,8 +135,14 @@ def _solve_linear(a: list[list[float]], b: list[float]) -> list[float] | None:
     return x
 
 
-def decode_features(rows: int, kv_len: int) -> tuple[float, float, float]:
-    return (1.0, float(rows), rows * kv_len / 1e3)
+Riding = Sequence[tuple[int, int]]
+"""Prompt chunks read in a decode step's forward: (tokens, cached positions before) each."""
+
+
+def decode_features(rows: int, kv_len: int, riding: Riding = ()) -> tuple[float, ...]:
+    tokens = sum(n for n, _ in riding)
+    positions = sum(n * (k + n / 2) for n, k in riding)
+    return (1.0, float(rows), rows * kv_len / 1e3, tokens / 1e3, positions / 1e6)
 
 
 def prefill_features(rows: int, tokens: int, offset: int) -> tuple[float, float, float]:
@@ -141,14 +151,19 @@ def prefill_features(rows: int, tokens: int, offset: int) -> tuple[float, float,
 
 @dataclass(slots=True)
 class CostModel:
-    """Predicted seconds of a decode step and of a prefill forward, fitted online."""
+    """Predicted seconds of a decode step (with the prompt chunks riding in it) and of a
+    prefill forward, fitted online. ``rides``: the engine reads prompt chunks in the decode
+    step's forward whenever a batch decodes (then a chunk costs :meth:`prefill` with
+    ``riding``)."""
 
     decode_fit: OnlineFit = field(default_factory=lambda: OnlineFit(DECODE_PRIOR))
     prefill_fit: OnlineFit = field(default_factory=lambda: OnlineFit(PREFILL_PRIOR))
+    rides: bool = False
 
-    def observe_decode(self, rows: int, kv_len: int, seconds: float) -> None:
+    def observe_decode(self, rows: int, kv_len: int, seconds: float,
+                       riding: Riding = ()) -> None:
         if rows > 0:
-            self.decode_fit.observe(decode_features(rows, kv_len), seconds)
+            self.decode_fit.observe(decode_features(rows, kv_len, riding), seconds)
 
     def observe_prefill(self, rows: int, tokens: int, offset: int, seconds: float) -> None:
         if rows > 0 and tokens > 0:
@@ -157,14 +172,24 @@ class CostModel:
     def decode(self, rows: int, kv_len: int) -> float:
         return self.decode_fit.predict(decode_features(rows, kv_len)) if rows > 0 else 0.0
 
-    def prefill(self, tokens: int, offset: int = 0, *, overhead: bool = True) -> float:
+    def prefill(self, tokens: int, offset: int = 0, *, overhead: bool = True,
+                riding: bool = False) -> float:
         """One prompt's chunk of ``tokens`` after ``offset`` cached positions; without the
-        forward's fixed cost when it rides in a forward already paid for."""
+        forward's fixed cost when it rides in a prefill forward already paid for, and at
+        the decode step's per-token rates when it is ``riding`` in that step."""
         if tokens <= 0:
             return 0.0
-        p0, p1, p2 = self.prefill_fit.beta
+        p0, p1, p2 = self._chunk_rates(overhead, riding)
         x = prefill_features(1, tokens, offset)
-        return (p0 if overhead else 0.0) + p1 * x[1] + p2 * x[2]
+        return p0 + p1 * x[1] + p2 * x[2]
+
+    def _chunk_rates(self, overhead: bool, riding: bool) -> tuple[float, float, float]:
+        """(fixed, per 1e3 tokens, per 1e6 token-positions) of one chunk."""
+        if riding:
+            _, _, _, d3, d4 = self.decode_fit.beta
+            return (0.0, d3, d4)
+        p0, p1, p2 = self.prefill_fit.beta
+        return (p0 if overhead else 0.0, p1, p2)
 
     def prefill_rows(self, rows: int, tokens: int, offset: int) -> float:
         """One forward of ``rows`` prompts of ``tokens`` new tokens each."""
@@ -181,11 +206,12 @@ class CostModel:
             return None
         return max(1, int(math.sqrt(2 * p0 / (p2 / 1e6))))
 
-    def tokens_within(self, seconds: float, offset: int = 0, *, overhead: bool = True) -> int:
+    def tokens_within(self, seconds: float, offset: int = 0, *, overhead: bool = True,
+                      riding: bool = False) -> int:
         """The most tokens of one prompt, after ``offset`` cached positions, whose chunk is
-        predicted to take at most ``seconds``."""
-        p0, p1, p2 = self.prefill_fit.beta
-        left = seconds - (p0 if overhead else 0.0)
+        predicted to take at most ``seconds`` (``overhead``, ``riding``: as :meth:`prefill`)."""
+        p0, p1, p2 = self._chunk_rates(overhead, riding)
+        left = seconds - p0
         if left <= 0:
             return 0
         # p2/1e6 * (n*offset + n^2/2) + p1/1e3 * n <= left
@@ -250,11 +276,13 @@ class TickBudget:
     """What one tick may spend: ``target_s`` in all, ``decode_s`` of it predicted for the
     decode step, the rest (``prefill_s``) for prefill chunks, of which at most
     ``patient_s`` on work that can wait (None: all of it): chunks that leave their prompt
-    unfinished, and background prompts."""
+    unfinished, and background prompts. ``riding``: the tick's chunks are read in the
+    decode step's forward (see :class:`CostModel`)."""
 
     target_s: float
     decode_s: float
     patient_s: float | None = None
+    riding: bool = False
 
     @property
     def prefill_s(self) -> float:
@@ -280,7 +308,12 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     tick within the time of reading one arrival (``arrival_tokens``) alone, and never less
     than a ``min_chunk`` chunk: the next chat turn or voice command waits one short tick,
     not a big chunk of someone's document (on a CPU with long contexts, seconds). Prompts read to
-    their end (chat turns arriving together) may use the whole share."""
+    their end (chat turns arriving together) may use the whole share.
+
+    When the engine reads chunks in the decode step's forward (``costs.rides``) and a batch
+    decodes, chunks have no fixed cost: the floor is then ``prefill_floor`` times a
+    ``min_chunk`` chunk's riding time, and work that can wait gets at least that chunk."""
+    riding = costs.rides and decode_rows > 0
     decode_s = costs.decode(decode_rows, kv_len + 1)
     bound = objectives.ttft_target_s / 2
     if decode_rows:
@@ -291,17 +324,18 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     if overdue:
         target = objectives.ttft_target_s
     share = target - decode_s
-    floor = objectives.prefill_floor * costs.prefill_fit.beta[0]
+    smallest = costs.prefill(objectives.min_chunk, riding=riding)
+    floor = objectives.prefill_floor * (smallest if riding else costs.prefill_fit.beta[0])
     patient = None
     if present:
         arrival = costs.prefill(objectives.arrival_tokens)
-        patient = max(costs.prefill(objectives.min_chunk), min(share, arrival - decode_s))
-    if floor > 0 and share < floor:
+        patient = max(smallest, min(share, arrival - decode_s))
+    if floor > 0 and share < floor and not riding:
         best = costs.efficient_chunk()
         if best is not None:
             floor = max(floor, costs.prefill(best, 0))
     return TickBudget(target_s=max(target, decode_s + floor), decode_s=decode_s,
-                      patient_s=patient)
+                      patient_s=patient, riding=riding)
 
 
 class PrefillAllowance:
@@ -319,6 +353,7 @@ class PrefillAllowance:
         if budget is not None and budget.patient_s is not None:
             self.slack = max(budget.prefill_s - budget.patient_s, 0.0)
         self.min_chunk = min_chunk
+        self.riding = budget is not None and budget.riding
         self._fresh_forward = False  # a batched forward of whole fresh prompts is planned
         self.spent_any = False
 
@@ -333,8 +368,9 @@ class PrefillAllowance:
 
     def _rides(self, remaining: int, computed: int, n: int) -> bool:
         """A whole fresh prompt joins the batched forward of the fresh prompts before it
-        (the engine reads those together), so it pays no fixed cost of its own."""
-        return self._fresh_forward and computed == 0 and n >= remaining
+        (the engine reads those together), so it pays no fixed cost of its own. (Riding in
+        the decode step, no chunk does.)"""
+        return self._fresh_forward and computed == 0 and n >= remaining and not self.riding
 
     def size(self, remaining: int, computed: int, *, grant: bool = False,
              patient: bool = False) -> int:
@@ -343,7 +379,8 @@ class PrefillAllowance:
         ``patient``: work that can wait (a background prompt).
 
         Work that can wait, and any chunk that leaves its prompt unfinished, gets only the
-        budget's patient share, and no more than the most efficient chunk; the first chunk
+        budget's patient share, and no more than the most efficient chunk (but riding in
+        the decode step, where there is no fixed cost to spread); the first chunk
         of a tick (or a grant) reads at least ``min_chunk`` tokens, and a fresh prompt whole
         when that costs at most two such chunks (a short chat turn split in two would wait
         a tick for its first token and pay a second forward's fixed cost)."""
@@ -357,14 +394,16 @@ class PrefillAllowance:
         if self._rides(remaining, computed,
                        costs.tokens_within(limit, computed, overhead=False)):
             return remaining
-        n = costs.tokens_within(limit, computed)
+        riding = self.riding
+        n = costs.tokens_within(limit, computed, riding=riding)
         first = not self.spent_any or grant
         if n < remaining:
-            if first and computed == 0 and (costs.prefill(remaining)
-                                            <= 2 * costs.prefill(self.min_chunk)):
+            if first and computed == 0 and (costs.prefill(remaining, riding=riding)
+                                            <= 2 * costs.prefill(self.min_chunk,
+                                                                 riding=riding)):
                 return remaining
-            n = min(n, costs.tokens_within(seconds - self.slack, computed))
-            best = costs.efficient_chunk(computed)
+            n = min(n, costs.tokens_within(seconds - self.slack, computed, riding=riding))
+            best = None if riding else costs.efficient_chunk(computed)
             if best is not None:
                 n = min(n, best)
         if first:
@@ -375,7 +414,8 @@ class PrefillAllowance:
         if self.timed:
             assert self.costs is not None and self.seconds is not None
             overhead = not self._rides(remaining, computed, n)
-            self.seconds -= self.costs.prefill(n, computed, overhead=overhead)
+            self.seconds -= self.costs.prefill(n, computed, overhead=overhead,
+                                               riding=self.riding)
             if computed == 0 and n == remaining:
                 self._fresh_forward = True
         elif self.tokens is not None:

@@ -382,8 +382,9 @@ class PrefillAllowance:
         budget's patient share, and no more than the most efficient chunk (but riding in
         the decode step, where there is no fixed cost to spread); the first chunk
         of a tick (or a grant) reads at least ``min_chunk`` tokens, and a fresh prompt whole
-        when that costs at most two such chunks (a short chat turn split in two would wait
-        a tick for its first token and pay a second forward's fixed cost)."""
+        when that costs at most two such chunks read in forwards of their own, riding or
+        not (a short chat turn split in two would wait a tick for its first token, and
+        read apart pay a second forward's fixed cost)."""
         if not self.timed:
             cap = self.full_tokens if grant else self.tokens
             return remaining if cap is None else min(remaining, cap)
@@ -399,8 +400,7 @@ class PrefillAllowance:
         first = not self.spent_any or grant
         if n < remaining:
             if first and computed == 0 and (costs.prefill(remaining, riding=riding)
-                                            <= 2 * costs.prefill(self.min_chunk,
-                                                                 riding=riding)):
+                                            <= 2 * costs.prefill(self.min_chunk)):
                 return remaining
             n = min(n, costs.tokens_within(seconds - self.slack, computed, riding=riding))
             best = None if riding else costs.efficient_chunk(computed)

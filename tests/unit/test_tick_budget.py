@@ -494,3 +494,15 @@ def test_while_present_a_riding_tick_gives_work_that_can_wait_at_least_a_riding_
     assert here.target_s == pytest.approx(
         here.decode_s + objectives.prefill_floor * costs.prefill(objectives.min_chunk,
                                                                  riding=True))
+
+
+def test_riding_a_short_chat_turn_is_still_read_whole_under_a_tight_target() -> None:
+    """A chat turn is not split because riding chunks are cheap: split, it would wait a
+    tick for its first token. Whole when it costs no more than two min_chunk forwards."""
+    costs = trained_riding()
+    s = Scheduler(SchedulerConfig(objectives=TickObjectives(itl_factor=1.2, prefill_floor=0)))
+    views = [seq(1, D, kv=300), seq(2, D, kv=300), seq(3, P, prompt=60)]
+    plan = s.step(0.0, views, costs=costs)
+    assert s.budget is not None and s.budget.riding
+    assert costs.prefill(60, riding=True) > s.budget.prefill_s  # it does not fit the share
+    assert plan.prefill == ((3, 60),)

@@ -115,7 +115,7 @@ class EngineSettings:
         "chunks are sized to fit). 0: itl_factor times the predicted decode step.",
         lo=0.0, hi=600_000.0)
     itl_factor: float = _opt(
-        3.0, "With itl_target_ms 0, a tick may last this many predicted decode steps.",
+        2.0, "With itl_target_ms 0, a tick may last this many predicted decode steps.",
         lo=1.0, hi=1000.0)
     ttft_target_ms: float = _opt(
         1000.0, "Time-to-first-token objective: no tick is planned longer than half of it, "

@@ -69,16 +69,22 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def measure(model: Path, preload: list[str], rows: str, context: int, repeats: int
-            ) -> dict[str, Any]:
+def run_child(script: str, args: list[str], preload: list[str]) -> dict[str, Any]:
+    """Run ``script`` in a child Python with ``preload`` in LD_PRELOAD; its last line of
+    output, as JSON."""
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env["LD_PRELOAD"] = ":".join(preload)
-    run = subprocess.run([sys.executable, "-c", CHILD, str(model), rows, str(context),
-                          str(repeats)], capture_output=True, text=True, env=env, check=False)
+    run = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                         text=True, env=env, check=False)
     if run.returncode != 0:
         raise SystemExit(f"benchmark child failed:\n{run.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
     return result
+
+
+def measure(model: Path, preload: list[str], rows: str, context: int, repeats: int
+            ) -> dict[str, Any]:
+    return run_child(CHILD, [str(model), rows, str(context), str(repeats)], preload)
 
 
 def report(model: Path, plain: dict[str, Any], skinny: dict[str, Any], command: str,

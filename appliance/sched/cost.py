@@ -255,7 +255,7 @@ class TickObjectives:
     """
 
     itl_target_s: float = 0.0
-    itl_factor: float = 3.0
+    itl_factor: float = 2.0
     ttft_target_s: float = 1.0
     min_chunk: int = 8
     prefill_floor: float = 2.0
@@ -381,10 +381,8 @@ class PrefillAllowance:
         Work that can wait, and any chunk that leaves its prompt unfinished, gets only the
         budget's patient share, and no more than the most efficient chunk (but riding in
         the decode step, where there is no fixed cost to spread); the first chunk
-        of a tick (or a grant) reads at least ``min_chunk`` tokens, and a fresh prompt whole
-        when that costs at most two such chunks read in forwards of their own, riding or
-        not (a short chat turn split in two would wait a tick for its first token, and
-        read apart pay a second forward's fixed cost)."""
+        of a tick (or a grant) reads at least ``min_chunk`` tokens, and a fresh prompt that
+        does not fit whole when it is short (:meth:`_whole`)."""
         if not self.timed:
             cap = self.full_tokens if grant else self.tokens
             return remaining if cap is None else min(remaining, cap)
@@ -399,8 +397,7 @@ class PrefillAllowance:
         n = costs.tokens_within(limit, computed, riding=riding)
         first = not self.spent_any or grant
         if n < remaining:
-            if first and computed == 0 and (costs.prefill(remaining, riding=riding)
-                                            <= 2 * costs.prefill(self.min_chunk)):
+            if first and computed == 0 and self._whole(remaining, limit):
                 return remaining
             n = min(n, costs.tokens_within(seconds - self.slack, computed, riding=riding))
             best = None if riding else costs.efficient_chunk(computed)
@@ -409,6 +406,18 @@ class PrefillAllowance:
         if first:
             n = max(n, self.min_chunk)
         return max(0, min(n, remaining))
+
+    def _whole(self, remaining: int, limit: float) -> bool:
+        """Whether a fresh prompt that does not fit ``limit`` is read whole anyway. Read in
+        forwards of its own: when it costs at most two ``min_chunk`` forwards (split, a
+        short chat turn would wait a tick for its first token and pay a second fixed
+        cost). Riding in the decode step, where a split costs no fixed cost: when it costs
+        at most half again the time left (a split would leave a stub for the next tick)."""
+        costs = self.costs
+        assert costs is not None
+        if self.riding:
+            return costs.prefill(remaining, riding=True) <= 1.5 * limit
+        return costs.prefill(remaining) <= 2 * costs.prefill(self.min_chunk)
 
     def spend(self, remaining: int, computed: int, n: int) -> None:
         if self.timed:

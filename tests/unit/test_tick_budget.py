@@ -496,13 +496,18 @@ def test_while_present_a_riding_tick_gives_work_that_can_wait_at_least_a_riding_
                                                                  riding=True))
 
 
-def test_riding_a_short_chat_turn_is_still_read_whole_under_a_tight_target() -> None:
-    """A chat turn is not split because riding chunks are cheap: split, it would wait a
-    tick for its first token. Whole when it costs no more than two min_chunk forwards."""
+def test_riding_a_chat_turn_is_read_whole_unless_it_needs_over_half_again_the_share(
+        ) -> None:
+    """Riding chunks cost no fixed cost, so a prompt that does not fit is split, but not
+    into a stub: one that costs at most 1.5 times what the tick has left is read whole
+    (split, its first token would wait a tick for the stub)."""
     costs = trained_riding()
-    s = Scheduler(SchedulerConfig(objectives=TickObjectives(itl_factor=1.2, prefill_floor=0)))
-    views = [seq(1, D, kv=300), seq(2, D, kv=300), seq(3, P, prompt=60)]
-    plan = s.step(0.0, views, costs=costs)
-    assert s.budget is not None and s.budget.riding
-    assert costs.prefill(60, riding=True) > s.budget.prefill_s  # it does not fit the share
-    assert plan.prefill == ((3, 60),)
+    step = costs.decode(2, 301)
+    turn = costs.prefill(60, riding=True)
+    for share, whole in ((turn / 1.3, True), (turn / 1.8, False)):
+        s = Scheduler(SchedulerConfig(objectives=TickObjectives(
+            itl_target_s=step + share, prefill_floor=0)))
+        views = [seq(1, D, kv=300), seq(2, D, kv=300), seq(3, P, prompt=60)]
+        ((rid, n),) = s.step(0.0, views, costs=costs).prefill
+        assert s.budget is not None and s.budget.riding
+        assert (n == 60) is whole, (share, n)

@@ -11,8 +11,11 @@
  *
  * This library is preloaded (LD_PRELOAD) before OpenBLAS by `appliance serve`/`run` on
  * Linux and defines cblas_sgemm, so MLX's calls land here:
- *  - row-major C = alpha * A * B^T + beta * C with at most MAX_ROWS rows (a linear layer:
- *    x @ W.T, and attention's q @ k^T) runs the kernel below, which reads B once;
+ *  - row-major C = alpha * A * B^T + beta * C with at most GROUP_ROWS rows (a linear
+ *    layer: x @ W.T, and attention's q @ k^T) runs the kernel below, which reads B from
+ *    memory once: up to MAX_ROWS rows in registers, more in groups of MAX_ROWS over a
+ *    block of columns that stays in the cache (a decode step of 8 rows with a prompt
+ *    chunk of 8 tokens read in its forward is 16 rows);
  *  - any other product with one row or one column goes to the next library's cblas_sgemv;
  *  - everything else (prefill's big products) goes to the next library's cblas_sgemm.
  *
@@ -36,7 +39,7 @@
 #include <string.h>
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
-enum { LANES = 16, MAX_ROWS = 8 };
+enum { LANES = 16, MAX_ROWS = 8, GROUP_ROWS = 16, GROUP_COLUMNS = 64 };
 
 typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
 typedef float uvec __attribute__((vector_size(LANES * sizeof(float)), aligned(4)));
@@ -117,12 +120,29 @@ static inline __attribute__((always_inline)) void rows_kernel(
 
 #define ROWS_CASE(R) case R: rows_kernel(R, n, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
 
-static void skinny(int m, int n, int k, float alpha, const float *a, int lda, const float *b,
-                   int ldb, float beta, float *c, int ldc) {
+static void rows_up_to_8(int m, int n, int k, float alpha, const float *a, int lda,
+                         const float *b, int ldb, float beta, float *c, int ldc) {
     switch (m) {
         ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
         ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
         default: abort();
+    }
+}
+
+/* Up to MAX_ROWS rows at once; more (up to GROUP_ROWS) in groups of MAX_ROWS over blocks of
+ * GROUP_COLUMNS columns of B, so each block is read from memory once and from the cache by
+ * the later groups. Every output is summed as rows_kernel sums it, whatever its group. */
+static void skinny(int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+                   int ldb, float beta, float *c, int ldc) {
+    if (m <= MAX_ROWS) {
+        rows_up_to_8(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    for (int j = 0; j < n; j += GROUP_COLUMNS) {
+        int w = n - j < GROUP_COLUMNS ? n - j : GROUP_COLUMNS;
+        for (int i = 0; i < m; i += MAX_ROWS)
+            rows_up_to_8(m - i < MAX_ROWS ? m - i : MAX_ROWS, w, k, alpha, a + (long)i * lda,
+                         lda, b + (long)j * ldb, ldb, beta, c + (long)i * ldc + j, ldc);
     }
 }
 
@@ -269,7 +289,7 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float
         next_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
-    if (m <= MAX_ROWS && trans_a == NO_TRANS && trans_b == TRANS) {
+    if (m <= GROUP_ROWS && trans_a == NO_TRANS && trans_b == TRANS) {
         __atomic_add_fetch(&n_kernel, 1, __ATOMIC_RELAXED);
         skinny_shared(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;

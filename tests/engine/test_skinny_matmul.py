@@ -46,7 +46,11 @@ PRODUCTS = textwrap.dedent("""
                                      0.5 * c + 2.0 * (x8.astype(f64) @ w.T), "kernel"),
         "row @ W (not transposed)": (mx.array(r) @ W, r.astype(f64) @ w, "gemv"),
         "W @ column": (W @ X8[:1].T, w.astype(f64) @ x8[:1].T, "gemv"),
-        "nine rows": (mx.array(x9 := draw(9, 70)) @ W.T, x9.astype(f64) @ w.T, "gemm"),
+        "nine rows": (mx.array(x9 := draw(9, 70)) @ W.T, x9.astype(f64) @ w.T, "kernel"),
+        "sixteen rows": (mx.array(x16 := draw(16, 70)) @ W.T, x16.astype(f64) @ w.T,
+                         "kernel"),
+        "seventeen rows": (mx.array(x17 := draw(17, 70)) @ W.T, x17.astype(f64) @ w.T,
+                           "gemm"),
     }
     out = {}
     for name, (product, want, path) in cases.items():
@@ -57,9 +61,13 @@ PRODUCTS = textwrap.dedent("""
         out[name] = {"path": "kernel" if dk else "gemv" if dg else "gemm", "expect": path,
                      "err": float(np.abs(got - want).max() / np.abs(want).max()),
                      "finite": bool(np.isfinite(got).all())}
-    # a row alone and in every batch of up to eight: the same bits
-    alone = np.array(X8[:1] @ W.T)[0]
-    out["same bits"] = [bool((np.array(X8[:m] @ W.T)[0] == alone).all()) for m in range(1, 9)]
+    # a row alone and in every batch of up to sixteen: the same bits
+    X16 = mx.array(x16)
+    alone = np.array(X16[:1] @ W.T)[0]
+    out["same bits"] = [bool((np.array(X16[:m] @ W.T)[0] == alone).all())
+                        for m in range(1, 17)]
+    last = np.array(X16[15:16] @ W.T)[0]  # and a row in the second group of eight
+    out["same bits"].append(bool((np.array(X16 @ W.T)[15] == last).all()))
     print(json.dumps(out))
 """)
 
@@ -90,7 +98,7 @@ def test_few_row_products_run_the_kernel_and_equal_gemm(preload: list[str]) -> N
                          text=True, timeout=120, env=_clean_env(LD_PRELOAD=":".join(preload)))
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result.pop("same bits") == [True] * 8
+    assert result.pop("same bits") == [True] * 17
     for name, r in result.items():
         assert r["finite"] and r["err"] < 1e-5, (name, r)
         assert r["path"] == r["expect"], (name, r)

@@ -373,10 +373,10 @@ class PrefillAllowance:
         return self._fresh_forward and computed == 0 and n >= remaining and not self.riding
 
     def size(self, remaining: int, computed: int, *, grant: bool = False,
-             patient: bool = False) -> int:
+             patient: bool = False, urgent: bool = False) -> int:
         """Tokens a prompt with ``remaining`` tokens left after ``computed`` may read now.
         ``grant``: a due grant, sized against the whole share whatever is spent.
-        ``patient``: work that can wait (a background prompt).
+        ``patient``: work that can wait (a background prompt). ``urgent``: a voice command.
 
         Work that can wait, and any chunk that leaves its prompt unfinished, gets only the
         budget's patient share, and no more than the most efficient chunk (but riding in
@@ -397,7 +397,7 @@ class PrefillAllowance:
         n = costs.tokens_within(limit, computed, riding=riding)
         first = not self.spent_any or grant
         if n < remaining:
-            if first and computed == 0 and self._whole(remaining, limit):
+            if first and computed == 0 and self._whole(remaining, limit, urgent):
                 return remaining
             n = min(n, costs.tokens_within(seconds - self.slack, computed, riding=riding))
             best = None if riding else costs.efficient_chunk(computed)
@@ -407,17 +407,20 @@ class PrefillAllowance:
             n = max(n, self.min_chunk)
         return max(0, min(n, remaining))
 
-    def _whole(self, remaining: int, limit: float) -> bool:
+    def _whole(self, remaining: int, limit: float, urgent: bool) -> bool:
         """Whether a fresh prompt that does not fit ``limit`` is read whole anyway. Read in
         forwards of its own: when it costs at most two ``min_chunk`` forwards (split, a
         short chat turn would wait a tick for its first token and pay a second fixed
         cost). Riding in the decode step, where a split costs no fixed cost: when it costs
-        at most half again the time left (a split would leave a stub for the next tick)."""
+        at most half again the time left (a split would leave a stub for the next tick),
+        and a voice command (``urgent``) as when read apart: its wait is the one the
+        household hears, a stream's longer gap is not."""
         costs = self.costs
         assert costs is not None
-        if self.riding:
-            return costs.prefill(remaining, riding=True) <= 1.5 * limit
-        return costs.prefill(remaining) <= 2 * costs.prefill(self.min_chunk)
+        cost = costs.prefill(remaining, riding=self.riding)
+        if self.riding and cost <= 1.5 * limit:
+            return True
+        return (urgent or not self.riding) and cost <= 2 * costs.prefill(self.min_chunk)
 
     def spend(self, remaining: int, computed: int, n: int) -> None:
         if self.timed:

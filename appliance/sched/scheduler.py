@@ -313,7 +313,8 @@ class Scheduler:
             if i and allowance.exhausted():
                 break  # the rest stay due, first in line next tick
             n = allowance.size(s.remaining, s.computed, grant=i == 0,
-                               patient=s.klass is Klass.BACKGROUND)
+                               patient=s.klass is Klass.BACKGROUND,
+                               urgent=s.klass is Klass.VOICE)
             if n <= 0:
                 break
             chunks.append((s.rid, n))
@@ -322,7 +323,8 @@ class Scheduler:
         for s in ready:
             if allowance.exhausted():
                 break
-            n = allowance.size(s.remaining, s.computed, patient=s.klass is Klass.BACKGROUND)
+            n = allowance.size(s.remaining, s.computed, patient=s.klass is Klass.BACKGROUND,
+                               urgent=s.klass is Klass.VOICE)
             if n <= 0:
                 break
             if finishing and n < s.remaining:

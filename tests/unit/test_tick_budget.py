@@ -511,3 +511,20 @@ def test_riding_a_chat_turn_is_read_whole_unless_it_needs_over_half_again_the_sh
         ((rid, n),) = s.step(0.0, views, costs=costs).prefill
         assert s.budget is not None and s.budget.riding
         assert (n == 60) is whole, (share, n)
+
+
+def test_riding_a_voice_command_is_read_whole_where_a_chat_turn_is_split() -> None:
+    """The household hears a voice command's wait: riding, it is read whole when it costs
+    at most two min_chunk forwards of its own, even where a chat turn would be split."""
+    costs = trained_riding()
+    step = costs.decode(2, 301)
+    turn = costs.prefill(60, riding=True)
+    assert turn <= 2 * costs.prefill(8)
+    got = {}
+    for klass in (Klass.INTERACTIVE, Klass.VOICE):
+        s = Scheduler(SchedulerConfig(objectives=TickObjectives(
+            itl_target_s=step + turn / 1.8, prefill_floor=0)))
+        views = [seq(1, D, kv=300), seq(2, D, kv=300), seq(3, P, prompt=60, klass=klass)]
+        ((_, n),) = s.step(0.0, views, costs=costs).prefill
+        got[klass] = n
+    assert got[Klass.VOICE] == 60 and got[Klass.INTERACTIVE] < 60, got

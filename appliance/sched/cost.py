@@ -236,9 +236,9 @@ class TickObjectives:
     * ``min_chunk``: a prefill still advances by at least this many tokens per tick when
       the objectives leave no room, so a long prompt always finishes; while someone is
       present, work that can wait gets at least this chunk's time, and no more when the
-      decode step already takes an arrival's reading time. 8: on a CPU the appliance's own
-      kernel takes products of at most 8 rows (appliance/native/skinny_matmul.c), so such
-      a chunk costs about half of a forward of 9-32 tokens.
+      decode step already takes an arrival's reading time. 8: riding in a decode step of
+      8 rows on a CPU, the product stays within the 16 rows of the appliance's own kernel
+      (appliance/native/skinny_matmul.c).
     * ``prefill_floor``: the objectives are feasible when they leave prefill at least this
       many times a prefill forward's fixed cost (then at least half of the prefill time
       reads tokens). When they do not, a slow or busy machine overruns them: by that floor

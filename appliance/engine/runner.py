@@ -419,8 +419,11 @@ class Runner:
         start = self.timer()
         kv_len = self.batch.padded_len + 1
         riding = [(n, s.computed) for s, n in chunks]
-        caches = [s.cache for s, _ in chunks]
-        assert all(cache is not None for cache in caches)
+        parts = []
+        for s, n in chunks:
+            assert s.cache is not None
+            parts.append((s.cache, s.tokens[s.computed:s.computed + n],
+                          s.computed + n == len(s.tokens)))
         try:
             failed = self._decode_faults(rows)
             if self.fault:
@@ -428,17 +431,19 @@ class Runner:
                     self.fault(s.handle.request, "prefill")
                 for s in rows:
                     self.fault(s.handle.request, "batch")
-            logits, lasts = self.batch.step_mixed(
-                [s.next_token for s in rows],
-                [(cache, s.tokens[s.computed:s.computed + n], s.computed + n == len(s.tokens))
-                 for (s, n), cache in zip(chunks, caches, strict=True) if cache is not None])
+            logits, lasts = self.batch.step_mixed([s.next_token for s in rows], parts)
         except Exception:
             log.exception("mixed forward of %d rows and %d chunks failed; reading them one "
                           "forward each", len(rows), len(chunks))
             return None
-        tokens = sample_batch(logits, [s.sampler for s in rows], [s.tokens for s in rows],
-                              on_row_error=lambda i, e: failed.setdefault(rows[i].rid,
-                                                                          repr(e)))
+        try:  # the forward has run: a failure now ends these rows, it is not retried
+            tokens = sample_batch(logits, [s.sampler for s in rows], [s.tokens for s in rows],
+                                  on_row_error=lambda i, e: failed.setdefault(rows[i].rid,
+                                                                              repr(e)))
+        except Exception as exc:
+            log.exception("sampling the decode rows of a mixed forward failed")
+            tokens = [None] * len(rows)
+            failed.update({s.rid: repr(exc) for s in rows})
         firsts: list[int | None] = []
         for (s, _), last in zip(chunks, lasts, strict=True):
             try:

@@ -296,7 +296,9 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     someone waits on has already waited that bound unread (a burst of arrivals, read one a
     tick, would leave the last waiting several ticks past its objective), so the tick may
     last the whole TTFT objective: the burst's prompts share one forward (one fixed cost)
-    and the running streams see one gap of at most that length.
+    and the running streams see one gap of at most that length. Not when the chunks ride in
+    the decode step: they have no fixed cost to share, so the burst is read over ticks of
+    the ITL objective and the streams' gaps stay short.
 
     When that leaves prefill less than its floor (``prefill_floor`` forward fixed costs),
     the objectives cannot be met on this machine at all, and the tick gets the time of the
@@ -321,7 +323,7 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
         target = min(itl, bound)
     else:
         target = bound
-    if overdue:
+    if overdue and not riding:
         target = objectives.ttft_target_s
     share = target - decode_s
     smallest = costs.prefill(objectives.min_chunk, riding=riding)

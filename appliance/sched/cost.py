@@ -32,12 +32,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-BURST_STEPS = 3.0
-"""Decode steps an overdue burst's tick may last while its prompts ride in the decode step
-(the streams' longest gap: 3 steps is issue 10's ITL max goal; the whole TTFT objective, as
-read apart, made it 700 ms at 8 clients, and the ITL objective alone doubled the burst's
-TTFT p95)."""
-
 DECODE_PRIOR = (0.05, 0.002, 0.01, 1.5, 8.0)
 """d0 s/step, d1 s/row, d2 s per 1e3 row-positions (about a 135M fp32 model on 2 cores);
 d3 s per 1e3 and d4 s per 1e6 token-positions of prompt chunks riding in the step (the
@@ -302,10 +296,7 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     someone waits on has already waited that bound unread (a burst of arrivals, read one a
     tick, would leave the last waiting several ticks past its objective), so the tick may
     last the whole TTFT objective: the burst's prompts share one forward (one fixed cost)
-    and the running streams see one gap of at most that length. Riding in the decode step
-    the chunks have no fixed cost to share, so such a tick lasts at most
-    :data:`BURST_STEPS` decode steps: the streams' longest gap stays within that many
-    steps, and prefill still gets most of the tick.
+    and the running streams see one gap of at most that length.
 
     When that leaves prefill less than its floor (``prefill_floor`` forward fixed costs),
     the objectives cannot be met on this machine at all, and the tick gets the time of the
@@ -331,8 +322,7 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     else:
         target = bound
     if overdue:
-        target = (max(target, min(BURST_STEPS * decode_s, objectives.ttft_target_s))
-                  if riding else objectives.ttft_target_s)
+        target = objectives.ttft_target_s
     share = target - decode_s
     smallest = costs.prefill(objectives.min_chunk, riding=riding)
     floor = objectives.prefill_floor * (smallest if riding else costs.prefill_fit.beta[0])

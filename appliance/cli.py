@@ -184,6 +184,9 @@ def cmd_bench(settings: Settings, args: argparse.Namespace, rest: list[str]) -> 
     if args.bench_cmd == "matmul":
         from appliance.bench.matmul import main as bench_matmul
         return bench_matmul(rest)
+    if args.bench_cmd == "mixed":
+        from appliance.bench.mixed import main as bench_mixed
+        return bench_mixed(rest)
     raise AssertionError(args.bench_cmd)
 
 
@@ -219,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks (see docs/BENCHMARKS.md)")
     bench.add_argument("bench_cmd",
-                       choices=("serve", "fairness", "goodput", "dashboards", "prefill", "matmul"))
+                       choices=("serve", "fairness", "goodput", "dashboards", "prefill", "matmul",
+                                "mixed"))
     return parser
 
 

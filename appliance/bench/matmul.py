@@ -119,16 +119,28 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(args.model)
     plain = measure(model, [blas], args.rows, args.context, args.repeats)
     skinny = measure(model, [kernel, blas], args.rows, args.context, args.repeats)
-    command = "python -m appliance.bench.matmul " + " ".join(
-        sys.argv[1:] if argv is None else argv)
-    facts = (f"{dt.datetime.now(dt.UTC).isoformat(timespec='minutes')}, git commit "
-             f"`{git_commit(Path.cwd())}`, {platform.system()} {platform.machine()}, "
-             f"{os.cpu_count()} CPUs")
-    text = report(model, plain, skinny, command.strip(), facts)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text)
+    emit(report(model, plain, skinny, command_line("appliance.bench.matmul", argv),
+                facts_line()), args.output)
     return 0
+
+
+def command_line(module: str, argv: list[str] | None) -> str:
+    """The command that reproduces this run, for the report."""
+    return f"python -m {module} {' '.join(sys.argv[1:] if argv is None else argv)}".strip()
+
+
+def facts_line() -> str:
+    """When, at which commit, on what machine."""
+    return (f"{dt.datetime.now(dt.UTC).isoformat(timespec='minutes')}, git commit "
+            f"`{git_commit(Path.cwd())}`, {platform.system()} {platform.machine()}, "
+            f"{os.cpu_count()} CPUs")
+
+
+def emit(text: str, output: str | None) -> None:
+    """Print the Markdown report, and write it to ``output`` when given."""
+    print(text)
+    if output:
+        Path(output).write_text(text)
 
 
 if __name__ == "__main__":

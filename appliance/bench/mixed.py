@@ -19,16 +19,13 @@ of a request.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
-from appliance.bench.matmul import run_child
-from appliance.bench.report import git_commit, relative
+from appliance.bench.matmul import command_line, emit, facts_line, run_child
+from appliance.bench.report import relative
 from appliance.blas import wanted_preload
 
 CHILD = textwrap.dedent("""
@@ -108,15 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(args.model)
     result = run_child(CHILD, [str(model), args.rows, args.chunks, str(args.context),
                                str(args.repeats)], wanted_preload("auto", True))
-    command = "python -m appliance.bench.mixed " + " ".join(
-        sys.argv[1:] if argv is None else argv)
-    facts = (f"{dt.datetime.now(dt.UTC).isoformat(timespec='minutes')}, git commit "
-             f"`{git_commit(Path.cwd())}`, {platform.system()} {platform.machine()}, "
-             f"{os.cpu_count()} CPUs; skinny_matmul and OpenBLAS preloaded, fast CPU ops")
-    text = report(model, result, command.strip(), facts)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text)
+    emit(report(model, result, command_line("appliance.bench.mixed", argv),
+                f"{facts_line()}; skinny_matmul and OpenBLAS preloaded, fast CPU ops"),
+         args.output)
     return 0
 
 

@@ -14,3 +14,10 @@ def test_the_report_gives_the_chunks_cost_apart_and_riding() -> None:
     assert "| 8 | 32 | 100 | 274 | 221 | 174 / 121 ms: 1.44x |" in text
     assert "| 1 | 8 | 50 | 60 | 49 | 10 / -1 ms: - |" in text  # riding cost nothing: no ratio
     assert "`models/m`" in text and "/work" not in text
+
+
+def test_cli_knows_the_mixed_benchmark() -> None:
+    from appliance.cli import build_parser
+
+    args, rest = build_parser().parse_known_args(["bench", "mixed", "--rows", "8"])
+    assert args.bench_cmd == "mixed" and rest == ["--rows", "8"]

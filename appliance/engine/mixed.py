@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -52,14 +53,22 @@ def supports_mixed(model: Any) -> bool:
     return True
 
 
+@dataclass(slots=True)
 class Part:
     """One part of a mixed forward: ``rows`` sequences of ``length`` new tokens each over
-    their per-layer caches (the decode batch: rows B, length 1; a prompt chunk: 1, n)."""
+    their per-layer caches (the decode batch: rows B, length 1; a prompt chunk: 1, n), at
+    ``start`` in the forward's tokens."""
 
-    __slots__ = ("rows", "length", "cache", "mask")
+    rows: int
+    length: int
+    cache: list[Any]
+    mask: Any
+    start: int
 
-    def __init__(self, rows: int, length: int, cache: list[Any], mask: Any) -> None:
-        self.rows, self.length, self.cache, self.mask = rows, length, cache, mask
+    def heads(self, t: mx.array, n: int) -> mx.array:
+        """This part's rows of a projection ``t`` [1, T, n * d], as [rows, n, length, d]."""
+        rows = t[0, self.start:self.start + self.rows * self.length]
+        return rows.reshape(self.rows, self.length, n, -1).transpose(0, 2, 1, 3)
 
 
 def _attention(attn: Any, x: mx.array, parts: list[Part], layer: int) -> mx.array:
@@ -68,21 +77,13 @@ def _attention(attn: Any, x: mx.array, parts: list[Part], layer: int) -> mx.arra
     sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
     queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
     out = []
-    start = 0
     for part in parts:
-        end = start + part.rows * part.length
-
-        def heads(t: mx.array, n: int, lo: int = start, hi: int = end,
-                  p: Part = part) -> mx.array:
-            return t[0, lo:hi].reshape(p.rows, p.length, n, -1).transpose(0, 2, 1, 3)
-
         cache = part.cache[layer]
-        q = attn.rope(heads(queries, attn.n_heads), offset=cache.offset)
-        k = attn.rope(heads(keys, attn.n_kv_heads), offset=cache.offset)
-        k, v = cache.update_and_fetch(k, heads(values, attn.n_kv_heads))
+        q = attn.rope(part.heads(queries, attn.n_heads), offset=cache.offset)
+        k = attn.rope(part.heads(keys, attn.n_kv_heads), offset=cache.offset)
+        k, v = cache.update_and_fetch(k, part.heads(values, attn.n_kv_heads))
         o = sdpa(q, k, v, cache=cache, scale=attn.scale, mask=part.mask)
-        out.append(o.transpose(0, 2, 1, 3).reshape(1, end - start, -1))
-        start = end
+        out.append(o.transpose(0, 2, 1, 3).reshape(1, part.rows * part.length, -1))
     return attn.o_proj(mx.concatenate(out, axis=1))
 
 
@@ -101,10 +102,12 @@ def mixed_step(model: Any, batch_cache: list[Any], inputs: Sequence[int],
     h = inner.embed_tokens(mx.array(tokens))[None]
     # The masks from the caches before they grow, as mlx-lm's model does for each forward.
     parts = [Part(len(inputs), 1, batch_cache,
-                  create_attention_mask(h[:, :1], batch_cache[0]))]
+                  create_attention_mask(h[:, :1], batch_cache[0]), 0)]
+    start = len(inputs)
     for cache, chunk, _ in chunks:
         parts.append(Part(1, len(chunk), cache,
-                          create_attention_mask(h[:, :len(chunk)], cache[0])))
+                          create_attention_mask(h[:, :len(chunk)], cache[0]), start))
+        start += len(chunk)
     for i, layer in enumerate(inner.layers):
         h = h + _attention(layer.self_attn, layer.input_layernorm(h), parts, i)
         h = h + layer.mlp(layer.post_attention_layernorm(h))

@@ -1,0 +1,123 @@
+"""Prompt chunks read in the decode step's forward (``CostModel.rides``): the step's fit of
+a riding chunk's cost, and the tick budget and chunk sizes planned with it. The machines
+and helpers are those of test_tick_budget.py. No MLX, no real clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.sched.cost import CostModel, TickObjectives, tick_budget
+from appliance.sched.scheduler import Scheduler
+from appliance.sched.types import SchedulerConfig
+from appliance.vocab import Klass
+from tests.unit.test_tick_budget import SLOW_CPU, D, Machine, P, seq, trained
+
+RIDE_P1, RIDE_P2 = 2.0, 7.0
+"""A chunk riding in the decode step: per-token costs as in a forward of its own (a bit
+more per token: the step's rows and the chunk's share products), no fixed cost."""
+
+
+def ride(n: int, k: int) -> float:
+    return RIDE_P1 * n / 1e3 + RIDE_P2 * n * (k + n / 2) / 1e6
+
+
+def trained_riding(machine: Machine = SLOW_CPU, ticks: int = 80) -> CostModel:
+    """Decode steps with and without chunks riding in them, and prefill forwards alone."""
+    costs = trained(machine, ticks)
+    costs.rides = True
+    for i in range(ticks):
+        rows, kv = 1 + i % 8, 64 + (i * 97) % 2500
+        chunks = [((8, 16, 48, 96)[i % 4], (i * 211) % 1800)]
+        if i % 3 == 0:
+            chunks.append((30, 0))
+        costs.observe_decode(rows, kv, machine.decode(rows, kv)
+                             + sum(ride(n, k) for n, k in chunks), chunks)
+    return costs
+
+
+def test_chunks_riding_in_the_decode_step_are_fitted_without_a_fixed_cost() -> None:
+    costs = trained_riding()
+    for rows, kv in [(1, 64), (6, 2200), (8, 500)]:
+        assert costs.decode(rows, kv) == pytest.approx(SLOW_CPU.decode(rows, kv), rel=0.05)
+    for n, k in [(8, 0), (32, 1000), (96, 300)]:
+        assert costs.prefill(n, k, riding=True) == pytest.approx(ride(n, k), rel=0.05)
+        assert costs.prefill(n, k, riding=True) < costs.prefill(n, k)  # no fixed cost
+    for seconds, k in [(0.05, 0), (0.2, 1500)]:
+        n = costs.tokens_within(seconds, k, riding=True)
+        assert costs.prefill(n, k, riding=True) <= seconds + 1e-9
+        assert costs.prefill(n + 1, k, riding=True) > seconds
+
+
+def test_a_tick_rides_only_when_the_engine_reads_chunks_in_a_decode_step_that_runs() -> None:
+    costs = trained_riding()
+    objectives = TickObjectives(itl_target_s=0.4)
+    assert tick_budget(costs, objectives, 4, 300).riding
+    assert not tick_budget(costs, objectives, 0, 0).riding  # nothing decodes
+    costs.rides = False
+    assert not tick_budget(costs, objectives, 4, 300).riding
+
+
+def test_riding_a_long_prompt_gets_more_tokens_in_the_same_tick_target() -> None:
+    """Beside decoding streams, a chunk riding in the step pays no forward fixed cost, so
+    the same ITL target reads more of the prompt, and the tick still fits it."""
+    chunks = {}
+    for rides in (False, True):
+        costs = trained_riding()
+        costs.rides = rides
+        s = Scheduler(SchedulerConfig(objectives=TickObjectives(itl_target_s=0.3)))
+        views = [seq(1, D, kv=300), seq(2, D, kv=300), seq(3, P, prompt=4000, computed=100)]
+        plan = s.step(0.0, views, costs=costs)
+        assert s.budget is not None and s.budget.riding is rides
+        ((rid, n),) = plan.prefill
+        chunks[rides] = n
+        took = SLOW_CPU.decode(2, 301) + (ride(n, 100) if rides
+                                          else SLOW_CPU.prefill(1, n, 100))
+        assert took <= s.budget.target_s * 1.05
+    assert chunks[True] > chunks[False], chunks
+
+
+def test_while_present_a_riding_tick_gives_work_that_can_wait_at_least_a_riding_min_chunk(
+        ) -> None:
+    costs = trained_riding()
+    objectives = TickObjectives(ttft_target_s=0.6)
+    here = tick_budget(costs, objectives, 8, 3000, present=True)
+    assert here.riding
+    assert here.patient_s == pytest.approx(costs.prefill(objectives.min_chunk, riding=True))
+    # the floor is a few riding min_chunks, not forward fixed costs
+    assert here.target_s == pytest.approx(
+        here.decode_s + objectives.prefill_floor * costs.prefill(objectives.min_chunk,
+                                                                 riding=True))
+
+
+def test_riding_a_chat_turn_is_read_whole_unless_it_needs_over_half_again_the_share(
+        ) -> None:
+    """Riding chunks cost no fixed cost, so a prompt that does not fit is split, but not
+    into a stub: one that costs at most 1.5 times what the tick has left is read whole
+    (split, its first token would wait a tick for the stub)."""
+    costs = trained_riding()
+    step = costs.decode(2, 301)
+    turn = costs.prefill(60, riding=True)
+    for share, whole in ((turn / 1.3, True), (turn / 1.8, False)):
+        s = Scheduler(SchedulerConfig(objectives=TickObjectives(
+            itl_target_s=step + share, prefill_floor=0)))
+        views = [seq(1, D, kv=300), seq(2, D, kv=300), seq(3, P, prompt=60)]
+        ((rid, n),) = s.step(0.0, views, costs=costs).prefill
+        assert s.budget is not None and s.budget.riding
+        assert (n == 60) is whole, (share, n)
+
+
+def test_riding_a_voice_command_is_read_whole_where_a_chat_turn_is_split() -> None:
+    """The household hears a voice command's wait: riding, it is read whole when it costs
+    at most two min_chunk forwards of its own, even where a chat turn would be split."""
+    costs = trained_riding()
+    step = costs.decode(2, 301)
+    turn = costs.prefill(60, riding=True)
+    assert turn <= 2 * costs.prefill(8)
+    got = {}
+    for klass in (Klass.INTERACTIVE, Klass.VOICE):
+        s = Scheduler(SchedulerConfig(objectives=TickObjectives(
+            itl_target_s=step + turn / 1.8, prefill_floor=0)))
+        views = [seq(1, D, kv=300), seq(2, D, kv=300), seq(3, P, prompt=60, klass=klass)]
+        ((_, n),) = s.step(0.0, views, costs=costs).prefill
+        got[klass] = n
+    assert got[Klass.VOICE] == 60 and got[Klass.INTERACTIVE] < 60, got

@@ -370,15 +370,19 @@ class Runner:
                 for s in rows:
                     self.fault(s.handle.request, "batch")
             logits = self.batch.step([s.next_token for s in rows])
-            tokens = sample_batch(logits, [s.sampler for s in rows], [s.tokens for s in rows],
-                                  on_row_error=lambda i, e: failed.setdefault(rows[i].rid,
-                                                                              repr(e)))
+            tokens = self._sample_rows(logits, rows, failed)
             self._timed("decode", len(rows), 1, kv_len, start)
         except Exception:
             log.exception("batched decode step failed; retrying its %d rows alone", len(rows))
             tokens = self._decode_alone(rows, failed)
         self._decoded(rows, tokens, failed)
         return True
+
+    @staticmethod
+    def _sample_rows(logits: Any, rows: list[Seq], failed: dict[int, str]) -> list[int | None]:
+        """Each decode row's next token; a row whose sampling raises is noted in ``failed``."""
+        return sample_batch(logits, [s.sampler for s in rows], [s.tokens for s in rows],
+                            on_row_error=lambda i, e: failed.setdefault(rows[i].rid, repr(e)))
 
     def _decode_faults(self, rows: list[Seq]) -> dict[int, str]:
         failed: dict[int, str] = {}
@@ -437,9 +441,7 @@ class Runner:
                           "forward each", len(rows), len(chunks))
             return None
         try:  # the forward has run: a failure now ends these rows, it is not retried
-            tokens = sample_batch(logits, [s.sampler for s in rows], [s.tokens for s in rows],
-                                  on_row_error=lambda i, e: failed.setdefault(rows[i].rid,
-                                                                              repr(e)))
+            tokens = self._sample_rows(logits, rows, failed)
         except Exception as exc:
             log.exception("sampling the decode rows of a mixed forward failed")
             tokens = [None] * len(rows)

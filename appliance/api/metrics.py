@@ -47,6 +47,9 @@ class SnapshotCollector(Collector):
             "appliance_engine_ticks_over_target": (
                 "Engine ticks that took more than twice their time target.",
                 snap.ticks_over_target),
+            "appliance_engine_mixed_forwards": (
+                "Decode steps that read prompt chunks in their own forward.",
+                snap.mixed_forwards),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)

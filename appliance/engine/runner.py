@@ -767,4 +767,4 @@ class Runner:
             weights=self.scheduler.counters.weights(),
             prompt_cache=None if pc is None else dataclasses.asdict(pc.stats),
             kv_reserved_bytes=self._reserved_tokens() * self.loaded.kv_bytes_per_token,
-            ticks_over_target=self.ticks_over_target)
+            ticks_over_target=self.ticks_over_target, mixed_forwards=self.mixed_forwards)

@@ -52,6 +52,8 @@ class EngineSnapshot:
     """The weights the running scheduler uses (by user id as text; absent: 1)."""
     ticks_over_target: int = 0
     """Ticks that took more than twice their time target (``runner.OVER_TARGET``)."""
+    mixed_forwards: int = 0
+    """Decode steps that read prompt chunks in their own forward (engine/mixed.py)."""
 
     @property
     def prompt_cache_bytes(self) -> int:

@@ -218,5 +218,6 @@ def test_metrics_are_prometheus_text_with_engine_figures(server: LiveServer) -> 
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
     assert families["appliance_generated_tokens"].samples[0].value >= 3
     assert "appliance_active_sequences" in families
+    assert families["appliance_engine_mixed_forwards"].samples[0].value >= 0
     users = {s.labels["user_id"] for s in families["appliance_user_virtual_tokens"].samples}
     assert str(server.user_ids["bob"]) in users

@@ -9,6 +9,11 @@ which :func:`uninstall` turns back. Anything they do
 not handle (another dtype, quantized KV caches, attention sinks, the GPU) goes to mlx-lm's
 own functions unchanged.
 
+It also puts :func:`rope` in place of ``mlx.core.fast.rope`` itself, which every RoPE
+module calls (nn.RoPE and mlx-lm's scaled variants): MLX has no CPU kernel for it, and its
+fallback of some fifteen operations took 140 us a call, 60 calls a decode step of the
+SmolLM-135M shape (9 ms of a 54 ms step at one row).
+
 Attention is computed as MLX's own CPU fallback computes it (scores by a matrix product,
 mask, softmax, a second product), with two differences: the query heads that share a KV head
 are stacked as rows of one product instead of broadcasting the keys, and the softmax is the
@@ -68,6 +73,8 @@ def install() -> str | None:
     if why is not None:
         return why
     replaced = {"scaled_dot_product_attention": _attention_with, "swiglu": _swiglu_with}
+    _installed["mlx.core.fast"] = {"rope": mx.fast.rope}
+    mx.fast.rope = _rope_with(mx.fast.rope)
     for name in MODULES:
         try:
             module = importlib.import_module(f"mlx_lm.models.{name}")
@@ -78,13 +85,17 @@ def install() -> str | None:
             _installed[name] = originals
             for attr, original in originals.items():
                 setattr(module, attr, replaced[attr](original))
-    return None if _installed else "no mlx-lm model module to install them in"
+    if len(_installed) == 1:
+        uninstall()
+        return "no mlx-lm model module to install them in"
+    return None
 
 
 def uninstall() -> None:
     """Put mlx-lm's own functions back."""
     for name, originals in _installed.items():
-        module = importlib.import_module(f"mlx_lm.models.{name}")
+        module = mx.fast if name == "mlx.core.fast" else importlib.import_module(
+            f"mlx_lm.models.{name}")
         for attr, original in originals.items():
             setattr(module, attr, original)
     _installed.clear()
@@ -124,6 +135,32 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
         scores = scores.reshape(b, kv, rep * lq, length)
     out = softmax(scores) @ v
     return out.reshape(b, h, lq, d)
+
+
+def rope(x: mx.array, dims: int, traditional: bool, base: float | None, scale: float,
+         offset: int | mx.array, freqs: mx.array | None = None) -> mx.array:
+    """``mx.fast.rope``'s arithmetic for a float32 ``x`` of at least 3 axes (positions on
+    the second last); ``offset`` one, or one per batch row (axis 0)."""
+    assert _mlx_fast is not None
+    if not isinstance(offset, mx.array):
+        offset = mx.array(offset, dtype=mx.int32)
+    return _mlx_fast.rope(x, dims, traditional, base, scale, offset, freqs)
+
+
+def _installed_rope() -> Any:
+    """MLX's own ``mx.fast.rope`` (the one the switch passes on to, or in place)."""
+    return _installed.get("mlx.core.fast", {}).get("rope", mx.fast.rope)
+
+
+def _rope_with(fallback: Any) -> Any:
+    def fast_rope(a: mx.array, dims: int, *, traditional: bool, base: float | None,
+                  scale: float, offset: int | mx.array, freqs: mx.array | None = None,
+                  stream: Any = None) -> mx.array:
+        if stream is not None or a.dtype != mx.float32 or a.ndim < 3:
+            return fallback(a, dims, traditional=traditional, base=base, scale=scale,
+                            offset=offset, freqs=freqs, stream=stream)
+        return rope(a, dims, traditional, base, scale, offset, freqs)
+    return fast_rope
 
 
 def _per_group(mask: mx.array, kv: int, rep: int) -> mx.array:

@@ -1,4 +1,4 @@
-// mlx_fast: two MLX operations for the CPU whose built-in forms are slow there.
+// mlx_fast: three MLX operations for the CPU whose built-in forms are slow there.
 //
 // MLX's CPU backend computes exp, sigmoid and every other transcendental function one
 // element at a time (its SIMD types have one lane on x86): about 14 ns an element for exp,
@@ -12,8 +12,9 @@
 // compiled with -march=native, so AVX-512 or AVX2 where the machine has it):
 //  - softmax(x): over the last axis, float32; a row that is all -inf gives zeros (the
 //    attention rows of left padding, which attend to nothing), never NaN;
-//  - silu_mul(a, b): a * sigmoid(a) * b, float32, same shapes (SwiGLU's gate).
-// Both are exact to a few float32 ulps of the built-in ones (tests/engine/test_fast_ops.py).
+//  - silu_mul(a, b): a * sigmoid(a) * b, float32, same shapes (SwiGLU's gate);
+//  - rope(x, ...): mx.fast.rope's arithmetic, which MLX has no CPU kernel for (see Rope).
+// They are exact to a few float32 ulps of the built-in ones (tests/engine/test_fast_ops.py).
 // appliance/fast_ops.py builds attention and SwiGLU from them and installs those in
 // mlx-lm's model modules when MLX runs on the CPU.
 //
@@ -22,19 +23,26 @@
 // another MLX version (fast_ops.py compares mlx_version).
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <map>
+#include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "mlx/allocator.h"
 #include "mlx/array.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "mlx/transforms.h"
 #include "mlx/utils.h"
 #include "mlx/version.h"
 
@@ -222,6 +230,96 @@ class SiluMul : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 
+// RoPE, as mx.fast.rope computes it (MLX has no CPU kernel for it: its fallback is some
+// fifteen operations, 140 us a call here, 60 calls a decode step of the SmolLM-135M shape).
+// x is [B, ..., T, D] (row-contiguous, at least 3 axes; the axes between the first and the
+// last two are heads); position t of batch row b is (offset_b + t) * scale, offset a scalar
+// or one per batch row; angle = position * inv_freq[i] for the first `dims` features, in
+// halves (x[i], x[i + dims/2]) or, `traditional`, in pairs (x[2i], x[2i + 1]); the features
+// past `dims` are copied.
+class Rope : public mx::Primitive {
+ public:
+  Rope(mx::Stream s, int dims, bool traditional, float scale)
+      : mx::Primitive(s), dims_(dims), traditional_(traditional), scale_(scale) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const mx::array& x = inputs[0];
+    const mx::array& offsets = inputs[1];
+    const mx::array& inv = inputs[2];
+    mx::array& out = outputs[0];
+    if (!x.flags().row_contiguous || !offsets.flags().row_contiguous || !inv.flags().row_contiguous)
+      throw std::runtime_error("appliance rope: inputs not contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(x);
+    enc.set_input_array(offsets);
+    enc.set_input_array(inv);
+    enc.set_output_array(out);
+    enc.dispatch([x = mx::array::unsafe_weak_copy(x), offsets = mx::array::unsafe_weak_copy(offsets),
+                  inv = mx::array::unsafe_weak_copy(inv), out = mx::array::unsafe_weak_copy(out),
+                  dims = dims_, traditional = traditional_, scale = scale_]() mutable {
+      const int64_t d = x.shape(-1), t_len = x.shape(-2), b_len = x.shape(0);
+      const int64_t heads = static_cast<int64_t>(x.size()) / (b_len * t_len * d);
+      const int64_t half = dims / 2;
+      const int32_t* off = offsets.data<int32_t>();
+      const bool per_row = offsets.size() > 1;
+      const float* freq = inv.data<float>();
+      const float* src = x.data<float>();
+      float* dst = out.data<float>();
+      // One row of cos and sin per (batch row, position), shared by every head.
+      std::vector<float> cs(static_cast<size_t>(b_len * t_len * half * 2));
+      for (int64_t b = 0; b < b_len; b++) {
+        const int32_t o = off[per_row ? b : 0];
+        for (int64_t t = 0; t < t_len; t++) {
+          const float pos = static_cast<float>(o + t) * scale;
+          float* row = cs.data() + (b * t_len + t) * half * 2;
+          for (int64_t i = 0; i < half; i++) {
+            const float theta = pos * freq[i];
+            row[i] = std::cos(theta);
+            row[half + i] = std::sin(theta);
+          }
+        }
+      }
+      // Vectors of D features: batch row b, head h, position t is vector (b * heads + h) * T + t.
+      in_two(b_len * heads * t_len, d, [&](int64_t v0, int64_t v1) {
+        for (int64_t v = v0; v < v1; v++) {
+          const int64_t t = v % t_len, b = v / (heads * t_len);
+          const float* c = cs.data() + (b * t_len + t) * half * 2;
+          const float* sn = c + half;
+          const float* xv = src + v * d;
+          float* yv = dst + v * d;
+          if (traditional) {
+            for (int64_t i = 0; i < half; i++) {
+              const float x1 = xv[2 * i], x2 = xv[2 * i + 1];
+              yv[2 * i] = x1 * c[i] - x2 * sn[i];
+              yv[2 * i + 1] = x1 * sn[i] + x2 * c[i];
+            }
+          } else {
+            for (int64_t i = 0; i < half; i++) {
+              const float x1 = xv[i], x2 = xv[half + i];
+              yv[i] = x1 * c[i] - x2 * sn[i];
+              yv[half + i] = x1 * sn[i] + x2 * c[i];
+            }
+          }
+          for (int64_t i = 2 * half; i < d; i++) yv[i] = xv[i];
+        }
+      });
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("appliance rope runs on the CPU only");
+  }
+  const char* name() const override { return "ApplianceRope"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const Rope&>(other);
+    return dims_ == o.dims_ && traditional_ == o.traditional_ && scale_ == o.scale_;
+  }
+
+ private:
+  int dims_;
+  bool traditional_;
+  float scale_;
+};
+
 mx::Stream cpu_stream() { return mx::to_stream({}, mx::Device::cpu); }
 
 mx::array softmax(const mx::array& x) {
@@ -241,11 +339,60 @@ mx::array silu_mul(const mx::array& a, const mx::array& b) {
   return mx::array(ac.shape(), mx::float32, std::make_shared<SiluMul>(s), {ac, bc});
 }
 
+// exp(-i * log(base) / half) for i < half, computed by MLX's own operations (as its
+// fallback does, so the bits agree) once per (half, base) and kept.
+mx::array base_inv_freq(int half, float base) {
+  static std::mutex lock;
+  // Never freed: a static's destructor would run after MLX's allocator is gone.
+  static auto& made = *new std::map<std::pair<int, float>, mx::array>();
+  std::lock_guard<std::mutex> hold(lock);
+  auto it = made.find({half, base});
+  if (it != made.end()) return it->second;
+  auto s = cpu_stream();
+  const float step = static_cast<float>(std::log(static_cast<double>(base)) / half);
+  auto inv = mx::exp(mx::multiply(mx::arange(0.0, -half, -1.0, mx::float32, s),
+                                  mx::array(step, mx::float32), s), s);
+  mx::eval(inv);
+  made.emplace(std::make_pair(half, base), inv);
+  return inv;
+}
+
+// inv_freq as MLX's fallback computes it: exp(-i * log(base) / (dims / 2)), or 1 / freqs.
+mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<float> base,
+               float scale, const mx::array& offset, const std::optional<mx::array>& freqs) {
+  require(x, "rope");
+  if (x.ndim() < 3) throw std::invalid_argument("rope: at least 3 axes");
+  if (dims <= 0 || dims % 2 || dims > x.shape(-1))
+    throw std::invalid_argument("rope: dims must be even and at most the last axis");
+  if (base.has_value() == freqs.has_value())
+    throw std::invalid_argument("rope: exactly one of base and freqs");
+  if (offset.size() != 1 && (offset.ndim() != 1 || offset.shape(0) != x.shape(0)))
+    throw std::invalid_argument("rope: offset is a scalar or one per batch row");
+  auto s = cpu_stream();
+  const int half = dims / 2;
+  mx::array inv = mx::array(0.0f);
+  if (freqs) {
+    if (freqs->ndim() != 1 || freqs->shape(0) != half)
+      throw std::invalid_argument("rope: freqs must have dims / 2 elements");
+    inv = mx::contiguous(mx::reciprocal(mx::astype(*freqs, mx::float32, s), s), false, s);
+  } else {
+    inv = base_inv_freq(half, *base);
+  }
+  auto off = mx::contiguous(mx::astype(mx::reshape(offset, {-1}, s), mx::int32, s), false, s);
+  auto xc = mx::contiguous(x, false, s);
+  return mx::array::make_arrays({xc.shape()}, {mx::float32},
+                                std::make_shared<Rope>(s, dims, traditional, scale),
+                                {xc, off, inv})[0];
+}
+
 }  // namespace
 
 NB_MODULE(_mlx_fast, m) {
-  m.doc() = "Vectorised softmax and SwiGLU gate for MLX on the CPU (appliance/native/mlx_fast.cpp)";
+  m.doc() = "Vectorised softmax, SwiGLU gate and RoPE for MLX on the CPU (appliance/native/mlx_fast.cpp)";
   m.def("softmax", &softmax, nb::arg("x"), "Softmax over the last axis (float32; all -inf rows give 0).");
   m.def("silu_mul", &silu_mul, nb::arg("a"), nb::arg("b"), "a * sigmoid(a) * b (float32).");
+  m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base").none(),
+        nb::arg("scale"), nb::arg("offset"), nb::arg("freqs").none(),
+        "mx.fast.rope's arithmetic (float32; offset an int32 array: one, or one per batch row).");
   m.attr("mlx_version") = std::string(mx::version());
 }

@@ -1,6 +1,6 @@
 """The fast CPU ops (appliance/native/mlx_fast.cpp, appliance/fast_ops.py): softmax,
-SwiGLU's gate and attention agree with MLX's own to float32 rounding in every shape and mask
-mlx-lm hands them; a row with nothing to attend to gives zeros, not NaN; the real model's
+SwiGLU's gate, RoPE and attention agree with MLX's own to float32 rounding in every shape,
+offset and mask mlx-lm hands them; a row with nothing to attend to gives zeros, not NaN; the real model's
 logits and greedy tokens do not change; `appliance run` installs them and
 `--no-fast-cpu-ops` does not."""
 
@@ -73,6 +73,53 @@ def test_silu_mul_matches_mlx_and_refuses_what_it_cannot_do() -> None:
         fast_ops.swiglu(g.astype(mx.float16), u.astype(mx.float16))
     with pytest.raises(ValueError, match="shapes"):
         fast_ops.swiglu(g, u[:, :7])
+
+
+ROPE_CASES = {
+    # name: (shape, dims, traditional, offset, freqs)
+    "decode, one row": ((1, 9, 1, 64), 64, False, 500, False),
+    "decode, batched, an offset a row": ((4, 3, 1, 64), 64, False, [5, 9, 300, 2047], False),
+    "prefill chunk": ((1, 9, 37, 64), 64, False, 123, False),
+    "traditional pairs": ((2, 4, 6, 32), 32, True, 7, False),
+    "part of the features": ((1, 2, 5, 64), 32, False, 40, False),
+    "three axes, far position": ((1, 5, 80), 80, False, 30000, False),
+    "scaled frequencies (Llama 3)": ((2, 3, 4, 64), 64, False, [0, 17], True),
+}
+
+
+@pytest.mark.parametrize("name", list(ROPE_CASES))
+def test_rope_matches_mlx(name: str) -> None:
+    shape, dims, traditional, offset, scaled = ROPE_CASES[name]
+    x = mx.random.normal(shape, key=mx.random.key(7))
+    if isinstance(offset, list):
+        offset = mx.array(offset)
+    freqs = 10000.0 ** (mx.arange(0, dims, 2) / dims) * 1.7 if scaled else None
+    base = None if scaled else 10000.0
+    for scale in (1.0, 0.25):
+        want = fast_ops._installed_rope()(x, dims, traditional=traditional, base=base,
+                                          scale=scale, offset=offset, freqs=freqs)
+        got = fast_ops.rope(x, dims, traditional, base, scale, offset, freqs)
+        assert close(got, want), (name, scale)
+    if x.ndim == 4:  # a transposed view, as the attention's heads are, is copied first
+        view = x.swapaxes(1, 2).swapaxes(1, 2)
+        assert close(fast_ops.rope(view, dims, traditional, base, 1.0, offset, freqs),
+                     fast_ops.rope(x, dims, traditional, base, 1.0, offset, freqs))
+
+
+def test_rope_refuses_what_it_cannot_do_and_the_switch_passes_it_on() -> None:
+    x = mx.random.normal((1, 2, 3, 8), key=mx.random.key(8))
+    for bad, match in (((x, 7, False, 10000.0, 1.0, 0), "dims"),
+                       ((x, 8, False, None, 1.0, 0), "base and freqs"),
+                       ((x, 8, False, 10000.0, 1.0, mx.array([1, 2, 3])), "offset"),
+                       ((x[0, 0], 8, False, 10000.0, 1.0, 0), "3 axes"),
+                       ((x.astype(mx.float16), 8, False, 10000.0, 1.0, 0), "float32")):
+        with pytest.raises(ValueError, match=match):
+            fast_ops.rope(*bad)
+    assert fast_ops.install() is None
+    assert mx.fast.rope is not fast_ops._installed_rope()
+    half = x.astype(mx.float16)  # not ours: MLX's own, through the switch
+    assert mx.fast.rope(half, 8, traditional=False, base=10000.0, scale=1.0,
+                        offset=3).dtype == mx.float16
 
 
 ATTENTION_CASES = {
@@ -161,7 +208,7 @@ def test_appliance_run_installs_them_unless_told_not_to(demo_model: Path) -> Non
             "--model", str(demo_model)]
     on = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert on.returncode == 0, on.stderr
-    assert "fast CPU ops: attention softmax and SwiGLU" in on.stderr, on.stderr
+    assert "fast CPU ops: RoPE, attention softmax and SwiGLU" in on.stderr, on.stderr
     off = subprocess.run([*args, "--no-fast-cpu-ops"], capture_output=True, text=True,
                          timeout=180, cwd=ROOT)
     assert off.returncode == 0, off.stderr

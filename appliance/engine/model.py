@@ -68,7 +68,7 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False) -> 
     if not fast_cpu_ops:
         fast_ops.uninstall()
     elif (why := fast_ops.install()) is None:
-        log.info("fast CPU ops: RoPE, attention softmax and SwiGLU from appliance._mlx_fast")
+        log.info("fast CPU ops: RoPE, RMSNorm, attention softmax and SwiGLU from appliance._mlx_fast")
     elif fast_ops.on_cpu():
         log.warning("fast CPU ops are on but cannot be used: %s; prefill runs 1.7-2.3x "
                     "slower (install a C++ compiler and reinstall, or set --no-fast-cpu-ops)",

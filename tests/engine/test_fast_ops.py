@@ -1,5 +1,5 @@
 """The fast CPU ops (appliance/native/mlx_fast.cpp, appliance/fast_ops.py): softmax,
-SwiGLU's gate, RoPE and attention agree with MLX's own to float32 rounding in every shape,
+SwiGLU's gate, RoPE, RMSNorm and attention agree with MLX's own to float32 rounding in every shape,
 offset and mask mlx-lm hands them; a row with nothing to attend to gives zeros, not NaN; the real model's
 logits and greedy tokens do not change; `appliance run` installs them and
 `--no-fast-cpu-ops` does not."""
@@ -96,7 +96,7 @@ def test_rope_matches_mlx(name: str) -> None:
     freqs = 10000.0 ** (mx.arange(0, dims, 2) / dims) * 1.7 if scaled else None
     base = None if scaled else 10000.0
     for scale in (1.0, 0.25):
-        want = fast_ops._installed_rope()(x, dims, traditional=traditional, base=base,
+        want = fast_ops.mlx_own("rope")(x, dims, traditional=traditional, base=base,
                                           scale=scale, offset=offset, freqs=freqs)
         got = fast_ops.rope(x, dims, traditional, base, scale, offset, freqs)
         assert close(got, want), (name, scale)
@@ -116,10 +116,28 @@ def test_rope_refuses_what_it_cannot_do_and_the_switch_passes_it_on() -> None:
         with pytest.raises(ValueError, match=match):
             fast_ops.rope(*bad)
     assert fast_ops.install() is None
-    assert mx.fast.rope is not fast_ops._installed_rope()
+    assert mx.fast.rope is not fast_ops.mlx_own("rope")
     half = x.astype(mx.float16)  # not ours: MLX's own, through the switch
     assert mx.fast.rope(half, 8, traditional=False, base=10000.0, scale=1.0,
                         offset=3).dtype == mx.float16
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 576), (8, 1, 576), (1, 300, 576), (3, 7, 33), (5,)])
+def test_rms_norm_matches_mlx(shape: tuple[int, ...]) -> None:
+    x = mx.random.normal(shape, key=mx.random.key(9)) * 3
+    w = mx.random.normal(shape[-1:], key=mx.random.key(10))
+    for weight in (w, None):
+        want = fast_ops.mlx_own("rms_norm")(x, weight, 1e-5)
+        assert close(fast_ops.rms_norm(x, weight, 1e-5), want, 1e-5), (shape, weight is None)
+    if len(shape) > 1:  # a view is copied first
+        assert close(fast_ops.rms_norm(x.swapaxes(0, -1).swapaxes(0, -1), w, 1e-5),
+                     fast_ops.rms_norm(x, w, 1e-5))
+    with pytest.raises(ValueError, match="weight"):
+        fast_ops.rms_norm(x, w[:-1], 1e-5)
+    with pytest.raises(ValueError, match="float32"):
+        fast_ops.rms_norm(x.astype(mx.float16), None, 1e-5)
+    assert fast_ops.install() is None
+    assert mx.fast.rms_norm(x.astype(mx.float16), None, 1e-5).dtype == mx.float16  # MLX's
 
 
 ATTENTION_CASES = {
@@ -208,7 +226,7 @@ def test_appliance_run_installs_them_unless_told_not_to(demo_model: Path) -> Non
             "--model", str(demo_model)]
     on = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert on.returncode == 0, on.stderr
-    assert "fast CPU ops: RoPE, attention softmax and SwiGLU" in on.stderr, on.stderr
+    assert "fast CPU ops: RoPE, RMSNorm, attention softmax and SwiGLU" in on.stderr, on.stderr
     off = subprocess.run([*args, "--no-fast-cpu-ops"], capture_output=True, text=True,
                          timeout=180, cwd=ROOT)
     assert off.returncode == 0, off.stderr

@@ -294,7 +294,8 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     """The tick target of a tick that prefills: the ITL objective while a batch decodes,
     capped by the TTFT bound (half the TTFT objective) either way. ``overdue``: a prompt
     someone waits on has already waited that bound unread (a burst of arrivals, read one a
-    tick, would leave the last waiting several ticks past its objective), so the tick may
+    tick, would leave the last waiting several ticks past its objective), or nothing
+    decodes and several such prompts wait (see ``Scheduler._allowance``), so the tick may
     last the whole TTFT objective: the burst's prompts share one forward (one fixed cost)
     and the running streams see one gap of at most that length.
 

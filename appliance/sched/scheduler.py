@@ -268,16 +268,20 @@ class Scheduler:
     def _allowance(self, now: float, readable: list[SeqView],
                    decoding: list[SeqView]) -> PrefillAllowance:
         """This tick's prefill share: seconds from the cost model, or fixed tokens.
-        ``readable``: the prompts this tick may read (an unread one waiting half the TTFT
-        objective makes the tick overdue)."""
+        ``readable``: the prompts this tick may read. The tick may last the whole TTFT
+        objective (``overdue``) when an unread one has waited half of it, or when nothing
+        decodes and several wait unread: read in ticks of half the objective, the first
+        would start streaming and then wait through the ticks that read the rest, a gap of
+        up to the burst's whole reading; read together, they start together."""
         costs = self._costs
         if costs is None:
             self.budget = None
             return PrefillAllowance(self.config.chunk(decoding=bool(decoding)))
         kv_len = max((held(s) for s in decoding), default=0)
         since = now - self.config.objectives.ttft_target_s / 2
-        overdue = any(s.klass is not Klass.BACKGROUND and s.computed == 0 and s.generated == 0
-                      and s.arrival <= since for s in readable)
+        unread = [s for s in readable if s.klass is not Klass.BACKGROUND and s.computed == 0
+                  and s.generated == 0]
+        overdue = any(s.arrival <= since for s in unread) or (not decoding and len(unread) > 1)
         self.budget = tick_budget(costs, self.config.objectives, len(decoding), kv_len,
                                   present=self._someone_else(readable), overdue=overdue)
         return PrefillAllowance(costs=costs, budget=self.budget,

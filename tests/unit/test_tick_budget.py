@@ -386,6 +386,29 @@ def test_an_overdue_arrival_lets_the_tick_last_the_ttft_objective() -> None:
                            overdue=True).target_s == pytest.approx(1.0)
 
 
+def test_a_burst_with_nothing_decoding_is_read_together_at_once() -> None:
+    """Eight chat turns arrive at once and nothing decodes. Read in ticks of half the TTFT
+    objective, the first few would stream and then wait through the ticks that read the
+    rest; the tick may last the objective at once and reads them in one forward. One
+    arrival alone, or background prompts, keep the half bound."""
+    costs = trained(SLOW_CPU)
+    burst = [SeqView(rid=i, user=f"u{i}", klass=Klass.INTERACTIVE, arrival=0.0, state=Q,
+                     prefill_len=51) for i in range(1, 9)]
+    s = Scheduler(SchedulerConfig())
+    plan = s.step(0.0, burst, costs=costs)
+    assert s.budget is not None and s.budget.target_s == pytest.approx(1.0)
+    by_id = {v.rid: v for v in burst}
+    assert plan_seconds(SLOW_CPU, plan.prefill, by_id) <= 1.0 * 1.05
+    half = Scheduler(SchedulerConfig(objectives=TickObjectives(ttft_target_s=0.5)))
+    assert len(plan.prefill) > len(half.step(0.0, burst, costs=costs).prefill)
+    assert all(n == 51 for _, n in plan.prefill)
+    for alone in ([burst[0]], [SeqView(rid=v.rid, user=v.user, klass=Klass.BACKGROUND,
+                                       arrival=0.0, state=Q, prefill_len=51) for v in burst]):
+        s = Scheduler(SchedulerConfig())
+        s.step(0.0, alone, costs=costs)
+        assert s.budget is not None and s.budget.target_s == pytest.approx(0.5)
+
+
 def test_a_burst_of_arrivals_is_read_several_a_tick_once_it_has_waited_half_the_ttft() -> None:
     """Eight chat turns arrive at once; the first is already decoding. Read one a tick
     (the ITL objective), the last would wait eight ticks; once the others have waited

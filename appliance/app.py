@@ -65,6 +65,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         kv_cache_budget=parse_bytes(e.kv_cache_budget),
         prompt_cache_entries=e.prompt_cache_entries,
         stall_timeout_s=e.engine_stall_timeout,
+        gather_s=e.gather_ms / 1000.0,
         scheduler=SchedulerConfig(
             max_batch_size=1 if e.no_batch else e.max_batch_size,
             prefill_chunk_size=e.prefill_chunk_size,

@@ -106,10 +106,16 @@ class EngineSettings:
         "OpenBLAS's gemm first copies them (decode steps 1.2-1.9x faster on a 2-core x86); a row "
         "gets the same bits alone and in a batch.")
     fast_cpu_ops: bool = _opt(
-        True, "MLX on the CPU: attention's softmax and the MLP's SwiGLU run the appliance's "
-        "vectorised operations (appliance/native/mlx_fast.cpp) instead of MLX's, which compute "
-        "exp one element at a time (prefill 1.7-2.3x faster, long-context decode steps up to "
-        "1.8x, on a 2-core x86); the logits agree with MLX's to float32 rounding.")
+        True, "MLX on the CPU: attention's softmax, the MLP's SwiGLU, RoPE and RMSNorm run the "
+        "appliance's own operations (appliance/native/mlx_fast.cpp) instead of MLX's, which "
+        "compute exp one element at a time and have no CPU kernels for RoPE and RMSNorm "
+        "(prefill 1.7-2.3x faster, long-context decode steps up to 1.8x, on a 2-core x86); "
+        "the logits agree with MLX's to float32 rounding.")
+    gather_ms: float = _opt(
+        20.0, "When requests arrive while nothing runs, the engine waits this long for "
+        "another before planning a tick (again after each further one, five at most), so "
+        "requests sent together are read in one tick and start together. 0: plan at once.",
+        lo=0.0, hi=1000.0)
     itl_target_ms: float = _opt(
         0.0, "Inter-token latency objective: the longest tick while a batch decodes (prefill "
         "chunks are sized to fit). 0: itl_factor times the predicted decode step.",
@@ -120,8 +126,8 @@ class EngineSettings:
     ttft_target_ms: float = _opt(
         1000.0, "Time-to-first-token objective: no tick is planned longer than half of it, "
         "so an arrival waits for at most one bounded tick, decoding or not; once a burst of "
-        "arrivals has waited half of it unread, a tick may last all of it to read them "
-        "together.",
+        "arrivals has waited half of it unread, or nothing decodes and several wait unread, "
+        "a tick may last all of it to read them together.",
         lo=1.0, hi=600_000.0)
     presence_s: float = _opt(
         60.0, "Someone counts as about for this many seconds after a voice or interactive "

@@ -75,6 +75,15 @@ class EngineConfig:
     stall_timeout_s: float = 120.0
     """Seconds without a finished tick, while requests wait, after which the engine is
     declared stalled (0: never)."""
+    gather_s: float = 0.02
+    """When requests arrive while nothing runs, the engine waits this long for another
+    before it plans a tick, again after each further one, for at most GATHER_ROUNDS: requests
+    sent together (a household's clients, a job's map) are then read in one tick and start
+    together, instead of the first streaming while the rest are read beside it. 0: plan at
+    once."""
+
+
+GATHER_ROUNDS = 5
 
 
 def budget_bytes(setting: int | str | None, available: int) -> int | None:
@@ -285,6 +294,8 @@ class Engine:
         self._ready.set()
         try:
             while not self._stop and self.failure is None:
+                if not runner.seqs and not self._inbox.empty():
+                    self._gather()
                 worked = self._step(runner)
                 self._beat = time.monotonic()
                 if not worked:
@@ -298,6 +309,14 @@ class Engine:
             runner.cancel_everything()
             runner.flush_counters()
             self.snapshot = runner.snapshot()
+
+    def _gather(self) -> None:
+        """Requests arrived while nothing runs: wait while more arrive (see ``gather_s``)."""
+        for _ in range(GATHER_ROUNDS if self.config.gather_s > 0 else 0):
+            self._wake.clear()
+            if (self._stop or not self._control.empty()
+                    or not self._wake.wait(self.config.gather_s)):
+                return
 
     def _step(self, runner: Runner) -> bool:
         """One round of the loop; returns whether it did work. A per-request failure ends

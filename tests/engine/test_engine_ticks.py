@@ -196,3 +196,39 @@ def test_arrivals_that_share_only_the_template_opening_are_read_in_one_forward(
     else:
         rides = [f for f in after[first:first + 5] if f[0] == "ride"]
         assert rides == [("ride", 1, 0)] * 4, after
+
+
+def test_requests_sent_together_to_an_idle_engine_are_read_in_one_forward(
+        demo_model: Path) -> None:
+    """The engine is idle; three chat turns arrive 100 ms apart (a household's clients, not
+    quite at once). With ``gather_ms`` longer than those gaps the engine waits for the last
+    before it plans, and the three are read in one prefill forward of three rows, so their
+    streams start together (read apart, the first would stream while the others were read
+    beside it)."""
+    forwards: list[tuple[str, int]] = []
+
+    def meter(kind: str, rows: int, tokens: int, offset: int, measured: float) -> float:
+        forwards.append((kind, rows))
+        return slow_cpu(kind, rows, tokens, offset, measured)
+
+    settings = make_settings(demo_model, max_batch_size=8, gather_ms=500.0,
+                             prompt_cache_entries=0)
+    engine = Engine(engine_config(settings), meter=meter)
+    engine.start()
+    try:
+        tok = engine.loaded.tokenizer  # type: ignore[attr-defined]
+        queues = []
+        for i, text in enumerate(("What is a list?", "What is a tuple?", "What is a set?")):
+            if i:
+                threading.Event().wait(0.1)
+            q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+            prompt = tuple(tok.apply_chat_template([{"role": "user", "content": text}],
+                                                   add_generation_prompt=True))
+            engine.submit(GenerationRequest(prompt=prompt, max_tokens=4, user_id=i + 1),
+                          blocking_sink(q))
+            queues.append(q)
+        assert all(_drain(q)[1].reason in ("stop", "length") for q in queues)
+    finally:
+        engine.stop()
+    reads = [f for f in forwards if f[0] in ("prefill", "ride")]
+    assert reads[0] == ("prefill", 3), forwards

@@ -270,9 +270,12 @@ class Scheduler:
         """This tick's prefill share: seconds from the cost model, or fixed tokens.
         ``readable``: the prompts this tick may read. The tick may last the whole TTFT
         objective (``overdue``) when an unread one has waited half of it, or when nothing
-        decodes and several wait unread: read in ticks of half the objective, the first
-        would start streaming and then wait through the ticks that read the rest, a gap of
-        up to the burst's whole reading; read together, they start together."""
+        decodes and several chat turns or voice commands (at most twice ``arrival_tokens``)
+        wait unread: read in ticks of half the objective, the first would start streaming
+        and then wait through the ticks that read the rest, a gap of up to the burst's whole
+        reading; read together, they start together. Not for documents: a chat turn beside
+        them would wait out a tick of the whole objective (the light user's owner-less
+        tick: its own turn is readable, so nobody else counts as present)."""
         costs = self._costs
         if costs is None:
             self.budget = None
@@ -281,7 +284,8 @@ class Scheduler:
         since = now - self.config.objectives.ttft_target_s / 2
         unread = [s for s in readable if s.klass is not Klass.BACKGROUND and s.computed == 0
                   and s.generated == 0]
-        overdue = any(s.arrival <= since for s in unread) or (not decoding and len(unread) > 1)
+        turns = [s for s in unread if s.remaining <= 2 * self.config.objectives.arrival_tokens]
+        overdue = any(s.arrival <= since for s in unread) or (not decoding and len(turns) > 1)
         self.budget = tick_budget(costs, self.config.objectives, len(decoding), kv_len,
                                   present=self._someone_else(readable), overdue=overdue)
         return PrefillAllowance(costs=costs, budget=self.budget,

@@ -390,7 +390,8 @@ def test_a_burst_with_nothing_decoding_is_read_together_at_once() -> None:
     """Eight chat turns arrive at once and nothing decodes. Read in ticks of half the TTFT
     objective, the first few would stream and then wait through the ticks that read the
     rest; the tick may last the objective at once and reads them in one forward. One
-    arrival alone, or background prompts, keep the half bound."""
+    arrival alone, background prompts, or a chat turn beside documents (it would wait out
+    the documents' long tick) keep the half bound."""
     costs = trained(SLOW_CPU)
     burst = [SeqView(rid=i, user=f"u{i}", klass=Klass.INTERACTIVE, arrival=0.0, state=Q,
                      prefill_len=51) for i in range(1, 9)]
@@ -402,8 +403,11 @@ def test_a_burst_with_nothing_decoding_is_read_together_at_once() -> None:
     half = Scheduler(SchedulerConfig(objectives=TickObjectives(ttft_target_s=0.5)))
     assert len(plan.prefill) > len(half.step(0.0, burst, costs=costs).prefill)
     assert all(n == 51 for _, n in plan.prefill)
+    documents = [SeqView(rid=i, user="alice", klass=Klass.INTERACTIVE, arrival=0.0, state=Q,
+                         prefill_len=1500) for i in range(20, 26)]
     for alone in ([burst[0]], [SeqView(rid=v.rid, user=v.user, klass=Klass.BACKGROUND,
-                                       arrival=0.0, state=Q, prefill_len=51) for v in burst]):
+                                       arrival=0.0, state=Q, prefill_len=51) for v in burst],
+                  [burst[0], *documents]):
         s = Scheduler(SchedulerConfig())
         s.step(0.0, alone, costs=costs)
         assert s.budget is not None and s.budget.target_s == pytest.approx(0.5)

@@ -171,17 +171,35 @@ void require(const mx::array& a, const char* what) {
   if (a.dtype() != mx::float32) throw std::invalid_argument(std::string(what) + ": float32 only");
 }
 
+// Allocates `out`, registers the inputs and the output with the CPU stream's encoder, and
+// runs body(inputs, out) on that stream (every input row-contiguous, or `what` says so).
+template <class Body>
+void on_cpu(mx::Stream stream, const char* what, const std::vector<mx::array>& inputs,
+            mx::array& out, Body body) {
+  for (const auto& a : inputs)
+    if (!a.flags().row_contiguous)
+      throw std::runtime_error(std::string("appliance ") + what + ": inputs not contiguous");
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream);
+  std::vector<mx::array> ins;
+  for (const auto& a : inputs) {
+    enc.set_input_array(a);
+    ins.push_back(mx::array::unsafe_weak_copy(a));
+  }
+  enc.set_output_array(out);
+  enc.dispatch([ins = std::move(ins), out = mx::array::unsafe_weak_copy(out), body]() mutable {
+    body(ins, out);
+  });
+}
+
+using Arrays = std::vector<mx::array>;
+
 class Softmax : public mx::UnaryPrimitive {
  public:
   explicit Softmax(mx::Stream s) : mx::UnaryPrimitive(s) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    const mx::array& x = inputs[0];
-    if (!x.flags().row_contiguous) throw std::runtime_error("appliance softmax: input not contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_output_array(out);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(x), out = mx::array::unsafe_weak_copy(out)]() mutable {
+    on_cpu(stream(), "softmax", inputs, out, [](Arrays& in, mx::array& out) {
+      const mx::array& x = in[0];
       const int64_t n = x.ndim() ? x.shape(-1) : 1;
       const int64_t rows = n ? static_cast<int64_t>(x.size()) / n : 0;
       const float* src = x.data<float>();
@@ -202,21 +220,11 @@ class SiluMul : public mx::UnaryPrimitive {
  public:
   explicit SiluMul(mx::Stream s) : mx::UnaryPrimitive(s) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    const mx::array& a = inputs[0];
-    const mx::array& b = inputs[1];
-    if (!a.flags().row_contiguous || !b.flags().row_contiguous)
-      throw std::runtime_error("appliance silu_mul: inputs not contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(a);
-    enc.set_input_array(b);
-    enc.set_output_array(out);
-    enc.dispatch([a = mx::array::unsafe_weak_copy(a), b = mx::array::unsafe_weak_copy(b),
-                  out = mx::array::unsafe_weak_copy(out)]() mutable {
+    on_cpu(stream(), "silu_mul", inputs, out, [](Arrays& in, mx::array& out) {
       const int64_t n = static_cast<int64_t>(out.size());
       const int64_t block = 4096;
-      const float* pa = a.data<float>();
-      const float* pb = b.data<float>();
+      const float* pa = in[0].data<float>();
+      const float* pb = in[1].data<float>();
       float* py = out.data<float>();
       in_two((n + block - 1) / block, block, [&](int64_t u0, int64_t u1) {
         const int64_t s = u0 * block, e = std::min(n, u1 * block);
@@ -234,22 +242,13 @@ class SiluMul : public mx::UnaryPrimitive {
 // RMSNorm, as mx.fast.rms_norm computes it: y = (x * rsqrt(mean(x^2) + eps)) * w over the
 // last axis. MLX has no CPU kernel for it either: its fallback is 13 operations, 67 us a
 // call here, 61 calls a decode step.
-class RmsNorm : public mx::Primitive {
+class RmsNorm : public mx::UnaryPrimitive {
  public:
-  RmsNorm(mx::Stream s, float eps) : mx::Primitive(s), eps_(eps) {}
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    const mx::array& x = inputs[0];
-    const mx::array& w = inputs[1];
-    mx::array& out = outputs[0];
-    if (!x.flags().row_contiguous || !w.flags().row_contiguous)
-      throw std::runtime_error("appliance rms_norm: inputs not contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_input_array(w);
-    enc.set_output_array(out);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
-                  out = mx::array::unsafe_weak_copy(out), eps = eps_]() mutable {
+  RmsNorm(mx::Stream s, float eps) : mx::UnaryPrimitive(s), eps_(eps) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    on_cpu(stream(), "rms_norm", inputs, out, [eps = eps_](Arrays& in, mx::array& out) {
+      const mx::array& x = in[0];
+      const mx::array& w = in[1];
       const int64_t n = x.shape(-1);
       const int64_t rows = n ? static_cast<int64_t>(x.size()) / n : 0;
       const int64_t nv = n - n % LANES;
@@ -276,7 +275,7 @@ class RmsNorm : public mx::Primitive {
       });
     });
   }
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
     throw std::runtime_error("appliance rms_norm runs on the CPU only");
   }
   const char* name() const override { return "ApplianceRmsNorm"; }
@@ -295,26 +294,16 @@ class RmsNorm : public mx::Primitive {
 // or one per batch row; angle = position * inv_freq[i] for the first `dims` features, in
 // halves (x[i], x[i + dims/2]) or, `traditional`, in pairs (x[2i], x[2i + 1]); the features
 // past `dims` are copied.
-class Rope : public mx::Primitive {
+class Rope : public mx::UnaryPrimitive {
  public:
   Rope(mx::Stream s, int dims, bool traditional, float scale)
-      : mx::Primitive(s), dims_(dims), traditional_(traditional), scale_(scale) {}
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    const mx::array& x = inputs[0];
-    const mx::array& offsets = inputs[1];
-    const mx::array& inv = inputs[2];
-    mx::array& out = outputs[0];
-    if (!x.flags().row_contiguous || !offsets.flags().row_contiguous || !inv.flags().row_contiguous)
-      throw std::runtime_error("appliance rope: inputs not contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_input_array(offsets);
-    enc.set_input_array(inv);
-    enc.set_output_array(out);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(x), offsets = mx::array::unsafe_weak_copy(offsets),
-                  inv = mx::array::unsafe_weak_copy(inv), out = mx::array::unsafe_weak_copy(out),
-                  dims = dims_, traditional = traditional_, scale = scale_]() mutable {
+      : mx::UnaryPrimitive(s), dims_(dims), traditional_(traditional), scale_(scale) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    on_cpu(stream(), "rope", inputs, out, [dims = dims_, traditional = traditional_,
+                                           scale = scale_](Arrays& in, mx::array& out) {
+      const mx::array& x = in[0];
+      const mx::array& offsets = in[1];
+      const mx::array& inv = in[2];
       const int64_t d = x.shape(-1), t_len = x.shape(-2), b_len = x.shape(0);
       const int64_t heads = static_cast<int64_t>(x.size()) / (b_len * t_len * d);
       const int64_t half = dims / 2;
@@ -363,7 +352,7 @@ class Rope : public mx::Primitive {
       });
     });
   }
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
     throw std::runtime_error("appliance rope runs on the CPU only");
   }
   const char* name() const override { return "ApplianceRope"; }
@@ -406,8 +395,7 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight, f
     throw std::invalid_argument("rms_norm: weight must have the last axis's size");
   auto xc = mx::contiguous(x, false, s);
   auto wc = mx::contiguous(w, false, s);
-  return mx::array::make_arrays({xc.shape()}, {mx::float32}, std::make_shared<RmsNorm>(s, eps),
-                                {xc, wc})[0];
+  return mx::array(xc.shape(), mx::float32, std::make_shared<RmsNorm>(s, eps), {xc, wc});
 }
 
 // exp(-i * log(base) / half) for i < half, computed by MLX's own operations (as its
@@ -451,9 +439,8 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
   }
   auto off = mx::contiguous(mx::astype(mx::reshape(offset, {-1}, s), mx::int32, s), false, s);
   auto xc = mx::contiguous(x, false, s);
-  return mx::array::make_arrays({xc.shape()}, {mx::float32},
-                                std::make_shared<Rope>(s, dims, traditional, scale),
-                                {xc, off, inv})[0];
+  return mx::array(xc.shape(), mx::float32, std::make_shared<Rope>(s, dims, traditional, scale),
+                   {xc, off, inv});
 }
 
 }  // namespace

@@ -60,6 +60,15 @@ def test_the_latency_objectives_reach_the_scheduler() -> None:
     assert (o.ttft_target_s, o.presence_s, o.arrival_tokens) == (0.8, 0.0, 128)
 
 
+def test_the_gather_window_reaches_the_engine_and_refuses_a_negative() -> None:
+    from appliance.app import engine_config
+    s = S.load(parse("--gather-ms", "35"), env={})  # type: ignore[arg-type]
+    assert engine_config(s).gather_s == pytest.approx(0.035)
+    assert engine_config(S.load(parse(), env={})).gather_s == pytest.approx(0.02)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="gather_ms must be >= 0"):
+        S.load(parse("--gather-ms", "-1"), env={})  # type: ignore[arg-type]
+
+
 def test_bad_presence_settings_get_a_clear_error() -> None:
     with pytest.raises(ValueError, match="arrival_tokens must be >= 1"):
         S.load(parse("--arrival-tokens", "0"), env={})  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ import mlx.core as mx
 import pytest
 
 from appliance.engine.batch import DecodeBatch, new_sequence_cache, prefill
-from appliance.engine.mixed import supports_mixed
+from appliance.engine.mixed import decode_mask, supports_mixed
 from appliance.engine.model import load_model
 from appliance.engine.request import GenerationRequest, RequestHandle, TokenEvent
 from appliance.engine.runner import Runner
@@ -83,6 +83,29 @@ def test_each_part_of_a_mixed_forward_gets_its_own_forwards_numbers(model: Any) 
     assert mx.allclose(mixed.step([1, 2, 3]), alone.step([1, 2, 3]), atol=ATOL).item()
 
 
+def test_a_decode_step_has_the_numbers_of_the_models_own_forward(model: Any) -> None:
+    """The plain decode step runs mixed_step (2-D hidden states, weights transposed once,
+    no mask for rows none of which is padded): the same bits as mlx-lm's model call, with
+    left-padded rows and for the one row left after the others finished."""
+    lengths = [40, 23, 57]
+    lean, own = _batch(model, lengths), _batch(model, lengths)
+    own.lean = False
+    assert lean.lean
+    inputs = [11, 12, 13]
+    for _ in range(3):
+        ours, theirs = lean.step(inputs), own.step(inputs)
+        assert mx.array_equal(ours, theirs).item()
+        inputs = ours.argmax(-1).tolist()
+    for batch in (lean, own):
+        batch.remove({0, 2})
+    assert decode_mask(lean._caches[0], mx.zeros((1, 4))) is None  # no padding
+    inputs = [inputs[1]]
+    for _ in range(3):
+        ours, theirs = lean.step(inputs), own.step(inputs)
+        assert mx.array_equal(ours, theirs).item()
+        inputs = ours.argmax(-1).tolist()
+
+
 def test_a_failed_mixed_forward_leaves_every_cache_as_it_was(model: Any) -> None:
     batch = _batch(model, [20, 31])
     chunk_cache = new_sequence_cache(model)
@@ -93,13 +116,13 @@ def test_a_failed_mixed_forward_leaves_every_cache_as_it_was(model: Any) -> None
     def broken(x: mx.array) -> mx.array:
         raise RuntimeError("a kernel failed")
 
-    mlp = layer.mlp
-    layer.mlp = broken
+    norm = layer.post_attention_layernorm
+    layer.post_attention_layernorm = broken
     try:
         with pytest.raises(RuntimeError, match="a kernel failed"):
             batch.step_mixed([5, 6], [(chunk_cache, _tokens(8, 4), True)])
     finally:
-        layer.mlp = mlp
+        layer.post_attention_layernorm = norm
 
     assert batch.padded_len == padded
     assert [c.offset for c in chunk_cache] == offsets

@@ -249,8 +249,8 @@ class Runner:
         self._tick_rows = 0
         self._apply(plan, now)
         chunks = self._chunks(plan)
-        decoded = self._mixed_tick(chunks) if self._mixed and chunks and len(self.batch) \
-            else None
+        decoded = self._mixed_tick(chunks) if (self._mixed and plan.ride and chunks
+                                               and len(self.batch)) else None
         if decoded is None:
             self._prefill(chunks)
             decoded = self._decode()

@@ -297,7 +297,8 @@ class TickBudget:
 
 
 def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
-                kv_len: int, *, present: bool = True, overdue: bool = False) -> TickBudget:
+                kv_len: int, *, present: bool = True, overdue: bool = False,
+                ride: bool = True) -> TickBudget:
     """The tick target of a tick that prefills: the ITL objective while a batch decodes,
     capped by the TTFT bound (half the TTFT objective) either way. ``overdue``: a prompt
     someone waits on has already waited that bound unread (a burst of arrivals, read one a
@@ -320,10 +321,11 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     not a big chunk of someone's document (on a CPU with long contexts, seconds). Prompts read to
     their end (chat turns arriving together) may use the whole share.
 
-    When the engine reads chunks in the decode step's forward (``costs.rides``) and a batch
-    decodes, chunks have no fixed cost: the floor is then ``prefill_floor`` times a
-    ``min_chunk`` chunk's riding time, and work that can wait gets at least that chunk."""
-    riding = costs.rides and decode_rows > 0
+    When the engine reads chunks in the decode step's forward (``costs.rides``), a batch
+    decodes and the tick may ``ride``, chunks have no fixed cost: the floor is then
+    ``prefill_floor`` times a ``min_chunk`` chunk's riding time, and work that can wait gets
+    at least that chunk."""
+    riding = costs.rides and decode_rows > 0 and ride
     decode_s = costs.decode(decode_rows, kv_len + 1)
     bound = objectives.ttft_target_s / 2
     if decode_rows:

@@ -56,6 +56,8 @@ class Scheduler:
     running)."""
     budget: TickBudget | None = None
     """The time budget of the last planned tick (None when prefill is sized in tokens)."""
+    ride: bool = True
+    """Whether the last planned tick's chunks may ride in the decode step (``Plan.ride``)."""
 
     def __post_init__(self) -> None:
         self.counters = VirtualCounters(w_in=self.config.w_in, w_out=self.config.w_out)
@@ -135,7 +137,7 @@ class Scheduler:
         chunks, more = self._fit(chunks, running, cache_tokens - evict)
         plan = Plan(admit=tuple(s.rid for s in admitted), preempt=victims + yielded,
                     prefill=chunks, reject=tuple(sorted(reject)), evict_tokens=evict + more,
-                    keep_kv=yielded)
+                    keep_kv=yielded, ride=self.ride)
         if self.config.check_invariants:
             check_plan(self.config, plan, seqs, cache_tokens)
         return plan
@@ -275,19 +277,34 @@ class Scheduler:
         and then wait through the ticks that read the rest, a gap of up to the burst's whole
         reading; read together, they start together. Not for documents: a chat turn beside
         them would wait out a tick of the whole objective (the light user's owner-less
-        tick: its own turn is readable, so nobody else counts as present)."""
+        tick: its own turn is readable, so nobody else counts as present).
+
+        The tick does not ride (``Plan.ride``) when a prompt that is not background work,
+        with at most twice ``arrival_tokens`` left to read, is of someone with nothing
+        decoding (a chat turn or voice command, or the end of a document, whose first token
+        that person waits for with nothing on screen): read in a forward of its own before
+        the decode step, its first token comes when that forward ends, not after the step
+        (about a decode step sooner), for about the same tick (riding saves the forward's
+        fixed cost; a short prompt's reading costs the rest either way). Beside the
+        person's own streams (one client's many requests) it rides as before."""
+        unread = [s for s in readable if s.klass is not Klass.BACKGROUND and s.computed == 0
+                  and s.generated == 0]
+        short = 2 * self.config.objectives.arrival_tokens
+        turns = [s for s in unread if s.remaining <= short]
+        streaming = {s.user for s in decoding}
+        self.ride = not any(s.klass is not Klass.BACKGROUND and s.generated == 0
+                            and s.remaining <= short and s.user not in streaming
+                            for s in readable)
         costs = self._costs
         if costs is None:
             self.budget = None
             return PrefillAllowance(self.config.chunk(decoding=bool(decoding)))
         kv_len = max((held(s) for s in decoding), default=0)
         since = now - self.config.objectives.ttft_target_s / 2
-        unread = [s for s in readable if s.klass is not Klass.BACKGROUND and s.computed == 0
-                  and s.generated == 0]
-        turns = [s for s in unread if s.remaining <= 2 * self.config.objectives.arrival_tokens]
         overdue = any(s.arrival <= since for s in unread) or (not decoding and len(turns) > 1)
         self.budget = tick_budget(costs, self.config.objectives, len(decoding), kv_len,
-                                  present=self._someone_else(readable), overdue=overdue)
+                                  present=self._someone_else(readable), overdue=overdue,
+                                  ride=self.ride)
         return PrefillAllowance(costs=costs, budget=self.budget,
                                 min_chunk=self.config.objectives.min_chunk)
 
@@ -303,6 +320,7 @@ class Scheduler:
                       decoding: list[SeqView]) -> Chunks:
         if not prefilling:
             self.budget = None
+            self.ride = True
             return ()
         top_decoding = max((s.klass for s in decoding), default=None)
         due: list[SeqView] = []

@@ -158,6 +158,11 @@ class Plan:
     keep_kv: tuple[int, ...] = ()
     """Preempted requests that yield a slot to a higher class (not to free memory): the
     engine keeps their KV in the prompt cache so they resume without recomputing."""
+    ride: bool = True
+    """The prefill chunks may be read in the decode step's forward (when the engine reads
+    chunks so). False: in forwards of their own before the step, so that a chat turn or
+    voice command of someone with nothing streaming shows its first token a decode step
+    sooner (see ``Scheduler._allowance``)."""
 
     @property
     def empty(self) -> bool:

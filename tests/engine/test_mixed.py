@@ -200,3 +200,31 @@ def test_a_prompt_that_fails_beside_decoding_streams_ends_alone(demo_model: Path
     assert clean_mixed > 0 and faulty_mixed == 0  # the third prompt rode, or fell back
     assert faulty_reasons == [*clean_reasons[:2], "error"]
     assert faulty[:2] == clean[:2]
+
+
+def test_a_chat_turn_of_someone_with_nothing_streaming_is_read_in_a_forward_of_its_own(
+        demo_model: Path) -> None:
+    """Beside user 1's two streams, user 2's chat turn is read in a forward of its own (the
+    runner reads such forwards before the decode step, so its first token does not wait for
+    the step); the same turn of user 1 rides in the step. Either way its first token comes
+    in that tick."""
+    loaded = load_model(demo_model, fast_cpu_ops=True)
+    runner = Runner(loaded, Scheduler(SchedulerConfig(prefill_chunk_size=0)), time.monotonic,
+                    None)
+
+    def submit(user_id: int, prompt: tuple[int, ...], n: int) -> int:
+        request = GenerationRequest(prompt=prompt, max_tokens=n, user_id=user_id)
+        runner.take([RequestHandle(request, lambda event: None)])
+        return request.rid
+
+    submit(1, (5, 6, 7), 30)
+    submit(1, (5, 6, 8), 30)
+    for _ in range(3):
+        runner.tick()
+    for user_id, rides in ((2, False), (1, True)):
+        mixed, apart = runner.mixed_forwards, runner.costs.prefill_fit.observations
+        rid = submit(user_id, tuple(range(10, 40)), 4)
+        runner.tick()
+        assert runner.mixed_forwards == mixed + rides
+        assert runner.costs.prefill_fit.observations == apart + (not rides)
+        assert runner.seqs[rid].first_token_at is not None

@@ -136,3 +136,27 @@ def test_an_overdue_burst_riding_in_the_decode_step_lasts_at_most_burst_steps() 
     assert burst.target_s == pytest.approx(BURST_STEPS * step) and burst.target_s < 2.0
     assert tick_budget(costs, objectives, 0, 0, overdue=True).target_s == pytest.approx(2.0)
 
+
+
+def test_a_chat_turn_or_voice_command_of_someone_with_nothing_streaming_is_read_apart(
+        ) -> None:
+    """Beside other people's streams, a short prompt of someone with nothing decoding is
+    read in a forward of its own before the step (its first token comes when that forward
+    ends, not after the step), planned at the rates of a forward of its own; the same
+    prompt of the streams' owner, and anyone's document, ride."""
+    costs = trained_riding()
+
+    def plan(user: str, prompt: int, klass: Klass = Klass.INTERACTIVE) -> tuple[bool, bool]:
+        s = Scheduler(SchedulerConfig(objectives=TickObjectives(itl_target_s=0.4)))
+        views = [seq(1, D, kv=300, user="alice"), seq(2, D, kv=300, user="alice"),
+                 seq(3, P, prompt=prompt, klass=klass, user=user)]
+        p = s.step(0.0, views, costs=costs)
+        assert s.budget is not None and s.budget.riding is p.ride
+        if not p.ride:
+            assert p.prefill == ((3, prompt),)  # read whole, before the step
+        return p.ride, s.budget.riding
+
+    assert plan("bob", 60) == (False, False)
+    assert plan("bob", 40, Klass.VOICE) == (False, False)
+    assert plan("alice", 60) == (True, True)  # one person's streams and turn: it rides
+    assert plan("bob", 4000) == (True, True)  # a document rides

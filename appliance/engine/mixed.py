@@ -90,7 +90,6 @@ class Weights:
     for each product (``nn.Linear`` computes ``x @ weight.T`` at every call)."""
 
     def __init__(self, model: Any) -> None:
-        self.model = model
         self._t: dict[int, mx.array] = {}
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -157,9 +156,9 @@ def mixed_step(model: Any, batch_cache: list[Any], inputs: Sequence[int],
     """One forward of a decode step (``inputs``: each batch row's next token, over
     ``batch_cache``) and prompt chunks (``chunks``: a sequence's per-layer caches, its
     chunk's tokens, whether its last position's logits are wanted; none for a plain decode
-    step). Returns the decode
-    rows' logits [B, V] and, per chunk, its last position's logits [1, V] or None (lazy:
-    the caller evaluates them). Every cache advances as its own forward would advance it."""
+    step). Returns the decode rows' logits [B, V] and, per chunk, its last position's
+    logits [1, V] or None (lazy: the caller evaluates them). Every cache advances as its
+    own forward would advance it."""
     weights = Weights.of(model)
     inner = model.model
     tokens = [*inputs]

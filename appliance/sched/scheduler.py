@@ -89,7 +89,7 @@ class Scheduler:
            fit under the budget, less the watermark while a decode batch runs: nothing
            overtakes it for being smaller.
         3. Prefill budget, in time (Sarathi-Serve's stall-free batching): the tick may last
-           the ITL objective while a batch decodes (default 3x the predicted decode step),
+           the ITL objective while a batch decodes (default 2x the predicted decode step),
            and never more than half the TTFT objective, decoding or not (an arrival waits
            for at most the tick in flight); but while a fresh prompt that is not
            background work has waited half the TTFT objective unread (a burst of
@@ -108,7 +108,10 @@ class Scheduler:
            ``prefill_chunk_size`` (or no cost model) the budget is that many tokens
            instead (2048 idle, 512 decoding without a model). A tick in which a prompt is
            read to its end carries no partial chunk of a prompt behind it in that order:
-           a short chat's first token never waits on someone's long document.
+           a short chat's first token never waits on someone's long document. Chunks ride
+           in the decode step's forward (when the engine reads them so), but not in a tick
+           that reads a short prompt of someone with nothing decoding (``Plan.ride``): read
+           before the step, its first token does not wait for the step.
         4. Parking: a prefill of a lower class than some decoding request waits, so a
            background document never stalls a voice answer; it still gets one chunk at
            least every ``prefill_grant_interval`` decode ticks (one such grant a tick

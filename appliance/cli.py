@@ -27,7 +27,10 @@ REEXEC_MARK = "APPLIANCE_BLAS_REEXEC"
 def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("alembic", "httpx", "huggingface_hub"):
+    # apscheduler.executors: "Running job"/"executed successfully" at INFO for every run,
+    # two lines every 3 s for the job service's own poll; our job runner logs each job run
+    # itself, and APScheduler's errors (a job that raised) stay.
+    for noisy in ("alembic", "httpx", "huggingface_hub", "apscheduler.executors"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     from appliance import logfilter
     logfilter.install()  # repeated errors (a connection flood) are counted, not written out

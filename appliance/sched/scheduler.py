@@ -315,18 +315,9 @@ class Scheduler:
         """Whether someone other than the owners of the prompts still to read was live in
         the last ``presence_s`` (voice or interactive work): then those prompts' unfinished
         chunks keep the tick short for that person's next arrival. A user alone with a long
-        prompt of their own gets it read at the machine's pace.
-
-        Presence is per prompt: the owner of a chat turn or voice command in this tick
-        (at most twice ``arrival_tokens`` left, not background) still counts as present
-        against other people's documents and background prompts beside it, so their
-        pieces stay short and the turn is not read after a tick of them."""
-        short = 2 * self.config.objectives.arrival_tokens
+        prompt of their own gets it read at the machine's pace."""
         owners = {s.user for s in readable}
-        long = {s.user for s in readable
-                if s.klass is Klass.BACKGROUND or s.remaining > short}
-        return any(user not in owners or (long and user not in long)
-                   for user in self._seen_at)  # step() dropped the stale
+        return any(user not in owners for user in self._seen_at)  # step() dropped the stale
 
     def _prefill_plan(self, now: float, prefilling: list[SeqView],
                       decoding: list[SeqView]) -> Chunks:

@@ -339,28 +339,6 @@ def test_a_long_document_is_read_in_small_chunks_only_while_someone_else_is_pres
     assert night == costs.tokens_within(s.budget.prefill_s, 600) > 2 * interactive
 
 
-def test_the_owner_of_a_chat_turn_counts_as_present_against_someone_elses_document(
-        ) -> None:
-    """Presence is per prompt: bob's chat turn and alice's unread document in one tick
-    (nothing decoding, the document overdue). Bob counts as present against the document,
-    so it is read in a short piece and bob's turn whole; alice's own turn beside her own
-    document changes nothing (she is alone with her work)."""
-    costs = trained(SLOW_CPU)
-    objectives = TickObjectives(ttft_target_s=1.0, presence_s=60.0)
-    got = {}
-    for turn_owner in ("bob", "alice"):
-        s = Scheduler(SchedulerConfig(objectives=objectives))
-        views = [seq(1, Q, prompt=1500, user="alice"),
-                 seq(2, Q, prompt=40, user=turn_owner)]
-        plan = s.step(2.0, views, costs=costs)  # the document arrived at 1.0: overdue
-        assert s.budget is not None
-        got[turn_owner] = (dict(plan.prefill), s.budget.patient_s)
-    (bob, bob_patient), (alice, alice_patient) = got["bob"], got["alice"]
-    assert bob_patient is not None and alice_patient is None
-    assert bob[2] == 40 and alice[2] == 40  # the turn is read whole either way
-    assert bob.get(1, 0) < alice.get(1, 0) / 2, (bob, alice)
-
-
 def test_a_short_fresh_prompt_is_read_whole_when_the_budget_leaves_only_min_chunk() -> None:
     costs = trained(SLOW_CPU)
     s = Scheduler(SchedulerConfig(objectives=TickObjectives(ttft_target_s=0.05, min_chunk=16,

@@ -11,7 +11,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +48,33 @@ def slow_cpu(kind: str, rows: int, tokens: int, offset: int, measured: float) ->
     return fixed + 1.5 * rows * tokens / 1e3 + 7.0 * rows * tokens * (offset + tokens / 2) / 1e6
 
 
+Meter = Callable[[str, int, int, int, float], float]
+
+
+@contextmanager
+def _metered_engine(demo_model: Path, meter: Meter, **overrides: Any) -> Iterator[Engine]:
+    """A started engine of the daemon's own assembly (``engine_config``) whose forwards are
+    booked through ``meter``; stopped on the way out."""
+    settings = make_settings(demo_model, max_batch_size=8, **overrides)
+    engine = Engine(engine_config(settings), meter=meter)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+def _chat(engine: Engine, text: str) -> tuple[int, ...]:
+    assert engine.loaded is not None
+    return tuple(engine.loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True))
+
+
+def _ban_eos(engine: Engine) -> SamplingParams:
+    assert engine.loaded is not None
+    return SamplingParams(logit_bias=tuple((t, -100.0) for t in engine.loaded.eos_token_ids))
+
+
 def _drain(q: queue.SimpleQueue) -> tuple[int, FinishEvent]:  # type: ignore[type-arg]
     n = 0
     while True:
@@ -57,13 +87,9 @@ def _drain(q: queue.SimpleQueue) -> tuple[int, FinishEvent]:  # type: ignore[typ
 
 def test_no_decode_gap_exceeds_the_tick_target_while_a_long_prompt_is_read(
         demo_model: Path) -> None:
-    settings = make_settings(demo_model, max_batch_size=8, itl_target_ms=400.0,
-                             prompt_cache_entries=0)
-    engine = Engine(engine_config(settings), meter=slow_cpu)
-    engine.start()
-    try:
-        ban_eos = SamplingParams(logit_bias=tuple(
-            (t, -100.0) for t in engine.loaded.eos_token_ids))  # type: ignore[attr-defined]
+    with _metered_engine(demo_model, slow_cpu, itl_target_ms=400.0,
+                         prompt_cache_entries=0) as engine:
+        ban_eos = _ban_eos(engine)
         streams = []
         for i in range(4):
             q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
@@ -80,8 +106,6 @@ def test_no_decode_gap_exceeds_the_tick_target_while_a_long_prompt_is_read(
         assert all(_drain(q) [1].reason == "length" for q in streams)
         wait_until(lambda: engine.snapshot.active == 0, what="idle")
         log = engine.tick_log()
-    finally:
-        engine.stop()
 
     # the long prompt came after all four streams decoded (the ticks that admitted them
     # may read several of their prompts beside the first one's decode step)
@@ -111,11 +135,8 @@ def test_a_tick_far_over_its_target_is_counted_and_logged(
             return stalled
         return slow_cpu(kind, rows, tokens, offset, measured)
 
-    settings = make_settings(demo_model, max_batch_size=8, itl_target_ms=400.0,
-                             prompt_cache_entries=0)
-    engine = Engine(engine_config(settings), meter=one_stall)
-    engine.start()
-    try:
+    with _metered_engine(demo_model, one_stall, itl_target_ms=400.0,
+                         prompt_cache_entries=0) as engine:
         with caplog.at_level(logging.INFO, logger="appliance.engine.runner"):
             q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
             engine.submit(GenerationRequest(prompt=tuple(range(10, 310)), max_tokens=2),
@@ -123,8 +144,6 @@ def test_a_tick_far_over_its_target_is_counted_and_logged(
             assert _drain(q)[1].reason in ("length", "stop")
             wait_until(lambda: engine.snapshot.active == 0, what="idle")
         assert engine.snapshot.ticks_over_target == 1
-    finally:
-        engine.stop()
     lines = [r.getMessage() for r in caplog.records if "tick over target" in r.getMessage()]
     assert len(lines) == 1 and "measured_ms=30000" in lines[0], lines
 
@@ -146,44 +165,34 @@ def test_arrivals_that_share_only_the_template_opening_are_read_in_one_forward(
             release.wait(timeout=60)
         return slow_cpu(kind, rows, tokens, offset, measured)
 
-    settings = make_settings(demo_model, max_batch_size=8, itl_target_ms=400.0)
-    engine = Engine(engine_config(settings), meter=meter)
-    engine.start()
-    try:
-        tok = engine.loaded.tokenizer  # type: ignore[attr-defined]
-
-        def chat(text: str) -> tuple[int, ...]:
-            return tuple(tok.apply_chat_template([{"role": "user", "content": text}],
-                                                 add_generation_prompt=True))
-
-        first: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
-        engine.submit(GenerationRequest(prompt=chat("Hi"), max_tokens=4, user_id=1),
-                      blocking_sink(first))
-        _drain(first)
-        ban_eos = SamplingParams(logit_bias=tuple(
-            (t, -100.0) for t in engine.loaded.eos_token_ids))  # type: ignore[attr-defined]
-        stream: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
-        engine.submit(GenerationRequest(prompt=(5, 6, 7), max_tokens=200, sampling=ban_eos,
-                                        user_id=2), blocking_sink(stream))
-        wait_until(lambda: engine.snapshot.active == 1 and engine.snapshot.slots[0].state
-                   == "decoding", what="a stream decoding")
-        hold.set()
-        wait_until(lambda: bool(forwards) and forwards[-1][0] == "decode",
-                   what="the engine inside a decode step")
-        before = len(forwards)
-        arrivals = []
-        for text in ("What is a list?", "What is a tuple?", "What is a set?",
-                     "What is a dictionary?"):
-            q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
-            engine.submit(GenerationRequest(prompt=chat(text), max_tokens=4, user_id=1),
-                          blocking_sink(q))
-            arrivals.append(q)
-        release.set()
-        finished = [_drain(q)[1] for q in arrivals]
-        _drain(stream)
-    finally:
-        release.set()
-        engine.stop()
+    with _metered_engine(demo_model, meter, itl_target_ms=400.0) as engine:
+        try:
+            first: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+            engine.submit(GenerationRequest(prompt=_chat(engine, "Hi"), max_tokens=4,
+                                            user_id=1), blocking_sink(first))
+            _drain(first)
+            ban_eos = _ban_eos(engine)
+            stream: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+            engine.submit(GenerationRequest(prompt=(5, 6, 7), max_tokens=200, sampling=ban_eos,
+                                            user_id=2), blocking_sink(stream))
+            wait_until(lambda: engine.snapshot.active == 1 and engine.snapshot.slots[0].state
+                       == "decoding", what="a stream decoding")
+            hold.set()
+            wait_until(lambda: bool(forwards) and forwards[-1][0] == "decode",
+                       what="the engine inside a decode step")
+            before = len(forwards)
+            arrivals = []
+            for text in ("What is a list?", "What is a tuple?", "What is a set?",
+                         "What is a dictionary?"):
+                q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+                engine.submit(GenerationRequest(prompt=_chat(engine, text), max_tokens=4,
+                                                user_id=1), blocking_sink(q))
+                arrivals.append(q)
+            release.set()
+            finished = [_drain(q)[1] for q in arrivals]
+            _drain(stream)
+        finally:
+            release.set()  # before the engine stops: its thread may be held in the meter
 
     assert all(ev.usage.cached_tokens == 0 for ev in finished)
     # the first forward after the hold that reads prompts reads all four: a prefill forward
@@ -211,24 +220,49 @@ def test_requests_sent_together_to_an_idle_engine_are_read_in_one_forward(
         forwards.append((kind, rows))
         return slow_cpu(kind, rows, tokens, offset, measured)
 
-    settings = make_settings(demo_model, max_batch_size=8, gather_ms=500.0,
-                             prompt_cache_entries=0)
-    engine = Engine(engine_config(settings), meter=meter)
-    engine.start()
-    try:
-        tok = engine.loaded.tokenizer  # type: ignore[attr-defined]
+    with _metered_engine(demo_model, meter, gather_ms=500.0,
+                         prompt_cache_entries=0) as engine:
         queues = []
         for i, text in enumerate(("What is a list?", "What is a tuple?", "What is a set?")):
             if i:
                 threading.Event().wait(0.1)
             q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
-            prompt = tuple(tok.apply_chat_template([{"role": "user", "content": text}],
-                                                   add_generation_prompt=True))
-            engine.submit(GenerationRequest(prompt=prompt, max_tokens=4, user_id=i + 1),
-                          blocking_sink(q))
+            engine.submit(GenerationRequest(prompt=_chat(engine, text), max_tokens=4,
+                                            user_id=i + 1), blocking_sink(q))
             queues.append(q)
         assert all(_drain(q)[1].reason in ("stop", "length") for q in queues)
-    finally:
-        engine.stop()
     reads = [f for f in forwards if f[0] in ("prefill", "ride")]
     assert reads[0] == ("prefill", 3), forwards
+
+
+def test_a_chat_turn_of_someone_with_nothing_streaming_is_read_before_the_step(
+        demo_model: Path) -> None:
+    """Through the daemon's engine assembly: while user 1 streams, user 2's chat turn is
+    read in a prefill forward of its own, before the decode step (its first token does not
+    wait for the step); the same turn of user 1 rides in the decode step's forward."""
+    forwards: list[str] = []
+
+    def meter(kind: str, rows: int, tokens: int, offset: int, measured: float) -> float:
+        forwards.append(kind)
+        return slow_cpu(kind, rows, tokens, offset, measured)
+
+    read: dict[int, set[str]] = {}
+    with _metered_engine(demo_model, meter, itl_target_ms=400.0,
+                         prompt_cache_entries=0) as engine:
+        stream: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+        engine.submit(GenerationRequest(prompt=(5, 6, 7), max_tokens=STREAM_TOKENS,
+                                        sampling=_ban_eos(engine), user_id=1),
+                      blocking_sink(stream))
+        wait_until(lambda: engine.snapshot.active == 1 and engine.snapshot.slots[0].state
+                   == "decoding", what="a stream decoding")
+        for user_id in (2, 1):
+            before = len(forwards)
+            q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+            engine.submit(GenerationRequest(prompt=_chat(engine, "What is a list?"),
+                                            max_tokens=2, user_id=user_id), blocking_sink(q))
+            _drain(q)
+            read[user_id] = {k for k in forwards[before:] if k in ("prefill", "ride")}
+            wait_until(lambda: engine.snapshot.active == 1,
+                       what="the turn finished and the stream still going")
+        _drain(stream)
+    assert read == {2: {"prefill"}, 1: {"ride"}}, read

@@ -1,8 +1,10 @@
 """The decode batch: one row per decoding sequence over mlx-lm's batched KV caches.
 
 Each sequence is prefilled alone into its own per-layer caches (so its KV is isolated and its
-numbers do not depend on its neighbours), then merged into the batch with
-``BatchKVCache.merge``/``extend``; finished or preempted rows leave with ``filter``.
+numbers do not depend on its neighbours), then joins the batch: its KV is written into a
+slot of the batch's buffers (appliance/engine/slots.py), or, for models whose layers do not
+all keep a plain KV cache, merged with ``BatchKVCache.merge``/``extend``; finished or
+preempted rows leave the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from appliance.engine.mixed import mixed_step, restore_offsets, save_offsets, supports_mixed
+from appliance.engine.slots import SlotBatch
 
 HEAD_ONLY_LAST = frozenset({"llama", "qwen2", "qwen3", "phi3", "smollm3"})
 """Architectures whose forward is ``backbone -> lm_head`` and nothing else (mlx-lm's
@@ -68,12 +71,59 @@ def prefill(model: Any, cache: list[Any], tokens: list[int], want_logits: bool) 
     return None
 
 
+class MergedKV:
+    """The batch's KV in mlx-lm's batched caches (``BatchKVCache`` and kin), for models whose
+    layers do not all keep a plain KV cache (sliding windows, state-space layers): a row
+    joins by ``merge``/``extend`` (a copy of every row's KV) and leaves by ``filter``."""
+
+    def __init__(self) -> None:
+        self.layers: list[Any] | None = None
+
+    @property
+    def size(self) -> int:
+        return int(self.layers[0].size()) if self.layers else 0
+
+    @property
+    def nbytes(self) -> int:
+        return cache_nbytes(self.layers)
+
+    def join(self, cache: list[Any]) -> None:
+        """``cache``: batched per-layer caches of the rows joining."""
+        if self.layers is None:
+            self.layers = cache
+        else:
+            for mine, theirs in zip(self.layers, cache, strict=True):
+                mine.extend(theirs)
+
+    def remove(self, keep: list[int]) -> None:
+        if not keep:
+            self.layers = None
+            return
+        assert self.layers is not None
+        for c in self.layers:
+            c.filter(keep)
+
+    def extract(self, i: int) -> list[Any]:
+        assert self.layers is not None
+        rows = [c.extract(i) for c in self.layers]
+        # Evaluated now: mlx-lm's copy is lazy, and until it runs it holds the whole batch's
+        # KV (every row, every layer). Kept so in the prompt cache, those buffers stayed
+        # alive after the batch moved on, and decode steps beside them took 3-6x as long.
+        mx.eval([c.state for c in rows])
+        return rows
+
+
 class DecodeBatch:
-    def __init__(self, model: Any) -> None:
+    """The decoding rows and their KV: in slots (appliance/engine/slots.py) when every layer
+    keeps a plain KV cache, else in mlx-lm's batched caches (:class:`MergedKV`)."""
+
+    def __init__(self, model: Any, max_rows: int = 8) -> None:
         self.model = model
         self.rids: list[int] = []
-        self._caches: list[Any] | None = None
-        self.lean = supports_mixed(model) and plain_kv(model)
+        self.slots = SlotBatch(len(make_prompt_cache(model)), max_rows) \
+            if plain_kv(model) else None
+        self.merged = MergedKV()
+        self.lean = supports_mixed(model) and self.slots is not None
         """Decode steps run :func:`~appliance.engine.mixed.mixed_step` (the same numbers as
         the model's own forward, with fewer MLX operations) instead of the model's call."""
 
@@ -81,79 +131,91 @@ class DecodeBatch:
         return len(self.rids)
 
     @property
+    def layers(self) -> list[Any] | None:
+        """The per-layer caches a forward of the batch reads (None: no rows)."""
+        if not self.rids:
+            return None
+        return self.slots.layers if self.slots is not None else self.merged.layers
+
+    @property
     def padded_len(self) -> int:
         """KV positions every row holds (rows are left-padded to the longest)."""
-        return int(self._caches[0].size()) if self._caches and self.rids else 0
+        if not self.rids:
+            return 0
+        return self.slots.size if self.slots is not None else self.merged.size
 
     @property
     def nbytes(self) -> int:
-        return cache_nbytes(self._caches)
+        return self.slots.nbytes if self.slots is not None else self.merged.nbytes
 
     def add(self, rid: int, cache: list[Any]) -> None:
-        merged = [c.merge([c]) for c in cache]
-        if self._caches is None or not self.rids:
-            self._caches = merged
+        """A sequence's own per-layer caches join the batch as row ``rid``."""
+        if self.slots is not None:
+            self.slots.join([(c.keys[..., :c.offset, :], c.values[..., :c.offset, :])
+                             for c in cache])
         else:
-            for mine, theirs in zip(self._caches, merged, strict=True):
-                mine.extend(theirs)
+            self.merged.join([c.merge([c]) for c in cache])
         self.rids.append(rid)
 
     def add_rows(self, rids: list[int], cache: list[Any], keep: list[int]) -> None:
         """Rows ``keep`` of a batched prefill cache join the batch as ``rids``."""
-        if len(keep) < len(cache[0].offset):
-            for c in cache:
-                c.filter(keep)
-        if self._caches is None or not self.rids:
-            self._caches = cache
+        if self.slots is not None:
+            pads = cache[0].left_padding.tolist()
+            end = cache[0]._idx
+            for i in keep:
+                self.slots.join([(c.keys[i:i + 1, :, pads[i]:end, :],
+                                  c.values[i:i + 1, :, pads[i]:end, :]) for c in cache])
         else:
-            for mine, theirs in zip(self._caches, cache, strict=True):
-                mine.extend(theirs)
+            if len(keep) < len(cache[0].offset):
+                for c in cache:
+                    c.filter(keep)
+            self.merged.join(cache)
         self.rids.extend(rids)
 
     def step(self, inputs: list[int]) -> mx.array:
         """One decode step for every row; returns logits [B, V] (lazy)."""
         assert len(inputs) == len(self.rids)
+        if self.slots is not None:
+            self.slots.reserve(1)
         if self.lean:
-            assert self._caches is not None
-            return mixed_step(self.model, self._caches, inputs, [])[0]
-        logits = self.model(mx.array(inputs)[:, None], cache=self._caches)
-        return logits[:, -1, :]
+            assert self.slots is not None
+            logits = mixed_step(self.model, self.slots.layers, inputs, [])[0]
+        else:
+            logits = self.model(mx.array(inputs)[:, None], cache=self.layers)[:, -1, :]
+        if self.slots is not None:
+            self.slots.advance(1)
+        return logits
 
     def step_mixed(self, inputs: list[int], chunks: list[tuple[list[Any], list[int], bool]]
                    ) -> tuple[mx.array, list[mx.array | None]]:
         """One decode step for every row with prompt chunks read in the same forward
-        (:func:`appliance.engine.mixed.mixed_step`), evaluated. When it raises, the batch's
-        caches and the chunks' are as they were before it."""
-        assert len(inputs) == len(self.rids) and self._caches is not None
-        caches = [self._caches, *(cache for cache, _, _ in chunks)]
+        (:func:`appliance.engine.mixed.mixed_step`; lean batches only), evaluated. When it
+        raises, the batch's caches and the chunks' are as they were before it."""
+        assert len(inputs) == len(self.rids) and self.lean and self.slots is not None
+        self.slots.reserve(1)
+        caches = [cache for cache, _, _ in chunks]
         saved = save_offsets(caches)
         try:
-            logits, lasts = mixed_step(self.model, self._caches, inputs, chunks)
+            logits, lasts = mixed_step(self.model, self.slots.layers, inputs, chunks)
             mx.eval(logits, *(last for last in lasts if last is not None))
         except Exception:
             restore_offsets(caches, saved)
             raise
+        self.slots.advance(1)
         return logits, lasts
 
     def extract(self, rid: int) -> list[Any]:
-        """A copy of one row's KV (per layer, without the row's left padding)."""
-        assert self._caches is not None
+        """A copy of one row's KV (per layer, without the row's left padding), evaluated."""
         idx = self.rids.index(rid)
-        rows = [c.extract(idx) for c in self._caches]
-        # Evaluated now: mlx-lm's copy is lazy, and until it runs it holds the whole batch's
-        # KV (every row, every layer). Kept so in the prompt cache, those buffers stayed
-        # alive after the batch moved on, and decode steps beside them took 3-6x as long.
-        mx.eval([c.state for c in rows])
-        return rows
+        return self.slots.extract(idx) if self.slots is not None else self.merged.extract(idx)
 
     def remove(self, rids: set[int]) -> None:
-        keep = [i for i, rid in enumerate(self.rids) if rid not in rids]
-        if len(keep) == len(self.rids):
+        gone = {i for i, rid in enumerate(self.rids) if rid in rids}
+        if not gone:
             return
+        if self.slots is not None:
+            self.rids = [self.rids[i] for i in self.slots.remove(gone)]
+            return
+        keep = [i for i in range(len(self.rids)) if i not in gone]
         self.rids = [self.rids[i] for i in keep]
-        if not keep:
-            self._caches = None
-            return
-        assert self._caches is not None
-        for c in self._caches:
-            c.filter(keep)
+        self.merged.remove(keep)

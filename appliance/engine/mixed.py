@@ -145,8 +145,6 @@ def _mlp(weights: Weights, mlp: Any, x: mx.array) -> mx.array:
 def decode_mask(cache: Any, h: mx.array) -> Any:
     """The decode rows' mask (``cache``: layer 0's batched cache); None when no row is
     left-padded, as a query at the end of its row sees every key."""
-    if not any(cache.left_padding.tolist()):
-        return None
     return create_attention_mask(h[None, :1], cache)
 
 

@@ -142,7 +142,7 @@ class Runner:
         self.vocab_size = int(loaded.config.get("vocab_size") or 0) or 1 << 30
         self.eos = loaded.eos_token_ids
         self.seqs: dict[int, Seq] = {}
-        self.batch = DecodeBatch(self.model)
+        self.batch = DecodeBatch(self.model, scheduler.config.max_batch_size)
         self._joining: list[tuple[list[int], list[Any], list[int] | None]] = []
         """Rows prefilled this tick, merged into the batch after its decode step."""
         self._plain_kv = plain_kv(self.model)
@@ -467,10 +467,10 @@ class Runner:
         """After a failed batched step, step each row on its own: a row that fails alone
         ends with an error, the others go on in a rebuilt batch."""
         caches = {s.rid: self.batch.extract(s.rid) for s in rows}
-        self.batch = DecodeBatch(self.model)
+        self.batch = DecodeBatch(self.model, self.scheduler.config.max_batch_size)
         tokens: list[int | None] = []
         for s in rows:
-            single = DecodeBatch(self.model)
+            single = DecodeBatch(self.model, 1)
             single.add(s.rid, caches[s.rid])
             try:
                 if self.fault:
@@ -730,7 +730,7 @@ class Runner:
         self._joining = []  # rows of the failed tick that had not joined the batch yet
         for s in list(self.seqs.values()):
             self._finish(s, FinishReason.ERROR, error=BACKEND_ERROR)
-        self.batch = DecodeBatch(self.model)
+        self.batch = DecodeBatch(self.model, self.scheduler.config.max_batch_size)
 
     # ---- monitoring ----
     def _reserved_tokens(self) -> int:

@@ -98,7 +98,7 @@ def test_a_decode_step_has_the_numbers_of_the_models_own_forward(model: Any) -> 
         inputs = ours.argmax(-1).tolist()
     for batch in (lean, own):
         batch.remove({0, 2})
-    assert decode_mask(lean._caches[0], mx.zeros((1, 4))) is None  # no padding
+    assert decode_mask(lean.layers[0], mx.zeros((1, 4))) is None  # no padding
     inputs = [inputs[1]]
     for _ in range(3):
         ours, theirs = lean.step(inputs), own.step(inputs)

@@ -1,0 +1,279 @@
+"""The decode batch's KV cache: a slot per row in buffers allocated ahead, so a row joins by
+writing its own KV into a free slot and leaves by moving the last row into its place.
+
+mlx-lm's ``BatchKVCache`` joins a row by concatenating every row's KV into new buffers, and
+grows by a concatenation every 256 positions: a copy of the whole batch's KV either way. On
+the SmolLM-135M shape with 3 rows of 1,500 positions that made the decode step after a join
+take 153-255 ms instead of 70-80, and one step in 256 take 227 ms (measured in-process,
+docs/BENCHMARKS.md Run 11): a stall for every stream whenever someone's chat turn joined a
+batch of documents. Here the cost of a join or a leave is that of the row itself, and a
+buffer's growth is spread over the steps before it is needed, one layer a step.
+
+Rows are aligned at their ends, as in mlx-lm's cache (every row writes its next position at
+the same index, so one update writes the whole batch): a row of ``n`` tokens occupies the
+``n`` positions before :attr:`SlotLayout.end`, and the positions before it in its slot are
+padding, masked. Positions are numbered in one space for the batch (they only grow; a row
+joining may start before any position so far); each layer's buffers cover a window of it
+(``base`` to ``base + capacity``), and a layer that grows or takes a row starting before its
+window is copied into a new window alone. Attention reads from the first position any row
+uses (:attr:`SlotLayout.start`), so the rows that left cost nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import KVCache
+
+STEP = 256
+"""Positions a buffer grows by (as mlx-lm's caches)."""
+
+FRONT = 128
+"""Positions a new window keeps before the first row, for a longer row to join into."""
+
+
+class SlotLayout:
+    """Where the rows lie, the same in every layer: row ``i`` holds positions
+    ``[starts[i], end)``."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.end = 0
+        self._offset: mx.array | None = None
+        self._mask: tuple[int, Any] | None = None
+
+    @property
+    def rows(self) -> int:
+        return len(self.starts)
+
+    @property
+    def start(self) -> int:
+        """The first position attention reads (the longest row's first)."""
+        return min(self.starts) if self.starts else self.end
+
+    @property
+    def offset(self) -> mx.array:
+        """Each row's length: the RoPE position of its next token, [rows]."""
+        if self._offset is None:
+            self._offset = mx.array([self.end - s for s in self.starts], dtype=mx.int32)
+        return self._offset
+
+    def changed(self) -> None:
+        self._offset = None
+        self._mask = None
+
+    def mask(self, n: int) -> Any:
+        """The mask of ``n`` new positions per row over the positions attention reads (the
+        padding before each row hidden); None when no row is padded and ``n`` is 1."""
+        if self._mask is not None and self._mask[0] == n:
+            return self._mask[1]
+        start = self.start
+        pads = [s - start for s in self.starts]
+        mask = None
+        if any(pads) or n > 1:
+            mask = create_causal_mask(n, offset=self.end - start,
+                                      left_padding=mx.array(pads) if any(pads) else None)
+        self._mask = (n, mask)
+        return mask
+
+
+class SlotKV:
+    """One layer's keys and values, [row capacity, KV heads, window, head dim] each; what a
+    model's attention calls (``offset``, ``update_and_fetch``, ``make_mask``)."""
+
+    def __init__(self, layout: SlotLayout) -> None:
+        self.layout = layout
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.base = 0
+        """The position of the buffers' first entry."""
+
+    @property
+    def offset(self) -> mx.array:
+        return self.layout.offset
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.keys is None else int(self.keys.shape[2])
+
+    @property
+    def row_capacity(self) -> int:
+        return 0 if self.keys is None else int(self.keys.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None or self.values is None else \
+            self.keys.nbytes + self.values.nbytes
+
+    def fits(self, first: int, last: int, rows: int) -> bool:
+        """Whether positions ``[first, last)`` of ``rows`` rows lie in the buffers."""
+        return (self.keys is not None and first >= self.base
+                and last <= self.base + self.capacity and rows <= self.row_capacity)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write every row's ``n`` new positions at the layout's end; return the positions
+        attention reads, the new ones included (the layout moves on after the forward)."""
+        assert self.keys is not None and self.values is not None
+        layout = self.layout
+        b, n = layout.rows, keys.shape[2]
+        at = layout.end - self.base
+        self.keys[:b, :, at:at + n, :] = keys
+        self.values[:b, :, at:at + n, :] = values
+        first = layout.start - self.base
+        return self.keys[:b, :, first:at + n, :], self.values[:b, :, first:at + n, :]
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None
+                  ) -> Any:
+        assert window_size is None
+        return self.layout.mask(n)
+
+    def row(self, i: int) -> tuple[mx.array, mx.array]:
+        """Row ``i``'s own positions (views of the buffers), [1, H, length, D] each."""
+        assert self.keys is not None and self.values is not None
+        first = self.layout.starts[i] - self.base
+        last = self.layout.end - self.base
+        return self.keys[i:i + 1, :, first:last, :], self.values[i:i + 1, :, first:last, :]
+
+    def write(self, i: int, first: int, keys: mx.array, values: mx.array) -> None:
+        """Put a row's KV (from position ``first`` on) in slot ``i``."""
+        assert self.keys is not None and self.values is not None
+        at = first - self.base
+        n = keys.shape[2]
+        self.keys[i:i + 1, :, at:at + n, :] = keys
+        self.values[i:i + 1, :, at:at + n, :] = values
+
+    def reallocate(self, first: int, last: int, rows: int, like: tuple[mx.array, mx.array]
+                   ) -> None:
+        """New buffers covering ``[first - FRONT, last + STEP)`` (rounded) for ``rows``
+        rows, with every row's positions copied over (and evaluated: the old buffers go)."""
+        k_like, v_like = like
+        base = first - FRONT
+        size = -(-(last + STEP - base) // STEP) * STEP
+        _, heads, _, k_dim = k_like.shape
+        keys = mx.zeros((rows, heads, size, k_dim), k_like.dtype)
+        values = mx.zeros((rows, heads, size, v_like.shape[3]), v_like.dtype)
+        layout = self.layout
+        if self.keys is not None and self.values is not None and layout.rows:
+            b = min(layout.rows, self.row_capacity)
+            start, end = layout.start, layout.end
+            keys[:b, :, start - base:end - base, :] = \
+                self.keys[:b, :, start - self.base:end - self.base, :]
+            values[:b, :, start - base:end - base, :] = \
+                self.values[:b, :, start - self.base:end - self.base, :]
+        mx.eval(keys, values)
+        self.keys, self.values, self.base = keys, values, base
+
+
+class SlotBatch:
+    """The batch's KV in every layer (:class:`SlotKV`, one :class:`SlotLayout`)."""
+
+    def __init__(self, n_layers: int, max_rows: int) -> None:
+        self.layout = SlotLayout()
+        self.layers = [SlotKV(self.layout) for _ in range(n_layers)]
+        self.max_rows = max_rows
+        self.reallocations = 0
+        """Layer buffers copied into new ones (growth, more rows, a row before the window)."""
+
+    @property
+    def rows(self) -> int:
+        return self.layout.rows
+
+    @property
+    def size(self) -> int:
+        """Positions attention reads per row (the longest row's length)."""
+        return self.layout.end - self.layout.start
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.layers)
+
+    def _row_capacity(self, rows: int) -> int:
+        have = self.layers[0].row_capacity
+        if rows <= have:
+            return have
+        return max(rows, min(max(2 * have, 1), self.max_rows))
+
+    def join(self, kv: list[tuple[mx.array, mx.array]]) -> None:
+        """A row joins: ``kv`` is its keys and values per layer, [1, H, length, D] each."""
+        length = int(kv[0][0].shape[2])
+        layout = self.layout
+        if not layout.rows:
+            layout.end = max(layout.end, length)
+        first = layout.end - length
+        rows = layout.rows + 1
+        lo = min(first, layout.start) if layout.rows else first
+        for c, row_kv in zip(self.layers, kv, strict=True):
+            if not c.fits(lo, layout.end + 1, rows):
+                self.reallocations += 1
+                c.reallocate(lo, layout.end + 1, self._row_capacity(rows), row_kv)
+            c.write(layout.rows, first, *row_kv)
+        layout.starts.append(first)
+        layout.changed()
+
+    def remove(self, rows: set[int]) -> list[int]:
+        """Rows ``rows`` leave; each hole takes the last row still in. Returns the rows in
+        their new order (their old indices)."""
+        layout = self.layout
+        order = list(range(layout.rows))
+        for i in sorted(rows, reverse=True):
+            last = len(order) - 1
+            if i != last:
+                self._move(last, i)
+                order[i] = order[last]
+                layout.starts[i] = layout.starts[last]
+            order.pop()
+            layout.starts.pop()
+        layout.changed()
+        if not layout.starts:
+            for c in self.layers:
+                c.keys = c.values = None
+        return order
+
+    def _move(self, src: int, dst: int) -> None:
+        """Copy row ``src``'s positions into slot ``dst`` in every layer. The row is copied
+        out first (evaluated), so the buffers are written in place, not copied whole."""
+        first = self.layout.starts[src]
+        rows = [c.row(src) for c in self.layers]
+        rows = [(mx.contiguous(k), mx.contiguous(v)) for k, v in rows]
+        mx.eval(rows)
+        for c, (k, v) in zip(self.layers, rows, strict=True):
+            c.write(dst, first, k, v)
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` more positions in every layer before a forward. A layer that has
+        none is copied now; besides, one layer a step is copied ahead of need when its room
+        is less than a step per layer, so the copies of a growing batch are spread out."""
+        layout = self.layout
+        start, last = layout.start, layout.end + n
+        ahead = None
+        for c in self.layers:
+            assert c.keys is not None and c.values is not None
+            if not c.fits(start, last, layout.rows):
+                self.reallocations += 1
+                c.reallocate(start, last, c.row_capacity, (c.keys, c.values))
+            elif c.base + c.capacity <= last + len(self.layers) and (
+                    ahead is None or c.base + c.capacity < ahead.base + ahead.capacity):
+                ahead = c
+        if ahead is not None:
+            assert ahead.keys is not None and ahead.values is not None
+            self.reallocations += 1
+            ahead.reallocate(start, last, ahead.row_capacity, (ahead.keys, ahead.values))
+
+    def advance(self, n: int) -> None:
+        """Every row took ``n`` positions (after a forward was built)."""
+        self.layout.end += n
+        self.layout.changed()
+
+    def extract(self, i: int) -> list[KVCache]:
+        """A copy of row ``i``'s KV, one plain cache per layer (evaluated)."""
+        out = []
+        for c in self.layers:
+            k, v = c.row(i)
+            cache = KVCache()
+            cache.keys, cache.values = mx.contiguous(k), mx.contiguous(v)
+            cache.offset = int(k.shape[2])
+            out.append(cache)
+        mx.eval([(c.keys, c.values) for c in out])
+        return out

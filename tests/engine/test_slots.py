@@ -1,0 +1,129 @@
+"""The decode batch's KV in slots (appliance/engine/slots.py), on the real demo model: a row
+joins and leaves without copying the other rows, the buffers grow one layer a step, and every
+row's numbers stay those of its own forward (greedy tokens equal, logits within fp32
+rounding) through joins, leaves, growth and a longer row joining."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from appliance.engine.batch import DecodeBatch, new_sequence_cache, prefill
+from appliance.engine.model import load_model
+
+ATOL = 1e-4
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return [int(t) for t in mx.random.randint(3, 4000, (n,), key=mx.random.key(seed)).tolist()]
+
+
+class Alone:
+    """One sequence in its own cache, stepped by the model's own forward: the reference."""
+
+    def __init__(self, model: Any, n: int, seed: int) -> None:
+        self.model = model
+        self.cache = new_sequence_cache(model)
+        prefill(model, self.cache, _tokens(n, seed), False)
+
+    def step(self, token: int) -> mx.array:
+        return self.model(mx.array([[token]]), cache=self.cache)[0, -1]
+
+
+@pytest.fixture(scope="module")
+def model(demo_model: Path) -> Any:
+    return load_model(demo_model, fast_cpu_ops=True).model
+
+
+def _join(batch: DecodeBatch, rid: int, alone: Alone) -> None:
+    copy = new_sequence_cache(batch.model)
+    for mine, theirs in zip(copy, alone.cache, strict=True):
+        mine.update_and_fetch(theirs.keys[..., :theirs.offset, :],
+                              theirs.values[..., :theirs.offset, :])
+    batch.add(rid, copy)
+
+
+def _same(batch: DecodeBatch, seqs: dict[int, Alone], inputs: dict[int, int]) -> dict[int, int]:
+    """One step of the batch against each row alone; the next greedy token of each row."""
+    logits = batch.step([inputs[rid] for rid in batch.rids])
+    mx.eval(logits)
+    out = {}
+    for i, rid in enumerate(batch.rids):
+        want = seqs[rid].step(inputs[rid])
+        assert mx.allclose(logits[i], want, atol=ATOL).item(), f"row {rid}"
+        assert int(logits[i].argmax()) == int(want.argmax())
+        out[rid] = int(want.argmax())
+    return out
+
+
+def test_a_row_joins_and_leaves_without_copying_the_others(model: Any) -> None:
+    batch = DecodeBatch(model, max_rows=4)
+    assert batch.slots is not None
+    seqs = {rid: Alone(model, n, rid) for rid, n in enumerate((300, 280, 310, 40))}
+    inputs = dict.fromkeys(seqs, 5)
+    for rid in (0, 1, 2):
+        _join(batch, rid, seqs[rid])
+    inputs.update(_same(batch, seqs, inputs))
+    copies = batch.slots.reallocations
+    _join(batch, 3, seqs[3])  # a short chat turn into a batch of documents: a slot write
+    assert batch.slots.reallocations == copies
+    for _ in range(3):
+        inputs.update(_same(batch, seqs, inputs))
+    batch.remove({0})  # the last row moves into the hole
+    assert batch.rids == [3, 1, 2] and batch.slots.reallocations == copies
+    for _ in range(3):
+        inputs.update(_same(batch, seqs, inputs))
+    batch.remove({1, 2})  # only the short row is left: attention reads only its positions
+    assert batch.rids == [3] and batch.padded_len == 40 + 6
+    inputs.update(_same(batch, seqs, inputs))
+
+
+def test_the_buffers_grow_one_layer_a_step(model: Any) -> None:
+    batch = DecodeBatch(model, max_rows=2)
+    assert batch.slots is not None
+    seqs = {0: Alone(model, 200, 0), 1: Alone(model, 150, 1)}
+    for rid in seqs:
+        _join(batch, rid, seqs[rid])
+    inputs = dict.fromkeys(seqs, 7)
+    grew: list[int] = []
+    first = batch.slots.layers[0]
+    for _ in range(first.base + first.capacity - batch.padded_len + 8):  # past its end
+        before = batch.slots.reallocations
+        inputs.update(_same(batch, seqs, inputs))
+        grew.append(batch.slots.reallocations - before)
+    assert sum(grew) == len(model.model.layers), "every layer grew once"
+    assert max(grew) == 1, "one layer a step"
+
+
+def test_a_longer_row_joins_a_batch_of_short_ones(model: Any) -> None:
+    """A row that starts before the buffers' window: each layer is copied into a new one,
+    and the rows already in keep their numbers."""
+    batch = DecodeBatch(model, max_rows=1)  # row capacity grows past the setting
+    assert batch.slots is not None
+    seqs = {0: Alone(model, 20, 0), 1: Alone(model, 30, 1), 2: Alone(model, 600, 2)}
+    inputs = dict.fromkeys(seqs, 9)
+    _join(batch, 0, seqs[0])
+    _join(batch, 1, seqs[1])
+    inputs.update(_same(batch, seqs, inputs))
+    copies = batch.slots.reallocations
+    _join(batch, 2, seqs[2])
+    assert batch.slots.reallocations == copies + len(model.model.layers)
+    for _ in range(3):
+        inputs.update(_same(batch, seqs, inputs))
+    assert batch.padded_len == 600 + 3
+
+
+def test_a_row_taken_out_holds_its_own_kv(model: Any) -> None:
+    batch = DecodeBatch(model)
+    seqs = {0: Alone(model, 90, 0), 1: Alone(model, 50, 1)}
+    for rid in seqs:
+        _join(batch, rid, seqs[rid])
+    _same(batch, seqs, dict.fromkeys(seqs, 4))
+    row = batch.extract(1)
+    for mine, theirs in zip(row, seqs[1].cache, strict=True):
+        assert mine.offset == theirs.offset == 51
+        assert mx.allclose(mine.keys, theirs.keys[..., :51, :], atol=ATOL).item()
+        assert mx.allclose(mine.values, theirs.values[..., :51, :], atol=ATOL).item()

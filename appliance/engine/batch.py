@@ -148,29 +148,36 @@ class DecodeBatch:
     def nbytes(self) -> int:
         return self.slots.nbytes if self.slots is not None else self.merged.nbytes
 
+    def join(self, entries: list[tuple[list[int], list[Any], list[int] | None]]) -> None:
+        """Rows joining the batch together, ``(rids, cache, keep)`` each: a sequence's own
+        per-layer caches (``keep`` None, one rid), or rows ``keep`` of a batched prefill
+        cache. In slots, room is made for them all at once."""
+        if self.slots is None:
+            for _, cache, keep in entries:
+                if keep is None:
+                    self.merged.join([c.merge([c]) for c in cache])
+                    continue
+                if len(keep) < len(cache[0].offset):
+                    for c in cache:
+                        c.filter(keep)
+                self.merged.join(cache)
+        else:
+            rows = []
+            for _, cache, keep in entries:
+                if keep is None:
+                    rows.append([(c.keys[..., :c.offset, :], c.values[..., :c.offset, :])
+                                 for c in cache])
+                    continue
+                pads, end = cache[0].left_padding.tolist(), cache[0]._idx
+                rows += [[(c.keys[i:i + 1, :, pads[i]:end, :], c.values[i:i + 1, :, pads[i]:end, :])
+                          for c in cache] for i in keep]
+            self.slots.join(rows)
+        for rids, _, _ in entries:
+            self.rids.extend(rids)
+
     def add(self, rid: int, cache: list[Any]) -> None:
         """A sequence's own per-layer caches join the batch as row ``rid``."""
-        if self.slots is not None:
-            self.slots.join([(c.keys[..., :c.offset, :], c.values[..., :c.offset, :])
-                             for c in cache])
-        else:
-            self.merged.join([c.merge([c]) for c in cache])
-        self.rids.append(rid)
-
-    def add_rows(self, rids: list[int], cache: list[Any], keep: list[int]) -> None:
-        """Rows ``keep`` of a batched prefill cache join the batch as ``rids``."""
-        if self.slots is not None:
-            pads = cache[0].left_padding.tolist()
-            end = cache[0]._idx
-            for i in keep:
-                self.slots.join([(c.keys[i:i + 1, :, pads[i]:end, :],
-                                  c.values[i:i + 1, :, pads[i]:end, :]) for c in cache])
-        else:
-            if len(keep) < len(cache[0].offset):
-                for c in cache:
-                    c.filter(keep)
-            self.merged.join(cache)
-        self.rids.extend(rids)
+        self.join([([rid], cache, None)])
 
     def step(self, inputs: list[int]) -> mx.array:
         """One decode step for every row; returns logits [B, V] (lazy)."""

@@ -266,6 +266,10 @@ class Runner:
                             decode_rows=self._tick_rows,
                             prefill_tokens=sum(n for _, n in plan.prefill))
         self.tick_log.append(record)
+        log.debug("tick=%d target_ms=%.0f predicted_ms=%.0f measured_ms=%.0f decode_rows=%d "
+                  "prefill_tokens=%d ride=%s", self.ticks, (record.target_s or 0) * 1e3,
+                  record.predicted_s * 1e3, record.measured_s * 1e3, record.decode_rows,
+                  record.prefill_tokens, plan.ride)
         if record.target_s is not None and record.measured_s > OVER_TARGET * record.target_s:
             self.ticks_over_target += 1
             log.info("tick over target tick=%d target_ms=%.0f predicted_ms=%.0f "
@@ -297,11 +301,7 @@ class Runner:
             self.costs.observe_prefill(rows, tokens, offset, seconds)
 
     def _join(self) -> None:
-        for rids, cache, keep in self._joining:
-            if keep is None:
-                self.batch.add(rids[0], cache)
-            else:
-                self.batch.add_rows(rids, cache, keep)
+        self.batch.join(self._joining)
         self._joining = []
 
     def _views(self) -> list[SeqView]:

@@ -4,8 +4,7 @@ writing its own KV into a free slot and leaves by moving the last row into its p
 mlx-lm's ``BatchKVCache`` joins a row by concatenating every row's KV into new buffers, and
 grows by a concatenation every 256 positions: a copy of the whole batch's KV either way. On
 the SmolLM-135M shape with 3 rows of 1,500 positions that made the decode step after a join
-take 153-255 ms instead of 70-80, and one step in 256 take 227 ms (measured in-process,
-docs/BENCHMARKS.md Run 11): a stall for every stream whenever someone's chat turn joined a
+take 153-255 ms instead of 70-80, and one step in 256 take 227 ms (measured in-process): a stall for every stream whenever someone's chat turn joined a
 batch of documents. Here the cost of a join or a leave is that of the row itself, and a
 buffer's growth is spread over the steps before it is needed, one layer a step.
 
@@ -27,11 +26,12 @@ import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache
 
-STEP = 256
-"""Positions a buffer grows by (as mlx-lm's caches)."""
-
-FRONT = 128
-"""Positions a new window keeps before the first row, for a longer row to join into."""
+ROOM = 64
+"""A new window has room for at least this many more positions after its rows (and half of
+it before them), and for a quarter of its rows' span if that is more: growth by a fixed
+share keeps the copies of a growing batch to a fixed share of its positions, and the room
+small, as every position of a new window is written once (zeros) when it is made (on a
+2-core x86, 2 GB/s: 95 ms for 8 rows of 512 positions of the SmolLM-135M shape)."""
 
 
 class SlotLayout:
@@ -145,12 +145,14 @@ class SlotKV:
         self.values[i:i + 1, :, at:at + n, :] = values
 
     def reallocate(self, first: int, last: int, rows: int, like: tuple[mx.array, mx.array]
-                   ) -> None:
-        """New buffers covering ``[first - FRONT, last + STEP)`` (rounded) for ``rows``
-        rows, with every row's positions copied over (and evaluated: the old buffers go)."""
+                   ) -> list[mx.array]:
+        """New buffers covering ``[first, last)`` and room around it (:data:`ROOM`) for
+        ``rows`` rows, with every row's positions copied over; returns them for the caller
+        to evaluate (with the other layers', in one go)."""
         k_like, v_like = like
-        base = first - FRONT
-        size = -(-(last + STEP - base) // STEP) * STEP
+        room = -(-max(ROOM, (last - first) // 4) // ROOM) * ROOM
+        base = first - room // 2
+        size = last + room - base
         _, heads, _, k_dim = k_like.shape
         keys = mx.zeros((rows, heads, size, k_dim), k_like.dtype)
         values = mx.zeros((rows, heads, size, v_like.shape[3]), v_like.dtype)
@@ -162,8 +164,8 @@ class SlotKV:
                 self.keys[:b, :, start - self.base:end - self.base, :]
             values[:b, :, start - base:end - base, :] = \
                 self.values[:b, :, start - self.base:end - self.base, :]
-        mx.eval(keys, values)
         self.keys, self.values, self.base = keys, values, base
+        return [keys, values]
 
 
 class SlotBatch:
@@ -195,21 +197,28 @@ class SlotBatch:
             return have
         return max(rows, min(max(2 * have, 1), self.max_rows))
 
-    def join(self, kv: list[tuple[mx.array, mx.array]]) -> None:
-        """A row joins: ``kv`` is its keys and values per layer, [1, H, length, D] each."""
-        length = int(kv[0][0].shape[2])
+    def join(self, rows: list[list[tuple[mx.array, mx.array]]]) -> None:
+        """Rows join together: each is its keys and values per layer, [1, H, length, D]
+        each. A layer that lacks room for them all is copied into new buffers once."""
+        if not rows:
+            return
+        lengths = [int(kv[0][0].shape[2]) for kv in rows]
         layout = self.layout
         if not layout.rows:
-            layout.end = max(layout.end, length)
-        first = layout.end - length
-        rows = layout.rows + 1
-        lo = min(first, layout.start) if layout.rows else first
-        for c, row_kv in zip(self.layers, kv, strict=True):
-            if not c.fits(lo, layout.end + 1, rows):
+            layout.end = max(layout.end, *lengths)
+        firsts = [layout.end - n for n in lengths]
+        lo = min(firsts + ([layout.start] if layout.rows else []))
+        total = layout.rows + len(rows)
+        fresh = []
+        for i, c in enumerate(self.layers):
+            if not c.fits(lo, layout.end + 1, total):
                 self.reallocations += 1
-                c.reallocate(lo, layout.end + 1, self._row_capacity(rows), row_kv)
-            c.write(layout.rows, first, *row_kv)
-        layout.starts.append(first)
+                fresh += c.reallocate(lo, layout.end + 1, self._row_capacity(total), rows[0][i])
+        mx.eval(fresh)
+        for kv, first in zip(rows, firsts, strict=True):
+            for c, row_kv in zip(self.layers, kv, strict=True):
+                c.write(layout.rows, first, *row_kv)
+            layout.starts.append(first)
         layout.changed()
 
     def remove(self, rows: set[int]) -> list[int]:
@@ -247,19 +256,17 @@ class SlotBatch:
         is less than a step per layer, so the copies of a growing batch are spread out."""
         layout = self.layout
         start, last = layout.start, layout.end + n
-        ahead = None
-        for c in self.layers:
+        due = [c for c in self.layers if not c.fits(start, last, layout.rows)]
+        soon = [c for c in self.layers
+                if c not in due and c.base + c.capacity <= last + len(self.layers)]
+        if soon:
+            due.append(min(soon, key=lambda c: c.base + c.capacity))
+        fresh = []
+        for c in due:
             assert c.keys is not None and c.values is not None
-            if not c.fits(start, last, layout.rows):
-                self.reallocations += 1
-                c.reallocate(start, last, c.row_capacity, (c.keys, c.values))
-            elif c.base + c.capacity <= last + len(self.layers) and (
-                    ahead is None or c.base + c.capacity < ahead.base + ahead.capacity):
-                ahead = c
-        if ahead is not None:
-            assert ahead.keys is not None and ahead.values is not None
             self.reallocations += 1
-            ahead.reallocate(start, last, ahead.row_capacity, (ahead.keys, ahead.values))
+            fresh += c.reallocate(start, last, c.row_capacity, (c.keys, c.values))
+        mx.eval(fresh)
 
     def advance(self, n: int) -> None:
         """Every row took ``n`` positions (after a forward was built)."""

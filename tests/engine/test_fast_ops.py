@@ -205,7 +205,7 @@ def test_the_model_gives_the_same_logits_and_tokens(demo_model: Path,
         assert chunked is not None
         batched_cache, batched = prefill_batch(model, [short, prompt])
         batch = DecodeBatch(model)
-        batch.add_rows([1, 2], batched_cache, [0, 1])
+        batch.join([([1, 2], batched_cache, [0, 1])])
         tokens = mx.argmax(batched, axis=-1).tolist()
         out = []
         for _ in range(6):

@@ -32,13 +32,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-BURST_STEPS = 3.0
-"""Decode steps an overdue burst's tick may last while its prompts ride in the decode step
-(issue 10's ITL max goal is 3 times the streams' ITL p50, which is about one step). Read
-apart, the burst's prompts share a forward's fixed cost, so such a tick may last the whole
-TTFT objective; riding, they have none to share, and a tick of the whole objective (700 ms
-at 8 clients) was every synchronised stream's first gap."""
-
 DECODE_PRIOR = (0.05, 0.002, 0.01, 1.5, 8.0)
 """d0 s/step, d1 s/row, d2 s per 1e3 row-positions (about a 135M fp32 model on 2 cores);
 d3 s per 1e3 and d4 s per 1e6 token-positions of prompt chunks riding in the step (the
@@ -306,8 +299,10 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     decodes and several such prompts wait (see ``Scheduler._allowance``), so the tick may
     last the whole TTFT objective: the burst's prompts share one forward (one fixed cost)
     and the running streams see one gap of at most that length. Riding in the decode step,
-    the chunks have no fixed cost to share, so such a tick lasts at most
-    :data:`BURST_STEPS` decode steps (and at least the ITL objective).
+    the chunks have no fixed cost to share, so such a tick keeps the ITL objective (a
+    longer one only moved the burst's first tokens a step sooner, and was every
+    synchronised stream's longest gap: 297-500 ms, 4-6 times the ITL p50, in the serving
+    benchmark at C = 8 with 3 decode steps allowed).
 
     When that leaves prefill less than its floor (``prefill_floor`` forward fixed costs),
     the objectives cannot be met on this machine at all, and the tick gets the time of the
@@ -333,9 +328,8 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
         target = min(itl, bound)
     else:
         target = bound
-    if overdue:
-        target = (max(target, min(BURST_STEPS * decode_s, objectives.ttft_target_s))
-                  if riding else objectives.ttft_target_s)
+    if overdue and not riding:
+        target = objectives.ttft_target_s
     share = target - decode_s
     smallest = costs.prefill(objectives.min_chunk, riding=riding)
     floor = objectives.prefill_floor * (smallest if riding else costs.prefill_fit.beta[0])

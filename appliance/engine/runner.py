@@ -293,8 +293,7 @@ class Runner:
                 self.meter("ride", 1, n, k, 0.0) for n, k in riding)
         self._tick_s += seconds
         if kind == "decode":
-            self._tick_predicted += self.costs.decode(rows, offset) + sum(
-                self.costs.prefill(n, k, riding=True) for n, k in riding)
+            self._tick_predicted += self.costs.decode(rows, offset, riding)
             self.costs.observe_decode(rows, offset, seconds, riding)
         else:
             self._tick_predicted += self.costs.prefill_rows(rows, tokens, offset)

@@ -32,10 +32,21 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-DECODE_PRIOR = (0.05, 0.002, 0.01, 1.5, 8.0)
+WIDE_ROWS = 16
+"""Rows of a forward's matrix products (decode rows plus the tokens riding with them) beyond
+which they cost a step more. On Linux with OpenBLAS the appliance's own kernel
+(appliance/native/skinny_matmul.c) takes products of at most 16 rows and OpenBLAS's gemm,
+which first copies the weights, the rest: on the SmolLM-135M shape a decode step of 4 rows
+took 84 ms with a 12-token chunk riding in it and 136 ms with a 16-token one
+(``python -m appliance.bench.mixed --rows 1,4 --chunks 4,8,12,16,24,32,48,64 --context
+100``). The decode fit learns the step (``d5``); where products have none, it fits about
+zero."""
+
+DECODE_PRIOR = (0.05, 0.002, 0.01, 1.5, 8.0, 0.02)
 """d0 s/step, d1 s/row, d2 s per 1e3 row-positions (about a 135M fp32 model on 2 cores);
 d3 s per 1e3 and d4 s per 1e6 token-positions of prompt chunks riding in the step (the
-prefill prior's per-token terms)."""
+prefill prior's per-token terms); d5 s for a forward of more than :data:`WIDE_ROWS`
+rows."""
 PREFILL_PRIOR = (0.08, 1.5, 8.0)
 """p0 s/forward, p1 s per 1e3 tokens, p2 s per 1e6 token-positions (same machine)."""
 
@@ -142,7 +153,8 @@ Riding = Sequence[tuple[int, int]]
 def decode_features(rows: int, kv_len: int, riding: Riding = ()) -> tuple[float, ...]:
     tokens = sum(n for n, _ in riding)
     positions = sum(n * (k + n / 2) for n, k in riding)
-    return (1.0, float(rows), rows * kv_len / 1e3, tokens / 1e3, positions / 1e6)
+    return (1.0, float(rows), rows * kv_len / 1e3, tokens / 1e3, positions / 1e6,
+            1.0 if rows + tokens > WIDE_ROWS else 0.0)
 
 
 def prefill_features(rows: int, tokens: int, offset: int) -> tuple[float, float, float]:
@@ -169,8 +181,30 @@ class CostModel:
         if rows > 0 and tokens > 0:
             self.prefill_fit.observe(prefill_features(rows, tokens, offset), seconds)
 
-    def decode(self, rows: int, kv_len: int) -> float:
-        return self.decode_fit.predict(decode_features(rows, kv_len)) if rows > 0 else 0.0
+    def decode(self, rows: int, kv_len: int, riding: Riding = ()) -> float:
+        """A decode step of ``rows`` rows, with the prompt chunks ``riding`` in it."""
+        return self.decode_fit.predict(decode_features(rows, kv_len, riding)) if rows > 0 \
+            else 0.0
+
+    def ride(self, tokens: int, offset: int, rows: int) -> float:
+        """A chunk riding in a decode step whose forward has ``rows`` rows before it (the
+        decode rows and the chunks already riding): its tokens, and the step to products
+        of more than :data:`WIDE_ROWS` rows if it crosses there."""
+        if tokens <= 0:
+            return 0.0
+        wide = self.decode_fit.beta[5] if rows <= WIDE_ROWS < rows + tokens else 0.0
+        return self.prefill(tokens, offset, riding=True) + wide
+
+    def ride_tokens_within(self, seconds: float, offset: int, rows: int) -> int:
+        """The most tokens of a chunk riding after ``rows`` rows (as :meth:`ride`) within
+        ``seconds``: up to :data:`WIDE_ROWS` rows in all, or more only when the time left
+        after the step to wider products reads more than that."""
+        n = self.tokens_within(seconds, offset, riding=True)
+        narrow = max(WIDE_ROWS - rows, 0)
+        if n <= narrow or rows > WIDE_ROWS:
+            return n
+        wide = self.tokens_within(seconds - self.decode_fit.beta[5], offset, riding=True)
+        return wide if wide > narrow else narrow
 
     def prefill(self, tokens: int, offset: int = 0, *, overhead: bool = True,
                 riding: bool = False) -> float:
@@ -186,7 +220,7 @@ class CostModel:
     def _chunk_rates(self, overhead: bool, riding: bool) -> tuple[float, float, float]:
         """(fixed, per 1e3 tokens, per 1e6 token-positions) of one chunk."""
         if riding:
-            _, _, _, d3, d4 = self.decode_fit.beta
+            _, _, _, d3, d4, _ = self.decode_fit.beta
             return (0.0, d3, d4)
         p0, p1, p2 = self.prefill_fit.beta
         return (p0 if overhead else 0.0, p1, p2)
@@ -283,6 +317,8 @@ class TickBudget:
     decode_s: float
     patient_s: float | None = None
     riding: bool = False
+    rows: int = 0
+    """The decode step's rows (chunks riding in it come after them)."""
 
     @property
     def prefill_s(self) -> float:
@@ -331,7 +367,8 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     if overdue and not riding:
         target = objectives.ttft_target_s
     share = target - decode_s
-    smallest = costs.prefill(objectives.min_chunk, riding=riding)
+    smallest = (costs.ride(objectives.min_chunk, 0, decode_rows) if riding
+                else costs.prefill(objectives.min_chunk))
     floor = objectives.prefill_floor * (smallest if riding else costs.prefill_fit.beta[0])
     patient = None
     if present:
@@ -342,7 +379,7 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
         if best is not None:
             floor = max(floor, costs.prefill(best, 0))
     return TickBudget(target_s=max(target, decode_s + floor), decode_s=decode_s,
-                      patient_s=patient, riding=riding)
+                      patient_s=patient, riding=riding, rows=decode_rows)
 
 
 class PrefillAllowance:
@@ -361,6 +398,8 @@ class PrefillAllowance:
             self.slack = max(budget.prefill_s - budget.patient_s, 0.0)
         self.min_chunk = min_chunk
         self.riding = budget is not None and budget.riding
+        self.rows = budget.rows if budget is not None else 0
+        """Rows of the decode step's forward so far (riding: its rows and the chunks')."""
         self._fresh_forward = False  # a batched forward of whole fresh prompts is planned
         self.spent_any = False
 
@@ -401,18 +440,30 @@ class PrefillAllowance:
                        costs.tokens_within(limit, computed, overhead=False)):
             return remaining
         riding = self.riding
-        n = costs.tokens_within(limit, computed, riding=riding)
+        n = self._within(limit, computed)
         first = not self.spent_any or grant
         if n < remaining:
             if first and computed == 0 and self._whole(remaining, limit, urgent):
                 return remaining
-            n = min(n, costs.tokens_within(seconds - self.slack, computed, riding=riding))
+            n = min(n, self._within(seconds - self.slack, computed))
             best = None if riding else costs.efficient_chunk(computed)
             if best is not None:
                 n = min(n, best)
         if first:
             n = max(n, self.min_chunk)
         return max(0, min(n, remaining))
+
+    def _within(self, seconds: float, computed: int) -> int:
+        assert self.costs is not None
+        if self.riding:
+            return self.costs.ride_tokens_within(seconds, computed, self.rows)
+        return self.costs.tokens_within(seconds, computed)
+
+    def _cost(self, tokens: int, computed: int, overhead: bool = True) -> float:
+        assert self.costs is not None
+        if self.riding:
+            return self.costs.ride(tokens, computed, self.rows)
+        return self.costs.prefill(tokens, computed, overhead=overhead)
 
     def _whole(self, remaining: int, limit: float, urgent: bool) -> bool:
         """Whether a fresh prompt that does not fit ``limit`` is read whole anyway. Read in
@@ -424,7 +475,7 @@ class PrefillAllowance:
         household hears, a stream's longer gap is not."""
         costs = self.costs
         assert costs is not None
-        cost = costs.prefill(remaining, riding=self.riding)
+        cost = self._cost(remaining, 0)
         if self.riding and cost <= 1.5 * limit:
             return True
         return (urgent or not self.riding) and cost <= 2 * costs.prefill(self.min_chunk)
@@ -432,9 +483,10 @@ class PrefillAllowance:
     def spend(self, remaining: int, computed: int, n: int) -> None:
         if self.timed:
             assert self.costs is not None and self.seconds is not None
-            overhead = not self._rides(remaining, computed, n)
-            self.seconds -= self.costs.prefill(n, computed, overhead=overhead,
-                                               riding=self.riding)
+            self.seconds -= self._cost(n, computed,
+                                       overhead=not self._rides(remaining, computed, n))
+            if self.riding:
+                self.rows += n
             if computed == 0 and n == remaining:
                 self._fresh_forward = True
         elif self.tokens is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.sched.cost import CostModel, TickObjectives, tick_budget
+from appliance.sched.cost import WIDE_ROWS, CostModel, TickObjectives, tick_budget
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.types import SchedulerConfig
 from appliance.vocab import Klass
@@ -161,3 +161,68 @@ def test_a_chat_turn_or_voice_command_of_someone_with_nothing_streaming_is_read_
     assert plan("bob", 40, Klass.VOICE) == (False, False)
     assert plan("alice", 60) == (True, True)  # one person's streams and turn: it rides
     assert plan("bob", 4000) == (True, True)  # a document rides
+
+
+WIDE_STEP = 0.05
+"""The step to matrix products of more than WIDE_ROWS rows (the appliance's own kernel
+takes at most 16 rows, OpenBLAS the rest: about 50 ms on the SmolLM-135M shape)."""
+
+
+def trained_wide(ticks: int = 120) -> CostModel:
+    """As :func:`trained_riding`, on a machine whose forwards of more than WIDE_ROWS rows
+    cost WIDE_STEP more."""
+    costs = trained(SLOW_CPU, ticks)
+    costs.rides = True
+    for i in range(ticks):
+        rows, kv = 1 + i % 8, 64 + (i * 97) % 2500
+        chunks = [((4, 8, 12, 24, 48, 96)[i % 6], (i * 211) % 1800)]
+        tokens = sum(n for n, _ in chunks)
+        costs.observe_decode(rows, kv, SLOW_CPU.decode(rows, kv)
+                             + sum(ride(n, k) for n, k in chunks)
+                             + (WIDE_STEP if rows + tokens > WIDE_ROWS else 0.0), chunks)
+    return costs
+
+
+def test_the_fit_learns_the_step_to_products_of_more_than_wide_rows() -> None:
+    costs = trained_wide()
+    assert costs.decode(4, 300, [(12, 0)]) == pytest.approx(
+        SLOW_CPU.decode(4, 300) + ride(12, 0), rel=0.05)
+    assert costs.decode(4, 300, [(13, 0)]) == pytest.approx(
+        SLOW_CPU.decode(4, 300) + ride(13, 0) + WIDE_STEP, rel=0.05)
+    # a chunk's share of the step (a difference of fitted terms: within 10 ms)
+    assert costs.ride(13, 0, 4) == pytest.approx(ride(13, 0) + WIDE_STEP, abs=0.01)
+    assert costs.ride(13, 0, 20) == pytest.approx(ride(13, 0), abs=0.01)  # already wide
+    # where products have no such step, it fits a small fraction of one (the prior's pull)
+    assert trained_riding().decode_fit.beta[5] < WIDE_STEP / 5
+
+
+def test_a_riding_chunk_stays_within_wide_rows_unless_the_time_reads_more_past_them() -> None:
+    costs = trained_wide()
+    narrow = WIDE_ROWS - 4
+
+    def tokens(n: int) -> float:  # the fitted time of n riding tokens, without the step
+        return costs.prefill(n, 0, riding=True) + 1e-9
+
+    # time for a few more tokens than fit within 16 rows, not for the step as well
+    assert costs.ride_tokens_within(tokens(narrow + 6), 0, 4) == narrow
+    # time for far more past the step
+    n = costs.ride_tokens_within(tokens(80) + WIDE_STEP, 0, 4)
+    assert n > narrow and costs.ride(n, 0, 4) <= tokens(80) + WIDE_STEP
+    # a small share: as many tokens as fit; past the step already, no step to pay
+    assert costs.ride_tokens_within(tokens(5), 0, 4) == 5
+    assert costs.ride_tokens_within(tokens(narrow + 6), 0, 20) == narrow + 6
+
+
+def test_a_stream_gap_beside_a_riding_chat_turn_stays_near_the_itl_target() -> None:
+    """A chat turn riding beside 4 streams is read in chunks that keep the forward within
+    WIDE_ROWS rows (each tick about the target), not in one that crosses the step."""
+    costs = trained_wide()
+    step = costs.decode(4, 301)
+    s = Scheduler(SchedulerConfig(objectives=TickObjectives(itl_target_s=1.5 * step,
+                                                            prefill_floor=0)))
+    views = [*(seq(i, D, kv=300, user=f"u{i}") for i in range(1, 5)),
+             seq(9, P, prompt=60, user="u1")]
+    ((_, n),) = s.step(0.0, views, costs=costs).prefill
+    assert s.budget is not None and s.budget.riding
+    assert 0 < n <= WIDE_ROWS - 4
+    assert costs.decode(4, 301, [(n, 0)]) <= s.budget.target_s * 1.05

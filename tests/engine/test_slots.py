@@ -66,7 +66,12 @@ def test_a_row_joins_and_leaves_without_copying_the_others(model: Any) -> None:
     inputs = dict.fromkeys(seqs, 5)
     for rid in (0, 1, 2):
         _join(batch, rid, seqs[rid])
-    inputs.update(_same(batch, seqs, inputs))
+    layers = len(model.model.layers)
+    for _ in range(layers):  # the steps before it make a free slot, one layer a step
+        before = batch.slots.reallocations
+        inputs.update(_same(batch, seqs, inputs))
+        assert batch.slots.reallocations - before <= 1
+    assert min(c.row_capacity for c in batch.slots.layers) == 4
     copies = batch.slots.reallocations
     _join(batch, 3, seqs[3])  # a short chat turn into a batch of documents: a slot write
     assert batch.slots.reallocations == copies

@@ -1,4 +1,4 @@
-"""The decode batch: one row per decoding sequence over mlx-lm's batched KV caches.
+"""The decode batch: one row per decoding sequence, its KV in slots (or mlx-lm's batched caches).
 
 Each sequence is prefilled alone into its own per-layer caches (so its KV is isolated and its
 numbers do not depend on its neighbours), then joins the batch: its KV is written into a

@@ -29,6 +29,7 @@ from appliance.engine.request import (
     Usage,
 )
 from appliance.engine.snapshot import EngineSnapshot
+from appliance.engine.ticks import Meter
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.types import SchedulerConfig
 from appliance.sched.usage import RollingUsage
@@ -97,7 +98,7 @@ class Engine:
                  fault: FaultHook | None = None,
                  on_finish: Callable[[Finished], None] | None = None,
                  on_counters: Callable[[dict[str, float]], None] | None = None,
-                 meter: Callable[[str, int, int, int, float], float] | None = None) -> None:
+                 meter: Meter | None = None) -> None:
         self.config = config
         self._meter = meter
         self._on_finish = on_finish
@@ -159,11 +160,11 @@ class Engine:
         return False
 
     def tick_log(self) -> list[Any]:
-        """Recent ticks as the engine timed them (``runner.TickRecord``: target, prediction,
+        """Recent ticks as the engine timed them (``ticks.TickRecord``: target, prediction,
         measurement, decode rows, prefill tokens), oldest first. For tests and debugging;
         read it while the engine is idle."""
         runner = getattr(self, "_runner", None)
-        return [] if runner is None else list(runner.tick_log)
+        return [] if runner is None else list(runner.timing.log)
 
     def cancel_all(self) -> None:
         self._cancel_all = True

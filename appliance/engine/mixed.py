@@ -34,7 +34,6 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import KVCache
 
 MIXED = frozenset({"llama", "qwen2"})
 """mlx-lm model modules whose ``Attention.__call__`` is the one :func:`_attention` follows
@@ -198,20 +197,15 @@ def mixed_step(model: Any, batch_cache: list[Any], inputs: Sequence[int],
     return (logits[:b] if len(rows) > 1 else logits), lasts
 
 
-def save_offsets(caches: Sequence[list[Any]]) -> list[list[tuple[Any, ...]]]:
+def save_offsets(caches: Sequence[list[Any]]) -> list[list[int]]:
     """What :func:`restore_offsets` needs to undo a forward's cache updates that never ran
-    (a forward that raised while being built): each layer's write position."""
-    return [[_offset_state(c) for c in cache] for cache in caches]
+    (a forward that raised while being built): each layer's write position, for
+    sequences' own plain caches (the decode batch moves on only after its forward, see
+    appliance/engine/slots.py)."""
+    return [[c.offset for c in cache] for cache in caches]
 
 
-def restore_offsets(caches: Sequence[list[Any]], saved: list[list[tuple[Any, ...]]]) -> None:
-    for cache, states in zip(caches, saved, strict=True):
-        for c, state in zip(cache, states, strict=True):
-            if type(c) is KVCache:
-                c.offset = state[0]
-            else:  # BatchKVCache
-                c.offset, c._idx = state
-
-
-def _offset_state(c: Any) -> tuple[Any, ...]:
-    return (c.offset,) if type(c) is KVCache else (c.offset, c._idx)
+def restore_offsets(caches: Sequence[list[Any]], saved: list[list[int]]) -> None:
+    for cache, offsets in zip(caches, saved, strict=True):
+        for c, offset in zip(cache, offsets, strict=True):
+            c.offset = offset

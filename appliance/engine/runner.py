@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +33,7 @@ from appliance.engine.request import (
 from appliance.engine.sampling import RowSampler, sample_batch
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
+from appliance.engine.ticks import Meter, TickTiming
 from appliance.percentiles import percentile
 from appliance.sched.cost import CostModel
 from appliance.sched.memory import held, reservation
@@ -50,30 +50,6 @@ TOO_LARGE = "the request cannot fit in the KV cache budget"
 COUNTERS_EVERY_S = 2.0
 """How often the fairness counters are handed to the store writer while busy (and once
 more when the engine goes idle, so an idle daemon has its latest counters on disk)."""
-TICK_LOG = 2048
-"""Recent ticks kept for tests and the debug log (target, prediction, measurement)."""
-OVER_TARGET = 2.0
-"""A tick that takes more than this many times its target is logged and counted (the cost
-model mispredicted, or the machine was busy): what stalls a stream shows in the log."""
-
-Meter = Callable[[str, int, int, int, float], float]
-"""Test hook: (``decode``|``prefill``, rows, tokens per row, KV offset, measured seconds)
--> the seconds the engine books for that forward (and fits its cost model to)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TickRecord:
-    """One tick as the engine timed it, in seconds of its own timer."""
-
-    target_s: float | None
-    """The tick's time budget (None: prefill sized in tokens)."""
-    predicted_s: float
-    """The cost model's prediction for the work the plan gave the tick."""
-    measured_s: float
-    decode_rows: int
-    prefill_tokens: int
-
-
 @dataclass(slots=True, eq=False)
 class Seq:
     handle: RequestHandle
@@ -142,7 +118,7 @@ class Runner:
         self.vocab_size = int(loaded.config.get("vocab_size") or 0) or 1 << 30
         self.eos = loaded.eos_token_ids
         self.seqs: dict[int, Seq] = {}
-        self.batch = DecodeBatch(self.model, scheduler.config.max_batch_size)
+        self.batch = self._new_batch()
         self._joining: list[tuple[list[int], list[Any], list[int] | None]] = []
         """Rows prefilled this tick, merged into the batch after its decode step."""
         self._plain_kv = plain_kv(self.model)
@@ -150,16 +126,10 @@ class Runner:
         """Prompt chunks are read in the decode step's forward (appliance/engine/mixed.py)."""
         self.costs = CostModel(rides=self._mixed)
         """Prefill and decode time, fitted from this engine's own forwards."""
-        self.timer = timer
-        self.meter = meter
-        self.tick_log: deque[TickRecord] = deque(maxlen=TICK_LOG)
-        self._tick_s = 0.0
-        self._tick_predicted = 0.0
-        self._tick_rows = 0
+        self.timing = TickTiming(self.costs, timer, meter)
         self._left_queue = 0
         self.completed = 0
         self.ticks = 0
-        self.ticks_over_target = 0
         self.mixed_forwards = 0
         """Decode steps that read prompt chunks in their forward."""
         self.prompt_total = 0
@@ -244,9 +214,7 @@ class Runner:
                                    cache_tokens=cached // self.loaded.kv_bytes_per_token,
                                    costs=self.costs)
         self._served = {}
-        self._tick_s = 0.0
-        self._tick_predicted = 0.0
-        self._tick_rows = 0
+        self.timing.begin()
         self._apply(plan, now)
         chunks = self._chunks(plan)
         decoded = self._mixed_tick(chunks) if (self._mixed and plan.ride and chunks
@@ -261,43 +229,15 @@ class Runner:
         self.ticks += 1
         self._counters_dirty = True
         budget = self.scheduler.budget
-        record = TickRecord(target_s=None if budget is None else budget.target_s,
-                            predicted_s=self._tick_predicted, measured_s=self._tick_s,
-                            decode_rows=self._tick_rows,
-                            prefill_tokens=sum(n for _, n in plan.prefill))
-        self.tick_log.append(record)
-        log.debug("tick=%d target_ms=%.0f predicted_ms=%.0f measured_ms=%.0f decode_rows=%d "
-                  "prefill_tokens=%d ride=%s", self.ticks, (record.target_s or 0) * 1e3,
-                  record.predicted_s * 1e3, record.measured_s * 1e3, record.decode_rows,
-                  record.prefill_tokens, plan.ride)
-        if record.target_s is not None and record.measured_s > OVER_TARGET * record.target_s:
-            self.ticks_over_target += 1
-            log.info("tick over target tick=%d target_ms=%.0f predicted_ms=%.0f "
-                     "measured_ms=%.0f decode_rows=%d prefill_tokens=%d", self.ticks,
-                     record.target_s * 1e3, record.predicted_s * 1e3, record.measured_s * 1e3,
-                     record.decode_rows, record.prefill_tokens)
+        self.timing.end(self.ticks, None if budget is None else budget.target_s,
+                        sum(n for _, n in plan.prefill), plan.ride)
         if now - self._counters_at >= COUNTERS_EVERY_S:
             self.flush_counters()
             self._counters_at = now
         return True
 
-    def _timed(self, kind: str, rows: int, tokens: int, offset: int, start: float,
-               riding: list[tuple[int, int]] | None = None) -> None:
-        """Book one forward's time (the meter may replace it: a decode step's, then each
-        riding chunk's as ``ride``) and fit the cost model. ``riding``: the prompt chunks
-        read in a decode step's forward, (tokens, offset) each."""
-        seconds = self.timer() - start
-        riding = riding or []
-        if self.meter is not None:
-            seconds = self.meter(kind, rows, tokens, offset, seconds) + sum(
-                self.meter("ride", 1, n, k, 0.0) for n, k in riding)
-        self._tick_s += seconds
-        if kind == "decode":
-            self._tick_predicted += self.costs.decode(rows, offset, riding)
-            self.costs.observe_decode(rows, offset, seconds, riding)
-        else:
-            self._tick_predicted += self.costs.prefill_rows(rows, tokens, offset)
-            self.costs.observe_prefill(rows, tokens, offset, seconds)
+    def _new_batch(self) -> DecodeBatch:
+        return DecodeBatch(self.model, self.scheduler.config.max_batch_size)
 
     def _join(self) -> None:
         self.batch.join(self._joining)
@@ -360,9 +300,8 @@ class Runner:
         if not len(self.batch):
             return False
         rows = [self.seqs[rid] for rid in self.batch.rids]
-        self._tick_rows = len(rows)
         failed = self._decode_faults(rows)
-        start = self.timer()
+        start = self.timing.timer()
         kv_len = self.batch.padded_len + 1
         try:
             if self.fault:
@@ -370,7 +309,7 @@ class Runner:
                     self.fault(s.handle.request, "batch")
             logits = self.batch.step([s.next_token for s in rows])
             tokens = self._sample_rows(logits, rows, failed)
-            self._timed("decode", len(rows), 1, kv_len, start)
+            self.timing.forward("decode", len(rows), 1, kv_len, start)
         except Exception:
             log.exception("batched decode step failed; retrying its %d rows alone", len(rows))
             tokens = self._decode_alone(rows, failed)
@@ -419,7 +358,7 @@ class Runner:
         caller then reads the chunks and steps the batch one forward each, whose own
         handling ends only the culprit."""
         rows = [self.seqs[rid] for rid in self.batch.rids]
-        start = self.timer()
+        start = self.timing.timer()
         kv_len = self.batch.padded_len + 1
         riding = [(n, s.computed) for s, n in chunks]
         parts = []
@@ -453,9 +392,8 @@ class Runner:
             except Exception as exc:
                 firsts.append(None)
                 self._fail(s, "prefill", exc)
-        self._tick_rows = len(rows)
         self.mixed_forwards += 1
-        self._timed("decode", len(rows), 1, kv_len, start, riding)
+        self.timing.forward("decode", len(rows), 1, kv_len, start, riding)
         for (s, n), token in zip(chunks, firsts, strict=True):
             if s.rid in self.seqs:
                 self._first_token(s, n, token)
@@ -466,7 +404,7 @@ class Runner:
         """After a failed batched step, step each row on its own: a row that fails alone
         ends with an error, the others go on in a rebuilt batch."""
         caches = {s.rid: self.batch.extract(s.rid) for s in rows}
-        self.batch = DecodeBatch(self.model, self.scheduler.config.max_batch_size)
+        self.batch = self._new_batch()
         tokens: list[int | None] = []
         for s in rows:
             single = DecodeBatch(self.model, 1)
@@ -516,14 +454,14 @@ class Runner:
     def _prefill_one(self, s: Seq, n: int) -> None:
         assert s.cache is not None
         last = s.computed + n == len(s.tokens)
-        start = self.timer()
+        start = self.timing.timer()
         try:
             if self.fault:
                 self.fault(s.handle.request, "prefill")
             logits = prefill(self.model, s.cache, s.tokens[s.computed:s.computed + n], last)
             token = (sample_batch(logits, [s.sampler], [s.tokens])[0]
                      if logits is not None else None)
-            self._timed("prefill", 1, n, s.computed, start)
+            self.timing.forward("prefill", 1, n, s.computed, start)
         except Exception as exc:
             self._fail(s, "prefill", exc)
             return
@@ -544,14 +482,14 @@ class Runner:
             s.cache = None
 
     def _prefill_together(self, seqs: list[Seq]) -> None:
-        start = self.timer()
+        start = self.timing.timer()
         try:
             if self.fault:
                 for s in seqs:
                     self.fault(s.handle.request, "prefill")
             cache, logits = prefill_batch(self.model, [s.tokens for s in seqs])
             tokens = sample_batch(logits, [s.sampler for s in seqs], [s.tokens for s in seqs])
-            self._timed("prefill", len(seqs), max(len(s.tokens) for s in seqs), 0, start)
+            self.timing.forward("prefill", len(seqs), max(len(s.tokens) for s in seqs), 0, start)
         except Exception:  # find the culprit: each one alone
             log.warning("batched prefill of %d prompts failed; reading them one by one",
                         len(seqs))
@@ -729,7 +667,7 @@ class Runner:
         self._joining = []  # rows of the failed tick that had not joined the batch yet
         for s in list(self.seqs.values()):
             self._finish(s, FinishReason.ERROR, error=BACKEND_ERROR)
-        self.batch = DecodeBatch(self.model, self.scheduler.config.max_batch_size)
+        self.batch = self._new_batch()
 
     # ---- monitoring ----
     def _reserved_tokens(self) -> int:
@@ -766,4 +704,4 @@ class Runner:
             weights=self.scheduler.counters.weights(),
             prompt_cache=None if pc is None else dataclasses.asdict(pc.stats),
             kv_reserved_bytes=self._reserved_tokens() * self.loaded.kv_bytes_per_token,
-            ticks_over_target=self.ticks_over_target, mixed_forwards=self.mixed_forwards)
+            ticks_over_target=self.timing.over_target, mixed_forwards=self.mixed_forwards)

@@ -262,9 +262,12 @@ class SlotBatch:
         layout = self.layout
         start, last = layout.start, layout.end + n
         spare = min(layout.rows + 1, self.max_rows)
-        due = [c for c in self.layers if not c.fits(start, last, layout.rows)]
-        soon = [c for c in self.layers if c not in due and (
-            c.base + c.capacity <= last + len(self.layers) or c.row_capacity < spare)]
+        due, soon = [], []
+        for c in self.layers:
+            if not c.fits(start, last, layout.rows):
+                due.append(c)
+            elif c.base + c.capacity <= last + len(self.layers) or c.row_capacity < spare:
+                soon.append(c)
         if soon:
             due.append(min(soon, key=lambda c: (c.row_capacity, c.base + c.capacity)))
         fresh = []

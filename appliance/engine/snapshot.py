@@ -51,7 +51,7 @@ class EngineSnapshot:
     weights: Mapping[str, float] = field(default_factory=dict)
     """The weights the running scheduler uses (by user id as text; absent: 1)."""
     ticks_over_target: int = 0
-    """Ticks that took more than twice their time target (``runner.OVER_TARGET``)."""
+    """Ticks that took more than twice their time target (``ticks.OVER_TARGET``)."""
     mixed_forwards: int = 0
     """Decode steps that read prompt chunks in their own forward (engine/mixed.py)."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from appliance.engine.request import (
     TokenEvent,
     blocking_sink,
 )
+from appliance.engine.ticks import Meter
 from tests.helpers import make_settings, wait_until
 
 TOLERANCE = 0.15
@@ -47,8 +48,6 @@ def slow_cpu(kind: str, rows: int, tokens: int, offset: int, measured: float) ->
     fixed = 0.0 if kind == "ride" else 0.08
     return fixed + 1.5 * rows * tokens / 1e3 + 7.0 * rows * tokens * (offset + tokens / 2) / 1e6
 
-
-Meter = Callable[[str, int, int, int, float], float]
 
 
 @contextmanager

@@ -32,6 +32,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+BURST_STEPS = 2.5
+"""Decode steps an overdue burst's tick may last while its prompts ride in the decode step
+(issue 10's ITL max goal is 3 times the streams' ITL p50, which is about one step; the
+half step left is the cost model's error). Read apart, the burst's prompts share a
+forward's fixed cost, so such a tick may last the whole TTFT objective; riding, they have
+none to share. Without it, prompts arriving while 7 rows decode were read 9 tokens a tick
+(within :data:`WIDE_ROWS`), and at C = 8 a client's turn waited up to 3.2 s (serving run
+s27); with 3 steps and no wide-rows term in the cost model, such ticks ran to 4-6 times
+the ITL p50 (run s24)."""
+
 WIDE_ROWS = 16
 """Rows of a forward's matrix products (decode rows plus the tokens riding with them) beyond
 which they cost a step more. On Linux with OpenBLAS the appliance's own kernel
@@ -335,10 +345,9 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     decodes and several such prompts wait (see ``Scheduler._allowance``), so the tick may
     last the whole TTFT objective: the burst's prompts share one forward (one fixed cost)
     and the running streams see one gap of at most that length. Riding in the decode step,
-    the chunks have no fixed cost to share, so such a tick keeps the ITL objective (a
-    longer one only moved the burst's first tokens a step sooner, and was every
-    synchronised stream's longest gap: 297-500 ms, 4-6 times the ITL p50, in the serving
-    benchmark at C = 8 with 3 decode steps allowed).
+    the chunks have no fixed cost to share, so such a tick lasts at most
+    :data:`BURST_STEPS` decode steps (and at least the ITL objective): enough to pay the
+    step to products of more than :data:`WIDE_ROWS` rows and read the burst in big chunks.
 
     When that leaves prefill less than its floor (``prefill_floor`` forward fixed costs),
     the objectives cannot be met on this machine at all, and the tick gets the time of the
@@ -364,8 +373,9 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
         target = min(itl, bound)
     else:
         target = bound
-    if overdue and not riding:
-        target = objectives.ttft_target_s
+    if overdue:
+        target = (max(target, min(BURST_STEPS * decode_s, objectives.ttft_target_s))
+                  if riding else objectives.ttft_target_s)
     share = target - decode_s
     smallest = (costs.ride(objectives.min_chunk, 0, decode_rows) if riding
                 else costs.prefill(objectives.min_chunk))

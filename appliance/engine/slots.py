@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache
 
@@ -243,14 +244,22 @@ class SlotBatch:
         return order
 
     def _move(self, src: int, dst: int) -> None:
-        """Copy row ``src``'s positions into slot ``dst`` in every layer. The row is copied
-        out first (evaluated), so the buffers are written in place, not copied whole."""
-        first = self.layout.starts[src]
-        rows = [c.row(src) for c in self.layers]
-        rows = [(mx.contiguous(k), mx.contiguous(v)) for k, v in rows]
-        mx.eval(rows)
-        for c, (k, v) in zip(self.layers, rows, strict=True):
-            c.write(dst, first, k, v)
+        """Copy row ``src``'s positions into slot ``dst`` in every layer, in place: through
+        a NumPy view of each (evaluated, contiguous) buffer, so nothing is allocated. The
+        copy out and write back through MLX that it replaces took 54-315 ms for a row of
+        1,600 positions of the SmolLM-135M shape (its fresh 74 MB was paid for in page
+        faults); this takes 7 ms. No lazy array reads the buffers here: a row leaves
+        between forwards, whose results were evaluated, and :meth:`extract` copies."""
+        first, end = self.layout.starts[src], self.layout.end
+        buffers = [b for c in self.layers for b in (c.keys, c.values)]
+        mx.eval(buffers)
+        for c in self.layers:
+            lo, hi = first - c.base, end - c.base
+            for buf in (c.keys, c.values):
+                view = np.asarray(buf)
+                if not view.flags.c_contiguous or not view.flags.writeable:
+                    raise RuntimeError("slot buffer is not a plain writable array")
+                view[dst, :, lo:hi, :] = view[src, :, lo:hi, :]
 
     def reserve(self, n: int) -> None:
         """Room for ``n`` more positions in every layer before a forward. A layer that has
@@ -289,8 +298,18 @@ class SlotBatch:
         for c in self.layers:
             k, v = c.row(i)
             cache = KVCache()
-            cache.keys, cache.values = mx.contiguous(k), mx.contiguous(v)
+            cache.keys, cache.values = _copy(k, c.capacity), _copy(v, c.capacity)
             cache.offset = int(k.shape[2])
             out.append(cache)
         mx.eval([(c.keys, c.values) for c in out])
         return out
+
+
+def _copy(view: mx.array, window: int) -> mx.array:
+    """A row's KV, [1, H, length, D], in a buffer of its own. ``mx.contiguous`` copies a
+    view that is not contiguous, which a row's is unless it spans its slot's whole
+    ``window`` (or has one head): then it would share the batch's buffer, which
+    :meth:`SlotBatch._move` writes in place."""
+    if view.shape[2] == window or view.shape[1] == 1:
+        return mx.array(np.array(view))
+    return mx.contiguous(view)

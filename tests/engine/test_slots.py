@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from appliance.engine.batch import DecodeBatch, new_sequence_cache, prefill
 from appliance.engine.model import load_model
+from appliance.engine.slots import _copy
 
 ATOL = 1e-4
 
@@ -46,6 +48,10 @@ def _join(batch: DecodeBatch, rid: int, alone: Alone) -> None:
     batch.add(rid, copy)
 
 
+def _address(buffer: Any) -> int:
+    return int(np.asarray(buffer).ctypes.data)
+
+
 def _same(batch: DecodeBatch, seqs: dict[int, Alone], inputs: dict[int, int]) -> dict[int, int]:
     """One step of the batch against each row alone; the next greedy token of each row."""
     logits = batch.step([inputs[rid] for rid in batch.rids])
@@ -77,8 +83,13 @@ def test_a_row_joins_and_leaves_without_copying_the_others(model: Any) -> None:
     assert batch.slots.reallocations == copies
     for _ in range(3):
         inputs.update(_same(batch, seqs, inputs))
-    batch.remove({0})  # the last row moves into the hole
+    where = [_address(b) for c in batch.slots.layers for b in (c.keys, c.values)]
+    taken = batch.extract(0)  # what the prompt cache keeps of a finished row
+    kept = [np.array(c.keys) for c in taken]
+    batch.remove({0})  # the last row moves into the hole, in place
     assert batch.rids == [3, 1, 2] and batch.slots.reallocations == copies
+    assert [_address(b) for c in batch.slots.layers for b in (c.keys, c.values)] == where
+    assert all((np.asarray(c.keys) == k).all() for c, k in zip(taken, kept, strict=True))
     for _ in range(3):
         inputs.update(_same(batch, seqs, inputs))
     batch.remove({1, 2})  # only the short row is left: attention reads only its positions
@@ -132,3 +143,14 @@ def test_a_row_taken_out_holds_its_own_kv(model: Any) -> None:
         assert mine.offset == theirs.offset == 51
         assert mx.allclose(mine.keys, theirs.keys[..., :51, :], atol=ATOL).item()
         assert mx.allclose(mine.values, theirs.values[..., :51, :], atol=ATOL).item()
+
+
+def test_a_row_spanning_its_whole_window_is_copied_out() -> None:
+    """Such a row's view is contiguous, and ``mx.contiguous`` would hand back the batch's
+    own buffer, which a leave then writes in place."""
+    buffer = mx.zeros((2, 3, 8, 4)) + 1
+    mx.eval(buffer)
+    row = _copy(buffer[0:1, :, 0:8, :], 8)
+    mx.eval(row)
+    np.asarray(buffer)[0] = 7
+    assert (np.asarray(row) == 1).all()

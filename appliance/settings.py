@@ -101,7 +101,7 @@ class EngineSettings:
         "BLAS bundled in the mlx[cpu] wheel; 'auto' does so when it is installed.",
         choices=("auto", "openblas", "bundled"))
     skinny_matmul: bool = _opt(
-        True, "Linux with OpenBLAS: matrix products of at most 16 rows (the decode steps of "
+        True, "Linux with OpenBLAS: matrix products of at most 32 rows (the decode steps of "
         "small batches, with short prompt chunks riding in them) run the appliance's own kernel, which reads the weights once where "
         "OpenBLAS's gemm first copies them (decode steps 1.2-1.9x faster on a 2-core x86); a row "
         "gets the same bits alone and in a batch.")

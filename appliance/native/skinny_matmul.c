@@ -11,17 +11,25 @@
  *
  * This library is preloaded (LD_PRELOAD) before OpenBLAS by `appliance serve`/`run` on
  * Linux and defines cblas_sgemm, so MLX's calls land here:
- *  - row-major C = alpha * A * B^T + beta * C with at most GROUP_ROWS rows (a linear
- *    layer: x @ W.T, and attention's q @ k^T) runs the kernel below, which reads B from
- *    memory once: up to MAX_ROWS rows in registers, more in groups of MAX_ROWS over a
- *    block of columns that stays in the cache (a decode step of 8 rows with a prompt
- *    chunk of 8 tokens read in its forward is 16 rows);
+ *  - row-major C = alpha * A * B^T + beta * C with at most GROUP_ROWS (32) rows (a
+ *    linear layer: x @ W.T, and attention's q @ k^T) runs the kernel below, which reads B
+ *    from memory once: up to MAX_ROWS rows in registers, in tiles of several columns (each
+ *    load of a row of A or B serves several products), more rows in groups of MAX_ROWS over
+ *    a block of columns that stays in the cache (a decode step of 8 rows with a prompt
+ *    chunk of 20 tokens read in its forward is 28 rows). Above 16 rows OpenBLAS's gemm,
+ *    which copies the weights first, took a step longer: a decode step of 7 rows with a
+ *    16-token chunk riding 113-142 ms, through this kernel 85-104 ms
+ *    (`python -m appliance.bench.mixed --rows 4,7 --chunks 8,12,16,20,24,28`);
  *  - any other product with one row or one column goes to the next library's cblas_sgemv;
  *  - everything else (prefill's big products) goes to the next library's cblas_sgemm.
  *
- * The kernel sums every output in one fixed order (16 partial sums over k, then the tail,
- * then the partial sums in order), whatever the number of rows or their neighbours: a row
+ * The kernel sums every output in one fixed order (16 partial sums over k, the same tree
+ * over them, then the tail), whatever the number of rows, the tile or its neighbours: a row
  * gets the same bits alone and in a batch, so greedy decoding does not depend on batching.
+ * Tiles of M rows by N columns keep M * N <= 24 accumulators in AVX-512's 32 registers: a
+ * decode step of 4 rows took 42-53 ms instead of 68, with a 12-token chunk riding 64-73 ms
+ * instead of 107-112 (the SmolLM-135M shape; 2 columns a tile before). Without AVX-512 a
+ * tile is 2 columns, as it was.
  *
  * Big enough products are split by columns between the calling thread and one helper
  * thread (see skinny_shared), so a decode step uses two cores as OpenBLAS's gemm does.
@@ -39,7 +47,7 @@
 #include <string.h>
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
-enum { LANES = 16, MAX_ROWS = 8, GROUP_ROWS = 16, GROUP_COLUMNS = 64 };
+enum { LANES = 16, MAX_ROWS = 8, GROUP_ROWS = 32, GROUP_COLUMNS = 64 };
 
 typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
 typedef float uvec __attribute__((vector_size(LANES * sizeof(float)), aligned(4)));
@@ -65,66 +73,100 @@ unsigned long appliance_skinny_gemv_calls(void) { return __atomic_load_n(&n_gemv
 /* 1 when OpenBLAS's gemm and gemv were found after this library, else 0. */
 int appliance_skinny_active(void) { return next_sgemm != NULL && next_sgemv != NULL; }
 
-static inline float finish(vec acc, float tail) {
-    float s = 0.0f;
-    for (int l = 0; l < LANES; l++) s += acc[l];
-    return s + tail;
-}
+typedef int ivec __attribute__((vector_size(LANES * sizeof(int))));
 
 static inline void store(float *c, float alpha, float beta, float dot) {
     *c = beta == 0.0f ? alpha * dot : alpha * dot + beta * *c;
 }
 
-/* C[M x n] (+)= A[M x k] . B[n x k]^T for a fixed M, two columns of C at a time. */
-static inline __attribute__((always_inline)) void rows_kernel(
-        const int M, int n, int k, float alpha, const float *a, int lda, const float *b,
+/* Every lane sum of 16 accumulators at once: lane r of the result is the sum of v[r]'s
+ * lanes, each by the same tree (lanes l and l + 8, then 4, 2 and 1 apart), whatever its
+ * neighbours. Summing each accumulator's lanes one by one took about as long as the
+ * products themselves for k = 576. */
+static inline __attribute__((always_inline)) vec reduce16(const vec *v) {
+    const ivec lo1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const ivec hi1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    const ivec lo2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    const ivec hi2 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+    const ivec lo3 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+    const ivec hi3 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+    const ivec lo4 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const ivec hi4 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+    vec h[8], q[4], e[2];  /* 2 accumulators per vector (8 lanes each), then 4, 8 */
+    for (int i = 0; i < 8; i++)
+        h[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], lo1) +
+               __builtin_shuffle(v[2 * i], v[2 * i + 1], hi1);
+    for (int i = 0; i < 4; i++)
+        q[i] = __builtin_shuffle(h[2 * i], h[2 * i + 1], lo2) +
+               __builtin_shuffle(h[2 * i], h[2 * i + 1], hi2);
+    for (int i = 0; i < 2; i++)
+        e[i] = __builtin_shuffle(q[2 * i], q[2 * i + 1], lo3) +
+               __builtin_shuffle(q[2 * i], q[2 * i + 1], hi3);
+    return __builtin_shuffle(e[0], e[1], lo4) + __builtin_shuffle(e[0], e[1], hi4);
+}
+
+/* C[M x N] (+)= A[M x k] . B[N x k]^T: M rows by N columns of C, with M * N <= 24
+ * accumulators in registers (AVX-512 has 32), so each column of B and each row of A loaded
+ * serves several products. */
+static inline __attribute__((always_inline)) void tile(
+        const int M, const int N, int k, float alpha, const float *a, int lda, const float *b,
         int ldb, float beta, float *c, int ldc) {
     const int kv = k - k % LANES;
-    int j = 0;
-    for (; j + 2 <= n; j += 2) {
-        const float *b0 = b + (long)j * ldb, *b1 = b0 + ldb;
-        vec acc0[MAX_ROWS], acc1[MAX_ROWS];
-        for (int i = 0; i < M; i++) acc0[i] = acc1[i] = (vec){0};
-        for (int p = 0; p < kv; p += LANES) {
-            vec w0 = *(const uvec *)(b0 + p), w1 = *(const uvec *)(b1 + p);
-            for (int i = 0; i < M; i++) {
-                vec x = *(const uvec *)(a + (long)i * lda + p);
-                acc0[i] += x * w0;
-                acc1[i] += x * w1;
-            }
+    vec acc[32];
+    for (int t = 0; t < 32; t++) acc[t] = (vec){0};
+    for (int p = 0; p < kv; p += LANES) {
+        vec w[8];
+        for (int j = 0; j < N; j++) {
+            w[j] = *(const uvec *)(b + (long)j * ldb + p);
+            if (M >= 4)  /* the next tile's columns: streamed with products between, the */
+                __builtin_prefetch(b + (long)(N + j) * ldb + p);  /* loads came late */
         }
         for (int i = 0; i < M; i++) {
-            const float *x = a + (long)i * lda;
-            float t0 = 0.0f, t1 = 0.0f;
-            for (int p = kv; p < k; p++) { t0 += x[p] * b0[p]; t1 += x[p] * b1[p]; }
-            store(c + (long)i * ldc + j, alpha, beta, finish(acc0[i], t0));
-            store(c + (long)i * ldc + j + 1, alpha, beta, finish(acc1[i], t1));
+            vec x = *(const uvec *)(a + (long)i * lda + p);
+            __asm__("" : "+v"(x));  /* one load of the row for its N products, not N */
+            for (int j = 0; j < N; j++) acc[j * M + i] += x * w[j];
         }
     }
-    for (; j < n; j++) {  /* an odd last column, summed exactly as in a pair */
-        const float *b0 = b + (long)j * ldb;
-        vec acc0[MAX_ROWS];
-        for (int i = 0; i < M; i++) acc0[i] = (vec){0};
-        for (int p = 0; p < kv; p += LANES) {
-            vec w0 = *(const uvec *)(b0 + p);
-            for (int i = 0; i < M; i++) acc0[i] += *(const uvec *)(a + (long)i * lda + p) * w0;
-        }
+    float sums[32] __attribute__((aligned(64)));
+    for (int t = 0; t < M * N; t += 16) *(vec *)(sums + t) = reduce16(acc + t);
+    for (int j = 0; j < N; j++) {
+        const float *w = b + (long)j * ldb;
         for (int i = 0; i < M; i++) {
             const float *x = a + (long)i * lda;
-            float t0 = 0.0f;
-            for (int p = kv; p < k; p++) t0 += x[p] * b0[p];
-            store(c + (long)i * ldc + j, alpha, beta, finish(acc0[i], t0));
+            float tail = 0.0f;
+            for (int p = kv; p < k; p++) tail += x[p] * w[p];
+            store(c + (long)i * ldc + j, alpha, beta, sums[j * M + i] + tail);
         }
     }
 }
 
-#define ROWS_CASE(R) case R: rows_kernel(R, n, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+/* C[M x n] (+)= A[M x k] . B[n x k]^T for a fixed M, N columns of C at a time (the last few
+ * one at a time: every output is summed the same way in a tile of any width). */
+static inline __attribute__((always_inline)) void rows_kernel(
+        const int M, const int N, int n, int k, float alpha, const float *a, int lda,
+        const float *b, int ldb, float beta, float *c, int ldc) {
+    int j = 0;
+    for (; j + N <= n; j += N)
+        tile(M, N, k, alpha, a, lda, b + (long)j * ldb, ldb, beta, c + j, ldc);
+    for (; j < n; j++)
+        tile(M, 1, k, alpha, a, lda, b + (long)j * ldb, ldb, beta, c + j, ldc);
+}
+
+/* Columns per tile for M rows: with AVX-512, as many as keep M * N <= 24 accumulators
+ * (N <= 8); else 2 (a vector of 16 lanes is two or four registers there). */
+#ifdef __AVX512F__
+#define COLUMNS(R, WIDE) (WIDE)
+#else
+#define COLUMNS(R, WIDE) 2
+#endif
+#define ROWS_CASE(R, WIDE) \
+    case R: rows_kernel(R, COLUMNS(R, WIDE), n, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
 
 static void rows_up_to_8(int m, int n, int k, float alpha, const float *a, int lda,
                          const float *b, int ldb, float beta, float *c, int ldc) {
     switch (m) {
-        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
-        ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+        ROWS_CASE(1, 8) ROWS_CASE(2, 8) ROWS_CASE(3, 6) ROWS_CASE(4, 5)
+        ROWS_CASE(5, 4) ROWS_CASE(6, 4) ROWS_CASE(7, 3) ROWS_CASE(8, 3)
         default: abort();
     }
 }

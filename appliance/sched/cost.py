@@ -45,12 +45,13 @@ the ITL p50 (run s24)."""
 WIDE_ROWS = 16
 """Rows of a forward's matrix products (decode rows plus the tokens riding with them) beyond
 which they cost a step more. On Linux with OpenBLAS the appliance's own kernel
-(appliance/native/skinny_matmul.c) takes products of at most 16 rows and OpenBLAS's gemm,
-which first copies the weights, the rest: on the SmolLM-135M shape a decode step of 4 rows
-took 84 ms with a 12-token chunk riding in it and 136 ms with a 16-token one
-(``python -m appliance.bench.mixed --rows 1,4 --chunks 4,8,12,16,24,32,48,64 --context
-100``). The decode fit learns the step (``d5``); where products have none, it fits about
-zero."""
+(appliance/native/skinny_matmul.c) takes products of up to 32 rows in groups of 8 over
+blocks of the weights; a third group took 15-35 ms more on the SmolLM-135M shape (a decode
+step of 4 rows with a 12-token chunk riding in it 72-74 ms, with a 16-token one 101-109;
+``python -m appliance.bench.mixed --rows 4,7 --chunks 8,12,16,20,24,28``). When the kernel
+took at most 16 rows and OpenBLAS's gemm, which first copies the weights, the rest, the
+step was 52 ms (84 and 136 ms). The decode fit learns the step (``d5``); where products
+have none, it fits about zero."""
 
 DECODE_PRIOR = (0.05, 0.002, 0.01, 1.5, 8.0, 0.02)
 """d0 s/step, d1 s/row, d2 s per 1e3 row-positions (about a 135M fp32 model on 2 cores);
@@ -281,8 +282,8 @@ class TickObjectives:
       the objectives leave no room, so a long prompt always finishes; while someone is
       present, work that can wait gets at least this chunk's time, and no more when the
       decode step already takes an arrival's reading time. 8: riding in a decode step of
-      8 rows on a CPU, the product stays within the 16 rows of the appliance's own kernel
-      (appliance/native/skinny_matmul.c).
+      8 rows on a CPU, the product stays within two groups of the appliance's own kernel
+      (16 rows; appliance/native/skinny_matmul.c).
     * ``prefill_floor``: the objectives are feasible when they leave prefill at least this
       many times a prefill forward's fixed cost (then at least half of the prefill time
       reads tokens). When they do not, a slow or busy machine overruns them: by that floor

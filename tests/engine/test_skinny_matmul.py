@@ -1,5 +1,5 @@
 """skinny_matmul (appliance/native/skinny_matmul.c): MLX's products of a few rows run our
-kernel, give gemm's results and the same bits for a row alone and in a batch; one-row and
+kernel (up to 32 rows), give gemm's results and the same bits for a row alone and in a batch; one-row and
 one-column products of other layouts go to OpenBLAS's gemv; the rest is untouched; and
 `appliance run` preloads it."""
 
@@ -50,7 +50,11 @@ PRODUCTS = textwrap.dedent("""
         "sixteen rows": (mx.array(x16 := draw(16, 70)) @ W.T, x16.astype(f64) @ w.T,
                          "kernel"),
         "seventeen rows": (mx.array(x17 := draw(17, 70)) @ W.T, x17.astype(f64) @ w.T,
-                           "gemm"),
+                           "kernel"),
+        "thirty-two rows": (mx.array(x32 := draw(32, 70)) @ W.T, x32.astype(f64) @ w.T,
+                            "kernel"),
+        "thirty-three rows": (mx.array(x33 := draw(33, 70)) @ W.T, x33.astype(f64) @ w.T,
+                              "gemm"),
     }
     out = {}
     for name, (product, want, path) in cases.items():
@@ -61,13 +65,14 @@ PRODUCTS = textwrap.dedent("""
         out[name] = {"path": "kernel" if dk else "gemv" if dg else "gemm", "expect": path,
                      "err": float(np.abs(got - want).max() / np.abs(want).max()),
                      "finite": bool(np.isfinite(got).all())}
-    # a row alone and in every batch of up to sixteen: the same bits
-    X16 = mx.array(x16)
-    alone = np.array(X16[:1] @ W.T)[0]
-    out["same bits"] = [bool((np.array(X16[:m] @ W.T)[0] == alone).all())
-                        for m in range(1, 17)]
-    last = np.array(X16[15:16] @ W.T)[0]  # and a row in the second group of eight
-    out["same bits"].append(bool((np.array(X16 @ W.T)[15] == last).all()))
+    # a row alone and in every batch of up to thirty-two: the same bits
+    X32 = mx.array(x32)
+    alone = np.array(X32[:1] @ W.T)[0]
+    out["same bits"] = [bool((np.array(X32[:m] @ W.T)[0] == alone).all())
+                        for m in range(1, 33)]
+    for i in (7, 15, 20, 31):  # and rows in later groups of eight, at other places in a tile
+        row = np.array(X32[i:i + 1] @ W.T)[0]
+        out["same bits"].append(bool((np.array(X32 @ W.T)[i] == row).all()))
     print(json.dumps(out))
 """)
 
@@ -98,7 +103,7 @@ def test_few_row_products_run_the_kernel_and_equal_gemm(preload: list[str]) -> N
                          text=True, timeout=120, env=_clean_env(LD_PRELOAD=":".join(preload)))
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result.pop("same bits") == [True] * 17
+    assert result.pop("same bits") == [True] * 36
     for name, r in result.items():
         assert r["finite"] and r["err"] < 1e-5, (name, r)
         assert r["path"] == r["expect"], (name, r)

@@ -49,6 +49,9 @@ class Scheduler:
     ``set_weight()`` sets a user's share. Kept under every policy (the dashboard shows them,
     and ``fair`` preemption reads them)."""
     _parked_ticks: dict[int, int] = field(default_factory=dict)
+    _in_pieces: set[int] = field(default_factory=set)
+    """Prompts already given a chunk that did not finish them (documents): the rest of
+    such a prompt, its last chunk too, is work that can wait."""
     _stepped: dict[int, SeqView] = field(default_factory=dict)
     _costs: CostModel | None = None
     _seen_at: dict[str, float] = field(default_factory=dict)
@@ -274,13 +277,16 @@ class Scheduler:
                    decoding: list[SeqView]) -> PrefillAllowance:
         """This tick's prefill share: seconds from the cost model, or fixed tokens.
         ``readable``: the prompts this tick may read. The tick may last the whole TTFT
-        objective (``overdue``) when an unread one has waited half of it, or when nothing
-        decodes and several chat turns or voice commands (at most twice ``arrival_tokens``)
+        objective (``overdue``) when an unread chat turn or voice command (at most twice
+        ``arrival_tokens``) has waited half of it, or when nothing decodes and several
         wait unread: read in ticks of half the objective, the first would start streaming
         and then wait through the ticks that read the rest, a gap of up to the burst's whole
         reading; read together, they start together. Not for documents: a chat turn beside
         them would wait out a tick of the whole objective (the light user's owner-less
-        tick: its own turn is readable, so nobody else counts as present).
+        tick: its own turn is readable, so nobody else counts as present), nor for a
+        document that waited: with a heavy user's six documents queued, one always had,
+        and the ticks that read them lasted the objective (1 s on the SmolLM-135M shape),
+        which the light user's next turn waited out (fairness run 27).
 
         The tick does not ride (``Plan.ride``) when a prompt that is not background work,
         with at most twice ``arrival_tokens`` left to read, is of someone with nothing
@@ -304,7 +310,7 @@ class Scheduler:
             return PrefillAllowance(self.config.chunk(decoding=bool(decoding)))
         kv_len = max((held(s) for s in decoding), default=0)
         since = now - self.config.objectives.ttft_target_s / 2
-        overdue = any(s.arrival <= since for s in unread) or (not decoding and len(turns) > 1)
+        overdue = any(s.arrival <= since for s in turns) or (not decoding and len(turns) > 1)
         self.budget = tick_budget(costs, self.config.objectives, len(decoding), kv_len,
                                   present=self._someone_else(readable), overdue=overdue,
                                   ride=self.ride)
@@ -342,26 +348,36 @@ class Scheduler:
             if i and allowance.exhausted():
                 break  # the rest stay due, first in line next tick
             n = allowance.size(s.remaining, s.computed, grant=i == 0,
-                               patient=s.klass is Klass.BACKGROUND,
-                               urgent=s.klass is Klass.VOICE)
+                               patient=self._patient(s), urgent=s.klass is Klass.VOICE)
             if n <= 0:
                 break
-            chunks.append((s.rid, n))
-            allowance.spend(s.remaining, s.computed, n)
+            self._chunk(chunks, allowance, s, n)
         finishing = False
         for s in ready:
             if allowance.exhausted():
                 break
-            n = allowance.size(s.remaining, s.computed, patient=s.klass is Klass.BACKGROUND,
+            n = allowance.size(s.remaining, s.computed, patient=self._patient(s),
                                urgent=s.klass is Klass.VOICE)
             if n <= 0:
                 break
             if finishing and n < s.remaining:
                 continue  # a partial chunk here would only delay the first token(s) above
-            chunks.append((s.rid, n))
-            allowance.spend(s.remaining, s.computed, n)
+            self._chunk(chunks, allowance, s, n)
             finishing = finishing or n == s.remaining
         return tuple(chunks)
+
+    def _patient(self, s: SeqView) -> bool:
+        """Work that can wait: background prompts, and the rest of a prompt read in pieces
+        (its last chunk too: read whole while someone else is present, the end of a
+        document took a tick of 400 tokens, 1 s on the SmolLM-135M shape)."""
+        return s.klass is Klass.BACKGROUND or s.rid in self._in_pieces
+
+    def _chunk(self, chunks: list[tuple[int, int]], allowance: PrefillAllowance, s: SeqView,
+               n: int) -> None:
+        chunks.append((s.rid, n))
+        allowance.spend(s.remaining, s.computed, n)
+        if n < s.remaining:
+            self._in_pieces.add(s.rid)
 
     # ---- after the tick ----
     def update(self, plan: Plan, seqs: Sequence[SeqView], decoded: bool,
@@ -381,6 +397,7 @@ class Scheduler:
         for rid in list(self._parked_ticks):
             if rid not in live:
                 del self._parked_ticks[rid]
+        self._in_pieces &= live
         for rid in live:
             if rid in granted:
                 self._parked_ticks[rid] = 0

@@ -443,3 +443,40 @@ def test_a_burst_of_arrivals_is_read_several_a_tick_once_it_has_waited_half_the_
     s.step(0.5, [views[0], SeqView(rid=9, user='u9', klass=Klass.INTERACTIVE, arrival=0.0,
                                    state=P, prefill_len=3000, computed=500)], costs=costs)
     assert s.budget is not None and s.budget.target_s < 0.5
+
+
+def test_the_end_of_a_document_read_in_pieces_waits_like_its_other_pieces() -> None:
+    """While bob is about, alice's document is read a piece of about one arrival's reading a
+    tick, and so is its last piece, though the tick's share could read it whole (that
+    tick is what bob's next turn would wait out); a fresh prompt as short is read whole."""
+    costs = trained(SLOW_CPU)
+    s = Scheduler(SchedulerConfig(objectives=TickObjectives(ttft_target_s=1.0,
+                                                            presence_s=60.0)))
+    s.step(0.0, [seq(9, D, kv=20, user="bob")], costs=costs)  # bob was chatting
+    doc = seq(1, P, prompt=400, user="alice")
+    plan = s.step(1.0, [doc], costs=costs)
+    ((_, first),) = plan.prefill
+    assert first < 100
+    s.update(plan, [doc], False, {})
+    end = seq(1, P, prompt=400, computed=300, user="alice")
+    assert s.budget is not None and costs.prefill(100, 300) < s.budget.target_s  # fits whole
+    ((_, last),) = s.step(2.0, [end], costs=costs).prefill
+    assert s.budget is not None and s.budget.patient_s is not None
+    assert last < 100 and costs.prefill(last, 300) <= s.budget.patient_s * 1.05
+    fresh = seq(2, P, prompt=100, user="alice")
+    assert s.step(3.0, [fresh], costs=costs).prefill == ((2, 100),)
+
+
+def test_a_document_that_waited_does_not_make_the_tick_overdue() -> None:
+    """A heavy user's queued documents have always waited half the TTFT objective; the
+    tick beside bob's stream keeps to the ITL objective, not the whole TTFT one."""
+    costs = trained(SLOW_CPU)
+    doc = SeqView(rid=2, user="alice", klass=Klass.INTERACTIVE, arrival=0.0, state=P,
+                  prefill_len=1500)
+    turn = SeqView(rid=3, user="carol", klass=Klass.INTERACTIVE, arrival=0.0, state=P,
+                   prefill_len=50)
+    s = Scheduler(SchedulerConfig())
+    s.step(0.6, [seq(1, D, kv=60), doc], costs=costs)
+    assert s.budget is not None and s.budget.target_s < 0.5
+    s.step(0.6, [seq(1, D, kv=60), doc, turn], costs=costs)  # a chat turn that waited
+    assert s.budget is not None and s.budget.target_s == pytest.approx(1.0)

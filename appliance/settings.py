@@ -103,7 +103,7 @@ class EngineSettings:
     skinny_matmul: bool = _opt(
         True, "Linux with OpenBLAS: matrix products of at most 32 rows (the decode steps of "
         "small batches, with short prompt chunks riding in them) run the appliance's own kernel, which reads the weights once where "
-        "OpenBLAS's gemm first copies them (decode steps 1.2-1.9x faster on a 2-core x86); a row "
+        "OpenBLAS's gemm first copies them (decode steps 1.2-1.5x faster on a 2-core x86); a row "
         "gets the same bits alone and in a batch.")
     fast_cpu_ops: bool = _opt(
         True, "MLX on the CPU: attention's softmax, the MLP's SwiGLU, RoPE and RMSNorm run the "

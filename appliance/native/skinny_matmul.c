@@ -123,7 +123,9 @@ static inline __attribute__((always_inline)) void tile(
         }
         for (int i = 0; i < M; i++) {
             vec x = *(const uvec *)(a + (long)i * lda + p);
+#if defined(__x86_64__)
             __asm__("" : "+v"(x));  /* one load of the row for its N products, not N */
+#endif
             for (int j = 0; j < N; j++) acc[j * M + i] += x * w[j];
         }
     }

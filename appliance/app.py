@@ -38,7 +38,7 @@ from appliance.engine.core import Engine, EngineConfig
 from appliance.engine.model import resolve_model_path
 from appliance.engine.request import FaultHook, Finished
 from appliance.engine.supervisor import Supervisor
-from appliance.sched.cost import TickObjectives
+from appliance.sched.budget import TickObjectives
 from appliance.sched.types import SchedulerConfig
 from appliance.settings import Settings, parse_bytes
 from appliance.store import fairness

@@ -12,12 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from appliance.sched.cost import (
-    CostModel,
-    PrefillAllowance,
-    TickBudget,
-    tick_budget,
-)
+from appliance.sched.budget import PrefillAllowance, TickBudget, tick_budget
+from appliance.sched.cost import CostModel
 from appliance.sched.fair import VirtualCounters
 from appliance.sched.invariants import check_plan
 from appliance.sched.memory import chunk_growth, held, reservation, victim_order

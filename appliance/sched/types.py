@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from appliance.sched.cost import TickObjectives
+from appliance.sched.budget import TickObjectives
 from appliance.sched.states import RequestState
 from appliance.vocab import Klass
 

@@ -11,14 +11,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from appliance.sched.cost import (
-    DECODE_PRIOR,
-    PREFILL_PRIOR,
-    CostModel,
-    OnlineFit,
-    TickObjectives,
-    tick_budget,
-)
+from appliance.sched.budget import TickObjectives, tick_budget
+from appliance.sched.cost import DECODE_PRIOR, PREFILL_PRIOR, CostModel, OnlineFit
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import RequestState
 from appliance.sched.types import SchedulerConfig, SeqView

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.sched.cost import BURST_STEPS, WIDE_ROWS, CostModel, TickObjectives, tick_budget
+from appliance.sched.budget import BURST_STEPS, TickObjectives, tick_budget
+from appliance.sched.cost import WIDE_ROWS, CostModel
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.types import SchedulerConfig
 from appliance.vocab import Klass

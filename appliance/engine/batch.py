@@ -179,6 +179,25 @@ class DecodeBatch:
         """A sequence's own per-layer caches join the batch as row ``rid``."""
         self.join([([rid], cache, None)])
 
+    def prefill(self, rids: list[int], prompts: list[list[int]]) -> mx.array:
+        """Whole prompts read by one forward straight into the empty batch's slots
+        (left-padded, as :func:`prefill_batch`, with no batched cache to copy in after);
+        they become rows ``rids``. Returns each row's last-position logits, evaluated. When
+        the forward raises, the batch is as empty as it was."""
+        assert self.slots is not None and not self.rids
+        longest = max(len(p) for p in prompts)
+        x = mx.array([[0] * (longest - len(p)) + p for p in prompts])
+        self.slots.start_rows([len(p) for p in prompts])
+        try:
+            logits = last_logits(self.model, x, self.slots.layers)
+            mx.eval(logits)
+        except Exception:
+            self.slots.abandon()
+            raise
+        self.slots.advance(longest)
+        self.rids = list(rids)
+        return logits
+
     def step(self, inputs: list[int]) -> mx.array:
         """One decode step for every row; returns logits [B, V] (lazy)."""
         assert len(inputs) == len(self.rids)

@@ -220,8 +220,9 @@ class Runner:
         decoded = self._mixed_tick(chunks) if (self._mixed and plan.ride and chunks
                                                and len(self.batch)) else None
         if decoded is None:
+            stepping = len(self.batch) > 0  # rows read straight into an empty batch wait
             self._prefill(chunks)
-            decoded = self._decode()
+            decoded = self._decode() if stepping else False
         self._join()
         self._enforce_quotas()
         served = {u: (p, o) for u, (p, o) in self._served.items()}
@@ -482,17 +483,28 @@ class Runner:
             s.cache = None
 
     def _prefill_together(self, seqs: list[Seq]) -> None:
+        """Whole fresh prompts in one forward: straight into the batch's slots when nothing
+        decodes (their rows then step from the next tick on), else into a batched cache
+        that joins after this tick's decode step."""
         start = self.timing.timer()
+        into = self.batch.slots is not None and not len(self.batch)
+        cache = None
         try:
             if self.fault:
                 for s in seqs:
                     self.fault(s.handle.request, "prefill")
-            cache, logits = prefill_batch(self.model, [s.tokens for s in seqs])
-            tokens = sample_batch(logits, [s.sampler for s in seqs], [s.tokens for s in seqs])
+            prompts = [s.tokens for s in seqs]
+            if into:
+                logits = self.batch.prefill([s.rid for s in seqs], prompts)
+            else:
+                cache, logits = prefill_batch(self.model, prompts)
+            tokens = sample_batch(logits, [s.sampler for s in seqs], prompts)
             self.timing.forward("prefill", len(seqs), max(len(s.tokens) for s in seqs), 0, start)
         except Exception:  # find the culprit: each one alone
             log.warning("batched prefill of %d prompts failed; reading them one by one",
                         len(seqs))
+            if into:
+                self.batch = self._new_batch()
             for s in seqs:
                 self._prefill_one(s, len(s.tokens))
             return
@@ -507,7 +519,10 @@ class Runner:
             if s.state is RequestState.PREFILLING:
                 s.move(RequestState.DECODING)
                 keep.append(i)
-        if keep:
+        if into:
+            self.batch.remove({s.rid for i, s in enumerate(seqs) if i not in keep})
+        elif keep:
+            assert cache is not None
             self._joining.append(([seqs[i].rid for i in keep], cache, keep))
 
     def _prefilled(self, s: Seq, n: int, token: int | None) -> None:

@@ -6,7 +6,7 @@ grows by a concatenation every 256 positions: a copy of the whole batch's KV eit
 the SmolLM-135M shape with 3 rows of 1,500 positions that made the decode step after a join
 take 153-255 ms instead of 70-80, and one step in 256 take 227 ms (measured in-process): a stall for every stream whenever someone's chat turn joined a
 batch of documents. Here the cost of a join or a leave is that of the row itself, and a
-buffer's growth is spread over the steps before it is needed, one layer a step.
+buffer's growth is spread over the steps before it is needed, a few layers a step.
 
 Rows are aligned at their ends, as in mlx-lm's cache (every row writes its next position at
 the same index, so one update writes the whole batch): a row of ``n`` tokens occupies the
@@ -33,6 +33,12 @@ it before them), and for a quarter of its rows' span if that is more: growth by 
 share keeps the copies of a growing batch to a fixed share of its positions, and the room
 small, as every position of a new window is written once (zeros) when it is made (on a
 2-core x86, 2 GB/s: 95 ms for 8 rows of 512 positions of the SmolLM-135M shape)."""
+
+
+AHEAD_BYTES = 4 << 20
+"""Bytes of layer buffers a decode step copies ahead of need for a free slot (at least one
+layer). On a 2-core x86 fresh memory is written at 1.5 GB/s in-process, but 8 MB a step
+took 20-29 ms in a busy server, half a decode step of 8 rows."""
 
 
 class SlotLayout:
@@ -90,6 +96,9 @@ class SlotKV:
         self.values: mx.array | None = None
         self.base = 0
         """The position of the buffers' first entry."""
+        self.pending: tuple[int, int, int] | None = None
+        """(first, last, rows): buffers to make at the next write, shaped like its keys
+        (rows read straight into an empty batch: :meth:`SlotBatch.start_rows`)."""
 
     @property
     def offset(self) -> mx.array:
@@ -116,6 +125,9 @@ class SlotKV:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write every row's ``n`` new positions at the layout's end; return the positions
         attention reads, the new ones included (the layout moves on after the forward)."""
+        if self.keys is None and self.pending is not None:
+            self.reallocate(*self.pending, (keys, values))
+            self.pending = None
         assert self.keys is not None and self.values is not None
         layout = self.layout
         b, n = layout.rows, keys.shape[2]
@@ -193,12 +205,47 @@ class SlotBatch:
         return sum(c.nbytes for c in self.layers)
 
     def _row_capacity(self, c: SlotKV, rows: int) -> int:
-        """Slots for ``rows`` rows in layer ``c``: as now when they fit, else half as many
-        again (at most ``max_rows``, at least ``rows``)."""
+        """Slots for ``rows`` rows in layer ``c``: as now when they fit, else twice as many
+        (:meth:`_grown`)."""
         have = c.row_capacity
         if rows <= have:
             return have
-        return max(rows, min(have + max(1, have // 2), self.max_rows))
+        return self._grown(have, rows)
+
+    def _grown(self, have: int, rows: int) -> int:
+        """Slots for ``rows`` rows where there are ``have``: twice as many (at most
+        ``max_rows``, at least ``rows``), so a batch filling up one row at a time copies
+        its buffers three times on the way to 8 rows, not five."""
+        return max(rows, min(max(2 * have, 1), self.max_rows))
+
+    def start_rows(self, lengths: list[int]) -> None:
+        """Rows read into the empty batch by one forward of ``max(lengths)`` positions each,
+        left-padded (as a batched prefill, whose first positions RoPE numbers negative for
+        the padding): the layout takes them now, and each layer makes its buffers at the
+        forward's first write, shaped like its keys, with room for as many rows again
+        (:meth:`_grown`). Then :meth:`advance` by the forward's length, or :meth:`abandon`.
+
+        Read into a batched cache of their own instead, the rows were copied into new
+        slots after the forward: on the SmolLM-135M shape, 62-107 ms for 6 rows of 60
+        tokens (fresh memory, faulted in at 1.5 GB/s), which every one of them waited
+        between its first token and its second."""
+        layout = self.layout
+        assert not layout.rows, "rows are read straight in only into an empty batch"
+        n = max(lengths)
+        layout.starts = [layout.end + n - m for m in lengths]
+        layout.changed()
+        rows = self._grown(len(lengths), len(lengths))
+        for c in self.layers:
+            c.keys = c.values = None
+            c.pending = (layout.end, layout.end + n, rows)
+
+    def abandon(self) -> None:
+        """The forward after :meth:`start_rows` failed: the batch is empty again."""
+        self.layout.starts = []
+        self.layout.changed()
+        for c in self.layers:
+            c.keys = c.values = None
+            c.pending = None
 
     def join(self, rows: list[list[tuple[mx.array, mx.array]]]) -> None:
         """Rows join together: each is its keys and values per layer, [1, H, length, D]
@@ -263,11 +310,15 @@ class SlotBatch:
 
     def reserve(self, n: int) -> None:
         """Room for ``n`` more positions in every layer before a forward. A layer that has
-        none is copied now. Besides, one layer a step is copied ahead of need: when its
-        room is less than a step per layer, or it has no free slot for a row to join (up to
-        ``max_rows``), so the copies of a growing batch are spread over the steps before
-        them instead of stalling every stream at once (a row joining 3 rows of 1,600
-        positions in full slots took 233-395 ms in-process, and up to 1 s in a server)."""
+        none is copied now. Besides, layers are copied ahead of need, the first one a step:
+        when its room is less than a step per layer, or it has no free slot for a row to
+        join (up to ``max_rows``), so the copies of a growing batch are spread over the
+        steps before them instead of stalling every stream at once (a row joining 3 rows of 1,600
+        positions in full slots took 233-395 ms in-process, and up to 1 s in a server).
+        For a free slot, whose need nobody can foresee, small layers go several a step, up
+        to :data:`AHEAD_BYTES`: clients arriving 250 ms apart (five steps) found 24-26 of 30
+        layers still to copy, 41-103 ms at the join. Room for positions is foreseen (it
+        starts a step per layer ahead): one layer a step."""
         layout = self.layout
         start, last = layout.start, layout.end + n
         spare = min(layout.rows + 1, self.max_rows)
@@ -277,8 +328,13 @@ class SlotBatch:
                 due.append(c)
             elif c.base + c.capacity <= last + len(self.layers) or c.row_capacity < spare:
                 soon.append(c)
-        if soon:
-            due.append(min(soon, key=lambda c: (c.row_capacity, c.base + c.capacity)))
+        soon.sort(key=lambda c: (c.row_capacity, c.base + c.capacity))
+        ahead = 0
+        for c in soon:
+            if ahead and (ahead + c.nbytes > AHEAD_BYTES or c.row_capacity >= spare):
+                break
+            due.append(c)
+            ahead += c.nbytes
         fresh = []
         for c in due:
             assert c.keys is not None and c.values is not None

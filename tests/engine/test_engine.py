@@ -197,8 +197,9 @@ def test_a_prompt_that_fails_in_a_shared_prefill_ends_alone(tiny_model: Path) ->
 
 
 def test_prompts_read_together_give_the_tokens_they_give_alone(demo_model: Path) -> None:
-    """Four prompts taken in one tick are prefilled in one batched call (left-padded); each
-    one's greedy tokens are the same as when it runs alone."""
+    """Four prompts taken in one tick are prefilled in one batched call (left-padded),
+    straight into the empty batch's slots; each one's greedy tokens are the same as when it
+    runs alone."""
     import time
 
     from appliance.engine.model import load_model
@@ -219,6 +220,9 @@ def test_prompts_read_together_give_the_tokens_they_give_alone(demo_model: Path)
             max_tokens=16), sink.append) for q, sink in zip(questions, sinks, strict=True)])
         runner.tick()
         assert len(runner.batch) + runner.completed == len(questions)  # one tick read all
+        # its first token each, and no decode step in the tick that read them
+        assert [sum(isinstance(e, TokenEvent) for e in sink) for sink in sinks] == \
+            [1] * len(questions)
         while runner.tick():
             pass
         return [[e.token for e in sink if isinstance(e, TokenEvent)] for sink in sinks]

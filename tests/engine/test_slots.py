@@ -29,7 +29,11 @@ class Alone:
     def __init__(self, model: Any, n: int, seed: int) -> None:
         self.model = model
         self.cache = new_sequence_cache(model)
-        prefill(model, self.cache, _tokens(n, seed), False)
+        self.prompt = _tokens(n, seed)
+        first = prefill(model, self.cache, self.prompt, True)
+        assert first is not None
+        self.first = first[0]
+        """The prompt's last-position logits."""
 
     def step(self, token: int) -> mx.array:
         return self.model(mx.array([[token]]), cache=self.cache)[0, -1]
@@ -65,7 +69,9 @@ def _same(batch: DecodeBatch, seqs: dict[int, Alone], inputs: dict[int, int]) ->
     return out
 
 
-def test_a_row_joins_and_leaves_without_copying_the_others(model: Any) -> None:
+def test_a_row_joins_and_leaves_without_copying_the_others(
+        model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("appliance.engine.slots.AHEAD_BYTES", 1)  # the floor: a layer a step
     batch = DecodeBatch(model, max_rows=4)
     assert batch.slots is not None
     seqs = {rid: Alone(model, n, rid) for rid, n in enumerate((300, 280, 310, 40))}
@@ -114,6 +120,33 @@ def test_the_buffers_grow_one_layer_a_step(model: Any) -> None:
     assert max(grew) == 1, "one layer a step"
 
 
+@pytest.mark.parametrize("ahead", [1, 1 << 20])
+def test_a_free_slot_is_made_a_few_layers_a_step(model: Any, monkeypatch: pytest.MonkeyPatch,
+                                                 ahead: int) -> None:
+    """Nobody can foresee when a row joins: slots for more rows are made ahead of need in
+    layers of at most ``AHEAD_BYTES`` a step (at least one), and the row then joins without
+    a copy."""
+    monkeypatch.setattr("appliance.engine.slots.AHEAD_BYTES", ahead)
+    batch = DecodeBatch(model, max_rows=4)
+    assert batch.slots is not None
+    seqs = {0: Alone(model, 200, 0), 1: Alone(model, 150, 1), 2: Alone(model, 60, 2)}
+    _join(batch, 0, seqs[0])
+    _join(batch, 1, seqs[1])
+    inputs = dict.fromkeys(seqs, 7)
+    layer_bytes = batch.slots.layers[0].nbytes
+    grew: list[int] = []
+    while min(c.row_capacity for c in batch.slots.layers) < 3:
+        before = batch.slots.reallocations
+        inputs.update(_same(batch, seqs, inputs))
+        grew.append(batch.slots.reallocations - before)
+    assert sum(grew) == len(model.model.layers)
+    assert max(grew) == max(1, ahead // layer_bytes) < len(model.model.layers), grew
+    copies = batch.slots.reallocations
+    _join(batch, 2, seqs[2])
+    assert batch.slots.reallocations == copies
+    inputs.update(_same(batch, seqs, inputs))
+
+
 def test_a_longer_row_joins_a_batch_of_short_ones(model: Any) -> None:
     """A row that starts before the buffers' window: each layer is copied into a new one,
     and the rows already in keep their numbers."""
@@ -154,3 +187,38 @@ def test_a_row_spanning_its_whole_window_is_copied_out() -> None:
     mx.eval(row)
     np.asarray(buffer)[0] = 7
     assert (np.asarray(row) == 1).all()
+
+
+def test_prompts_read_straight_into_an_empty_batch(model: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fresh prompts arriving together while nothing decodes are read by one forward into
+    the batch's own slots (left-padded): each row's first logits and later steps are those
+    of its own forward, there is a free slot for the next row, and nothing was copied."""
+    batch = DecodeBatch(model, max_rows=8)
+    assert batch.slots is not None
+    seqs = {rid: Alone(model, n, rid) for rid, n in enumerate((40, 25, 33))}
+    logits = batch.prefill(list(seqs), [a.prompt for a in seqs.values()])
+    for i, (rid, alone) in enumerate(seqs.items()):
+        assert mx.allclose(logits[i], alone.first, atol=ATOL).item(), f"row {rid}"
+        assert int(logits[i].argmax()) == int(alone.first.argmax())
+    assert batch.rids == [0, 1, 2] and batch.padded_len == 40
+    assert all(c.row_capacity == 6 and c.pending is None for c in batch.slots.layers)
+    inputs = dict.fromkeys(seqs, 11)
+    for _ in range(3):
+        inputs.update(_same(batch, seqs, inputs))
+    seqs[3] = Alone(model, 30, 3)
+    _join(batch, 3, seqs[3])
+    assert batch.slots.reallocations == 0
+    inputs[3] = 11
+    inputs.update(_same(batch, seqs, inputs))
+
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("forward failed")
+
+    empty = DecodeBatch(model, max_rows=8)
+    assert empty.slots is not None
+    monkeypatch.setattr("appliance.engine.batch.last_logits", broken)
+    with pytest.raises(RuntimeError):
+        empty.prefill([5, 6], [seqs[0].prompt, seqs[1].prompt])
+    assert empty.rids == [] and empty.slots.rows == 0 and empty.padded_len == 0
+    assert all(c.keys is None and c.pending is None for c in empty.slots.layers)

@@ -20,6 +20,15 @@ none to share. Without it, prompts arriving while 7 rows decode were read 9 toke
 s27); with 3 steps and no wide-rows term in the cost model, such ticks ran to 4-6 times
 the ITL p50 (run s24)."""
 
+WHOLE_RIDING = 1.2
+"""A fresh prompt riding in the decode step is read whole, not split, when it costs at most
+this many times what the tick has left (split, its first token waits a tick for the stub).
+With 1.5, ticks planned at 2.5 decode steps ran past the ITL max goal (3 times the ITL
+p50) at C = 8 in three runs of three (3.1-3.7x); with 1.2, 2.0-2.8x, TTFT p95 about the
+same (0.87-1.64 s against 1.23-1.64 s; ``python -m appliance.bench.serve --concurrency 8
+--servers ours``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TickObjectives:
     """The latency objectives a tick's length is derived from.
@@ -233,13 +242,13 @@ class PrefillAllowance:
         forwards of its own: when it costs at most two ``min_chunk`` forwards (split, a
         short chat turn would wait a tick for its first token and pay a second fixed
         cost). Riding in the decode step, where a split costs no fixed cost: when it costs
-        at most half again the time left (a split would leave a stub for the next tick),
+        at most :data:`WHOLE_RIDING` times the time left (a split would leave a stub),
         and a voice command (``urgent``) as when read apart: its wait is the one the
         household hears, a stream's longer gap is not."""
         costs = self.costs
         assert costs is not None
         cost = self._cost(remaining, 0)
-        if self.riding and cost <= 1.5 * limit:
+        if self.riding and cost <= WHOLE_RIDING * limit:
             return True
         return (urgent or not self.riding) and cost <= 2 * costs.prefill(self.min_chunk)
 

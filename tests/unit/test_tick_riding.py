@@ -90,15 +90,15 @@ def test_while_present_a_riding_tick_gives_work_that_can_wait_at_least_a_riding_
                                                                  riding=True))
 
 
-def test_riding_a_chat_turn_is_read_whole_unless_it_needs_over_half_again_the_share(
+def test_riding_a_chat_turn_is_read_whole_unless_it_needs_over_a_fifth_again_the_share(
         ) -> None:
     """Riding chunks cost no fixed cost, so a prompt that does not fit is split, but not
-    into a stub: one that costs at most 1.5 times what the tick has left is read whole
-    (split, its first token would wait a tick for the stub)."""
+    into a stub: one that costs at most WHOLE_RIDING (1.2) times what the tick has left is
+    read whole (split, its first token would wait a tick for the stub)."""
     costs = trained_riding()
     step = costs.decode(2, 301)
     turn = costs.prefill(60, riding=True)
-    for share, whole in ((turn / 1.3, True), (turn / 1.8, False)):
+    for share, whole in ((turn / 1.15, True), (turn / 1.3, False)):
         s = Scheduler(SchedulerConfig(objectives=TickObjectives(
             itl_target_s=step + share, prefill_floor=0)))
         views = [seq(1, D, kv=300), seq(2, D, kv=300), seq(3, P, prompt=60)]

@@ -209,12 +209,12 @@ class Runner:
                 self.flush_counters()
             return False
         now = self.clock()
+        self.timing.begin()
         cached = self.prompt_cache.nbytes if self.prompt_cache else 0
         plan = self.scheduler.step(now, self._views(),
                                    cache_tokens=cached // self.loaded.kv_bytes_per_token,
                                    costs=self.costs)
         self._served = {}
-        self.timing.begin()
         self._apply(plan, now)
         chunks = self._chunks(plan)
         decoded = self._mixed_tick(chunks) if (self._mixed and plan.ride and chunks

@@ -474,3 +474,22 @@ def test_a_document_that_waited_does_not_make_the_tick_overdue() -> None:
     assert s.budget is not None and s.budget.target_s < 0.5
     s.step(0.6, [seq(1, D, kv=60), doc, turn], costs=costs)  # a chat turn that waited
     assert s.budget is not None and s.budget.target_s == pytest.approx(1.0)
+
+
+def test_a_tick_record_holds_its_forwards_and_its_whole_time() -> None:
+    """The tick log keeps both: the forwards the cost model is fitted to, and the whole tick
+    (joins, leaves, prompt-cache copies, the plan), so a gap the model cannot see shows."""
+    from appliance.engine.ticks import TickTiming
+
+    now = [0.0]
+    timing = TickTiming(CostModel(), lambda: now[0], None)
+    timing.begin()
+    now[0] = 0.010  # the plan
+    start = now[0]
+    now[0] = 0.070  # the decode step
+    timing.forward("decode", 4, 1, 100, start)
+    now[0] = 0.150  # a row's KV copied out to the prompt cache
+    record = timing.end(1, 0.1, 0, ride=False)
+    assert record.measured_s == pytest.approx(0.060)
+    assert record.wall_s == pytest.approx(0.150)
+    assert timing.over_target == 0  # the forwards kept to the target

@@ -221,3 +221,25 @@ def test_metrics_are_prometheus_text_with_engine_figures(server: LiveServer) -> 
     assert families["appliance_engine_mixed_forwards"].samples[0].value >= 0
     users = {s.labels["user_id"] for s in families["appliance_user_virtual_tokens"].samples}
     assert str(server.user_ids["bob"]) in users
+
+
+def test_chats_sent_at_once_answer_as_they_do_alone(client: openai.OpenAI,
+                                                    server: LiveServer) -> None:
+    """Requests arriving together while nothing decodes are read in one forward straight
+    into the decode batch's slots (appliance/engine/slots.py); greedy, each gets the answer
+    it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    questions = ["What is a kettle?", "Name three rivers, please.", "Why is the sky blue?"]
+
+    def ask(question: str) -> str:
+        reply = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": question}], max_tokens=12,
+            temperature=0, logit_bias=_ban_eos(server))
+        return reply.choices[0].message.content or ""
+
+    alone = [ask(q) for q in questions]
+    server.engine.wait_idle(30)
+    with ThreadPoolExecutor(len(questions)) as pool:
+        together = list(pool.map(ask, questions))
+    assert together == alone

@@ -256,6 +256,7 @@ class Config:
     background: Shape = Shape((300, 600), (96, 160))
     light_think_s: tuple[float, float] = (0.3, 1.0)
     voice_think_s: tuple[float, float] = (0.5, 1.5)
+    rounds: int = 1
 
 
 def phase_specs(cfg: Config) -> list[PhaseSpec]:
@@ -372,31 +373,34 @@ def server_argv(cfg: Config, policy: str, port: int) -> list[str]:
     return [*argv, *cfg.server_args]
 
 
-def make_server(cfg: Config, policy: str, port: int, data_dir: Path) -> ServerProcess:
+def make_server(cfg: Config, policy: str, run: str, port: int, data_dir: Path
+                ) -> ServerProcess:
     env = server_env(cfg.blas)
     env["APPLIANCE_BLAS"] = cfg.blas  # our CLI would preload OpenBLAS on its own otherwise
     env[DATA_DIR_ENV] = str(data_dir)
     return ServerProcess(name=f"ours --policy {policy}", argv=server_argv(cfg, policy, port),
-                         env=env, log_path=cfg.output_dir / f"{policy}.log")
+                         env=env, log_path=cfg.output_dir / f"{run}.log")
 
 
 def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-async def bench_policy(cfg: Config, policy: str, keys: Mapping[str, str], template: Path,
-                       prompts: PromptMaker, bias: Mapping[str, float]) -> dict[str, Any]:
+async def bench_policy(cfg: Config, policy: str, run: str, keys: Mapping[str, str],
+                       template: Path, prompts: PromptMaker, bias: Mapping[str, float]
+                       ) -> dict[str, Any]:
     """Start a server with this policy on a fresh copy of the data dir, run every phase,
-    stop it. The raw records of each phase go into the returned JSON-able dict."""
-    data_dir = cfg.output_dir / f"data-{policy}"
+    stop it. The raw records of each phase go into the returned JSON-able dict. ``run``:
+    the run's name (the policy's, and its round's number with ``--rounds``)."""
+    data_dir = cfg.output_dir / f"data-{run}"
     shutil.rmtree(data_dir, ignore_errors=True)
     shutil.copytree(template, data_dir)
     port = free_port(HOST)
-    server = make_server(cfg, policy, port, data_dir)
-    info: dict[str, Any] = {"command": display_command(server.argv),
+    server = make_server(cfg, policy, run, port, data_dir)
+    info: dict[str, Any] = {"policy": policy, "command": display_command(server.argv),
                             "log": relative(server.log_path),
                             "error": None, "phases": {}, "cut_off": {}}
-    log(f"starting {policy}: {info['command']}")
+    log(f"starting {run}: {info['command']}")
     try:
         with running(server):
             await drive(cfg, policy, server, port, keys, prompts, bias, info)
@@ -452,13 +456,18 @@ def user_targets(base_url: str, keys: Mapping[str, str], model: str | None
 
 def summarize_all(cfg: Config, servers: Mapping[str, Mapping[str, Any]]
                   ) -> dict[str, PolicySummary]:
+    """One summary per policy, over its rounds (``servers``: every run by name)."""
     spans = {spec.name: spec.window() for spec in phase_specs(cfg)}
     solo = pool_solo([info["phases"] for info in servers.values()])
-    return {
-        policy: summarize_policy(policy, info["phases"], spans, cfg.window_s, cfg.windows,
-                                 cfg.w_in, cfg.w_out, error=info["error"], solo=solo)
-        for policy, info in servers.items()
-    }
+    summaries = {}
+    for policy in cfg.policies:
+        runs = [info for info in servers.values() if info["policy"] == policy]
+        errors = [f"{name}: {info['error']}" for name, info in servers.items()
+                  if info["policy"] == policy and info["error"]]
+        summaries[policy] = summarize_policy(
+            policy, [info["phases"] for info in runs], spans, cfg.window_s, cfg.windows,
+            cfg.w_in, cfg.w_out, error="; ".join(errors) or None, solo=solo)
+    return summaries
 
 
 def build_meta(cfg: Config, servers: Mapping[str, Mapping[str, Any]], started: dt.datetime
@@ -474,6 +483,7 @@ def build_meta(cfg: Config, servers: Mapping[str, Mapping[str, Any]], started: d
         "versions": package_versions(),
         "machine": f"{platform.system()} {platform.machine()}, {cpus} CPUs",
         "max_batch_size": cfg.max_batch_size,
+        "rounds": cfg.rounds,
         "w_in": cfg.w_in,
         "w_out": cfg.w_out,
         "window_s": cfg.window_s,
@@ -538,6 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="comma-separated policies, one server each, in this order "
                    "(default: fcfs,fair)")
+    p.add_argument("--rounds", type=positive(int), default=1,
+                   help="run each policy this many times, in alternating order (fair, fcfs, "
+                        "fcfs, fair, ...), and pool the figures over the rounds")
     p.add_argument("--max-batch-size", type=positive(int), default=8)
     p.add_argument("--heavy-concurrency", type=positive(int), default=6,
                    help="alice's requests in flight (default: 6)")
@@ -621,6 +634,7 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
     return Config(
         model_dir=model_dir_from(args.model),
         policies=policies,
+        rounds=args.rounds,
         blas=blas,
         our_cmd=shlex.split(args.our_cmd),
         server_args=list(args.server_arg),
@@ -650,12 +664,23 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
     )
 
 
+def run_order(policies: Sequence[str], rounds: int) -> list[tuple[str, str]]:
+    """(policy, run name) in the order the servers run: the policies as given, then
+    reversed, and so on (fair, fcfs, fcfs, fair, ...), so a machine that slows or speeds
+    up during the benchmark favours neither. One round: the runs are named by policy."""
+    order = []
+    for r in range(rounds):
+        for policy in (policies if r % 2 == 0 else policies[::-1]):
+            order.append((policy, policy if rounds == 1 else f"{policy}-{r + 1}"))
+    return order
+
+
 async def bench_all(cfg: Config, keys: Mapping[str, str], template: Path
                     ) -> dict[str, dict[str, Any]]:
     prompts = PromptMaker(token_counter(cfg.model_dir))
     bias = {str(i): -100.0 for i in eos_token_ids(cfg.model_dir)} if cfg.eos_bias else {}
-    return {policy: await bench_policy(cfg, policy, keys, template, prompts, bias)
-            for policy in cfg.policies}
+    return {run: await bench_policy(cfg, policy, run, keys, template, prompts, bias)
+            for policy, run in run_order(cfg.policies, cfg.rounds)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -255,20 +255,30 @@ class PolicySummary:
     request_errors: int = 0
 
 
-def summarize_policy(policy: str, phases: Mapping[str, Sequence[Record]],
+Phases = Mapping[str, Sequence[Record]]
+"""One server's run: each phase's records."""
+
+
+def summarize_policy(policy: str, rounds: Phases | Sequence[Phases],
                      spans: Mapping[str, PhaseWindow], window_s: float, windows: int,
                      w_in: float, w_out: float, error: str | None = None,
-                     solo: Mapping[str, Sequence[Record]] | None = None) -> PolicySummary:
-    """Everything the table shows for one policy, from the phases' raw records. ``solo``:
-    the solo phases' records to divide by (default: this server's own)."""
-    def stats(phase: str, user: str, source: Mapping[str, Sequence[Record]] = phases
-              ) -> TtftStats | None:
+                     solo: Phases | None = None) -> PolicySummary:
+    """Everything the table shows for one policy, from the phases' raw records of one
+    server or of several (``--rounds``: one per round). Over rounds, TTFTs are pooled, the
+    service difference is the counted windows' average and their maximum, and the rates are
+    all rounds' tokens over all their spans. ``solo``: the solo phases' records to divide
+    by (default: this policy's own)."""
+    runs: list[Phases] = [rounds] if isinstance(rounds, Mapping) else list(rounds)
+    pooled = {name: [r for run in runs for r in run.get(name, ())]
+              for name in {n for run in runs for n in run}}
+
+    def stats(phase: str, user: str, source: Phases = pooled) -> TtftStats | None:
         if phase not in source:
             return None
         span = spans.get(phase, PhaseWindow(0.0, math.inf))
         return ttft_stats(source[phase], user, span.start_s, span.end_s)
 
-    baseline = phases if solo is None else solo
+    baseline = pooled if solo is None else solo
     s = PolicySummary(policy=policy, error=error)
     s.light_solo, s.light_loaded = stats(SOLO_LIGHT, LIGHT, baseline), stats(HEAVY_LIGHT, LIGHT)
     s.voice_solo = stats(SOLO_VOICE, VOICE, baseline)
@@ -278,19 +288,35 @@ def summarize_policy(policy: str, phases: Mapping[str, Sequence[Record]],
         s.light_ratio = ratio_of_p95(s.light_loaded, s.light_solo)
     if s.voice_solo and s.voice_loaded:
         s.voice_ratio = ratio_of_p95(s.voice_loaded, s.voice_solo)
-    if BACKLOGGED in phases:
-        recs, start = phases[BACKLOGGED], spans[BACKLOGGED].start_s
-        s.service = service_difference(recs, (HEAVY, LIGHT), start, window_s, windows,
-                                       w_in, w_out)
+    backlogged = [run[BACKLOGGED] for run in runs if BACKLOGGED in run]
+    if backlogged:
+        start = spans[BACKLOGGED].start_s
+        s.service = pool_service([service_difference(recs, (HEAVY, LIGHT), start, window_s,
+                                                     windows, w_in, w_out)
+                                  for recs in backlogged])
         end = start + window_s * windows
-        s.service_totals = {u: service_between(recs, u, start, end, w_in, w_out)
-                            for u in (HEAVY, LIGHT)}
-    s.phase_tokens_per_s = {name: combined_rate(phases, spans, (name,))
-                            for name in LOADED_PHASES if name in phases}
-    s.tokens_per_s = combined_rate(phases, spans, LOADED_PHASES)
-    s.same_mix_tokens_per_s = combined_rate(phases, spans, SAME_MIX_PHASES)
-    s.request_errors = sum(1 for recs in phases.values() for r in recs if not r.timing.ok)
+        s.service_totals = {u: sum(service_between(recs, u, start, end, w_in, w_out)
+                                   for recs in backlogged) for u in (HEAVY, LIGHT)}
+    s.phase_tokens_per_s = {name: combined_rate(runs, spans, (name,))
+                            for name in LOADED_PHASES if name in pooled}
+    s.tokens_per_s = combined_rate(runs, spans, LOADED_PHASES)
+    s.same_mix_tokens_per_s = combined_rate(runs, spans, SAME_MIX_PHASES)
+    s.request_errors = sum(1 for recs in pooled.values() for r in recs if not r.timing.ok)
     return s
+
+
+def pool_service(rounds: Sequence[ServiceDifference]) -> ServiceDifference:
+    """The service difference over several rounds' windows: the average over every counted
+    window, the largest of any."""
+    first = rounds[0]
+    counted = [d for d in rounds if d.windows and d.avg is not None and d.max is not None]
+    windows = sum(d.windows for d in counted)
+    total = sum(d.windows_total for d in rounds)
+    if not windows:
+        return ServiceDifference(first.window_s, 0, total, None, None)
+    avg = sum(d.avg * d.windows for d in counted if d.avg is not None) / windows
+    return ServiceDifference(first.window_s, windows, total, avg,
+                             max(d.max for d in counted if d.max is not None))
 
 
 def pool_solo(runs: Sequence[Mapping[str, Sequence[Record]]]) -> dict[str, list[Record]]:
@@ -300,15 +326,15 @@ def pool_solo(runs: Sequence[Mapping[str, Sequence[Record]]]) -> dict[str, list[
             for name in (SOLO_LIGHT, SOLO_VOICE) if any(name in phases for phases in runs)}
 
 
-def combined_rate(phases: Mapping[str, Sequence[Record]], spans: Mapping[str, PhaseWindow],
+def combined_rate(runs: Sequence[Phases], spans: Mapping[str, PhaseWindow],
                   names: Sequence[str]) -> float | None:
-    """Output tokens/s over the measured spans of the named phases together; None unless
-    every one of them ran."""
-    if not names or any(name not in phases for name in names):
+    """Output tokens/s over the measured spans of the named phases together, in every run;
+    None unless every one of them ran in every run."""
+    if not names or not runs or any(name not in run for run in runs for name in names):
         return None
-    tokens = sum(output_tokens_between(phases[n], spans[n].start_s, spans[n].end_s)
-                 for n in names)
-    return safe_ratio(tokens, sum(spans[n].length_s for n in names))
+    tokens = sum(output_tokens_between(run[n], spans[n].start_s, spans[n].end_s)
+                 for run in runs for n in names)
+    return safe_ratio(tokens, len(runs) * sum(spans[n].length_s for n in names))
 
 
 @dataclass(frozen=True)
@@ -452,6 +478,10 @@ def render_report(meta: Mapping[str, Any], summaries: Mapping[str, PolicySummary
         f"w_in {meta['w_in']:g}, w_out {meta['w_out']:g}; run took {meta['duration_s']:.0f} s",
         f"- workload: {wl}",
     ]
+    if meta.get("rounds", 1) > 1:
+        lines.append(f"- rounds: {meta['rounds']}, servers in the order below; each policy's "
+                     "figures are pooled over its rounds (TTFTs together, every counted "
+                     "service window, all tokens over all measured spans)")
     for name, server in servers.items():
         lines.append(f"- {name}: `{server['command']}` (log `{server['log']}`)")
     lines += ["", render_table(summaries, goals, meta["window_s"]), ""]

@@ -21,7 +21,9 @@ from appliance.bench.fairness import (
     eos_token_ids,
     phase_specs,
     report_json,
+    run_order,
     server_argv,
+    summarize_all,
     user_targets,
 )
 from appliance.bench.fairness_stats import (
@@ -51,6 +53,7 @@ from appliance.bench.fairness_stats import (
     combined_rate,
     evaluate_goals,
     output_tokens_between,
+    pool_service,
     pool_solo,
     ratio_of_p95,
     render_report,
@@ -284,9 +287,49 @@ def test_ratios_divide_by_the_pooled_solo_baseline() -> None:
 
 def test_combined_rate_needs_every_named_phase() -> None:
     some = {HEAVY_LIGHT: phases()[HEAVY_LIGHT]}
-    assert combined_rate(some, spans(), (HEAVY_LIGHT,)) == pytest.approx(10.5)
-    assert combined_rate(some, spans(), LOADED_PHASES) is None
-    assert combined_rate(some, spans(), ()) is None
+    assert combined_rate([some], spans(), (HEAVY_LIGHT,)) == pytest.approx(10.5)
+    assert combined_rate([some], spans(), LOADED_PHASES) is None
+    assert combined_rate([some], spans(), ()) is None
+    assert combined_rate([some, phases()], spans(), LOADED_PHASES) is None  # one run lacks
+    assert combined_rate([], spans(), (HEAVY_LIGHT,)) is None
+
+
+def test_rounds_pool_ttfts_service_windows_and_rates() -> None:
+    """Two rounds of one policy: TTFTs pooled, every counted window in the service
+    difference (its average and its worst), tokens of both rounds over both rounds' spans."""
+    quick, slow = phases(light_ttft=0.1), phases(light_ttft=0.3)
+    slow[HEAVY_LIGHT] = [r for r in slow[HEAVY_LIGHT] if r.user == LIGHT]  # 5 tokens, not 105
+    slow[BACKLOGGED] = [Record(r.user, r.lane, r.sent_s, r.timing) for r in two_windows()
+                        if r.user != LIGHT]  # bob never waits: no window counts
+    s = summarize_policy("fair", [quick, slow], spans(), 10.0, 2, 1.0, 2.0)
+    one = summarize_policy("fair", quick, spans(), 10.0, 2, 1.0, 2.0)
+    assert s.light_loaded is not None and s.light_loaded.requests == 10
+    assert s.light_loaded.p95_s == pytest.approx(0.3)
+    assert s.light_solo_own is not None and s.light_solo_own.requests == 10
+    assert s.phase_tokens_per_s[HEAVY_LIGHT] == pytest.approx((105 + 5) / 20)
+    assert one.service is not None and s.service is not None
+    assert (s.service.windows, s.service.windows_total) == (2, 4)
+    assert (s.service.avg, s.service.max) == (one.service.avg, one.service.max)
+    assert s.service_totals == {HEAVY: pytest.approx(2 * one.service_totals[HEAVY]),
+                                LIGHT: pytest.approx(one.service_totals[LIGHT])}
+
+
+def test_pool_service_averages_over_counted_windows() -> None:
+    pooled = pool_service([ServiceDifference(15.0, 3, 4, 100.0, 200.0),
+                           ServiceDifference(15.0, 1, 4, 20.0, 20.0),
+                           ServiceDifference(15.0, 0, 4, None, None)])
+    assert (pooled.windows, pooled.windows_total) == (4, 12)
+    assert pooled.avg == pytest.approx((3 * 100 + 20) / 4) and pooled.max == 200.0
+    none = pool_service([ServiceDifference(15.0, 0, 4, None, None)])
+    assert (none.windows, none.avg, none.max) == (0, None, None)
+
+
+def test_rounds_alternate_the_policies_order() -> None:
+    assert run_order(["fair", "fcfs"], 1) == [("fair", "fair"), ("fcfs", "fcfs")]
+    assert run_order(["fair", "fcfs"], 3) == [
+        ("fair", "fair-1"), ("fcfs", "fcfs-1"), ("fcfs", "fcfs-2"), ("fair", "fair-2"),
+        ("fair", "fair-3"), ("fcfs", "fcfs-3")]
+    assert run_order(["fcfs"], 2) == [("fcfs", "fcfs-1"), ("fcfs", "fcfs-2")]
 
 
 @pytest.mark.parametrize(
@@ -378,6 +421,9 @@ def test_render_report_carries_the_facts_and_failures() -> None:
     assert "`appliance serve --policy fair` (log `fair.log`)" in text
     assert "- fair FAILED: fair exited with code 2" in text
     assert "per 10 s window" in text
+    assert "rounds" not in text
+    assert "- rounds: 2, servers in the order below" in render_report(
+        {**meta(), "rounds": 2}, summaries, evaluate_goals(summaries), servers)
 
 
 def test_report_json_is_serializable_with_raw_records() -> None:
@@ -459,6 +505,23 @@ def test_config_defaults_and_fair_only_flags() -> None:
     assert "--aging-seconds" not in fcfs and fcfs[fcfs.index("--policy") + 1] == "fcfs"
     assert fair[-1] == fcfs[-1] == "--log-level=debug"
     assert fcfs[fcfs.index("--host") + 1] == "127.0.0.1"
+
+
+def test_summarize_all_pools_each_policys_rounds_and_names_a_failed_one() -> None:
+    cfg = config("--rounds", "2", "--window", "10", "--windows", "2", "--ramp-seconds", "0")
+    assert cfg.rounds == 2
+    servers = {name: {"policy": policy, "error": None, "phases": phases()}
+               for policy, name in run_order(cfg.policies, cfg.rounds)}
+    servers["fair-2"]["error"] = "exited with 1"
+    summaries = summarize_all(cfg, servers)
+    assert list(summaries) == ["fcfs", "fair"]
+    for s in summaries.values():
+        assert s.light_loaded is not None and s.light_loaded.requests == 10
+        assert s.light_solo is not None and s.light_solo.requests == 20  # all four pooled
+    assert summaries["fair"].error == "fair-2: exited with 1"
+    assert summaries["fcfs"].error is None
+    with pytest.raises(SystemExit):
+        config("--rounds", "0")
 
 
 def test_config_rejects_unknown_policies_and_phases() -> None:

@@ -78,7 +78,7 @@ def exit_now(rc: int) -> NoReturn:
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from appliance.daemon import build_daemon, uvicorn_config
+    from appliance.daemon import build_daemon, settle_heap, uvicorn_config
     from appliance.engine.faults import ENV as FAULT_ENV
     from appliance.engine.faults import fault_from_spec
     from appliance.engine.supervisor import ENGINE_DOWN_EXIT
@@ -104,6 +104,8 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         server.should_exit = True
 
     daemon.on_engine_down.append(on_engine_down)
+    log.info("startup heap settled: %d objects left out of garbage collection scans",
+             settle_heap())
     server.run()
     daemon.close()  # normally done already by the app's shutdown hook
     if down:

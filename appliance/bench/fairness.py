@@ -403,15 +403,15 @@ async def bench_policy(cfg: Config, policy: str, run: str, keys: Mapping[str, st
     log(f"starting {run}: {info['command']}")
     try:
         with running(server):
-            await drive(cfg, policy, server, port, keys, prompts, bias, info)
+            await drive(cfg, run, server, port, keys, prompts, bias, info)
     except (ServerStartError, RuntimeError, httpx.HTTPError, OSError) as exc:
-        log(f"{policy} failed: {exc}")
+        log(f"{run} failed: {exc}")
         info["error"] = str(exc)
     info["exit_code"] = server.proc.returncode if server.proc else None
     return info
 
 
-async def drive(cfg: Config, policy: str, server: ServerProcess, port: int,
+async def drive(cfg: Config, name: str, server: ServerProcess, port: int,
                 keys: Mapping[str, str], prompts: PromptMaker, bias: Mapping[str, float],
                 info: dict[str, Any]) -> None:
     base_url = f"http://{HOST}:{port}"
@@ -428,12 +428,12 @@ async def drive(cfg: Config, policy: str, server: ServerProcess, port: int,
         if server.exited() is not None:
             raise RuntimeError(f"server exited with code {server.exited()}; log "
                                f"{server.log_path}:\n{server.log_tail()}")
-        run = PhaseRun(spec, targets, prompts, bias, cfg.seed)
-        cut = await run_phase(run, cfg.request_timeout_s, cfg.drain_timeout_s)
-        info["phases"][spec.name] = run.records
+        phase = PhaseRun(spec, targets, prompts, bias, cfg.seed)
+        cut = await run_phase(phase, cfg.request_timeout_s, cfg.drain_timeout_s)
+        info["phases"][spec.name] = phase.records
         info["cut_off"][spec.name] = cut
-        failed = sum(1 for r in run.records if not r.timing.ok)
-        log(f"{policy} {spec.name}: {len(run.records)} requests, {failed} failed, "
+        failed = sum(1 for r in phase.records if not r.timing.ok)
+        log(f"{name} {spec.name}: {len(phase.records)} requests, {failed} failed, "
             f"{cut} cut off")
 
 

@@ -363,10 +363,15 @@ class Scheduler:
         return tuple(chunks)
 
     def _patient(self, s: SeqView) -> bool:
-        """Work that can wait: background prompts, and the rest of a prompt read in pieces
-        (its last chunk too: read whole while someone else is present, the end of a
-        document took a tick of 400 tokens, 1 s on the SmolLM-135M shape)."""
-        return s.klass is Klass.BACKGROUND or s.rid in self._in_pieces
+        """Work that can wait: background prompts, the rest of a prompt read in pieces (its
+        last chunk too: read whole while someone else is present, the end of a document
+        took a tick of 400 tokens, 1 s on the SmolLM-135M shape), and a document (more
+        than twice ``arrival_tokens`` left, not a voice command) even when it would fit
+        whole: six of the demo model's 850-token documents, arriving together, were read
+        in one tick of 1.1 s that a chat turn waited out (fairness run 14)."""
+        return (s.klass is Klass.BACKGROUND or s.rid in self._in_pieces
+                or (s.klass is not Klass.VOICE
+                    and s.remaining > 2 * self.config.objectives.arrival_tokens))
 
     def _chunk(self, chunks: list[tuple[int, int]], allowance: PrefillAllowance, s: SeqView,
                n: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import re
 import subprocess
 import sys
 import time
@@ -37,7 +38,10 @@ def test_sigterm_lets_running_and_queued_requests_finish_then_exits_0(
     assert [r.status_code for r in replies] == [200] * 4
     for r in replies:
         assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
-    assert "shut down cleanly" in d.log.read_text()
+    log = d.log.read_text()
+    assert "shut down cleanly" in log
+    frozen = re.search(r"startup heap settled: (\d+) objects", log)
+    assert frozen is not None and int(frozen.group(1)) > 10_000, log[-2000:]
 
 
 def test_logs_carry_no_password_key_or_text(tiny_model: Path, tmp_path: Path) -> None:

@@ -461,6 +461,28 @@ def test_the_end_of_a_document_read_in_pieces_waits_like_its_other_pieces() -> N
     assert s.step(3.0, [fresh], costs=costs).prefill == ((2, 100),)
 
 
+def test_fresh_documents_that_fit_whole_wait_like_pieces_while_someone_else_is_present(
+        ) -> None:
+    """On a fast machine six fresh 850-token documents fit the half-second bound whole
+    (with nothing decoding); while bob is about they are read about one arrival's reading
+    a tick, so his next turn does not wait out the whole burst. A voice command as long is
+    still read whole, and so are the documents with nobody about."""
+    costs = trained(FAST_GPU)
+    objectives = TickObjectives(ttft_target_s=1.0, presence_s=60.0)
+    docs = [seq(i, P, prompt=850, user="alice") for i in range(1, 7)]
+    assert sum(costs.prefill(850) for _ in docs) < 0.5
+    s = Scheduler(SchedulerConfig(objectives=objectives))
+    s.step(0.0, [seq(9, D, kv=20, user="bob")], costs=costs)  # bob was chatting
+    plan = s.step(1.0, docs, costs=costs)
+    assert s.budget is not None and s.budget.patient_s is not None
+    read = sum(n for _, n in plan.prefill)
+    assert 0 < read < 850 and costs.prefill(read) <= 2 * s.budget.patient_s
+    voice = seq(7, P, prompt=850, klass=Klass.VOICE, user="dave")
+    assert s.step(2.0, [voice], costs=costs).prefill == ((7, 850),)
+    alone = Scheduler(SchedulerConfig(objectives=objectives))
+    assert sum(n for _, n in alone.step(1.0, docs, costs=costs).prefill) == 6 * 850
+
+
 def test_a_document_that_waited_does_not_make_the_tick_overdue() -> None:
     """A heavy user's queued documents have always waited half the TTFT objective; the
     tick beside bob's stream keeps to the ITL objective, not the whole TTFT one."""

@@ -117,8 +117,9 @@ def settle_heap() -> int:
     (``gc.freeze``): the loaded libraries, the model's wrappers and the app, about 176,000
     objects with the SmolLM-135M shape. A full collection over them took 83-91 ms on a
     2-core x86, taken on whichever thread allocated past the threshold, the engine's too,
-    holding the GIL: a decode step of 5 ms stalled for 136-142 ms (the demo model, fairness
-    run 14). Objects made later are collected as before. Returns the objects frozen."""
+    holding the GIL: serving the demo model's fairness phases, the engine thread ran two of
+    124 and 127 ms (its ticks are about 5 ms); with the heap frozen, 9 and 11 ms. Objects
+    made later are collected as before. Returns the objects frozen."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

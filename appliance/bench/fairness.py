@@ -549,8 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated policies, one server each, in this order "
                    "(default: fcfs,fair)")
     p.add_argument("--rounds", type=positive(int), default=1,
-                   help="run each policy this many times, in alternating order (fair, fcfs, "
-                        "fcfs, fair, ...), and pool the figures over the rounds")
+                   help="run each policy this many times, the order of --policies reversed "
+                        "every other round (fcfs, fair, fair, fcfs, ...), and pool each "
+                        "policy's figures over its rounds")
     p.add_argument("--max-batch-size", type=positive(int), default=8)
     p.add_argument("--heavy-concurrency", type=positive(int), default=6,
                    help="alice's requests in flight (default: 6)")

@@ -294,7 +294,7 @@ class Scheduler:
         person's own streams (one client's many requests) it rides as before."""
         unread = [s for s in readable if s.klass is not Klass.BACKGROUND and s.computed == 0
                   and s.generated == 0]
-        short = 2 * self.config.objectives.arrival_tokens
+        short = self._turn_tokens
         turns = [s for s in unread if s.remaining <= short]
         streaming = {s.user for s in decoding}
         self.ride = not any(s.klass is not Klass.BACKGROUND and s.generated == 0
@@ -371,7 +371,13 @@ class Scheduler:
         in one tick of 1.1 s that a chat turn waited out (fairness run 14)."""
         return (s.klass is Klass.BACKGROUND or s.rid in self._in_pieces
                 or (s.klass is not Klass.VOICE
-                    and s.remaining > 2 * self.config.objectives.arrival_tokens))
+                    and s.remaining > self._turn_tokens))
+
+    @property
+    def _turn_tokens(self) -> int:
+        """The longest prompt left to read that counts as a chat turn or voice command
+        (twice ``arrival_tokens``); more is a document."""
+        return 2 * self.config.objectives.arrival_tokens
 
     def _chunk(self, chunks: list[tuple[int, int]], allowance: PrefillAllowance, s: SeqView,
                n: int) -> None:

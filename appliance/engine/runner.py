@@ -50,6 +50,8 @@ more when the engine goes idle, so an idle daemon has its latest counters on dis
 
 
 class Runner(TickForwards):
+    """The engine's requests and the tick that serves them (engine thread only)."""
+
     def __init__(self, loaded: LoadedModel, scheduler: Scheduler,
                  clock: Callable[[], float], fault: FaultHook | None,
                  on_finish: Callable[[Finished], None] | None = None, *,

@@ -37,7 +37,7 @@ import httpx
 from appliance.bench import report as rep
 from appliance.bench import serve
 from appliance.bench.client import RequestTiming, stream_chat
-from appliance.bench.fairness import PromptMaker, eos_token_ids, token_counter
+from appliance.bench.fairness_config import PromptMaker, eos_token_ids, token_counter
 from appliance.bench.process import (
     ServerStartError,
     blas_facts,

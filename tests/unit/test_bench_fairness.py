@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
 import math
-import random
-from pathlib import Path
 
 import pytest
 
 from appliance.bench.client import RequestTiming
-from appliance.bench.fairness import (
-    PERSONAS,
-    Config,
-    PromptMaker,
-    build_parser,
-    config_from_args,
-    eos_token_ids,
-    phase_specs,
-    report_json,
+from appliance.bench.fairness import report_json, summarize_all
+from appliance.bench.fairness_config import (
     run_order,
-    server_argv,
-    summarize_all,
-    user_targets,
 )
+from appliance.bench.fairness_report import render_report, render_table
 from appliance.bench.fairness_stats import (
     BACKGROUND,
     BACKLOGGED,
@@ -56,14 +43,12 @@ from appliance.bench.fairness_stats import (
     pool_service,
     pool_solo,
     ratio_of_p95,
-    render_report,
-    render_table,
     service_between,
     service_difference,
     summarize_policy,
     ttft_stats,
 )
-from appliance.bench.provision import admin_steps
+from tests.unit.test_bench_fairness_config import config
 
 
 def rec(user: str, sent: float, chunks: list[float], *, usage: int | None = None,
@@ -236,7 +221,7 @@ def phases(light_ttft: float = 0.1, voice_ttft: float = 0.05) -> dict[str, list[
 
 def summary(light_ttft: float = 0.1, voice_ttft: float = 0.05, policy: str = "fair"
             ) -> PolicySummary:
-    return summarize_policy(policy, phases(light_ttft, voice_ttft), spans(), 10.0, 2, 1.0, 2.0)
+    return summarize_policy(policy, [phases(light_ttft, voice_ttft)], spans(), 10.0, 2, 1.0, 2.0)
 
 
 def test_summarize_policy_collects_ratios_service_and_throughput() -> None:
@@ -257,7 +242,7 @@ def test_summarize_policy_collects_ratios_service_and_throughput() -> None:
 
 def test_summarize_policy_with_missing_phases_after_a_failure() -> None:
     partial = {SOLO_LIGHT: phases()[SOLO_LIGHT]}
-    s = summarize_policy("fair", partial, spans(), 10.0, 2, 1.0, 2.0, error="exited with 2")
+    s = summarize_policy("fair", [partial], spans(), 10.0, 2, 1.0, 2.0, error="exited with 2")
     assert s.error == "exited with 2"
     assert s.light_solo is not None and s.light_loaded is None and s.light_ratio is None
     assert s.service is None and s.tokens_per_s is None and s.phase_tokens_per_s == {}
@@ -277,7 +262,7 @@ def test_pool_solo_joins_every_servers_solo_requests() -> None:
 def test_ratios_divide_by_the_pooled_solo_baseline() -> None:
     slow_solo = {SOLO_LIGHT: [rec(LIGHT, float(i), [0.02]) for i in range(5)],
                  SOLO_VOICE: [rec(VOICE, float(i), [0.08]) for i in range(5)]}
-    s = summarize_policy("fair", phases(), spans(), 10.0, 2, 1.0, 2.0, solo=slow_solo)
+    s = summarize_policy("fair", [phases()], spans(), 10.0, 2, 1.0, 2.0, solo=slow_solo)
     assert s.light_ratio == pytest.approx(0.1 / 0.02)
     assert s.voice_ratio == pytest.approx(0.05 / 0.08)
     assert s.light_solo is not None and s.light_solo.p95_s == pytest.approx(0.02)
@@ -302,7 +287,7 @@ def test_rounds_pool_ttfts_service_windows_and_rates() -> None:
     slow[BACKLOGGED] = [Record(r.user, r.lane, r.sent_s, r.timing) for r in two_windows()
                         if r.user != LIGHT]  # bob never waits: no window counts
     s = summarize_policy("fair", [quick, slow], spans(), 10.0, 2, 1.0, 2.0)
-    one = summarize_policy("fair", quick, spans(), 10.0, 2, 1.0, 2.0)
+    one = summarize_policy("fair", [quick], spans(), 10.0, 2, 1.0, 2.0)
     assert s.light_loaded is not None and s.light_loaded.requests == 10
     assert s.light_loaded.p95_s == pytest.approx(0.3)
     assert s.light_solo_own is not None and s.light_solo_own.requests == 10
@@ -438,75 +423,6 @@ def test_report_json_is_serializable_with_raw_records() -> None:
     assert again["summaries"]["fcfs"]["service"]["avg"] == 400.0
 
 
-# ---- workload and command line -----------------------------------------------------------
-
-
-def test_prompt_maker_hits_the_target_and_never_repeats() -> None:
-    maker = PromptMaker(lambda text: len(text.split()), sentences=["one two three", "four"])
-    rng = random.Random(0)
-    prompts = [maker.make((10, 10), rng) for _ in range(3)]
-    assert len(set(prompts)) == 3
-    for n, prompt in enumerate(prompts, start=1):
-        assert prompt.startswith(f"Request {n}:")
-        assert len(prompt.split()) == 10  # "Request", "n:" and then 8 words
-    lengths = {len(maker.make((5, 8), rng).split()) for _ in range(50)}
-    assert lengths == set(range(5, 9))
-
-
-def test_eos_token_ids_from_configs_and_tokenizer(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
-    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
-    (tmp_path / "tokenizer.json").write_text(json.dumps(
-        {"added_tokens": [{"id": 5, "content": "<|im_end|>"}, {"id": 6, "content": "x"}]}))
-    assert eos_token_ids(tmp_path) == [0, 2, 5, 7]
-    assert eos_token_ids(tmp_path / "missing") == []
-
-
-def test_admin_steps_make_a_voice_admin_and_keep_passwords_off_the_command_line() -> None:
-    steps = admin_steps(PERSONAS)
-    assert steps[0] == (["migrate"], None)
-    adds = [(argv, stdin) for argv, stdin in steps if argv[:2] == ["user", "add"]]
-    assert [argv[2] for argv, _ in adds] == [HEAVY, LIGHT, BACKGROUND, VOICE]
-    voice_argv = next(argv for argv, _ in adds if argv[2] == VOICE)
-    assert voice_argv[voice_argv.index("--max-class") + 1] == "voice"
-    assert voice_argv[voice_argv.index("--role") + 1] == "admin"
-    for argv, stdin in adds:
-        assert "--password-stdin" in argv and stdin and stdin.endswith("\n")
-        assert stdin.strip() not in " ".join(argv)
-    keys = [argv for argv, _ in steps if argv[0] == "key"]
-    assert [argv[2] for argv in keys] == [HEAVY, LIGHT, BACKGROUND, VOICE]
-
-
-def test_user_targets_send_the_class_header() -> None:
-    targets = user_targets("http://h", {HEAVY: "k1", BACKGROUND: "k2", VOICE: "k3"}, "m")
-    assert targets[HEAVY].headers == {"Authorization": "Bearer k1"}
-    assert targets[BACKGROUND].headers["x-appliance-class"] == "background"
-    assert targets[VOICE].headers["x-appliance-class"] == "voice"
-
-
-def config(*argv: str) -> Config:
-    args = build_parser().parse_args(list(argv))
-    return config_from_args(args, "appliance bench fairness",
-                            dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
-
-
-def test_config_defaults_and_fair_only_flags() -> None:
-    cfg = config("--w-in", "1.5", "--aging-seconds", "10", "--server-arg=--log-level=debug")
-    assert cfg.model_dir.name == "demo_model"
-    assert cfg.policies == ["fcfs", "fair"]
-    assert (cfg.w_in, cfg.w_out) == (1.5, 2.0)
-    assert cfg.heavy_backlog == 2 * cfg.max_batch_size
-    fair = server_argv(cfg, "fair", 1234)
-    fcfs = server_argv(cfg, "fcfs", 1234)
-    assert fair[fair.index("--policy") + 1] == "fair"
-    assert fair[fair.index("--aging-seconds") + 1] == "10"
-    assert fair[fair.index("--w-in") + 1] == "1.5" and "--w-out" not in fair
-    assert "--aging-seconds" not in fcfs and fcfs[fcfs.index("--policy") + 1] == "fcfs"
-    assert fair[-1] == fcfs[-1] == "--log-level=debug"
-    assert fcfs[fcfs.index("--host") + 1] == "127.0.0.1"
-
-
 def test_summarize_all_pools_each_policys_rounds_and_names_a_failed_one() -> None:
     cfg = config("--rounds", "2", "--window", "10", "--windows", "2", "--ramp-seconds", "0")
     assert cfg.rounds == 2
@@ -522,34 +438,3 @@ def test_summarize_all_pools_each_policys_rounds_and_names_a_failed_one() -> Non
     assert summaries["fcfs"].error is None
     with pytest.raises(SystemExit):
         config("--rounds", "0")
-
-
-def test_config_rejects_unknown_policies_and_phases() -> None:
-    with pytest.raises(SystemExit):
-        config("--policies", "fcfs,lottery")
-    with pytest.raises(SystemExit):
-        config("--phases", "solo-light,nap")
-    assert config("--phases", "backlogged").phases == [BACKLOGGED]
-
-
-def test_phase_specs_run_solo_first_and_size_the_backlogged_phase_by_windows() -> None:
-    cfg = config("--window", "20", "--windows", "3", "--ramp-seconds", "4")
-    specs = phase_specs(cfg)
-    assert [s.name for s in specs] == [SOLO_LIGHT, SOLO_VOICE, HEAVY_LIGHT, BACKLOGGED,
-                                       VOICE_BACKGROUND]
-    assert specs[0].duration_s is None and specs[0].lanes[0].requests == cfg.solo_requests
-    backlogged = specs[3]
-    assert backlogged.duration_s == pytest.approx(4 + 60)
-    assert backlogged.window() == PhaseWindow(4.0, 64.0)
-    heavy = next(lane for lane in backlogged.lanes if lane.user == HEAVY)
-    assert heavy.concurrency == cfg.heavy_backlog > cfg.max_batch_size
-    voice = next(lane for lane in specs[4].lanes if lane.user == VOICE)
-    assert voice.klass == "voice" and voice.concurrency == 1
-
-
-def test_cli_knows_the_fairness_benchmark() -> None:
-    from appliance.cli import build_parser as cli_parser
-
-    args, rest = cli_parser().parse_known_args(["bench", "fairness", "--json", "x.json"])
-    assert isinstance(args, argparse.Namespace)
-    assert args.bench_cmd == "fairness" and rest == ["--json", "x.json"]

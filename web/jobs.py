@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 from litestar import Request, Response, get, post
-from litestar.params import FromPath
+from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
 from appliance.api import jobs as api_jobs
@@ -76,8 +76,9 @@ async def jobs_list(request: Request[Any, Any, Any]) -> Template:
 
 
 @get("/jobs/page/preview")
-async def schedule_preview(request: Request[Any, Any, Any], schedule: str = "none",
-                           cron: str = "", interval_min: str = "") -> Template:
+async def schedule_preview(request: Request[Any, Any, Any], schedule: FromQuery[str] = "none",
+                           cron: FromQuery[str] = "",
+                           interval_min: FromQuery[str] = "") -> Template:
     """The schedule in words and its next three runs, or what is wrong with it."""
     svc = services(request).jobs
     now = datetime.now(svc.zone)

@@ -13,6 +13,7 @@ import anyio
 from litestar import Request, Response, get, post
 from litestar.datastructures import Cookie
 from litestar.exceptions import PermissionDeniedException
+from litestar.params import FromQuery
 from litestar.response import Redirect, Template
 
 from appliance.api.account import session_cookie, theme_cookie
@@ -46,7 +47,7 @@ DONE = {"password": "Password changed.", "preferences": "Saved.",
 
 
 @get("/settings", opt=PAGE)
-async def settings_page(request: Request[Any, Any, Any], done: str = "") -> Template:
+async def settings_page(request: Request[Any, Any, Any], done: FromQuery[str] = "") -> Template:
     """``done``: which form was just saved (after its redirect), to say so there."""
     if done in DONE:
         return await _page(request, notice=("ok", DONE[done]), section=done)

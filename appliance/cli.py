@@ -11,11 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from appliance import settings as settings_mod
-from appliance.blas import (
-    loaded_libraries,
-    preload_env,
-    skinny_matmul_lib,
-)
+from appliance.blas import THREAD_TIMEOUT, loaded_libraries, preload_env, skinny_matmul_lib
 from appliance.settings import Settings
 from appliance.vocab import FinishReason
 
@@ -54,8 +50,9 @@ def log_blas(skinny_matmul: bool) -> None:
         return
     kernel = skinny_matmul_lib()
     openblas = "/libopenblas" in maps
-    log.info("BLAS: %s%s", "Debian's OpenBLAS" if openblas else "the BLAS bundled with mlx",
-             ", with skinny_matmul" if kernel and kernel in maps else "")
+    spin = f" ({THREAD_TIMEOUT}={os.environ.get(THREAD_TIMEOUT, 'unset')})" if openblas else ""
+    log.info("BLAS: %s%s%s", "Debian's OpenBLAS" if openblas else "the BLAS bundled with mlx",
+             ", with skinny_matmul" if kernel and kernel in maps else "", spin)
     if skinny_matmul and openblas and kernel is None:
         log.warning("skinny_matmul is on but was not built (no C compiler when the package "
                     "was installed?): decode steps run on OpenBLAS's gemm, about 1.2-1.7x "

@@ -26,9 +26,13 @@ VENV=${APPLIANCE_VENV:-.venv}
 
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 # The same BLAS libraries the daemon preloads (appliance.cli.use_openblas: skinny_matmul, then
-# OpenBLAS), for the tests' own MLX work and the daemons they start.
+# OpenBLAS) and OpenBLAS's spin as the daemon sets it (appliance.blas.SPIN_EXPONENT), for the
+# tests' own MLX work and the daemons they start.
 PRELOAD=$("$VENV/bin/python" -c "from appliance.blas import wanted_preload; print(':'.join(wanted_preload('auto', True)))")
-if [ -n "$PRELOAD" ]; then export LD_PRELOAD="$PRELOAD${LD_PRELOAD:+:$LD_PRELOAD}"; fi
+if [ -n "$PRELOAD" ]; then
+  export LD_PRELOAD="$PRELOAD${LD_PRELOAD:+:$LD_PRELOAD}"
+  export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-$("$VENV/bin/python" -c "from appliance.blas import SPIN_EXPONENT; print(SPIN_EXPONENT)")}
+fi
 
 "$VENV/bin/ruff" check appliance web migrations tests
 "$VENV/bin/mypy" --no-error-summary appliance web migrations

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.bench.report import git_commit, relative
-from appliance.blas import openblas_lib, skinny_matmul_lib
+from appliance.blas import blas_env, openblas_lib, skinny_matmul_lib
 
 CHILD = textwrap.dedent("""
     import json, statistics, sys, time
@@ -70,10 +70,9 @@ CHILD = textwrap.dedent("""
 
 
 def run_child(script: str, args: list[str], preload: list[str]) -> dict[str, Any]:
-    """Run ``script`` in a child Python with ``preload`` in LD_PRELOAD; its last line of
-    output, as JSON."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    env["LD_PRELOAD"] = ":".join(preload)
+    """Run ``script`` in a child Python with ``preload`` in LD_PRELOAD (and OpenBLAS's spin
+    as the daemon sets it); its last line of output, as JSON."""
+    env = blas_env(preload)
     run = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
                          text=True, env=env, check=False)
     if run.returncode != 0:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.blas import openblas_lib, skinny_matmul_lib, wanted_preload
+from appliance.blas import SPIN_EXPONENT, openblas_lib, skinny_matmul_lib, wanted_preload
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,7 @@ def preload() -> list[str]:
 
 def _clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("LD_PRELOAD", "APPLIANCE_BLAS_REEXEC")}
+           if k not in ("LD_PRELOAD", "APPLIANCE_BLAS_REEXEC", "OPENBLAS_THREAD_TIMEOUT")}
     return {**env, **extra}
 
 
@@ -111,35 +111,46 @@ def test_few_row_products_run_the_kernel_and_equal_gemm(preload: list[str]) -> N
 
 def test_appliance_run_preloads_skinny_matmul_before_openblas(preload: list[str],
                                                              demo_model: Path) -> None:
-    """The real entry point, started without LD_PRELOAD, restarts itself with both."""
+    """The real entry point, started without LD_PRELOAD, restarts itself with both, and
+    with OpenBLAS's workers spinning briefly (appliance.blas.SPIN_EXPONENT)."""
     args = [sys.executable, "-m", "appliance", "run", "-p", "Hello", "--max-tokens", "2",
             "--model", str(demo_model)]
     on = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=ROOT,
                         env=_clean_env(HF_HUB_OFFLINE="1"))
     assert on.returncode == 0, on.stderr
-    assert "BLAS: Debian's OpenBLAS, with skinny_matmul" in on.stderr, on.stderr
+    spin = f" (OPENBLAS_THREAD_TIMEOUT={SPIN_EXPONENT})"
+    assert f"BLAS: Debian's OpenBLAS, with skinny_matmul{spin}\n" in on.stderr, on.stderr
     off = subprocess.run([*args, "--no-skinny-matmul"], capture_output=True, text=True,
                          timeout=180, cwd=ROOT,
                          env=_clean_env(HF_HUB_OFFLINE="1", LD_PRELOAD=":".join(preload)))
     assert off.returncode == 0, off.stderr
-    assert "BLAS: Debian's OpenBLAS\n" in off.stderr, off.stderr
+    assert f"BLAS: Debian's OpenBLAS{spin}\n" in off.stderr, off.stderr
     assert on.stdout.strip() and off.stdout.strip()
 
 
 def test_the_preload_puts_ours_first_and_keeps_the_rest(preload: list[str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """What `appliance serve` and the dashboards benchmark restart with (appliance.blas)."""
-    from appliance.blas import preload_env
+    from appliance.blas import THREAD_TIMEOUT, blas_env, preload_env
 
     monkeypatch.setenv("LD_PRELOAD", f"/opt/other.so:{preload[1]}")
+    monkeypatch.delenv(THREAD_TIMEOUT, raising=False)
     env = preload_env("auto", True)
     assert env is not None and env["LD_PRELOAD"] == ":".join([*preload, "/opt/other.so"])
+    assert env[THREAD_TIMEOUT] == SPIN_EXPONENT  # OpenBLAS's workers spin briefly
     monkeypatch.setenv("LD_PRELOAD", env["LD_PRELOAD"])
+    assert preload_env("auto", True) is not None  # the spin is not set yet: restart
+    monkeypatch.setenv(THREAD_TIMEOUT, SPIN_EXPONENT)
     assert preload_env("auto", True) is None  # already as wanted: no restart
     off = preload_env("auto", False)
     assert off is not None and off["LD_PRELOAD"] == f"{preload[1]}:/opt/other.so"
     bundled = preload_env("bundled", True)
     assert bundled is not None and bundled["LD_PRELOAD"] == "/opt/other.so"
+    monkeypatch.setenv(THREAD_TIMEOUT, "26")  # the operator's own choice is kept
+    assert preload_env("auto", True) is None
+    assert blas_env(preload)[THREAD_TIMEOUT] == "26"
+    monkeypatch.delenv(THREAD_TIMEOUT)
+    assert THREAD_TIMEOUT not in blas_env(["/opt/other.so"])  # no OpenBLAS, nothing to set
 
 
 def test_a_kernel_asked_for_but_never_built_is_a_warning(

@@ -265,11 +265,10 @@ def summarize_all(cfg: Config, servers: Mapping[str, Mapping[str, Any]]
     solo = pool_solo([info["phases"] for info in servers.values()])
     summaries = {}
     for policy in cfg.policies:
-        runs = [info for info in servers.values() if info["policy"] == policy]
-        errors = [f"{name}: {info['error']}" for name, info in servers.items()
-                  if info["policy"] == policy and info["error"]]
+        runs = {name: info for name, info in servers.items() if info["policy"] == policy}
+        errors = [f"{name}: {info['error']}" for name, info in runs.items() if info["error"]]
         summaries[policy] = summarize_policy(
-            policy, [info["phases"] for info in runs], spans, cfg.window_s, cfg.windows,
+            policy, [info["phases"] for info in runs.values()], spans, cfg.window_s, cfg.windows,
             cfg.w_in, cfg.w_out, error="; ".join(errors) or None, solo=solo)
     return summaries
 

@@ -9,9 +9,7 @@ import pytest
 
 from appliance.bench.client import RequestTiming
 from appliance.bench.fairness import report_json, summarize_all
-from appliance.bench.fairness_config import (
-    run_order,
-)
+from appliance.bench.fairness_config import run_order
 from appliance.bench.fairness_report import render_report, render_table
 from appliance.bench.fairness_stats import (
     BACKGROUND,

@@ -227,3 +227,24 @@ def test_a_stream_gap_beside_a_riding_chat_turn_stays_near_the_itl_target() -> N
     assert s.budget is not None and s.budget.riding
     assert 0 < n <= WIDE_ROWS - 4
     assert costs.decode(4, 301, [(n, 0)]) <= s.budget.target_s * 1.05
+
+
+def test_a_riding_chat_turn_is_read_in_even_chunks_not_full_ticks_and_a_stub() -> None:
+    """A 55-token turn whose tick share fits 24 riding tokens: read greedily it took 24, 24
+    and 7 (two ticks at the target, the streams' ITL tail); read evenly, 19, 18 and 18 in
+    as many ticks, each shorter than the target."""
+    costs = trained_riding()
+    step = costs.decode(2, 301)
+    objectives = TickObjectives(itl_target_s=step + costs.prefill(24, riding=True) + 1e-9,
+                                prefill_floor=0)
+    s = Scheduler(SchedulerConfig(objectives=objectives))
+    computed, chunks = 0, []
+    while computed < 55:
+        views = [seq(1, D, kv=300), seq(2, D, kv=300), seq(3, P, prompt=55, computed=computed)]
+        ((_, n),) = s.step(float(len(chunks)), views, costs=costs).prefill
+        assert s.budget is not None and s.budget.riding
+        assert costs.decode(2, 301) + costs.prefill(n, computed, riding=True) < (
+            objectives.itl_target_s)
+        chunks.append(n)
+        computed += n
+    assert chunks == [19, 18, 18]

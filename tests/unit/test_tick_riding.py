@@ -248,3 +248,21 @@ def test_a_riding_chat_turn_is_read_in_even_chunks_not_full_ticks_and_a_stub() -
         chunks.append(n)
         computed += n
     assert chunks == [19, 18, 18]
+
+
+def test_what_an_even_chunk_leaves_starts_no_other_prompt_with_a_crumb() -> None:
+    """Two chat turns wait beside the streams: the first is read evenly, and the time left
+    goes to the second only as a chunk of at least min_chunk tokens (two tokens made it a
+    prompt in pieces, read apart from the fresh prompts read together next)."""
+    costs = trained_riding()
+    step = costs.decode(2, 301)
+    for extra in range(0, 12):
+        objectives = TickObjectives(
+            itl_target_s=step + costs.prefill(24 + extra, riding=True) + 1e-9,
+            prefill_floor=0)
+        s = Scheduler(SchedulerConfig(objectives=objectives))
+        views = [seq(1, D, kv=300), seq(2, D, kv=300), seq(3, P, prompt=55),
+                 seq(4, P, prompt=55)]
+        plan = s.step(0.0, views, costs=costs).prefill
+        assert plan[0][0] == 3 and plan[0][1] < 24 + extra  # even, not the whole share
+        assert all(n >= objectives.min_chunk for _, n in plan[1:]), (extra, plan)

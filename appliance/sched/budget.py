@@ -34,7 +34,9 @@ def even_chunk(remaining: int, n: int) -> int:
     most ``n`` take: riding in the decode step, a prompt read greedily (24, 24 and 7 tokens
     of a 55-token chat turn) makes full ticks of the ITL target and a stub, and the
     streams' ITL tail is the full ticks; read evenly (19, 18, 18), the ticks are as many
-    (the prompt's first token comes no later) and the longest is shorter."""
+    (the prompt's first token comes no later) and the longest is shorter. What it leaves of
+    the tick goes to the next prompt waiting, if that is at least a ``min_chunk`` chunk
+    (:meth:`PrefillAllowance.size`)."""
     pieces = -(-remaining // n)
     return -(-remaining // pieces)
 
@@ -242,7 +244,7 @@ class PrefillAllowance:
         if first:
             n = max(n, self.min_chunk)
         elif n < min(remaining, self.min_chunk):
-            return 0  # no crumbs: see below
+            return 0  # no crumbs (see above)
         return max(0, min(n, remaining))
 
     def _within(self, seconds: float, computed: int) -> int:

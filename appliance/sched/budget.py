@@ -236,11 +236,12 @@ class PrefillAllowance:
             if first and computed == 0 and self._whole(remaining, limit, urgent):
                 return remaining
             n = min(n, self._within(seconds - self.slack, computed))
-            best = None if riding else costs.efficient_chunk(computed)
-            if best is not None:
-                n = min(n, best)
-            elif riding and n > 0:
-                n = even_chunk(remaining, n)
+            if riding:
+                n = even_chunk(remaining, n) if n > 0 else 0
+            else:
+                best = costs.efficient_chunk(computed)
+                if best is not None:
+                    n = min(n, best)
         if first:
             n = max(n, self.min_chunk)
         elif n < min(remaining, self.min_chunk):

@@ -53,8 +53,9 @@ class TickObjectives:
       of it, decoding or not, unless a burst is already overdue (see :func:`tick_budget`).
     * ``min_chunk``: a prefill still advances by at least this many tokens per tick when
       the objectives leave no room, so a long prompt always finishes; while someone is
-      present, work that can wait gets at least this chunk's time, and no more when the
-      decode step already takes an arrival's reading time. 8: riding in a decode step of
+      present, work that can wait gets at least this chunk's time (riding in the decode
+      step, and at least ``prefill_floor`` times the chunk's own fixed cost), and no more
+      when the decode step already takes an arrival's reading time. 8: riding in a decode step of
       8 rows on a CPU, the product stays within two groups of the appliance's own kernel
       (16 rows; appliance/native/skinny_matmul.c).
     * ``prefill_floor``: the objectives are feasible when they leave prefill at least this
@@ -119,8 +120,9 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     decodes and several such prompts wait (see ``Scheduler._allowance``), so the tick may
     last the whole TTFT objective: the burst's prompts share one forward (one fixed cost)
     and the running streams see one gap of at most that length. Riding in the decode step,
-    the chunks have no fixed cost to share, so such a tick lasts at most
-    :data:`BURST_STEPS` decode steps (and at least the ITL objective): enough to pay the
+    the chunks have no forward's fixed cost to share (each has a small one of its own), so
+    such a tick lasts at most :data:`BURST_STEPS` decode steps (and at least the ITL
+    objective): enough to pay the
     step to products of more than :data:`WIDE_ROWS` rows and read the burst in big chunks.
 
     When that leaves prefill less than its floor (``prefill_floor`` forward fixed costs),
@@ -132,13 +134,17 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     wait (a chunk of a long document, a background prompt) gets no more than keeps the
     tick within the time of reading one arrival (``arrival_tokens``) alone, and never less
     than a ``min_chunk`` chunk: the next chat turn or voice command waits one short tick,
-    not a big chunk of someone's document (on a CPU with long contexts, seconds). Prompts read to
-    their end (chat turns arriving together) may use the whole share.
+    not a big chunk of someone's document (on a CPU with long contexts, seconds). Prompts
+    read to their end (chat turns arriving together) may use the whole share.
 
     When the engine reads chunks in the decode step's forward (``costs.rides``), a batch
-    decodes and the tick may ``ride``, chunks have no fixed cost: the floor is then
+    decodes and the tick may ``ride``, chunks pay no forward's fixed cost: the floor is then
     ``prefill_floor`` times a ``min_chunk`` chunk's riding time, and work that can wait gets
-    at least that chunk."""
+    at least that chunk, and at least ``prefill_floor`` times a riding chunk's own fixed
+    cost (so at least half its time reads tokens): on the demo model, reading a chat turn
+    alone takes about a decode step, and the 8-token chunks that left spent 1.5 ms of 2.2
+    on that fixed cost (a heavy user's documents were read at 1,150 tokens/s beside a
+    light user's streams; with the floor 1,400)."""
     riding = costs.rides and decode_rows > 0 and ride
     decode_s = costs.decode(decode_rows, kv_len + 1)
     bound = objectives.ttft_target_s / 2
@@ -157,7 +163,9 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     patient = None
     if present:
         arrival = costs.prefill(objectives.arrival_tokens)
-        patient = max(smallest, min(share, arrival - decode_s))
+        least = (max(smallest, objectives.prefill_floor * costs.chunk_fixed(riding=True))
+                 if riding else smallest)
+        patient = max(least, min(share, arrival - decode_s))
     if floor > 0 and share < floor and not riding:
         best = costs.efficient_chunk()
         if best is not None:
@@ -199,7 +207,7 @@ class PrefillAllowance:
     def _rides(self, remaining: int, computed: int, n: int) -> bool:
         """A whole fresh prompt joins the batched forward of the fresh prompts before it
         (the engine reads those together), so it pays no fixed cost of its own. (Riding in
-        the decode step, no chunk does.)"""
+        the decode step, every chunk pays its own small one, ``d6`` of the cost model.)"""
         return self._fresh_forward and computed == 0 and n >= remaining and not self.riding
 
     def size(self, remaining: int, computed: int, *, grant: bool = False,
@@ -210,7 +218,7 @@ class PrefillAllowance:
 
         Work that can wait, and any chunk that leaves its prompt unfinished, gets only the
         budget's patient share, and no more than the most efficient chunk (but riding in
-        the decode step, where there is no fixed cost to spread: an even share of what is
+        the decode step, where there is no forward's fixed cost to spread: an even share of what is
         left, :func:`even_chunk`); the first chunk
         of a tick (or a grant) reads at least ``min_chunk`` tokens, and a fresh prompt that
         does not fit whole when it is short (:meth:`_whole`). A later chunk of fewer than
@@ -264,7 +272,7 @@ class PrefillAllowance:
         """Whether a fresh prompt that does not fit ``limit`` is read whole anyway. Read in
         forwards of its own: when it costs at most two ``min_chunk`` forwards (split, a
         short chat turn would wait a tick for its first token and pay a second fixed
-        cost). Riding in the decode step, where a split costs no fixed cost: when it costs
+        cost). Riding in the decode step, where a split costs no forward's fixed cost: when it costs
         at most :data:`WHOLE_RIDING` times the time left (a split would leave a stub),
         and a voice command (``urgent``) as when read apart: its wait is the one the
         household hears, a stream's longer gap is not."""

@@ -11,8 +11,14 @@ The model (seconds):
 * decode step of ``B`` rows over ``L`` KV positions each (padded):
   ``d0 + d1 * B + d2 * B * L / 1e3``: a fixed cost per forward (on a CPU mostly reading the
   weights), per row, and attention over the KV; plus, for prompt chunks read in the same
-  forward (appliance/engine/mixed.py), ``d3 * n / 1e3 + d4 * n * (k + n / 2) / 1e6`` per
-  chunk of ``n`` tokens after ``k`` cached positions: they pay no fixed cost of their own;
+  forward (appliance/engine/mixed.py), ``d6 + d3 * n / 1e3 + d4 * n * (k + n / 2) / 1e6``
+  per chunk of ``n`` tokens after ``k`` cached positions: no forward's fixed cost, but a
+  small one of the chunk's own (its attention, mask and positions are its own, layer by
+  layer: on the demo model a decode step of 4 rows took 2 ms alone, 4 ms with 8 tokens
+  riding, 5 with 32, 9 with 64; ``python -m appliance.bench.mixed --model
+  appliance/demo_model --rows 4 --chunks 8,12,16,24,32,64,128 --context 300``). Without
+  ``d6`` a fit of chunks of 8-15 tokens put that cost on each token (about 0.2 ms a token
+  on the demo model, twice the true rate), so the scheduler never tried bigger ones;
 * prefill forward of ``rows`` prompts, ``n`` new tokens each, after ``k`` cached positions:
   ``p0 + p1 * rows * n / 1e3 + p2 * rows * n * (k + n / 2) / 1e6``: a fixed cost per
   forward, the matmuls per token, and attention (every new token looks at every earlier
@@ -42,13 +48,22 @@ step of 4 rows with a 12-token chunk riding in it 72-74 ms, with a 16-token one 
 ``python -m appliance.bench.mixed --rows 4,7 --chunks 8,12,16,20,24,28``). When the kernel
 took at most 16 rows and OpenBLAS's gemm, which first copies the weights, the rest, the
 step was 52 ms (84 and 136 ms). The decode fit learns the step (``d5``); where products
-have none, it fits about zero."""
+have none, it fits about zero. Until it has seen wide forwards, it predicts the step at
+:data:`WIDE_SHARE` of a decode step's fixed cost (a third group reads the weights again):
+with a fixed prior of 20 ms (SmolLM's), the demo model (2 ms steps, no step to wider
+products) never read more than 16 rows in a step, so the fit never learnt otherwise."""
 
-DECODE_PRIOR = (0.05, 0.002, 0.01, 1.5, 8.0, 0.02)
+WIDE_SHARE = 0.5
+"""The step to products of more than :data:`WIDE_ROWS` rows the fit is pulled towards, as a
+share of the fitted fixed cost of a decode step (``d0``): 15-35 ms against 45-50 ms on the
+SmolLM-135M shape."""
+
+DECODE_PRIOR = (0.05, 0.002, 0.01, 1.5, 8.0, WIDE_SHARE * 0.05, 0.002)
 """d0 s/step, d1 s/row, d2 s per 1e3 row-positions (about a 135M fp32 model on 2 cores);
 d3 s per 1e3 and d4 s per 1e6 token-positions of prompt chunks riding in the step (the
 prefill prior's per-token terms); d5 s for a forward of more than :data:`WIDE_ROWS`
-rows."""
+rows (pulled to :data:`WIDE_SHARE` of the fitted ``d0`` as the fit goes); d6 s per chunk
+riding in the step."""
 PREFILL_PRIOR = (0.08, 1.5, 8.0)
 """p0 s/forward, p1 s per 1e3 tokens, p2 s per 1e6 token-positions (same machine)."""
 
@@ -86,6 +101,14 @@ class OnlineFit:
             self._beta = self._solve()
             self._fitted_at = self.observations
         return self._beta
+
+    def pull(self, i: int, value: float) -> None:
+        """Pull coefficient ``i`` towards ``value`` (> 0) from now on, instead of its
+        prior: a coefficient the data seldom informs, whose plausible size follows
+        another's."""
+        if not value > 0:
+            raise ValueError("a prior must be positive")
+        self.prior = (*self.prior[:i], float(value), *self.prior[i + 1:])
 
     def predict(self, x: Sequence[float]) -> float:
         return sum(b * v for b, v in zip(self.beta, x, strict=True))
@@ -156,7 +179,7 @@ def decode_features(rows: int, kv_len: int, riding: Riding = ()) -> tuple[float,
     tokens = sum(n for n, _ in riding)
     positions = sum(n * (k + n / 2) for n, k in riding)
     return (1.0, float(rows), rows * kv_len / 1e3, tokens / 1e3, positions / 1e6,
-            1.0 if rows + tokens > WIDE_ROWS else 0.0)
+            1.0 if rows + tokens > WIDE_ROWS else 0.0, float(sum(n > 0 for n, _ in riding)))
 
 
 def prefill_features(rows: int, tokens: int, offset: int) -> tuple[float, float, float]:
@@ -177,7 +200,10 @@ class CostModel:
     def observe_decode(self, rows: int, kv_len: int, seconds: float,
                        riding: Riding = ()) -> None:
         if rows > 0:
-            self.decode_fit.observe(decode_features(rows, kv_len, riding), seconds)
+            fit = self.decode_fit
+            fit.observe(decode_features(rows, kv_len, riding), seconds)
+            if fit.beta[0] > 0:
+                fit.pull(5, WIDE_SHARE * fit.beta[0])
 
     def observe_prefill(self, rows: int, tokens: int, offset: int, seconds: float) -> None:
         if rows > 0 and tokens > 0:
@@ -212,7 +238,8 @@ class CostModel:
                 riding: bool = False) -> float:
         """One prompt's chunk of ``tokens`` after ``offset`` cached positions; without the
         forward's fixed cost when it rides in a prefill forward already paid for, and at
-        the decode step's per-token rates when it is ``riding`` in that step."""
+        the decode step's rates (a chunk's own small fixed cost, then per token) when it
+        is ``riding`` in that step."""
         if tokens <= 0:
             return 0.0
         p0, p1, p2 = self._chunk_rates(overhead, riding)
@@ -222,10 +249,15 @@ class CostModel:
     def _chunk_rates(self, overhead: bool, riding: bool) -> tuple[float, float, float]:
         """(fixed, per 1e3 tokens, per 1e6 token-positions) of one chunk."""
         if riding:
-            _, _, _, d3, d4, _ = self.decode_fit.beta
-            return (0.0, d3, d4)
+            _, _, _, d3, d4, _, d6 = self.decode_fit.beta
+            return (d6 if overhead else 0.0, d3, d4)
         p0, p1, p2 = self.prefill_fit.beta
         return (p0 if overhead else 0.0, p1, p2)
+
+    def chunk_fixed(self, *, riding: bool = False) -> float:
+        """The fixed cost of one prompt's chunk: a forward's, or riding in a decode step
+        the chunk's own (``d6``)."""
+        return self._chunk_rates(True, riding)[0]
 
     def prefill_rows(self, rows: int, tokens: int, offset: int) -> float:
         """One forward of ``rows`` prompts of ``tokens`` new tokens each."""

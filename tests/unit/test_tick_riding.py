@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from appliance.sched.budget import BURST_STEPS, TickObjectives, tick_budget
-from appliance.sched.cost import WIDE_ROWS, CostModel
+from appliance.sched.cost import WIDE_ROWS, WIDE_SHARE, CostModel
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.types import SchedulerConfig
 from appliance.vocab import Klass
@@ -15,7 +15,8 @@ from tests.unit.test_tick_budget import SLOW_CPU, D, Machine, P, seq, trained
 
 RIDE_P1, RIDE_P2 = 2.0, 7.0
 """A chunk riding in the decode step: per-token costs as in a forward of its own (a bit
-more per token: the step's rows and the chunk's share products), no fixed cost."""
+more per token: the step's rows and the chunk's share products), no fixed cost (on this
+machine; TINY's chunks have one)."""
 
 
 def ride(n: int, k: int) -> float:
@@ -47,6 +48,80 @@ def test_chunks_riding_in_the_decode_step_are_fitted_without_a_fixed_cost() -> N
         n = costs.tokens_within(seconds, k, riding=True)
         assert costs.prefill(n, k, riding=True) <= seconds + 1e-9
         assert costs.prefill(n + 1, k, riding=True) > seconds
+
+
+TINY = Machine(d0=0.004, d1=0.0001, d2=0.0005, p0=0.002, p1=0.05, p2=0.2)
+"""About the demo model served on two CPU cores (appliance.bench.mixed, and the server's
+steps): a chunk riding in its decode step costs TINY_RIDE_FIXED of its own and the prefill
+rate per token."""
+TINY_RIDE_FIXED = 0.0015
+
+
+def tiny_ride(n: int, k: int) -> float:
+    return TINY_RIDE_FIXED + TINY.p1 * n / 1e3 + TINY.p2 * n * (k + n / 2) / 1e6
+
+
+def trained_tiny(rows: int, tokens: int, ticks: int = 120) -> CostModel:
+    """TINY's decode steps of 1 to ``rows`` rows, four in five with a chunk of 8 to
+    ``tokens`` tokens riding in them."""
+    costs = trained(TINY)
+    costs.rides = True
+    for i in range(ticks):
+        b, kv = 1 + i % rows, 100 + (i * 97) % 900
+        chunks = [(8 + i % (tokens - 7), (i * 211) % 900)] if i % 5 else []
+        costs.observe_decode(b, kv, TINY.decode(b, kv)
+                             + sum(tiny_ride(n, k) for n, k in chunks), chunks)
+    return costs
+
+
+def test_a_riding_chunks_own_fixed_cost_is_not_put_on_its_tokens() -> None:
+    """Chunks of 8-15 tokens only (what a busy riding tick reads): without a fixed cost per
+    chunk in the fit, its 1.5 ms went on the tokens, twice the true rate or more, and a
+    64-token chunk was predicted at twice its cost, so bigger chunks were never tried."""
+    costs = trained_tiny(6, 15)
+    for n, k in [(8, 0), (15, 300)]:
+        assert costs.ride(n, k, 4) == pytest.approx(tiny_ride(n, k), rel=0.05)
+    for n, k in [(64, 0), (128, 500)]:  # four to eight times the chunks it saw
+        assert costs.ride(n, k, 4) == pytest.approx(tiny_ride(n, k), rel=0.15)
+
+
+def test_until_it_sees_wide_forwards_the_fit_predicts_their_step_from_the_decode_step() -> None:
+    """The demo model's steps take 2 ms and its products have no step past WIDE_ROWS: a
+    fixed prior of 20 ms (SmolLM's step) kept every riding chunk within 16 rows, 8-12
+    tokens beside 4-8 decode rows, so the fit never saw a wide forward to learn from."""
+    costs = trained_tiny(4, 12)  # narrow forwards only
+    step = costs.decode_fit.beta[5]
+    assert step == pytest.approx(WIDE_SHARE * TINY.d0, rel=0.3)
+    share = tiny_ride(40, 200) + step  # time for 40 tokens and the step
+    assert costs.ride_tokens_within(share, 200, 4) > WIDE_ROWS - 4
+    for i in range(60):  # then wide forwards: no step on this machine
+        chunks = [(20 + i % 20, 300)]
+        costs.observe_decode(4, 500, TINY.decode(4, 500) + tiny_ride(*chunks[0]), chunks)
+    assert costs.decode_fit.beta[5] < step / 3
+
+
+def test_while_present_a_riding_chunk_of_work_that_can_wait_pays_its_own_fixed_cost_twice(
+) -> None:
+    """The demo model reads a chat turn alone in about a decode step, so keeping a tick
+    within that left work that can wait its min_chunk: 8 tokens a tick, 1.5 ms of a 2.2 ms
+    chunk its own fixed cost, and a heavy user's documents were read at a third of the
+    pace a tick of 2 ms more reads them (fairness: 1,150 prefill tokens/s against 1,400).
+    Such a chunk now gets at least prefill_floor times that fixed cost."""
+    costs = trained_tiny(6, 15)
+    objectives = TickObjectives()
+    budget = tick_budget(costs, objectives, 4, 500, present=True)
+    assert budget.riding and budget.patient_s is not None
+    arrival = costs.prefill(objectives.arrival_tokens)
+    assert arrival - budget.decode_s < costs.ride(objectives.min_chunk, 0, 4)  # the rule's
+    fixed = costs.chunk_fixed(riding=True)
+    assert fixed == pytest.approx(TINY_RIDE_FIXED, rel=0.2)
+    assert budget.patient_s == pytest.approx(objectives.prefill_floor * fixed)
+    assert costs.ride_tokens_within(budget.patient_s, 500, 4) > objectives.min_chunk + 2
+    # on the SmolLM shape a min_chunk chunk costs more than that: unchanged
+    slow = trained_riding()
+    budget = tick_budget(slow, objectives, 4, 500, present=True)
+    assert budget.patient_s == pytest.approx(max(slow.ride(objectives.min_chunk, 0, 4), min(
+        budget.prefill_s, slow.prefill(objectives.arrival_tokens) - budget.decode_s)))
 
 
 def test_a_tick_rides_only_when_the_engine_reads_chunks_in_a_decode_step_that_runs() -> None:

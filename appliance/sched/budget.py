@@ -55,9 +55,9 @@ class TickObjectives:
       the objectives leave no room, so a long prompt always finishes; while someone is
       present, work that can wait gets at least this chunk's time (riding in the decode
       step, and at least ``prefill_floor`` times the chunk's own fixed cost), and no more
-      when the decode step already takes an arrival's reading time. 8: riding in a decode step of
-      8 rows on a CPU, the product stays within two groups of the appliance's own kernel
-      (16 rows; appliance/native/skinny_matmul.c).
+      when the decode step already takes an arrival's reading time. 8: riding in a
+      decode step of 8 rows on a CPU, the product stays within two groups of the
+      appliance's own kernel (16 rows; appliance/native/skinny_matmul.c).
     * ``prefill_floor``: the objectives are feasible when they leave prefill at least this
       many times a prefill forward's fixed cost (then at least half of the prefill time
       reads tokens). When they do not, a slow or busy machine overruns them: by that floor
@@ -122,8 +122,8 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     and the running streams see one gap of at most that length. Riding in the decode step,
     the chunks have no forward's fixed cost to share (each has a small one of its own), so
     such a tick lasts at most :data:`BURST_STEPS` decode steps (and at least the ITL
-    objective): enough to pay the
-    step to products of more than :data:`WIDE_ROWS` rows and read the burst in big chunks.
+    objective): enough to pay the step to products of more than :data:`WIDE_ROWS` rows
+    and read the burst in big chunks.
 
     When that leaves prefill less than its floor (``prefill_floor`` forward fixed costs),
     the objectives cannot be met on this machine at all, and the tick gets the time of the
@@ -218,10 +218,10 @@ class PrefillAllowance:
 
         Work that can wait, and any chunk that leaves its prompt unfinished, gets only the
         budget's patient share, and no more than the most efficient chunk (but riding in
-        the decode step, where there is no forward's fixed cost to spread: an even share of what is
-        left, :func:`even_chunk`); the first chunk
-        of a tick (or a grant) reads at least ``min_chunk`` tokens, and a fresh prompt that
-        does not fit whole when it is short (:meth:`_whole`). A later chunk of fewer than
+        the decode step, where there is no forward's fixed cost to spread: an even share
+        of what is left, :func:`even_chunk`); the first chunk of a tick (or a grant) reads
+        at least ``min_chunk`` tokens, and a fresh prompt that does not fit whole when it is
+        short (:meth:`_whole`). A later chunk of fewer than
         ``min_chunk`` tokens that leaves its prompt unfinished is not read (0): two tokens
         of a fresh prompt, read with what an even chunk left, made it a prompt in pieces,
         read next tick in a forward of its own after the others were read together, and
@@ -272,9 +272,9 @@ class PrefillAllowance:
         """Whether a fresh prompt that does not fit ``limit`` is read whole anyway. Read in
         forwards of its own: when it costs at most two ``min_chunk`` forwards (split, a
         short chat turn would wait a tick for its first token and pay a second fixed
-        cost). Riding in the decode step, where a split costs no forward's fixed cost: when it costs
-        at most :data:`WHOLE_RIDING` times the time left (a split would leave a stub),
-        and a voice command (``urgent``) as when read apart: its wait is the one the
+        cost). Riding in the decode step, where a split costs no forward's fixed cost:
+        when it costs at most :data:`WHOLE_RIDING` times the time left (a split would leave
+        a stub), and a voice command (``urgent``) as when read apart: its wait is the one the
         household hears, a stream's longer gap is not."""
         costs = self.costs
         assert costs is not None

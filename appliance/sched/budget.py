@@ -143,8 +143,8 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     at least that chunk, and at least ``prefill_floor`` times a riding chunk's own fixed
     cost (so at least half its time reads tokens): on the demo model, reading a chat turn
     alone takes about a decode step, and the 8-token chunks that left spent 1.5 ms of 2.2
-    on that fixed cost (a heavy user's documents were read at 1,150 tokens/s beside a
-    light user's streams; with the floor 1,400)."""
+    on that fixed cost (a heavy user's documents beside a light user's streams: 10 prompt
+    tokens per riding tick; with the floor, 15; BENCHMARKS Run 17)."""
     riding = costs.rides and decode_rows > 0 and ride
     decode_s = costs.decode(decode_rows, kv_len + 1)
     bound = objectives.ttft_target_s / 2

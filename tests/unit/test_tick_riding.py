@@ -104,15 +104,16 @@ def test_while_present_a_riding_chunk_of_work_that_can_wait_pays_its_own_fixed_c
 ) -> None:
     """The demo model reads a chat turn alone in about a decode step, so keeping a tick
     within that left work that can wait its min_chunk: 8 tokens a tick, 1.5 ms of a 2.2 ms
-    chunk its own fixed cost, and a heavy user's documents were read at a third of the
-    pace a tick of 2 ms more reads them (fairness: 1,150 prefill tokens/s against 1,400).
-    Such a chunk now gets at least prefill_floor times that fixed cost."""
+    chunk its own fixed cost (a heavy user's documents beside a light user's streams: 10
+    prompt tokens per riding tick; with this floor, 15). Such a chunk now gets at least
+    prefill_floor times that fixed cost."""
     costs = trained_tiny(6, 15)
     objectives = TickObjectives()
     budget = tick_budget(costs, objectives, 4, 500, present=True)
     assert budget.riding and budget.patient_s is not None
     arrival = costs.prefill(objectives.arrival_tokens)
-    assert arrival - budget.decode_s < costs.ride(objectives.min_chunk, 0, 4)  # the rule's
+    # reading a chat turn alone leaves less than a min_chunk chunk beside the step
+    assert arrival - budget.decode_s < costs.ride(objectives.min_chunk, 0, 4)
     fixed = costs.chunk_fixed(riding=True)
     assert fixed == pytest.approx(TINY_RIDE_FIXED, rel=0.2)
     assert budget.patient_s == pytest.approx(objectives.prefill_floor * fixed)

@@ -159,7 +159,7 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     share = target - decode_s
     smallest = (costs.ride(objectives.min_chunk, 0, decode_rows) if riding
                 else costs.prefill(objectives.min_chunk))
-    floor = objectives.prefill_floor * (smallest if riding else costs.prefill_fit.beta[0])
+    floor = objectives.prefill_floor * (smallest if riding else costs.chunk_fixed())
     patient = None
     if present:
         arrival = costs.prefill(objectives.arrival_tokens)

@@ -103,8 +103,8 @@ class OnlineFit:
         return self._beta
 
     def pull(self, i: int, value: float) -> None:
-        """Pull coefficient ``i`` towards ``value`` (> 0) from now on, instead of its
-        prior: a coefficient the data seldom informs, whose plausible size follows
+        """Pull coefficient ``i`` towards ``value`` (> 0) instead of its prior, from the
+        next refit on: a coefficient the data seldom informs, whose plausible size follows
         another's."""
         if not value > 0:
             raise ValueError("a prior must be positive")

@@ -102,6 +102,18 @@ def test_nonsense_measurements_are_ignored() -> None:
     assert fit.observations == 0 and fit.beta == (0.1, 0.2)
 
 
+def test_a_pulled_coefficient_follows_its_new_prior_and_a_bad_one_is_refused() -> None:
+    fit = OnlineFit((0.1, 0.2))
+    fit.observe((1.0, 0.0), 0.1)  # the second feature never informed
+    fit.pull(1, 0.05)
+    fit.observe((1.0, 0.0), 0.1)
+    assert fit.beta[1] == pytest.approx(0.05)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="positive"):
+            fit.pull(1, bad)
+    assert fit.prior == (0.1, 0.05)
+
+
 def test_tokens_within_is_the_inverse_of_the_prediction() -> None:
     costs = trained(SLOW_CPU)
     for seconds, k in [(0.3, 0), (0.5, 1000), (2.0, 0), (0.1, 0)]:

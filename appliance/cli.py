@@ -215,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     msub.add_parser("list", help="the demo model and every pulled model")
     demo = msub.add_parser("demo", help="rebuild the demo model (or a benchmark shape)")
     demo.add_argument("--out", required=True)
-    demo.add_argument("--shape", default="demo", choices=("demo", "tiny", "smollm-135m"))
+    demo.add_argument("--shape", default="demo",
+                      choices=("demo", "tiny", "smollm-135m", "smollm-135m-8k"))
     demo.add_argument("--seed", type=int, default=0)
 
     from appliance import cli_admin, cli_jobs

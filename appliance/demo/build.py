@@ -22,10 +22,11 @@ Shapes
                  committed corpus BPE stops at 7201 ids (min_frequency 2), so ids 7201-49151
                  are reserved specials; a random-weight model can sample them, so benchmarks
                  should ignore eos and not judge the text.
+``smollm-135m-8k`` the same with an 8,192-token context, for long prompts (benchmarks only).
 
 Usage::
 
-    python -m appliance.demo.build --out DIR --shape demo|tiny|smollm-135m \
+    python -m appliance.demo.build --out DIR --shape demo|tiny|smollm-135m|smollm-135m-8k \
         [--steps N] [--seed S]
 """
 
@@ -38,7 +39,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,9 @@ SHAPES: dict[str, Shape] = {
         rms_norm_eps=1e-5,
     ),
 }
+SHAPES["smollm-135m-8k"] = replace(SHAPES["smollm-135m"], max_position_embeddings=8192)
+"""The same shape with an 8,192-token context (as SmolLM2-135M-Instruct's), for prompts of
+2k-4k tokens in the prefill benchmark; the same seed gives the same weights."""
 
 # --------------------------------------------------------------------------------------
 # Tokenizer

@@ -93,12 +93,25 @@ def report(model: Path, result: dict[str, Any], command: str, facts: str) -> str
     return "\n".join(lines) + "\n"
 
 
+def sizes(text: str) -> str:
+    """A comma-separated list of positive integers, as given (the child parses it again);
+    anything else is argparse's error, not a traceback from the child."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers like 8,16,32, got {text!r}")
+    return ",".join(map(str, values))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m appliance.bench.mixed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=".bench/models/smollm-135m")
-    p.add_argument("--rows", default="1,4,8", help="decode batch sizes")
-    p.add_argument("--chunks", default="8,16,32,64,128", help="prompt chunk sizes")
+    p.add_argument("--rows", type=sizes, default="1,4,8", help="decode batch sizes")
+    p.add_argument("--chunks", type=sizes, default="8,16,32,64,128",
+                   help="prompt chunk sizes")
     p.add_argument("--context", type=int, default=100, help="tokens cached before the step")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--output", help="also write the Markdown report here")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from appliance.bench.mixed import report
+import pytest
+
+from appliance.bench.mixed import main, report
 
 
 def test_the_report_gives_the_chunks_cost_apart_and_riding() -> None:
@@ -21,3 +23,12 @@ def test_cli_knows_the_mixed_benchmark() -> None:
 
     args, rest = build_parser().parse_known_args(["bench", "mixed", "--rows", "8"])
     assert args.bench_cmd == "mixed" and rest == ["--rows", "8"]
+
+
+@pytest.mark.parametrize("flag,value", [("--chunks", "0,8"), ("--rows", "4,x"), ("--rows", "")])
+def test_sizes_that_are_not_positive_integers_are_refused_before_any_model_loads(
+        flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([flag, value, "--model", "no/such/model"])
+    assert exc.value.code == 2
+    assert "expected positive integers like 8,16,32" in capsys.readouterr().err

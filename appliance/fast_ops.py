@@ -104,10 +104,12 @@ def uninstall() -> None:
     _installed.clear()
 
 
-def softmax(x: mx.array) -> mx.array:
-    """Softmax over the last axis of a float32 array."""
+def softmax(x: mx.array, causal: int = 0) -> mx.array:
+    """Softmax over the last axis of a float32 array. ``causal`` > 0: the rows are queries
+    ``causal`` at a time, the last ``causal`` positions of the keys, and each sees only the
+    keys up to its own (attention's causal mask, applied as the scores are read)."""
     assert _mlx_fast is not None
-    return _mlx_fast.softmax(x)
+    return _mlx_fast.softmax(x, causal)
 
 
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:
@@ -124,13 +126,11 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
     kv, length = k.shape[1], k.shape[2]
     rep = h // kv
     scores = (q * scale).reshape(b, kv, rep * lq, d) @ k.swapaxes(-1, -2)
+    if isinstance(mask, str):  # "causal": masked as the softmax reads the scores
+        return (softmax(scores, causal=lq) @ v).reshape(b, h, lq, d)
     if mask is not None:
         scores = scores.reshape(b, kv, rep, lq, length)
-        if isinstance(mask, str):
-            rows = mx.arange(length - lq, length)[:, None]
-            mask = rows >= mx.arange(length)[None]
-        else:
-            mask = _per_group(mask, kv, rep)
+        mask = _per_group(mask, kv, rep)
         if mask.dtype == mx.bool_:
             scores = mx.where(mask, scores, mx.array(-mx.inf, scores.dtype))
         else:

@@ -10,8 +10,9 @@
 //
 // This file defines them as MLX primitives with a vectorised exp (GCC vector extensions,
 // compiled with -march=native, so AVX-512 or AVX2 where the machine has it):
-//  - softmax(x): over the last axis, float32; a row that is all -inf gives zeros (the
-//    attention rows of left padding, which attend to nothing), never NaN;
+//  - softmax(x, causal): over the last axis, float32; a row that is all -inf gives zeros
+//    (the attention rows of left padding, which attend to nothing), never NaN; with causal,
+//    attention's causal mask applied as it reads (no masked copy of the scores);
 //  - silu_mul(a, b): a * sigmoid(a) * b, float32, same shapes (SwiGLU's gate);
 //  - rope(x, ...) and rms_norm(x, w, eps): mx.fast.rope's and mx.fast.rms_norm's
 //    arithmetic, which MLX has no CPU kernels for (see Rope and RmsNorm).
@@ -105,39 +106,57 @@ inline float sexp(float x) {  // the same arithmetic for one element (row tails)
   return v[0];
 }
 
-void softmax_rows(const float* x, float* y, int64_t rows, int64_t n) {
+// x's lanes at and past `limit` (of the 16 from j) as -inf: what a causal mask puts there.
+inline vf load_below(const float* p, int64_t j, int64_t limit) {
+  vf v = load(p + j);
+  if (j + LANES <= limit) return v;
+  vi lane;
+  for (int l = 0; l < LANES; l++) lane[l] = l;
+  return (lane + static_cast<int32_t>(j)) < static_cast<int32_t>(limit) ? v : splat(-INFINITY);
+}
+
+// Softmax of `rows` rows of n, the first of them row `first` of the whole array. causal > 0:
+// row r sees only its first n - causal + 1 + r % causal columns (the rows are queries
+// causal at a time, the last causal positions of the keys; attention's causal mask), and
+// the rest is 0. The numbers are those of the rest set to -inf first, bit for bit: the sums
+// run over the same lanes in the same order, and a masked lane adds an exact 0.
+void softmax_rows(const float* x, float* y, int64_t first, int64_t rows, int64_t n,
+                  int64_t causal) {
   const int64_t nv = n - n % LANES;
   for (int64_t row = 0; row < rows; row++) {
     const float* xr = x + row * n;
     float* yr = y + row * n;
+    const int64_t limit = causal > 0 ? n - causal + 1 + (first + row) % causal : n;
+    const int64_t seen = std::min(nv, (limit + LANES - 1) / LANES * LANES);  // vectors read
     vf mv = splat(-INFINITY);
     int64_t j = 0;
-    for (; j < nv; j += LANES) {
-      vf v = load(xr + j);
+    for (; j < seen; j += LANES) {
+      vf v = load_below(xr, j, limit);
       mv = v > mv ? v : mv;
     }
     float m = -INFINITY;
     for (int l = 0; l < LANES; l++) m = mv[l] > m ? mv[l] : m;
-    for (; j < n; j++) m = xr[j] > m ? xr[j] : m;
+    for (j = nv; j < std::min(n, limit); j++) m = xr[j] > m ? xr[j] : m;
     if (m == -INFINITY) {  // nothing to attend to: zeros, not 0/0
       std::memset(yr, 0, n * sizeof(float));
       continue;
     }
     vf sv = splat(0.0f);
-    for (j = 0; j < nv; j += LANES) {
-      vf e = vexp(load(xr + j) - m);
+    for (j = 0; j < seen; j += LANES) {
+      vf e = vexp(load_below(xr, j, limit) - m);
       store(yr + j, e);
       sv += e;
     }
+    if (seen < nv) std::memset(yr + seen, 0, (nv - seen) * sizeof(float));
     float s = 0.0f;
     for (int l = 0; l < LANES; l++) s += sv[l];
-    for (; j < n; j++) {
-      yr[j] = sexp(xr[j] - m);
+    for (j = nv; j < n; j++) {
+      yr[j] = j < limit ? sexp(xr[j] - m) : 0.0f;
       s += yr[j];
     }
     const float inv = 1.0f / s;
-    for (j = 0; j < nv; j += LANES) store(yr + j, load(yr + j) * inv);
-    for (; j < n; j++) yr[j] *= inv;
+    for (j = 0; j < seen; j += LANES) store(yr + j, load(yr + j) * inv);
+    for (j = nv; j < n; j++) yr[j] *= inv;
   }
 }
 
@@ -196,16 +215,17 @@ using Arrays = std::vector<mx::array>;
 
 class Softmax : public mx::UnaryPrimitive {
  public:
-  explicit Softmax(mx::Stream s) : mx::UnaryPrimitive(s) {}
+  Softmax(mx::Stream s, int64_t causal) : mx::UnaryPrimitive(s), causal_(causal) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    on_cpu(stream(), "softmax", inputs, out, [](Arrays& in, mx::array& out) {
+    const int64_t causal = causal_;
+    on_cpu(stream(), "softmax", inputs, out, [causal](Arrays& in, mx::array& out) {
       const mx::array& x = in[0];
       const int64_t n = x.ndim() ? x.shape(-1) : 1;
       const int64_t rows = n ? static_cast<int64_t>(x.size()) / n : 0;
       const float* src = x.data<float>();
       float* dst = out.data<float>();
       in_two(rows, n, [&](int64_t r0, int64_t r1) {
-        softmax_rows(src + r0 * n, dst + r0 * n, r1 - r0, n);
+        softmax_rows(src + r0 * n, dst + r0 * n, r0, r1 - r0, n, causal);
       });
     });
   }
@@ -213,7 +233,12 @@ class Softmax : public mx::UnaryPrimitive {
     throw std::runtime_error("appliance softmax runs on the CPU only");
   }
   const char* name() const override { return "ApplianceSoftmax"; }
-  bool is_equivalent(const mx::Primitive&) const override { return true; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return causal_ == static_cast<const Softmax&>(other).causal_;
+  }
+
+ private:
+  int64_t causal_;
 };
 
 class SiluMul : public mx::UnaryPrimitive {
@@ -369,11 +394,14 @@ class Rope : public mx::UnaryPrimitive {
 
 mx::Stream cpu_stream() { return mx::to_stream({}, mx::Device::cpu); }
 
-mx::array softmax(const mx::array& x) {
+mx::array softmax(const mx::array& x, int64_t causal) {
   require(x, "softmax");
+  if (causal < 0 || (causal > 0 && (x.ndim() < 2 || x.shape(-2) % causal || causal > x.shape(-1))))
+    throw std::invalid_argument(
+        "softmax: causal must be 0 or divide the rows of the last two axes, at most its columns");
   auto s = cpu_stream();
   auto xc = mx::contiguous(x, false, s);
-  return mx::array(xc.shape(), mx::float32, std::make_shared<Softmax>(s), {xc});
+  return mx::array(xc.shape(), mx::float32, std::make_shared<Softmax>(s, causal), {xc});
 }
 
 mx::array silu_mul(const mx::array& a, const mx::array& b) {
@@ -447,7 +475,9 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
 
 NB_MODULE(_mlx_fast, m) {
   m.doc() = "Vectorised softmax, SwiGLU gate, RoPE and RMSNorm for MLX on the CPU (appliance/native/mlx_fast.cpp)";
-  m.def("softmax", &softmax, nb::arg("x"), "Softmax over the last axis (float32; all -inf rows give 0).");
+  m.def("softmax", &softmax, nb::arg("x"), nb::arg("causal") = 0,
+        "Softmax over the last axis (float32; all -inf rows give 0). causal > 0: row r sees its "
+        "first n - causal + 1 + r % causal columns only (attention's causal mask; the rest 0).");
   m.def("silu_mul", &silu_mul, nb::arg("a"), nb::arg("b"), "a * sigmoid(a) * b (float32).");
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base").none(),
         nb::arg("scale"), nb::arg("offset"), nb::arg("freqs").none(),

@@ -63,6 +63,29 @@ def test_masked_scores_give_exact_zeros_and_an_empty_row_zeros() -> None:
     assert mx.all(mx.abs(got[:2].sum(-1) - 1) < 1e-6).item()
 
 
+@pytest.mark.parametrize("rows,causal,n", [
+    (3 * 37, 37, 37),  # a prompt read whole: 3 query heads to a KV head
+    (3 * 33, 33, 120),  # a chunk after a cache, its tail not a whole vector
+    (2 * 256, 256, 1040),  # big enough for the second thread (rows split mid-group)
+    (5, 1, 9),  # one query: it sees every key
+])
+def test_the_causal_softmax_is_the_masked_one_bit_for_bit(rows: int, causal: int,
+                                                            n: int) -> None:
+    x = mx.random.normal((1, rows, n), key=mx.random.key(3)) * 6
+    query = mx.arange(rows)[:, None] % causal
+    keep = mx.arange(n)[None] <= n - causal + query
+    masked = fast_ops.softmax(mx.where(keep, x, mx.array(-mx.inf)))
+    got = fast_ops.softmax(x, causal=causal)
+    assert mx.array_equal(got, masked).item()
+    assert mx.all(mx.where(keep, 0, got) == 0).item()
+
+
+@pytest.mark.parametrize("causal", [-1, 4, 7])
+def test_the_causal_softmax_refuses_a_group_that_does_not_fit(causal: int) -> None:
+    with pytest.raises(ValueError, match="causal must be 0 or divide"):
+        fast_ops.softmax(mx.zeros((1, 6, 5)), causal=causal)  # 6 rows, 5 columns
+
+
 def test_silu_mul_matches_mlx_and_refuses_what_it_cannot_do() -> None:
     g = mx.random.normal((5, 1537), key=mx.random.key(3)) * 8
     u = mx.random.normal((5, 1537), key=mx.random.key(4))
@@ -182,6 +205,10 @@ def test_attention_matches_mlx_sdpa(name: str) -> None:
         real = mx.any(mask, axis=-1, keepdims=True)
         assert mx.all(mx.where(real, 0, got) == 0).item()
     assert close(mx.where(real, got, 0), mx.where(real, want, 0), 1e-5), name
+    if kind == "causal":  # masked as the softmax reads: the same bits as a boolean mask
+        cols = mx.arange(length)
+        boolean = mx.arange(length - lq, length)[:, None] >= cols[None]
+        assert mx.array_equal(got, fast_ops.attention(q, k, v, 0.125, boolean)).item()
 
 
 def test_the_model_gives_the_same_logits_and_tokens(demo_model: Path,

@@ -64,6 +64,7 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False) -> 
     from mlx_lm import load
 
     from appliance import fast_ops
+    from appliance.engine import heap
 
     if not fast_cpu_ops:
         fast_ops.uninstall()
@@ -73,6 +74,8 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False) -> 
         log.warning("fast CPU ops are on but cannot be used: %s; prefill runs 1.7-2.3x "
                     "slower (install a C++ compiler and reinstall, or set --no-fast-cpu-ops)",
                     why)
+    if fast_ops.on_cpu():
+        log.info("big buffers kept by malloc between forwards: %s", heap.keep_big_buffers())
     loaded: Any = load(str(path))
     model, tokenizer = loaded[0], loaded[1]
     config = json.loads((path / "config.json").read_text())

@@ -7,8 +7,9 @@ threshold, so a buffer of that size costs a page fault for every 4 KiB page each
 made. In this VM a fault costs some 10 us: attention's scores for a 256-token chunk after
 3,840 tokens (3 x 768 x 3,840 floats, 35 MiB a layer) took 23 ms to multiply out and 23 ms
 for the softmax, against 11 and 5 ms with the pages kept; a 4,096-token prompt read in
-256-token chunks took 19.0 s against 15.1 s (docs/BENCHMARKS.md, Run 18). Prefill at long
-contexts makes such buffers at every layer; a decode step makes none.
+256-token chunks took 19.0-21.4 s against 15.1-19.0 s (three alternating pairs,
+docs/BENCHMARKS.md, Run 18). Prefill at long contexts makes such buffers at every layer; a
+decode step makes none.
 
 :func:`keep_big_buffers` raises both thresholds so that freed buffers stay in the heap for
 the next forward: the process's resident memory then stays at its peak (the biggest
@@ -20,12 +21,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import os
 import sys
 from collections.abc import Mapping
-
-log = logging.getLogger("appliance.engine")
 
 KEEP_BYTES = 1 << 30
 """Buffers up to this size come from the heap."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from appliance.bench.matmul import command_line, emit, facts_line, run_child
 from appliance.bench.report import relative
+from appliance.bench.serve import positive_ints
 from appliance.blas import wanted_preload
 
 CHILD = textwrap.dedent("""
@@ -94,14 +95,9 @@ def report(model: Path, result: dict[str, Any], command: str, facts: str) -> str
 
 
 def sizes(text: str) -> str:
-    """A comma-separated list of positive integers, as given (the child parses it again);
-    anything else is argparse's error, not a traceback from the child."""
-    try:
-        values = [int(part) for part in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers like 8,16,32, got {text!r}")
+    """Positive integers, comma-separated, as the child reads them; anything else is
+    argparse's error, not a traceback from the child."""
+    values = positive_ints(text, f"expected positive integers like 8,16,32, got {text!r}")
     return ",".join(map(str, values))
 
 

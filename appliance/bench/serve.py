@@ -549,13 +549,19 @@ def _cpu_count() -> int:
 # --------------------------------------------------------------------------------------
 
 
+def positive_ints(text: str, error: str) -> list[int]:
+    """A comma-separated list of positive integers; anything else is argparse's ``error``."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(error)
+    return values
+
+
 def parse_levels(text: str) -> list[int]:
-    levels = [int(part) for part in text.split(",") if part.strip()]
-    if not levels or any(level < 1 for level in levels):
-        raise argparse.ArgumentTypeError(
-            "concurrency levels must be positive integers, e.g. 1,2,4,8"
-        )
-    return levels
+    return positive_ints(text, "concurrency levels must be positive integers, e.g. 1,2,4,8")
 
 
 def parse_env(items: Sequence[str]) -> dict[str, str]:

@@ -334,15 +334,15 @@ class Runner(TickForwards):
         usage = Usage(prompt_tokens=s.n_prompt, completion_tokens=s.generated,
                       cached_tokens=s.cached_tokens)
         queued = None if s.admitted_at is None else s.admitted_at - s.arrival
-        s.handle.emit(FinishEvent(reason, usage, tail, error, ttft, s.preemptions,
-                                  queue_s=queued))
-        self._done(s.handle)
-        if self.on_finish is not None:
+        if self.on_finish is not None:  # queued before the caller hears: its row is there
             try:
                 self.on_finish(self._record(s, reason, usage))
             except Exception:
                 log.exception("ledger hand-off failed rid=%d id=%s", s.rid,
                               s.handle.request.request_id)
+        s.handle.emit(FinishEvent(reason, usage, tail, error, ttft, s.preemptions,
+                                  queue_s=queued))
+        self._done(s.handle)
         log.info("request finished rid=%d id=%s reason=%s prompt_tokens=%d output_tokens=%d "
                  "ttft_ms=%s preemptions=%d", s.rid, s.handle.request.request_id, reason,
                  usage.prompt_tokens,

@@ -129,6 +129,30 @@ def test_an_error_in_one_request_ends_only_that_request(tiny_model: Path) -> Non
         engine.stop()
 
 
+def test_the_ledger_row_is_handed_off_before_the_caller_hears_the_finish(
+        tiny_model: Path) -> None:
+    # A client that got its answer and then reads its usage must find the row queued.
+    q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+    seen: list[bool] = []
+
+    def on_finish(_record: object) -> None:
+        events = []
+        while not q.empty():
+            events.append(q.get())
+        seen.append(any(isinstance(e, FinishEvent) for e in events))
+        for e in events:
+            q.put(e)
+
+    engine = Engine(engine_config(make_settings(tiny_model)), on_finish=on_finish)
+    engine.start()
+    try:
+        engine.submit(GenerationRequest(prompt=(1, 2, 3), max_tokens=3), blocking_sink(q))
+        _collect(q)
+    finally:
+        engine.stop()
+    assert seen == [False]
+
+
 def test_a_cancelled_request_leaves_the_batch(tiny_model: Path) -> None:
     engine = start_engine(make_settings(tiny_model))
     try:

@@ -24,6 +24,9 @@ The model (seconds):
   forward, the matmuls per token, and attention (every new token looks at every earlier
   position, so a chunk deep into a long prompt costs more per token).
 
+  Two steps on top (``d5``, ``d7``): products of more than :data:`WIDE_ROWS` rows, and of
+  more than :data:`KERNEL_ROWS`, cost a step more each where the machine has one.
+
 Each is fitted by exponentially forgetting least squares on relative errors (recent ticks
 weigh more, so a machine that gets busier is followed; a 5 ms tick counts as much as a 5 s
 one, so the fit does not depend on how fast the machine is), ridge-pulled towards a prior
@@ -53,17 +56,29 @@ have none, it fits about zero. Until it has seen wide forwards, it predicts the 
 with a fixed prior of 20 ms (SmolLM's), the demo model (2 ms steps, no step to wider
 products) never read more than 16 rows in a step, so the fit never learnt otherwise."""
 
-WIDE_SHARE = 0.5
-"""The step to products of more than :data:`WIDE_ROWS` rows the fit is pulled towards, as a
-share of the fitted fixed cost of a decode step (``d0``): 15-35 ms against 45-50 ms on the
-SmolLM-135M shape."""
+KERNEL_ROWS = 32
+"""Rows beyond which products cost a second step: the appliance's kernel takes at most 32
+rows, OpenBLAS's gemm (which packs the weights first) the rest. On the SmolLM-135M shape a
+decode step of 7 rows with a chunk riding took 104 ms at 32 rows in all, 126 at 33 and 147
+at 36 (``python -m appliance.bench.mixed --model .bench/models/smollm-135m --rows 7
+--chunks 21,23,25,26,27,29,31,33 --context 100 --repeats 9``): a step of some 22 ms the fit
+did not price, so a riding tick planned at the target of about 155 ms could cross it
+(BENCHMARKS Run 18). Learnt like the first step (``d7``) and pulled the same way."""
 
-DECODE_PRIOR = (0.05, 0.002, 0.01, 1.5, 8.0, WIDE_SHARE * 0.05, 0.002)
+STEPS = ((WIDE_ROWS, 5), (KERNEL_ROWS, 7))
+"""(rows, coefficient of the decode fit): the steps to wider products, narrowest first."""
+
+WIDE_SHARE = 0.5
+"""The step to products of more than :data:`WIDE_ROWS` (or :data:`KERNEL_ROWS`) rows the fit
+is pulled towards, as a share of the fitted fixed cost of a decode step (``d0``): 15-35 ms
+(and about 22) against 45-50 ms on the SmolLM-135M shape."""
+
+DECODE_PRIOR = (0.05, 0.002, 0.01, 1.5, 8.0, WIDE_SHARE * 0.05, 0.002, WIDE_SHARE * 0.05)
 """d0 s/step, d1 s/row, d2 s per 1e3 row-positions (about a 135M fp32 model on 2 cores);
 d3 s per 1e3 and d4 s per 1e6 token-positions of prompt chunks riding in the step (the
 prefill prior's per-token terms); d5 s for a forward of more than :data:`WIDE_ROWS`
 rows (pulled to :data:`WIDE_SHARE` of the fitted ``d0`` as the fit goes); d6 s per chunk
-riding in the step."""
+riding in the step; d7 s for more than :data:`KERNEL_ROWS` rows (pulled as d5)."""
 PREFILL_PRIOR = (0.08, 1.5, 8.0)
 """p0 s/forward, p1 s per 1e3 tokens, p2 s per 1e6 token-positions (same machine)."""
 
@@ -179,7 +194,8 @@ def decode_features(rows: int, kv_len: int, riding: Riding = ()) -> tuple[float,
     tokens = sum(n for n, _ in riding)
     positions = sum(n * (k + n / 2) for n, k in riding)
     return (1.0, float(rows), rows * kv_len / 1e3, tokens / 1e3, positions / 1e6,
-            1.0 if rows + tokens > WIDE_ROWS else 0.0, float(sum(n > 0 for n, _ in riding)))
+            1.0 if rows + tokens > WIDE_ROWS else 0.0, float(sum(n > 0 for n, _ in riding)),
+            1.0 if rows + tokens > KERNEL_ROWS else 0.0)
 
 
 def prefill_features(rows: int, tokens: int, offset: int) -> tuple[float, float, float]:
@@ -203,7 +219,8 @@ class CostModel:
             fit = self.decode_fit
             fit.observe(decode_features(rows, kv_len, riding), seconds)
             if fit.beta[0] > 0:
-                fit.pull(5, WIDE_SHARE * fit.beta[0])
+                for _, i in STEPS:
+                    fit.pull(i, WIDE_SHARE * fit.beta[0])
 
     def observe_prefill(self, rows: int, tokens: int, offset: int, seconds: float) -> None:
         if rows > 0 and tokens > 0:
@@ -216,23 +233,30 @@ class CostModel:
 
     def ride(self, tokens: int, offset: int, rows: int) -> float:
         """A chunk riding in a decode step whose forward has ``rows`` rows before it (the
-        decode rows and the chunks already riding): its tokens, and the step to products
-        of more than :data:`WIDE_ROWS` rows if it crosses there."""
+        decode rows and the chunks already riding): its tokens, and the steps to wider
+        products (:data:`STEPS`) it crosses."""
         if tokens <= 0:
             return 0.0
-        wide = self.decode_fit.beta[5] if rows <= WIDE_ROWS < rows + tokens else 0.0
-        return self.prefill(tokens, offset, riding=True) + wide
+        beta = self.decode_fit.beta
+        steps = sum(beta[i] for limit, i in STEPS if rows <= limit < rows + tokens)
+        return self.prefill(tokens, offset, riding=True) + steps
 
     def ride_tokens_within(self, seconds: float, offset: int, rows: int) -> int:
         """The most tokens of a chunk riding after ``rows`` rows (as :meth:`ride`) within
-        ``seconds``: up to :data:`WIDE_ROWS` rows in all, or more only when the time left
-        after the step to wider products reads more than that."""
+        ``seconds``: up to the next step's rows (:data:`STEPS`) in all, or past it only
+        when the time left after paying the step reads more than that, and so on."""
         n = self.tokens_within(seconds, offset, riding=True)
-        narrow = max(WIDE_ROWS - rows, 0)
-        if n <= narrow or rows > WIDE_ROWS:
-            return n
-        wide = self.tokens_within(seconds - self.decode_fit.beta[5], offset, riding=True)
-        return wide if wide > narrow else narrow
+        paid = 0.0
+        beta = self.decode_fit.beta
+        for limit, i in STEPS:
+            room = limit - rows
+            if room < 0 or n <= room:  # crossed already, or not reached
+                continue
+            paid += beta[i]
+            n = self.tokens_within(seconds - paid, offset, riding=True)
+            if n <= room:
+                return room
+        return n
 
     def prefill(self, tokens: int, offset: int = 0, *, overhead: bool = True,
                 riding: bool = False) -> float:
@@ -249,7 +273,7 @@ class CostModel:
     def _chunk_rates(self, overhead: bool, riding: bool) -> tuple[float, float, float]:
         """(fixed, per 1e3 tokens, per 1e6 token-positions) of one chunk."""
         if riding:
-            _, _, _, d3, d4, _, d6 = self.decode_fit.beta
+            _, _, _, d3, d4, _, d6, _ = self.decode_fit.beta
             return (d6 if overhead else 0.0, d3, d4)
         p0, p1, p2 = self.prefill_fit.beta
         return (p0 if overhead else 0.0, p1, p2)

@@ -63,7 +63,7 @@ decode step of 7 rows with a chunk riding took 104 ms at 32 rows in all, 126 at 
 at 36 (``python -m appliance.bench.mixed --model .bench/models/smollm-135m --rows 7
 --chunks 21,23,25,26,27,29,31,33 --context 100 --repeats 9``): a step of some 22 ms the fit
 did not price, so a riding tick planned at the target of about 155 ms could cross it
-(BENCHMARKS Run 18). Learnt like the first step (``d7``) and pulled the same way."""
+(BENCHMARKS Runs 18 and 19). Learnt like the first step (``d7``) and pulled the same way."""
 
 STEPS = ((WIDE_ROWS, 5), (KERNEL_ROWS, 7))
 """(rows, coefficient of the decode fit): the steps to wider products, narrowest first."""

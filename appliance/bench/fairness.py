@@ -45,6 +45,7 @@ from typing import Any
 
 import httpx
 
+from appliance.bench.chat_load import Target, Workload, chat_payload, discover_model, warm_up
 from appliance.bench.client import stream_chat
 from appliance.bench.fairness_config import (
     PERSONAS,
@@ -92,14 +93,7 @@ from appliance.bench.report import (
     relative,
     write_report,
 )
-from appliance.bench.serve import (
-    Target,
-    Workload,
-    chat_payload,
-    discover_model,
-    package_versions,
-    warm_up,
-)
+from appliance.bench.serve import package_versions
 from appliance.vocab import Klass
 
 HOST = "127.0.0.1"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from appliance.bench.chat_load import QUESTIONS
 from appliance.bench.fairness_stats import (
     BACKGROUND,
     BACKLOGGED,
@@ -34,10 +35,7 @@ from appliance.bench.process import (
     default_blas,
 )
 from appliance.bench.provision import BenchUser
-from appliance.bench.serve import (
-    QUESTIONS,
-    resolve_model,
-)
+from appliance.bench.serve import resolve_model
 from appliance.sched.types import DEFAULT_W_IN, DEFAULT_W_OUT
 from appliance.vocab import Klass
 

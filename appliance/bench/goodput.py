@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from appliance.bench import serve
+from appliance.bench import chat_load, serve
 from appliance.bench.client import stream_chat
 from appliance.bench.goodput_stats import (
     CLASSES,
@@ -62,7 +62,7 @@ def prompt_text(a: Arrival) -> str:
     return f"{lead} {a.serial}: " + " ".join(words)
 
 
-async def one_request(client: httpx.AsyncClient, target: serve.Target, a: Arrival,
+async def one_request(client: httpx.AsyncClient, target: chat_load.Target, a: Arrival,
                       t0: float) -> Outcome:
     await asyncio.sleep(max(0.0, t0 + a.at_s - time.perf_counter()))
     sent = time.perf_counter() - t0
@@ -79,7 +79,7 @@ async def one_request(client: httpx.AsyncClient, target: serve.Target, a: Arriva
                    itls=tuple(timing.inter_token_latencies), sent_s=sent, error=timing.error)
 
 
-async def run_rate(target: serve.Target, arrivals: list[Arrival], timeout_s: float
+async def run_rate(target: chat_load.Target, arrivals: list[Arrival], timeout_s: float
                    ) -> list[Outcome]:
     limits = httpx.Limits(max_connections=len(arrivals) + 4)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s, connect=30)
@@ -89,7 +89,7 @@ async def run_rate(target: serve.Target, arrivals: list[Arrival], timeout_s: flo
                                            for a in arrivals)))
 
 
-async def drive(cfg: argparse.Namespace, targets: dict[str, serve.Target]
+async def drive(cfg: argparse.Namespace, targets: dict[str, chat_load.Target]
                 ) -> dict[str, list[dict[str, Any]]]:
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
     for i, rate in enumerate(cfg.rates):
@@ -109,7 +109,7 @@ async def drive(cfg: argparse.Namespace, targets: dict[str, serve.Target]
 async def with_servers(cfg: argparse.Namespace, scfg: serve.Config) -> dict[str, Any]:
     """Start the servers (or take --url ones), run every rate, stop what we started."""
     info: dict[str, Any] = {}
-    targets: dict[str, serve.Target] = {}
+    targets: dict[str, chat_load.Target] = {}
     headers = {"Authorization": f"Bearer {scfg.api_key}"} if scfg.api_key else {}
     with contextlib.ExitStack() as stack:
         for name in scfg.servers:
@@ -119,15 +119,15 @@ async def with_servers(cfg: argparse.Namespace, scfg: serve.Config) -> dict[str,
             base = f"http://{serve.HOST}:{port}"
             await wait_ready(server, base, headers, scfg.ready_timeout_s)
             model = ("default_model" if name == serve.MLX_LM else
-                     await serve.discover_model(serve.Target(name, base, headers, None)))
-            targets[name] = serve.Target(name, base, headers, model)
+                     await chat_load.discover_model(chat_load.Target(name, base, headers, None)))
+            targets[name] = chat_load.Target(name, base, headers, model)
             info[name] = {"command": display_command(server.argv),
                           "log": relative(server.log_path),
                           **blas_facts(server)}
-            await serve.warm_up(targets[name], scfg.workload)
+            await chat_load.warm_up(targets[name], scfg.workload)
         for name, url in cfg.url:
-            targets[name] = serve.Target(name, url.rstrip("/"), headers, None)
-            targets[name].model = await serve.discover_model(targets[name])
+            targets[name] = chat_load.Target(name, url.rstrip("/"), headers, None)
+            targets[name].model = await chat_load.discover_model(targets[name])
             info[name] = {"command": f"(already running at {url})", "log": None}
         results = await drive(cfg, targets)
     return {"servers": info, "results": results}
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model = serve.resolve_model(cfg.model)
     servers = [s for s in cfg.servers.split(",") if s]
-    workload = serve.Workload(concurrency=[1, 4], requests_per_client=1, max_tokens=8,
+    workload = chat_load.Workload(concurrency=[1, 4], requests_per_client=1, max_tokens=8,
                               include_usage=True, warmup=True, request_timeout_s=600.0)
     exe = shlex.quote(sys.executable)
     scfg = serve.Config(model_dir=model, servers=servers, workload=workload,

@@ -34,8 +34,8 @@ from typing import Any
 
 import httpx
 
+from appliance.bench import chat_load, serve
 from appliance.bench import report as rep
-from appliance.bench import serve
 from appliance.bench.client import RequestTiming, stream_chat
 from appliance.bench.fairness_config import PromptMaker, eos_token_ids, token_counter
 from appliance.bench.process import (
@@ -250,15 +250,15 @@ def measure_bandwidth(mib: int, repeats: int) -> dict[str, Any]:
             "times_s": times}
 
 
-async def ask(client: httpx.AsyncClient, target: serve.Target, messages: Messages,
+async def ask(client: httpx.AsyncClient, target: chat_load.Target, messages: Messages,
               max_tokens: int, bias: Mapping[str, float]) -> RequestTiming:
-    payload = serve.chat_payload(target, "", max_tokens, include_usage=True)
+    payload = chat_load.chat_payload(target, "", max_tokens, include_usage=True)
     payload.update(messages=messages, logit_bias=dict(bias))
     return await stream_chat(client, f"{target.base_url}/v1/chat/completions", payload,
                              target.headers)
 
 
-async def measure(target: serve.Target, args: argparse.Namespace, roofline: float | None
+async def measure(target: chat_load.Target, args: argparse.Namespace, roofline: float | None
                   ) -> dict[str, Any]:
     """The three parts on one running server. Same seed for every server: same texts."""
     rng = random.Random(args.seed)
@@ -303,9 +303,9 @@ async def bench_server(name: str, scfg: serve.Config, args: argparse.Namespace,
             await wait_ready(server, base, headers, scfg.ready_timeout_s)
             info.update(blas_facts(server))
             model = ("default_model" if name == serve.MLX_LM else
-                     await serve.discover_model(serve.Target(name, base, headers, None)))
-            target = serve.Target(name, base, headers, model)
-            await serve.warm_up(target, scfg.workload)
+                     await chat_load.discover_model(chat_load.Target(name, base, headers, None)))
+            target = chat_load.Target(name, base, headers, model)
+            await chat_load.warm_up(target, scfg.workload)
             info.update(await measure(target, args, roofline))
     except (ServerStartError, RuntimeError, httpx.HTTPError, OSError) as exc:
         print(f"[prefill] {name} failed: {exc}", file=sys.stderr, flush=True)
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     exe = shlex.quote(sys.executable)
     scfg = serve.Config(
         model_dir=args.model, servers=[s for s in args.servers.split(",") if s],
-        workload=serve.Workload(concurrency=[1], requests_per_client=1, max_tokens=8,
+        workload=chat_load.Workload(concurrency=[1], requests_per_client=1, max_tokens=8,
                                 include_usage=True, warmup=True, request_timeout_s=600.0),
         max_batch_size=args.max_batch_size, blas=default_blas(), api_key=args.api_key,
         our_cmd=shlex.split(f"{exe} -m appliance serve"), our_env={},

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from appliance.bench.chat_load import Workload, level_serials, prompt_for
 from appliance.bench.client import (
     RequestTiming,
     chunk_text,
@@ -25,12 +26,9 @@ from appliance.bench.report import describe_model, safe_ratio
 from appliance.bench.serve import (
     Config,
     LevelRun,
-    Workload,
     combine_flags,
-    level_serials,
     needs_provisioning,
     pool_runs,
-    prompt_for,
     round_order,
     stagger_comparison,
 )

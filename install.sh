@@ -10,6 +10,8 @@
 #   APPLIANCE_HOST / _PORT  where to listen                   (default: 127.0.0.1:8080)
 #   APPLIANCE_START         service | foreground | none       (default: service if systemd
 #                           or launchd is there, else foreground)
+#   APPLIANCE_BACKEND       cpu | cuda: which MLX build on Linux (default: cuda where
+#                           nvidia-smi sees a GPU, else cpu; macOS always uses Metal)
 #   APPLIANCE_PIP_ARGS      extra pip arguments, e.g. "--no-index --find-links DIR" offline
 #   APPLIANCE_USER          the unprivileged account the systemd service runs as when
 #                           install.sh runs as root (default: $SUDO_USER; never root)
@@ -26,7 +28,7 @@ URL="http://${APPLIANCE_HOST:-127.0.0.1}:${APPLIANCE_PORT:-8080}/"
 step() { printf '==> %s\n' "$*"; }
 
 # 1. Debian's OpenBLAS: MLX's CPU wheel bundles a reference BLAS that is ~50x slower; and a C
-#    C and C++ compiler for appliance/native/ (faster decode steps, prefill and attention).
+#    C and C++ compiler for appliance/backend/native/ (faster decode steps, prefill and attention).
 if [ "$(uname)" = Linux ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   missing=()
   dpkg -s libopenblas0-pthread >/dev/null 2>&1 || missing+=(libopenblas0-pthread)
@@ -45,11 +47,23 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 STAMP="$VENV/.appliance-install-stamp"
-WANT=$(cat pyproject.toml setup.py appliance/native/* | sha256sum | cut -c1-16)
+BACKEND=${APPLIANCE_BACKEND:-}
+if [ -z "$BACKEND" ]; then
+  if [ "$(uname)" = Linux ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    BACKEND=cuda
+  else
+    BACKEND=cpu
+  fi
+fi
+case "$BACKEND" in cpu|cuda) ;; *) echo "APPLIANCE_BACKEND must be cpu or cuda" >&2; exit 2 ;; esac
+WANT=$( (echo "$BACKEND"; cat pyproject.toml setup.py appliance/backend/native/*) | sha256sum | cut -c1-16)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$VENV/bin/python" -c "import appliance" 2>/dev/null; then
-  step "installing the appliance into $VENV"
+  step "installing the appliance into $VENV (MLX backend: $BACKEND)"
+  other=$([ "$BACKEND" = cuda ] && echo mlx-cpu || echo "mlx-cuda-12 mlx-cuda-13")
   # shellcheck disable=SC2086
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check ${APPLIANCE_PIP_ARGS:-} -e "$ROOT"
+  "$VENV/bin/python" -m pip uninstall -q -y $other 2>/dev/null || true  # one libmlx at a time
+  # shellcheck disable=SC2086
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check ${APPLIANCE_PIP_ARGS:-} -e "$ROOT[$BACKEND]"
   # shellcheck disable=SC2086
   "$ROOT/scripts/build-native.sh" "$VENV" ${APPLIANCE_PIP_ARGS:-}
   echo "$WANT" > "$STAMP"

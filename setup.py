@@ -1,40 +1,48 @@
-"""The compiled parts (Linux only; see each file's header). Everything else about the package
-is in pyproject.toml.
+"""The compiled parts of the CPU backend (Linux only; see each file's header and
+appliance/backend/). Everything else about the package is in pyproject.toml.
 
-- appliance/native/skinny_matmul.c: matrix products of few rows (decode steps), preloaded
-  before OpenBLAS.
-- appliance/native/mlx_fast.cpp: a vectorised softmax and SwiGLU gate as MLX operations. It
-  is compiled against the MLX installed in the environment that builds it, so it is built
-  only when MLX and nanobind can be imported there: install.sh and scripts/test.sh install
-  the package, then build again with ``--no-build-isolation`` so it matches the MLX that
-  runs it.
+- appliance/backend/native/skinny_matmul.c: matrix products of few rows (decode steps),
+  preloaded before OpenBLAS.
+- appliance/backend/native/mlx_fast.cpp: vectorised softmax, SwiGLU gate, RoPE and RMSNorm as
+  MLX operations. It is compiled against the MLX installed in the environment that builds
+  it, so it is built only when MLX and nanobind can be imported there: install.sh and
+  scripts/test.sh install the package, then build again with ``--no-build-isolation`` so it
+  matches the MLX that runs it. The MLX version it was built for is written beside it
+  (MLX_STAMP), so the backend can refuse it before loading it into another MLX.
 
 Both are optional: where no compiler is found the package installs without them and the
-engine runs MLX's own operations (slower). Both are compiled for this machine's own
-processor (-march=native): build them where they run.
+engine runs MLX's own operations (the pure path). Neither is built with -march=native: the
+baseline of the architecture, with the hot loops compiled once more for AVX2 and AVX-512
+and chosen when they load, so a build on one processor runs on another.
 """
 
 import os
 import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
 
-NATIVE = ["-O3", "-march=native"]
+NATIVE = ["-O3", "-Wno-psabi"]
+HERE = Path(__file__).resolve().parent
+BACKEND = "appliance/backend"
+MLX_STAMP = HERE / BACKEND / "_mlx_fast.mlx-version"
 
 
 def mlx_fast() -> Extension | None:
     try:
         import mlx
+        import mlx.core as mx
         import nanobind
     except ImportError:
-        print("setup.py: MLX or nanobind not importable here; appliance._mlx_fast not built",
-              file=sys.stderr)
+        print("setup.py: MLX or nanobind not importable here; appliance.backend._mlx_fast "
+              "not built", file=sys.stderr)
         return None
+    MLX_STAMP.write_text(mx.__version__ + "\n")
     nb = os.path.dirname(nanobind.__file__)
     mlx_dir = mlx.__path__[0]
     return Extension(
-        "appliance._mlx_fast",
-        ["appliance/native/mlx_fast.cpp", "appliance/native/nanobind_runtime.cpp"],
+        "appliance.backend._mlx_fast",
+        [f"{BACKEND}/native/mlx_fast.cpp", f"{BACKEND}/native/nanobind_runtime.cpp"],
         include_dirs=[os.path.join(nb, "include"), os.path.join(nb, "ext", "robin_map", "include"),
                       os.path.join(nb, "src"), os.path.join(mlx_dir, "include")],
         library_dirs=[os.path.join(mlx_dir, "lib")], libraries=["mlx"],
@@ -45,7 +53,8 @@ def mlx_fast() -> Extension | None:
 
 ext_modules = []
 if sys.platform == "linux":
-    ext_modules.append(Extension("appliance._skinny_matmul", ["appliance/native/skinny_matmul.c"],
+    ext_modules.append(Extension("appliance.backend._skinny_matmul",
+                                 [f"{BACKEND}/native/skinny_matmul.c"],
                                  libraries=["dl", "pthread"], extra_compile_args=NATIVE,
                                  optional=True))
     if (ext := mlx_fast()) is not None:

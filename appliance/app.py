@@ -60,7 +60,7 @@ def engine_config(settings: Settings) -> EngineConfig:
     return EngineConfig(
         model_path=resolve_model_path(e.model, settings.models_dir),
         ctx_size=e.ctx_size,
-        fast_cpu_ops=e.fast_cpu_ops,
+        fast_cpu_ops=e.fast_cpu_ops, native=e.native,
         max_queue_depth=settings.server.max_queue_depth,
         kv_cache_budget=parse_bytes(e.kv_cache_budget),
         prompt_cache_entries=e.prompt_cache_entries,

@@ -11,14 +11,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from appliance import settings as settings_mod
-from appliance.blas import THREAD_TIMEOUT, loaded_libraries, preload_env, skinny_matmul_lib
+from appliance.backend import installed_kind, process
 from appliance.settings import Settings
 from appliance.vocab import FinishReason
 
 log = logging.getLogger("appliance")
-
-REEXEC_MARK = "APPLIANCE_BLAS_REEXEC"
-
 
 def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(),
@@ -30,33 +27,6 @@ def setup_logging(level: str) -> None:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     from appliance import logfilter
     logfilter.install()  # repeated errors (a connection flood) are counted, not written out
-
-
-def use_openblas(blas: str, skinny_matmul: bool, argv: list[str]) -> None:
-    """On Linux, restart once with Debian's OpenBLAS (and before it our skinny_matmul
-    library) preloaded, before MLX is imported; :mod:`appliance.blas` says why."""
-    env = None if os.environ.get(REEXEC_MARK) else preload_env(blas, skinny_matmul)
-    if env is None:
-        return
-    env[REEXEC_MARK] = "1"
-    os.execve(sys.executable, [sys.executable, "-m", "appliance", *argv], env)
-
-
-def log_blas(skinny_matmul: bool) -> None:
-    """Say which BLAS libraries this process really mapped (Linux), and warn when the
-    skinny_matmul kernel was asked for but never built."""
-    maps = loaded_libraries()
-    if not maps:
-        return
-    kernel = skinny_matmul_lib()
-    openblas = "/libopenblas" in maps
-    spin = f" ({THREAD_TIMEOUT}={os.environ.get(THREAD_TIMEOUT, 'unset')})" if openblas else ""
-    log.info("BLAS: %s%s%s", "Debian's OpenBLAS" if openblas else "the BLAS bundled with mlx",
-             ", with skinny_matmul" if kernel and kernel in maps else "", spin)
-    if skinny_matmul and openblas and kernel is None:
-        log.warning("skinny_matmul is on but was not built (no C compiler when the package "
-                    "was installed?): decode steps run on OpenBLAS's gemm, about 1.2-1.7x "
-                    "slower; install gcc and reinstall, or set --no-skinny-matmul")
 
 
 def exit_now(rc: int) -> NoReturn:
@@ -242,13 +212,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     setup_logging(settings.server.log_level)
     if args.cmd in ("serve", "run"):
-        use_openblas(settings.engine.blas, settings.engine.skinny_matmul, argv)
-        log_blas(settings.engine.skinny_matmul)
+        kernel = settings.engine.native and settings.engine.skinny_matmul
+        process.prepare(installed_kind(), settings.engine.blas, kernel, argv)
+        process.log_blas(kernel)
     elif args.cmd == "model" and args.model_cmd == "demo":
         # The shipped weights were trained on Debian's OpenBLAS, which rounds differently
         # from the wheel's BLAS: the same BLAS (and no skinny_matmul) rebuilds them exactly.
-        use_openblas(settings.engine.blas, False, argv)
-        log_blas(False)
+        process.prepare(installed_kind(), settings.engine.blas, False, argv)
+        process.log_blas(False)
     if args.cmd in ("serve", "run"):
         rc = cmd_serve(settings, args) if args.cmd == "serve" else cmd_run(settings, args)
         exit_now(rc)

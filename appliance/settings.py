@@ -96,6 +96,10 @@ class EngineSettings:
         "fair", "Victim order: 'fair' (lowest effective class, then highest counter), "
         "'longest-first' or 'lowest-priority'.",
         choices=("fair", "longest-first", "lowest-priority"))
+    native: bool = _opt(
+        True, "The appliance's native code where MLX runs on the CPU (the skinny_matmul "
+        "kernel, the fast CPU ops, malloc kept big buffers). Off (APPLIANCE_NATIVE=off): MLX "
+        "as shipped, with the BLAS the blas setting chooses. Metal and CUDA never use it.")
     blas: str = _opt(
         "auto", "Linux only: 'openblas' loads Debian's OpenBLAS in place of the slow reference "
         "BLAS bundled in the mlx[cpu] wheel; 'auto' does so when it is installed.",
@@ -107,7 +111,7 @@ class EngineSettings:
         "gets the same bits alone and in a batch.")
     fast_cpu_ops: bool = _opt(
         True, "MLX on the CPU: attention's softmax, the MLP's SwiGLU, RoPE and RMSNorm run the "
-        "appliance's own operations (appliance/native/mlx_fast.cpp) instead of MLX's, which "
+        "appliance's own operations (appliance/backend/native/mlx_fast.cpp) instead of MLX's, which "
         "compute exp one element at a time and have no CPU kernels for RoPE and RMSNorm "
         "(prefill 1.7-2.3x faster, long-context decode steps up to 1.8x, on a 2-core x86); "
         "the logits agree with MLX's to float32 rounding.")

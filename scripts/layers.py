@@ -11,12 +11,13 @@ top to bottom; a package imports only from its own layer or those below it:
     app       app
     web       web
     api       api, jobs (background summaries through the same services)
-    engine    engine, models (model files: pull, list)
-    sched     sched
+    engine    engine, models (model files: pull, list), demo (the demo-model builder)
+    backend   backend (what is device-specific: BLAS preload, native kernels, malloc,
+              fast ops, the cost profile)
+    sched     sched (pure: imports no device-specific module at all, see PURE)
     store     store
-    base      appliance (the version), settings, vocab (shared words), percentiles, blas,
-              fast_ops (MLX attention and SwiGLU on the CPU),
-              httpserver, demo (the demo-model builder)
+    base      appliance (the version), settings, vocab (shared words), percentiles,
+              httpserver
 """
 
 from __future__ import annotations
@@ -35,14 +36,20 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("app", ("appliance.app",)),
     ("web", ("web",)),
     ("api", ("appliance.api", "appliance.jobs")),
-    ("engine", ("appliance.engine", "appliance.models")),
+    ("engine", ("appliance.engine", "appliance.models", "appliance.demo")),
+    ("backend", ("appliance.backend",)),
     ("sched", ("appliance.sched",)),
     ("store", ("appliance.store",)),
-    ("base", ("appliance", "appliance.settings", "appliance.blas", "appliance.fast_ops",
+    ("base", ("appliance", "appliance.settings", "appliance.backend.blas", "appliance.backend.fast_ops",
               "appliance.demo",
               "appliance.vocab", "appliance.percentiles", "appliance.httpserver",
               "appliance.logfilter")),
 )
+
+PURE = ("appliance.sched",)
+"""Packages that plan from numbers alone: they may import the standard library and the
+layers below them, never a device's libraries (DEVICE) or anything else outside."""
+DEVICE = ("mlx", "mlx_lm", "numpy", "ctypes", "appliance.backend")
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -154,6 +161,20 @@ def breaches(g: dict[str, set[str]]) -> list[str]:
             if layer_of(package_of(d)) < layer_of(package_of(m))]
 
 
+def device_imports(root: Path = ROOT) -> list[str]:
+    """Imports of a device's libraries (:data:`DEVICE`) by a module of a :data:`PURE`
+    package: the scheduler knows a cost profile, never a kernel or MLX."""
+    out = []
+    for name, path in modules(root).items():
+        if package_of(name) not in PURE:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for dep in sorted(set(_imported(tree, name, path.name == "__init__.py"))):
+            if any(dep == d or dep.startswith(d + ".") for d in DEVICE):
+                out.append(f"{name} ({package_of(name)} is pure) imports {dep}")
+    return out
+
+
 def main() -> int:
     g = graph()
     pkgs = packages(g)
@@ -162,7 +183,8 @@ def main() -> int:
         for pkg in members:
             if pkg in pkgs:
                 print(f"  {pkg:22} -> {', '.join(sorted(pkgs[pkg])) or '-'}")
-    problems = [f"cycle: {' <-> '.join(c)}" for c in cycles(g)] + breaches(g)
+    problems = ([f"cycle: {' <-> '.join(c)}" for c in cycles(g)] + breaches(g)
+                + device_imports())
     for line in problems:
         print(line)
     print(f"{len(g)} modules, {sum(len(d) for d in g.values())} imports, "

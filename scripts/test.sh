@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The test command. Installs what a fresh machine lacks, then lint, types and the suite.
 #   ./scripts/test.sh              everything
-#   ./scripts/test.sh tests/unit   a subset (arguments go to pytest)
+#   ./scripts/test.sh tests/unit   a subset (arguments go to pytest; no second leg)
+# With no arguments it runs the suite, then the engine and API tests once more with the native
+# code off (APPLIANCE_NATIVE=off: MLX as shipped over OpenBLAS), the path Metal, CUDA and a
+# machine without a compiler take.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,8 +15,8 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   dpkg -s libopenblas0-pthread >/dev/null 2>&1 || missing+=(libopenblas0-pthread)
   dpkg -s chromium >/dev/null 2>&1 || missing+=(chromium)
   dpkg -s systemd >/dev/null 2>&1 || missing+=(systemd)
-  command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)  # appliance/native/skinny_matmul.c
-  command -v g++ >/dev/null 2>&1 || missing+=(g++)              # appliance/native/mlx_fast.cpp
+  command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)  # appliance/backend/native/skinny_matmul.c
+  command -v g++ >/dev/null 2>&1 || missing+=(g++)              # appliance/backend/native/mlx_fast.cpp
   if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
   fi
@@ -21,19 +24,40 @@ fi
 
 VENV=${APPLIANCE_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
-./scripts/build-native.sh "$VENV"
+# Reinstalled only when what the install reads changed (the package is editable).
+STAMP="$VENV/.appliance-test-stamp"
+WANT=$(cat pyproject.toml setup.py appliance/backend/native/* | sha256sum | cut -c1-16)
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$VENV/bin/python" -c "import appliance.backend.fast_ops" 2>/dev/null; then
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[cpu,test]'
+  ./scripts/build-native.sh "$VENV"
+  echo "$WANT" > "$STAMP"
+fi
 
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-# The same BLAS libraries the daemon preloads (appliance.cli.use_openblas: skinny_matmul, then
-# OpenBLAS) and OpenBLAS's spin as the daemon sets it (appliance.blas.SPIN_EXPONENT), for the
+# The same BLAS libraries the daemon preloads (appliance.backend.process: skinny_matmul, then
+# OpenBLAS) and OpenBLAS's spin as the daemon sets it (appliance.backend.blas.SPIN_EXPONENT), for the
 # tests' own MLX work and the daemons they start.
-PRELOAD=$("$VENV/bin/python" -c "from appliance.blas import wanted_preload; print(':'.join(wanted_preload('auto', True)))")
+preload() {  # $1: the skinny_matmul kernel too (True/False)
+  "$VENV/bin/python" -c "from appliance.backend.blas import wanted_preload; print(':'.join(wanted_preload('auto', $1)))"
+}
+OTHER_PRELOAD=${LD_PRELOAD:-}
+PRELOAD=$(preload True)
 if [ -n "$PRELOAD" ]; then
-  export LD_PRELOAD="$PRELOAD${LD_PRELOAD:+:$LD_PRELOAD}"
-  export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-$("$VENV/bin/python" -c "from appliance.blas import SPIN_EXPONENT; print(SPIN_EXPONENT)")}
+  export LD_PRELOAD="$PRELOAD${OTHER_PRELOAD:+:$OTHER_PRELOAD}"
+  export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-$("$VENV/bin/python" -c "from appliance.backend.blas import SPIN_EXPONENT; print(SPIN_EXPONENT)")}
 fi
 
 "$VENV/bin/ruff" check appliance web migrations tests
 "$VENV/bin/mypy" --no-error-summary appliance web migrations
+"$VENV/bin/python" scripts/layers.py >/dev/null || { "$VENV/bin/python" scripts/layers.py; exit 1; }
 "$VENV/bin/python" -m pytest -q "$@"
+if [ $# -eq 0 ]; then
+  echo "== the engine and API tests again with the native code off (APPLIANCE_NATIVE=off)"
+  PURE=$(preload False)
+  LD_PRELOAD="$PURE${OTHER_PRELOAD:+:$OTHER_PRELOAD}" APPLIANCE_NATIVE=off \
+    "$VENV/bin/python" -m pytest -q tests/engine tests/integration/test_daemon.py \
+    tests/integration/test_openai_api.py tests/integration/test_ollama_api.py \
+    tests/integration/test_openai_tools.py tests/integration/test_home_assistant.py \
+    tests/native/test_pure_path.py \
+    --ignore=tests/engine/test_fast_ops.py --ignore=tests/engine/test_skinny_matmul.py
+fi

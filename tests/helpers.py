@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import tempfile
 import time
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 from argon2 import PasswordHasher
 
+from appliance import settings as settings_mod
 from appliance.daemon import Daemon, build_daemon, serve_in_thread
 from appliance.engine.core import Engine
 from appliance.engine.request import FaultHook
@@ -27,6 +29,11 @@ FAST_HASHER = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
 PEOPLE = {"alice": "admin", "bob": "member", "carol": "member"}
 PASSWORD = "correct horse battery"
 _DATA_DIRS: list[str] = []
+
+NATIVE: bool = settings_mod.load(
+    env={k: v for k, v in os.environ.items() if k == "APPLIANCE_NATIVE"}).engine.native
+"""The native-code switch for in-process engines, as ``appliance serve`` reads it from the
+environment: CI runs the engine and API tests once more with APPLIANCE_NATIVE=off."""
 
 
 @atexit.register
@@ -43,6 +50,7 @@ def make_settings(model: Path, **overrides: Any) -> Settings:
     s.store.data_dir = tempfile.mkdtemp(prefix="appliance-test-")
     _DATA_DIRS.append(s.store.data_dir)
     s.engine.debug_invariants = True  # the scheduler's invariants checked on every tick
+    s.engine.native = NATIVE
     for key, value in overrides.items():
         for section in (s.server, s.engine, s.sched, s.store, s.jobs):
             if hasattr(section, key):

@@ -25,6 +25,9 @@ def health(state: State) -> Response[dict[str, Any]]:
         "demo_model": services.model.is_demo, "active": snap.active, "queued": snap.queued,
         "completed": snap.completed, "max_batch_size": services.max_batch_size,
         "uptime_s": round(time.time() - services.started_at, 1)}
+    loaded = services.engine.loaded
+    if loaded is not None:  # what computes: appliance/backend
+        body["backend"] = loaded.backend.describe()
     if reason is not None:
         body["reason"] = reason
         return Response(body, status_code=503, headers={"Retry-After": "10"})

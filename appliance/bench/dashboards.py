@@ -235,8 +235,8 @@ def _model(choice: str) -> Path:
 
 def _openblas(argv: list[str]) -> None:
     """Run with the BLAS libraries ``appliance serve`` preloads (Linux: skinny_matmul and
-    Debian's OpenBLAS; appliance.blas)."""
-    from appliance.blas import preload_env
+    Debian's OpenBLAS; appliance.backend.blas)."""
+    from appliance.backend.blas import preload_env
     env = preload_env("auto", True)
     if env is not None:
         os.execve(sys.executable, [sys.executable, "-m", "appliance.bench.dashboards", *argv],

@@ -1,5 +1,5 @@
 """`python -m appliance.bench.matmul`: decode steps and their matrix products with and
-without the skinny_matmul kernel (appliance/native/skinny_matmul.c), on one model.
+without the skinny_matmul kernel (appliance/backend/native/skinny_matmul.c), on one model.
 
 Two child processes load the model through ``mlx_lm.load``, one with Debian's OpenBLAS
 preloaded alone (MLX's products all go to OpenBLAS's gemm) and one with skinny_matmul
@@ -26,8 +26,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from appliance.backend.blas import blas_env, openblas_lib, skinny_matmul_lib
 from appliance.bench.report import git_commit, relative
-from appliance.blas import blas_env, openblas_lib, skinny_matmul_lib
 
 CHILD = textwrap.dedent("""
     import json, statistics, sys, time

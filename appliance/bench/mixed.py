@@ -24,15 +24,15 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from appliance.backend.blas import wanted_preload
 from appliance.bench.matmul import command_line, emit, facts_line, run_child
 from appliance.bench.report import relative
 from appliance.bench.serve import positive_ints
-from appliance.blas import wanted_preload
 
 CHILD = textwrap.dedent("""
     import json, statistics, sys, time
     import mlx.core as mx
-    from appliance import fast_ops
+    from appliance.backend import fast_ops
     from appliance.engine.batch import DecodeBatch, new_sequence_cache, prefill
     from appliance.engine.mixed import restore_offsets, save_offsets
     from appliance.engine.model import load_model

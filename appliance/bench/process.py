@@ -182,7 +182,7 @@ def run_guarded(coro: Coroutine[Any, Any, T], output_dir: Path) -> T | None:
 
 def blas_facts(server: ServerProcess) -> dict[str, bool | None]:
     """What the server process really mapped: OpenBLAS (not numpy's libscipy_openblas) and
-    our skinny_matmul (:mod:`appliance.blas`); None where /proc is unavailable."""
+    our skinny_matmul (:mod:`appliance.backend.blas`); None where /proc is unavailable."""
     maps = server.mapped_libraries()
     return {"openblas_loaded": "/libopenblas" in maps if maps else None,
             "skinny_matmul_loaded": "/_skinny_matmul" in maps if maps else None}

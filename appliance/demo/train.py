@@ -16,7 +16,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from tokenizers import Tokenizer
 
-from appliance import fast_ops
+from appliance.backend import fast_ops
 from appliance.demo import household
 from appliance.demo.template import IM_END, IM_START
 
@@ -167,7 +167,7 @@ def train(model: nn.Module, tokens: mx.array, steps: int, seed: int,
     devices by ``words`` too. ``progress(step, model)`` runs every 100 steps (for
     experiments; it must not change the model)."""
     # MLX's own attention and SwiGLU: ours have no gradients, and the shipped weights are
-    # what MLX's ops train (appliance/fast_ops.py is a process-wide switch).
+    # what MLX's ops train (appliance/backend/fast_ops.py is a process-wide switch).
     fast_ops.uninstall()
     mx.random.seed(seed)
     house_steps = plan.steps if plan is not None and tok is not None else 0

@@ -66,7 +66,9 @@ class EngineConfig:
     model_path: Path
     ctx_size: int = 0
     fast_cpu_ops: bool = True
-    """Attention and SwiGLU from appliance/native/mlx_fast.cpp when MLX runs on the CPU."""
+    """Attention and SwiGLU from appliance/backend/native/mlx_fast.cpp when MLX runs on the CPU."""
+    native: bool = True
+    """The appliance's native code where MLX runs on the CPU (appliance/backend)."""
     max_queue_depth: int = 32
     scheduler: SchedulerConfig = SchedulerConfig()
     kv_cache_budget: int | str | None = None
@@ -271,7 +273,8 @@ class Engine:
             import psutil
 
             self.loaded = load_model(self.config.model_path, self.config.ctx_size,
-                                     fast_cpu_ops=self.config.fast_cpu_ops)
+                                     fast_cpu_ops=self.config.fast_cpu_ops,
+                                     native=self.config.native)
             self.kv_budget_bytes = budget_bytes(self.config.kv_cache_budget,
                                                 psutil.virtual_memory().available)
             sched = self.config.scheduler

@@ -9,7 +9,7 @@ weights are read once), and splits them only for attention, where each part keep
 KV cache, positions and mask: the decode rows their batched cache, each prompt its own. So
 a sequence's KV stays its own, and its numbers are those of its own forward but for the
 rounding of the products the rows share (a row's sums do not depend on its neighbours in
-appliance/native/skinny_matmul.c's kernel, up to 32 rows; in OpenBLAS's, beyond, they may).
+appliance/backend/native/skinny_matmul.c's kernel, up to 32 rows; in OpenBLAS's, beyond, they may).
 
 Only architectures whose layers are mlx-lm's Llama block are read this way (:data:`MIXED`:
 Llama and the models on it, SmolLM, Mistral; Qwen 2), with plain KV caches; anything else

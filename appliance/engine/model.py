@@ -6,7 +6,10 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from appliance.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +28,7 @@ class LoadedModel:
     kv_bytes_per_token: int
     weight_bytes: int
     config: dict[str, Any]
+    backend: Backend
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -56,26 +60,17 @@ def kv_bytes_per_token(config: dict[str, Any], dtype_size: int) -> int:
     return layers * kv_heads * head_dim * 2 * dtype_size
 
 
-def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False) -> LoadedModel:
-    """``fast_cpu_ops``: use appliance/fast_ops.py's attention and SwiGLU (MLX on the
-    CPU; a process-wide switch, logged)."""
+def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
+               native: bool = True) -> LoadedModel:
+    """Set up the backend (appliance/backend: ``native`` code and ``fast_cpu_ops`` where MLX
+    runs on the CPU; a process-wide switch, logged), then load the model."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm import load
 
-    from appliance import fast_ops
-    from appliance.engine import heap
+    from appliance import backend as backends
 
-    if not fast_cpu_ops:
-        fast_ops.uninstall()
-    elif (why := fast_ops.install()) is None:
-        log.info("fast CPU ops: RoPE, RMSNorm, attention softmax and SwiGLU from appliance._mlx_fast")
-    elif fast_ops.on_cpu():
-        log.warning("fast CPU ops are on but cannot be used: %s; prefill runs 1.7-2.3x "
-                    "slower (install a C++ compiler and reinstall, or set --no-fast-cpu-ops)",
-                    why)
-    if fast_ops.on_cpu():
-        log.info("big buffers kept by malloc between forwards: %s", heap.keep_big_buffers())
+    backend = backends.start(native=native, fast_cpu_ops=fast_cpu_ops)
     loaded: Any = load(str(path))
     model, tokenizer = loaded[0], loaded[1]
     config = json.loads((path / "config.json").read_text())
@@ -91,7 +86,7 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False) -> 
         model=model, tokenizer=tokenizer, name=name, path=path,
         is_demo=bool(config.get("appliance_demo")), ctx_limit=ctx_limit,
         kv_bytes_per_token=kv_bytes_per_token(config, dtype_size), weight_bytes=weight_bytes,
-        config=config)
+        config=config, backend=backend)
     log.info("model loaded: path=%s weights=%d bytes ctx=%d kv_per_token=%d demo=%s",
              path, weight_bytes, ctx_limit, loaded.kv_bytes_per_token, loaded.is_demo)
     return loaded

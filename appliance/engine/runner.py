@@ -81,7 +81,7 @@ class Runner(TickForwards):
         self._plain_kv = plain_kv(self.model)
         self._mixed = mixed and self._plain_kv and supports_mixed(self.model)
         """Prompt chunks are read in the decode step's forward (appliance/engine/mixed.py)."""
-        self.costs = CostModel(rides=self._mixed)
+        self.costs = CostModel(profile=loaded.backend.profile, rides=self._mixed)
         """Prefill and decode time, fitted from this engine's own forwards."""
         self.timing = TickTiming(self.costs, timer, meter)
         self._left_queue = 0

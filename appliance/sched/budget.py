@@ -11,14 +11,9 @@ from dataclasses import dataclass
 from appliance.sched.cost import CostModel
 
 BURST_STEPS = 2.5
-"""Decode steps an overdue burst's tick may last while its prompts ride in the decode step
-(issue 10's ITL max goal is 3 times the streams' ITL p50, which is about one step; the
-half step left is the cost model's error). Read apart, the burst's prompts share a
-forward's fixed cost, so such a tick may last the whole TTFT objective; riding, they have
-none to share. Without it, prompts arriving while 7 rows decode were read 9 tokens a tick
-(within :data:`WIDE_ROWS`), and at C = 8 a client's turn waited up to 3.2 s (serving run
-s27); with 3 steps and no wide-rows term in the cost model, such ticks ran to 4-6 times
-the ITL p50 (run s24)."""
+"""Decode steps an overdue burst's tick may last while its prompts ride in the decode step:
+the ITL max goal (3 times the p50, about one step) less the cost model's error
+(docs/decisions.md, "Riding ticks")."""
 
 WHOLE_RIDING = 1.2
 """A fresh prompt riding in the decode step is read whole, not split, when it costs at most
@@ -55,9 +50,9 @@ class TickObjectives:
       the objectives leave no room, so a long prompt always finishes; while someone is
       present, work that can wait gets at least this chunk's time (riding in the decode
       step, and at least ``prefill_floor`` times the chunk's own fixed cost), and no more
-      when the decode step already takes an arrival's reading time. 8: riding in a
-      decode step of 8 rows on a CPU, the product stays within two groups of the
-      appliance's own kernel (16 rows; appliance/native/skinny_matmul.c).
+      when the decode step already takes an arrival's reading time. 8: riding beside a
+      decode step of 8 rows, the forward stays within the narrowest step a profile has
+      today (16 rows, appliance/backend/profile.py).
     * ``prefill_floor``: the objectives are feasible when they leave prefill at least this
       many times a prefill forward's fixed cost (then at least half of the prefill time
       reads tokens). When they do not, a slow or busy machine overruns them: by that floor
@@ -122,7 +117,7 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     and the running streams see one gap of at most that length. Riding in the decode step,
     the chunks have no forward's fixed cost to share (each has a small one of its own), so
     such a tick lasts at most :data:`BURST_STEPS` decode steps (and at least the ITL
-    objective): enough to pay the step to products of more than :data:`WIDE_ROWS` rows
+    objective): enough to pay a profile's step to wider products
     and read the burst in big chunks.
 
     When that leaves prefill less than its floor (``prefill_floor`` forward fixed costs),

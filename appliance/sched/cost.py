@@ -11,21 +11,18 @@ The model (seconds):
 * decode step of ``B`` rows over ``L`` KV positions each (padded):
   ``d0 + d1 * B + d2 * B * L / 1e3``: a fixed cost per forward (on a CPU mostly reading the
   weights), per row, and attention over the KV; plus, for prompt chunks read in the same
-  forward (appliance/engine/mixed.py), ``d6 + d3 * n / 1e3 + d4 * n * (k + n / 2) / 1e6``
+  forward (appliance/engine/mixed.py), ``d5 + d3 * n / 1e3 + d4 * n * (k + n / 2) / 1e6``
   per chunk of ``n`` tokens after ``k`` cached positions: no forward's fixed cost, but a
-  small one of the chunk's own (its attention, mask and positions are its own, layer by
-  layer: on the demo model a decode step of 4 rows took 2 ms alone, 4 ms with 8 tokens
-  riding, 5 with 32, 9 with 64; ``python -m appliance.bench.mixed --model
-  appliance/demo_model --rows 4 --chunks 8,12,16,24,32,64,128 --context 300``). Without
-  ``d6`` a fit of chunks of 8-15 tokens put that cost on each token (about 0.2 ms a token
-  on the demo model, twice the true rate), so the scheduler never tried bigger ones;
+  small one of the chunk's own (its attention, mask and positions are its own; without it
+  the fit put that cost on each token and never tried bigger chunks: docs/decisions.md);
 * prefill forward of ``rows`` prompts, ``n`` new tokens each, after ``k`` cached positions:
   ``p0 + p1 * rows * n / 1e3 + p2 * rows * n * (k + n / 2) / 1e6``: a fixed cost per
   forward, the matmuls per token, and attention (every new token looks at every earlier
   position, so a chunk deep into a long prompt costs more per token).
 
-  Two steps on top (``d5``, ``d7``): products of more than :data:`WIDE_ROWS` rows, and of
-  more than :data:`KERNEL_ROWS`, cost a step more each where the machine has one.
+  Steps on top (``s0``, ``s1``, ...): where the device's matrix products change kernels at
+  some row count (the backend's :class:`CostProfile`), a forward of more rows costs a step
+  more for each one it passes.
 
 Each is fitted by exponentially forgetting least squares on relative errors (recent ticks
 weigh more, so a machine that gets busier is followed; a 5 ms tick counts as much as a 5 s
@@ -42,45 +39,37 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-WIDE_ROWS = 16
-"""Rows of a forward's matrix products (decode rows plus the tokens riding with them) beyond
-which they cost a step more. On Linux with OpenBLAS the appliance's own kernel
-(appliance/native/skinny_matmul.c) takes products of up to 32 rows in groups of 8 over
-blocks of the weights; a third group took 15-35 ms more on the SmolLM-135M shape (a decode
-step of 4 rows with a 12-token chunk riding in it 72-74 ms, with a 16-token one 101-109;
-``python -m appliance.bench.mixed --rows 4,7 --chunks 8,12,16,20,24,28``). When the kernel
-took at most 16 rows and OpenBLAS's gemm, which first copies the weights, the rest, the
-step was 52 ms (84 and 136 ms). The decode fit learns the step (``d5``); where products
-have none, it fits about zero. Until it has seen wide forwards, it predicts the step at
-:data:`WIDE_SHARE` of a decode step's fixed cost (a third group reads the weights again):
-with a fixed prior of 20 ms (SmolLM's), the demo model (2 ms steps, no step to wider
-products) never read more than 16 rows in a step, so the fit never learnt otherwise."""
+STEP_SHARE = 0.5
+"""A step to wider products the fit has not seen yet is pulled towards this share of the
+fitted fixed cost of a decode step (``d0``): a fixed prior of one machine's step kept every
+chunk of a faster model below the step, so the fit never learnt it had none."""
 
-KERNEL_ROWS = 32
-"""Rows beyond which products cost a second step: the appliance's kernel takes at most 32
-rows, OpenBLAS's gemm (which packs the weights first) the rest. On the SmolLM-135M shape a
-decode step of 7 rows with a chunk riding took 104 ms at 32 rows in all, 126 at 33 and 147
-at 36 (``python -m appliance.bench.mixed --model .bench/models/smollm-135m --rows 7
---chunks 21,23,25,26,27,29,31,33 --context 100 --repeats 9``): a step of some 22 ms the fit
-did not price, so a riding tick planned at the target of about 155 ms could cross it
-(BENCHMARKS Runs 18 and 19). Learnt like the first step (``d7``) and pulled the same way."""
-
-STEPS = ((WIDE_ROWS, 5), (KERNEL_ROWS, 7))
-"""(rows, coefficient of the decode fit): the steps to wider products, narrowest first."""
-
-WIDE_SHARE = 0.5
-"""The step to products of more than :data:`WIDE_ROWS` (or :data:`KERNEL_ROWS`) rows the fit
-is pulled towards, as a share of the fitted fixed cost of a decode step (``d0``): 15-35 ms
-(and about 22) against 45-50 ms on the SmolLM-135M shape."""
-
-DECODE_PRIOR = (0.05, 0.002, 0.01, 1.5, 8.0, WIDE_SHARE * 0.05, 0.002, WIDE_SHARE * 0.05)
+BASE_DECODE_PRIOR = (0.05, 0.002, 0.01, 1.5, 8.0, 0.002)
 """d0 s/step, d1 s/row, d2 s per 1e3 row-positions (about a 135M fp32 model on 2 cores);
 d3 s per 1e3 and d4 s per 1e6 token-positions of prompt chunks riding in the step (the
-prefill prior's per-token terms); d5 s for a forward of more than :data:`WIDE_ROWS`
-rows (pulled to :data:`WIDE_SHARE` of the fitted ``d0`` as the fit goes); d6 s per chunk
-riding in the step; d7 s for more than :data:`KERNEL_ROWS` rows (pulled as d5)."""
+prefill prior's per-token terms); d5 s per chunk riding in the step."""
 PREFILL_PRIOR = (0.08, 1.5, 8.0)
 """p0 s/forward, p1 s per 1e3 tokens, p2 s per 1e6 token-positions (same machine)."""
+STEP_AT = len(BASE_DECODE_PRIOR)
+"""Index in the decode fit of the first step's coefficient (the others follow)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CostProfile:
+    """What a backend tells the cost model about its device, and nothing about how: the row
+    counts past which a forward's matrix products cost a step more (another kernel takes
+    them), narrowest first. No steps: the fit has no step terms at all."""
+
+    name: str = "plain"
+    step_rows: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if list(self.step_rows) != sorted(set(self.step_rows)) or any(
+                r < 1 for r in self.step_rows):
+            raise ValueError("step_rows must be increasing positive row counts")
+
+    def decode_prior(self) -> tuple[float, ...]:
+        return BASE_DECODE_PRIOR + (STEP_SHARE * BASE_DECODE_PRIOR[0],) * len(self.step_rows)
 
 
 class OnlineFit:
@@ -190,12 +179,13 @@ Riding = Sequence[tuple[int, int]]
 """Prompt chunks read in a decode step's forward: (tokens, cached positions before) each."""
 
 
-def decode_features(rows: int, kv_len: int, riding: Riding = ()) -> tuple[float, ...]:
+def decode_features(rows: int, kv_len: int, riding: Riding = (),
+                    step_rows: Sequence[int] = ()) -> tuple[float, ...]:
     tokens = sum(n for n, _ in riding)
     positions = sum(n * (k + n / 2) for n, k in riding)
     return (1.0, float(rows), rows * kv_len / 1e3, tokens / 1e3, positions / 1e6,
-            1.0 if rows + tokens > WIDE_ROWS else 0.0, float(sum(n > 0 for n, _ in riding)),
-            1.0 if rows + tokens > KERNEL_ROWS else 0.0)
+            float(sum(n > 0 for n, _ in riding)),
+            *(1.0 if rows + tokens > limit else 0.0 for limit in step_rows))
 
 
 def prefill_features(rows: int, tokens: int, offset: int) -> tuple[float, float, float]:
@@ -207,20 +197,34 @@ class CostModel:
     """Predicted seconds of a decode step (with the prompt chunks riding in it) and of a
     prefill forward, fitted online. ``rides``: the engine reads prompt chunks in the decode
     step's forward whenever a batch decodes (then a chunk costs :meth:`prefill` with
-    ``riding``)."""
+    ``riding``). ``profile``: the device's steps (:class:`CostProfile`)."""
 
-    decode_fit: OnlineFit = field(default_factory=lambda: OnlineFit(DECODE_PRIOR))
-    prefill_fit: OnlineFit = field(default_factory=lambda: OnlineFit(PREFILL_PRIOR))
+    profile: CostProfile = field(default_factory=CostProfile)
     rides: bool = False
+    decode_fit: OnlineFit = field(init=False)
+    prefill_fit: OnlineFit = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.decode_fit = OnlineFit(self.profile.decode_prior())
+        self.prefill_fit = OnlineFit(PREFILL_PRIOR)
+
+    @property
+    def _steps(self) -> list[tuple[int, int]]:
+        """(rows, coefficient index) of each step, narrowest first."""
+        return [(limit, STEP_AT + i) for i, limit in enumerate(self.profile.step_rows)]
+
+    def step_cost(self, limit: int) -> float:
+        """The fitted step past ``limit`` rows (a row count of the profile)."""
+        return self.decode_fit.beta[STEP_AT + self.profile.step_rows.index(limit)]
 
     def observe_decode(self, rows: int, kv_len: int, seconds: float,
                        riding: Riding = ()) -> None:
         if rows > 0:
             fit = self.decode_fit
-            fit.observe(decode_features(rows, kv_len, riding), seconds)
+            fit.observe(decode_features(rows, kv_len, riding, self.profile.step_rows), seconds)
             if fit.beta[0] > 0:
-                for _, i in STEPS:
-                    fit.pull(i, WIDE_SHARE * fit.beta[0])
+                for _, i in self._steps:
+                    fit.pull(i, STEP_SHARE * fit.beta[0])
 
     def observe_prefill(self, rows: int, tokens: int, offset: int, seconds: float) -> None:
         if rows > 0 and tokens > 0:
@@ -228,27 +232,29 @@ class CostModel:
 
     def decode(self, rows: int, kv_len: int, riding: Riding = ()) -> float:
         """A decode step of ``rows`` rows, with the prompt chunks ``riding`` in it."""
-        return self.decode_fit.predict(decode_features(rows, kv_len, riding)) if rows > 0 \
-            else 0.0
+        if rows <= 0:
+            return 0.0
+        return self.decode_fit.predict(
+            decode_features(rows, kv_len, riding, self.profile.step_rows))
 
     def ride(self, tokens: int, offset: int, rows: int) -> float:
         """A chunk riding in a decode step whose forward has ``rows`` rows before it (the
-        decode rows and the chunks already riding): its tokens, and the steps to wider
-        products (:data:`STEPS`) it crosses."""
+        decode rows and the chunks already riding): its tokens, and the profile's steps to
+        wider products it crosses."""
         if tokens <= 0:
             return 0.0
         beta = self.decode_fit.beta
-        steps = sum(beta[i] for limit, i in STEPS if rows <= limit < rows + tokens)
+        steps = sum(beta[i] for limit, i in self._steps if rows <= limit < rows + tokens)
         return self.prefill(tokens, offset, riding=True) + steps
 
     def ride_tokens_within(self, seconds: float, offset: int, rows: int) -> int:
         """The most tokens of a chunk riding after ``rows`` rows (as :meth:`ride`) within
-        ``seconds``: up to the next step's rows (:data:`STEPS`) in all, or past it only
-        when the time left after paying the step reads more than that, and so on."""
+        ``seconds``: up to the next step's rows in all, or past it only when the time left
+        after paying the step reads more than that, and so on."""
         n = self.tokens_within(seconds, offset, riding=True)
         paid = 0.0
         beta = self.decode_fit.beta
-        for limit, i in STEPS:
+        for limit, i in self._steps:
             room = limit - rows
             if room < 0 or n <= room:  # crossed already, or not reached
                 continue
@@ -273,14 +279,14 @@ class CostModel:
     def _chunk_rates(self, overhead: bool, riding: bool) -> tuple[float, float, float]:
         """(fixed, per 1e3 tokens, per 1e6 token-positions) of one chunk."""
         if riding:
-            _, _, _, d3, d4, _, d6, _ = self.decode_fit.beta
-            return (d6 if overhead else 0.0, d3, d4)
+            d3, d4, d5 = self.decode_fit.beta[3:6]
+            return (d5 if overhead else 0.0, d3, d4)
         p0, p1, p2 = self.prefill_fit.beta
         return (p0 if overhead else 0.0, p1, p2)
 
     def chunk_fixed(self, *, riding: bool = False) -> float:
         """The fixed cost of one prompt's chunk: a forward's, or riding in a decode step
-        the chunk's own (``d6``)."""
+        the chunk's own (``d5``)."""
         return self._chunk_rates(True, riding)[0]
 
     def prefill_rows(self, rows: int, tokens: int, offset: int) -> float:

@@ -253,3 +253,59 @@ def test_prompts_read_together_give_the_tokens_they_give_alone(demo_model: Path)
 
     together = run(QUESTIONS[:4])
     assert together == [run([q])[0] for q in QUESTIONS[:4]]
+
+
+def test_greedy_output_is_mlx_lms_alone_and_in_a_batch(demo_engine: Engine,
+                                                        demo_model: Path) -> None:
+    """Greedy parity with mlx-lm's own generation, MLX's operations as shipped (the fast CPU
+    ops taken out for the reference): on the native path (kernel and fast ops, which round
+    differently) and on the pure one (CI's APPLIANCE_NATIVE=off leg) alike."""
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    from appliance.backend import fast_ops
+
+    was = fast_ops.installed()
+    fast_ops.uninstall()
+    try:
+        model, tok = load(str(demo_model))
+        want = []
+        for q in QUESTIONS[:4]:
+            prompt = _prompt(demo_engine, q)
+            out = []
+            for token, _ in generate_step(mx_array(prompt), model, max_tokens=16):
+                if token in tok.eos_token_ids:
+                    break
+                out.append(int(token))
+            want.append((tok.decode(out), len(out)))
+    finally:
+        if was:
+            assert fast_ops.install() is None
+    reqs = [GenerationRequest(prompt=_prompt(demo_engine, q), max_tokens=16)
+            for q in QUESTIONS[:4]]
+    alone = [_answers(demo_engine, [r])[0] for r in reqs]
+    together = _answers(demo_engine, [GenerationRequest(prompt=r.prompt, max_tokens=16)
+                                      for r in reqs])
+    assert alone == together == want
+
+
+def _answers(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[str, int]]:
+    """Each answer's text as its caller reads it, and its output tokens."""
+    queues = []
+    for r in requests:
+        q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+        engine.submit(r, blocking_sink(q))
+        queues.append(q)
+    out = []
+    for q in queues:
+        text = ""
+        while not isinstance(ev := q.get(timeout=120), FinishEvent):
+            text += ev.text
+        out.append((text + ev.text, ev.usage.completion_tokens))
+    return out
+
+
+def mx_array(tokens: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    import mlx.core as mx
+
+    return mx.array(tokens)

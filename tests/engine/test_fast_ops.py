@@ -1,4 +1,4 @@
-"""The fast CPU ops (appliance/native/mlx_fast.cpp, appliance/fast_ops.py): softmax,
+"""The fast CPU ops (appliance/backend/native/mlx_fast.cpp, appliance/backend/fast_ops.py): softmax,
 SwiGLU's gate, RoPE, RMSNorm and attention agree with MLX's own to float32 rounding in every shape,
 offset and mask mlx-lm hands them; a row with nothing to attend to gives zeros, not NaN; the real model's
 logits and greedy tokens do not change; `appliance run` installs them and
@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from appliance import fast_ops
+from appliance.backend import fast_ops
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -253,9 +253,23 @@ def test_appliance_run_installs_them_unless_told_not_to(demo_model: Path) -> Non
             "--model", str(demo_model)]
     on = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert on.returncode == 0, on.stderr
-    assert "fast CPU ops: RoPE, RMSNorm, attention softmax and SwiGLU" in on.stderr, on.stderr
+    assert " fast_ops=True " in on.stderr, on.stderr
     off = subprocess.run([*args, "--no-fast-cpu-ops"], capture_output=True, text=True,
                          timeout=180, cwd=ROOT)
     assert off.returncode == 0, off.stderr
-    assert "fast CPU ops" not in off.stderr
+    assert " fast_ops=False " in off.stderr, off.stderr
     assert on.stdout.strip() == off.stdout.strip()
+
+
+def test_an_extension_built_for_another_mlx_is_refused_before_it_loads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MLX version the build wrote beside the extension is compared first: a library
+    built against another MLX is never loaded, and the engine runs MLX's own operations."""
+    stamp = tmp_path / "_mlx_fast.mlx-version"
+    stamp.write_text("0.0.1\n")
+    monkeypatch.setattr(fast_ops, "STAMP", stamp)
+    module, why = fast_ops._load_extension()
+    assert module is None and why is not None
+    assert "built for MLX 0.0.1" in why and fast_ops.MLX_VERSION in why
+    stamp.unlink()  # no stamp at all: refused as well
+    assert fast_ops._load_extension()[0] is None

@@ -18,6 +18,7 @@ from appliance.engine.request import GenerationRequest, RequestHandle, TokenEven
 from appliance.engine.runner import Runner
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.types import SchedulerConfig
+from tests.helpers import NATIVE
 
 ATOL = 1e-4
 """fp32 sums of the same products in another grouping of rows."""
@@ -43,7 +44,7 @@ def _kv(cache: list[Any]) -> list[mx.array]:
 
 @pytest.fixture(scope="module")
 def model(demo_model: Path) -> Any:
-    loaded = load_model(demo_model, fast_cpu_ops=True)
+    loaded = load_model(demo_model, fast_cpu_ops=True, native=NATIVE)
     assert supports_mixed(loaded.model)
     return loaded.model
 
@@ -166,7 +167,7 @@ def _run(loaded: Any, mixed: bool) -> tuple[list[list[int]], int]:
 
 def test_greedy_output_is_the_same_with_chunks_read_in_the_decode_step(
         demo_model: Path) -> None:
-    loaded = load_model(demo_model, fast_cpu_ops=True)
+    loaded = load_model(demo_model, fast_cpu_ops=True, native=NATIVE)
     apart, none = _run(loaded, mixed=False)
     together, mixed = _run(loaded, mixed=True)
     assert none == 0 and mixed >= 5, "the long prompt's chunks rode in decode steps"
@@ -181,7 +182,7 @@ def test_a_prompt_that_fails_beside_decoding_streams_ends_alone(demo_model: Path
         if request.max_tokens == 13 and phase == "prefill":
             raise RuntimeError("injected into the prefill")
 
-    loaded = load_model(demo_model, fast_cpu_ops=True)
+    loaded = load_model(demo_model, fast_cpu_ops=True, native=NATIVE)
     runs = []
     for hook in (None, fault):
         runner = Runner(loaded, Scheduler(SchedulerConfig()), time.monotonic, hook)
@@ -208,7 +209,7 @@ def test_a_chat_turn_of_someone_with_nothing_streaming_is_read_in_a_forward_of_i
     runner reads such forwards before the decode step, so its first token does not wait for
     the step); the same turn of user 1 rides in the step. Either way its first token comes
     in that tick."""
-    loaded = load_model(demo_model, fast_cpu_ops=True)
+    loaded = load_model(demo_model, fast_cpu_ops=True, native=NATIVE)
     runner = Runner(loaded, Scheduler(SchedulerConfig(prefill_chunk_size=0)), time.monotonic,
                     None)
 

@@ -1,4 +1,4 @@
-"""skinny_matmul (appliance/native/skinny_matmul.c): MLX's products of a few rows run our
+"""skinny_matmul (appliance/backend/native/skinny_matmul.c): MLX's products of a few rows run our
 kernel (up to 32 rows), give gemm's results and the same bits for a row alone and in a batch; one-row and
 one-column products of other layouts go to OpenBLAS's gemv; the rest is untouched; and
 `appliance run` preloads it."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.blas import SPIN_EXPONENT, openblas_lib, skinny_matmul_lib, wanted_preload
+from appliance.backend.blas import SPIN_EXPONENT, openblas_lib, skinny_matmul_lib, wanted_preload
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,6 +27,7 @@ PRODUCTS = textwrap.dedent("""
     lib = ctypes.CDLL(sys.argv[1])  # already loaded: the preloaded copy's counters
     for name in ("appliance_skinny_kernel_calls", "appliance_skinny_gemv_calls"):
         getattr(lib, name).restype = ctypes.c_ulong
+    lib.appliance_skinny_simd.restype = ctypes.c_char_p
     assert lib.appliance_skinny_active() == 1
     rng = np.random.default_rng(0)
 
@@ -73,6 +74,7 @@ PRODUCTS = textwrap.dedent("""
     for i in (7, 15, 20, 31):  # and rows in later groups of eight, at other places in a tile
         row = np.array(X32[i:i + 1] @ W.T)[0]
         out["same bits"].append(bool((np.array(X32 @ W.T)[i] == row).all()))
+    out["simd"] = lib.appliance_skinny_simd().decode()
     print(json.dumps(out))
 """)
 
@@ -84,7 +86,7 @@ def preload() -> list[str]:
     if openblas_lib() is None:
         pytest.fail("Debian's libopenblas0-pthread is not installed (scripts/test.sh installs it)")
     if skinny_matmul_lib() is None:
-        pytest.fail("appliance/_skinny_matmul*.so was not built: pip install -e . with gcc "
+        pytest.fail("appliance/backend/_skinny_matmul*.so was not built: pip install -e . with gcc "
                     "(scripts/test.sh installs gcc)")
     return wanted_preload("auto", True)
 
@@ -95,14 +97,38 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def test_few_row_products_run_the_kernel_and_equal_gemm(preload: list[str]) -> None:
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def simd_expected(asked: str) -> str:
+    """The variant the kernel must run when ``asked`` is forced (APPLIANCE_SIMD): that one
+    where this processor has it, else the portable code."""
+    flags = cpu_flags()
+    needs = {"avx512": {"avx512f", "avx512dq", "avx512bw", "avx512vl"}, "avx2": {"avx2", "fma"},
+             "portable": set()}
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        return "portable"
+    return asked if needs[asked] <= flags else "portable"
+
+
+@pytest.mark.parametrize("simd", ["avx512", "avx2", "portable"])
+def test_few_row_products_run_the_kernel_and_equal_gemm(preload: list[str], simd: str) -> None:
+    """Each instruction set's kernel (forced by APPLIANCE_SIMD; one this processor lacks
+    falls back to the portable code) against float64, with the same bits for a row alone
+    and in every batch."""
     import json
 
     assert preload[0] == skinny_matmul_lib()  # before OpenBLAS, so MLX finds it first
     run = subprocess.run([sys.executable, "-c", PRODUCTS, preload[0]], capture_output=True,
-                         text=True, timeout=120, env=_clean_env(LD_PRELOAD=":".join(preload)))
+                         text=True, timeout=120,
+                         env=_clean_env(LD_PRELOAD=":".join(preload), APPLIANCE_SIMD=simd))
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result.pop("simd") == simd_expected(simd)
     assert result.pop("same bits") == [True] * 36
     for name, r in result.items():
         assert r["finite"] and r["err"] < 1e-5, (name, r)
@@ -112,7 +138,7 @@ def test_few_row_products_run_the_kernel_and_equal_gemm(preload: list[str]) -> N
 def test_appliance_run_preloads_skinny_matmul_before_openblas(preload: list[str],
                                                              demo_model: Path) -> None:
     """The real entry point, started without LD_PRELOAD, restarts itself with both, and
-    with OpenBLAS's workers spinning briefly (appliance.blas.SPIN_EXPONENT)."""
+    with OpenBLAS's workers spinning briefly (appliance.backend.blas.SPIN_EXPONENT)."""
     args = [sys.executable, "-m", "appliance", "run", "-p", "Hello", "--max-tokens", "2",
             "--model", str(demo_model)]
     on = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=ROOT,
@@ -126,12 +152,22 @@ def test_appliance_run_preloads_skinny_matmul_before_openblas(preload: list[str]
     assert off.returncode == 0, off.stderr
     assert f"BLAS: Debian's OpenBLAS{spin}\n" in off.stderr, off.stderr
     assert on.stdout.strip() and off.stdout.strip()
+    assert "backend: kind=cpu device=Device(cpu, 0) native=True kernel=" in on.stderr
+    assert "kernel=none" in off.stderr
+    # the native code off: OpenBLAS alone, no fast ops, malloc as it is
+    pure = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=ROOT,
+                          env=_clean_env(HF_HUB_OFFLINE="1", APPLIANCE_NATIVE="off"))
+    assert pure.returncode == 0, pure.stderr
+    assert f"BLAS: Debian's OpenBLAS{spin}\n" in pure.stderr, pure.stderr
+    assert ("native=False kernel=none fast_ops=False heap=not tuned (native code off or not "
+            "the CPU) profile=plain") in pure.stderr
+    assert pure.stdout.strip() == off.stdout.strip()  # greedy: the same words
 
 
 def test_the_preload_puts_ours_first_and_keeps_the_rest(preload: list[str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """What `appliance serve` and the dashboards benchmark restart with (appliance.blas)."""
-    from appliance.blas import THREAD_TIMEOUT, blas_env, preload_env
+    """What `appliance serve` and the dashboards benchmark restart with (appliance.backend.blas)."""
+    from appliance.backend.blas import THREAD_TIMEOUT, blas_env, preload_env
 
     monkeypatch.setenv("LD_PRELOAD", f"/opt/other.so:{preload[1]}")
     monkeypatch.delenv(THREAD_TIMEOUT, raising=False)
@@ -156,13 +192,13 @@ def test_the_preload_puts_ours_first_and_keeps_the_rest(preload: list[str],
 def test_a_kernel_asked_for_but_never_built_is_a_warning(
         preload: list[str], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    from appliance import cli
+    from appliance.backend import process
 
-    monkeypatch.setattr(cli, "loaded_libraries", lambda: f"7f00 r-xp {preload[1]}\n")
-    monkeypatch.setattr(cli, "skinny_matmul_lib", lambda: None)
+    monkeypatch.setattr(process, "loaded_libraries", lambda: f"7f00 r-xp {preload[1]}\n")
+    monkeypatch.setattr(process, "skinny_matmul_lib", lambda: None)
     with caplog.at_level("INFO", logger="appliance"):
-        cli.log_blas(True)
-        cli.log_blas(False)
+        process.log_blas(True)
+        process.log_blas(False)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "skinny_matmul is on but was not built" in warnings[0]
 

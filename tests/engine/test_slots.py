@@ -15,6 +15,7 @@ import pytest
 from appliance.engine.batch import DecodeBatch, new_sequence_cache, prefill
 from appliance.engine.model import load_model
 from appliance.engine.slots import _copy
+from tests.helpers import NATIVE
 
 ATOL = 1e-4
 
@@ -41,7 +42,7 @@ class Alone:
 
 @pytest.fixture(scope="module")
 def model(demo_model: Path) -> Any:
-    return load_model(demo_model, fast_cpu_ops=True).model
+    return load_model(demo_model, fast_cpu_ops=True, native=NATIVE).model
 
 
 def _join(batch: DecodeBatch, rid: int, alone: Alone) -> None:

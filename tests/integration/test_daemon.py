@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.daemon import PASSWORD, cli, make_household, start_daemon
+from tests.helpers import NATIVE
 
 CHAT = {"messages": [{"role": "user", "content": "Tell me a story"}]}
 
@@ -42,8 +43,9 @@ def test_sigterm_lets_running_and_queued_requests_finish_then_exits_0(
     assert "shut down cleanly" in log
     frozen = re.search(r"startup heap settled: (\d+) objects", log)
     assert frozen is not None and int(frozen.group(1)) > 10_000, log[-2000:]
-    # the real entry point keeps big buffers in malloc's heap (appliance/engine/heap.py)
-    assert "big buffers kept by malloc between forwards: kept" in log, log[-2000:]
+    # the real entry point keeps big buffers in malloc's heap (appliance/backend/heap.py),
+    # unless the native code is off (CI's second leg)
+    assert (" heap=kept " if NATIVE else " heap=not tuned ") in log, log[-2000:]
 
 
 def test_logs_carry_no_password_key_or_text(tiny_model: Path, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Big buffers kept by malloc (appliance/engine/heap.py): with it, a 40 MiB MLX array's
+"""Big buffers kept by malloc (appliance/backend/heap.py): with it, a 40 MiB MLX array's
 buffer comes from the heap; without it, from a fresh mmap (what costs a page fault per page
 each time); an environment that tunes malloc itself is left alone."""
 
@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from appliance.engine import heap
+from appliance.backend import heap
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
 
 MMAPPED = """
 import ctypes, sys
 import mlx.core as mx
-from appliance.engine import heap
+from appliance.backend import heap
 if sys.argv[1] == "keep":
     print(heap.keep_big_buffers({}), file=sys.stderr)
 

@@ -55,3 +55,20 @@ def test_an_import_up_a_layer_is_a_breach(tmp_path: Path) -> None:
     layers = _layers()
     assert layers.breaches(layers.graph(tmp_path)) == [
         "appliance.store.y (store) imports appliance.api.x (api)"]
+
+
+def test_the_scheduler_and_cost_model_import_nothing_device_specific() -> None:
+    """sched/ plans from a cost profile; MLX, numpy, ctypes and appliance.backend stay out."""
+    assert _layers().device_imports() == []
+
+
+def test_a_device_import_in_the_scheduler_is_found(tmp_path: Path) -> None:
+    pkg = tmp_path / "appliance" / "sched"
+    pkg.mkdir(parents=True)
+    (tmp_path / "web").mkdir()
+    for folder in (tmp_path / "appliance", pkg, tmp_path / "web"):
+        (folder / "__init__.py").write_text("")
+    (pkg / "cost.py").write_text("def f():\n    import mlx.core as mx\n")
+    (pkg / "fine.py").write_text("import math\n")
+    assert _layers().device_imports(tmp_path) == [
+        "appliance.sched.cost (appliance.sched is pure) imports mlx.core"]

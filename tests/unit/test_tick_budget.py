@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import pytest
 
 from appliance.sched.budget import TickObjectives, tick_budget
-from appliance.sched.cost import DECODE_PRIOR, PREFILL_PRIOR, CostModel, OnlineFit
+from appliance.sched.cost import BASE_DECODE_PRIOR as DECODE_PRIOR
+from appliance.sched.cost import PREFILL_PRIOR, CostModel, CostProfile, OnlineFit
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import RequestState
 from appliance.sched.types import SchedulerConfig, SeqView
@@ -43,9 +44,11 @@ SLOW_CPU = Machine()
 FAST_GPU = Machine(d0=0.004, d1=0.0001, d2=0.0004, p0=0.004, p1=0.05, p2=0.002)
 
 
-def trained(machine: Machine, ticks: int = 60) -> CostModel:
-    """A cost model fed the tick times ``machine`` records over a mixed workload."""
-    costs = CostModel()
+def trained(machine: Machine, ticks: int = 60,
+            profile: CostProfile | None = None) -> CostModel:
+    """A cost model (of a device with ``profile``'s steps; none by default) fed the tick
+    times ``machine`` records over a mixed workload."""
+    costs = CostModel(profile=profile or CostProfile())
     for i in range(ticks):
         rows, kv = 1 + i % 8, 64 + (i * 97) % 2500
         costs.observe_decode(rows, kv, machine.decode(rows, kv))

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from appliance.backend.profile import CPU_KERNEL, KERNEL_ROWS, WIDE_ROWS
 from appliance.sched.budget import BURST_STEPS, TickObjectives, tick_budget
-from appliance.sched.cost import KERNEL_ROWS, WIDE_ROWS, WIDE_SHARE, CostModel
+from appliance.sched.cost import STEP_SHARE as WIDE_SHARE
+from appliance.sched.cost import CostModel
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.types import SchedulerConfig
 from appliance.vocab import Klass
@@ -25,7 +27,7 @@ def ride(n: int, k: int) -> float:
 
 def trained_riding(machine: Machine = SLOW_CPU, ticks: int = 80) -> CostModel:
     """Decode steps with and without chunks riding in them, and prefill forwards alone."""
-    costs = trained(machine, ticks)
+    costs = trained(machine, ticks, CPU_KERNEL)
     costs.rides = True
     for i in range(ticks):
         rows, kv = 1 + i % 8, 64 + (i * 97) % 2500
@@ -64,7 +66,7 @@ def tiny_ride(n: int, k: int) -> float:
 def trained_tiny(rows: int, tokens: int, ticks: int = 120) -> CostModel:
     """TINY's decode steps of 1 to ``rows`` rows, four in five with a chunk of 8 to
     ``tokens`` tokens riding in them."""
-    costs = trained(TINY)
+    costs = trained(TINY, profile=CPU_KERNEL)
     costs.rides = True
     for i in range(ticks):
         b, kv = 1 + i % rows, 100 + (i * 97) % 900
@@ -81,7 +83,7 @@ def test_a_riding_chunks_own_fixed_cost_is_not_put_on_its_tokens() -> None:
     costs = trained_tiny(6, 15)
     for n, k in [(8, 0), (15, 300)]:
         assert costs.ride(n, k, 4) == pytest.approx(tiny_ride(n, k), rel=0.05)
-    unseen = costs.decode_fit.beta[7]  # the step past KERNEL_ROWS, at its prior
+    unseen = costs.step_cost(KERNEL_ROWS)  # the step past KERNEL_ROWS, at its prior
     assert unseen == pytest.approx(WIDE_SHARE * TINY.d0, rel=0.1)
     for n, k in [(64, 0), (128, 500)]:  # four to eight times the chunks it saw
         assert costs.ride(n, k, 4) - unseen == pytest.approx(tiny_ride(n, k), rel=0.15)
@@ -92,14 +94,14 @@ def test_until_it_sees_wide_forwards_the_fit_predicts_their_step_from_the_decode
     fixed prior of 20 ms (SmolLM's step) kept every riding chunk within 16 rows, 8-12
     tokens beside 4-8 decode rows, so the fit never saw a wide forward to learn from."""
     costs = trained_tiny(4, 12)  # narrow forwards only
-    step = costs.decode_fit.beta[5]
+    step = costs.step_cost(WIDE_ROWS)
     assert step == pytest.approx(WIDE_SHARE * TINY.d0, rel=0.3)
     share = tiny_ride(40, 200) + step  # time for 40 tokens and the step
     assert costs.ride_tokens_within(share, 200, 4) > WIDE_ROWS - 4
     for i in range(60):  # then wide forwards: no step on this machine
         chunks = [(20 + i % 20, 300)]
         costs.observe_decode(4, 500, TINY.decode(4, 500) + tiny_ride(*chunks[0]), chunks)
-    assert costs.decode_fit.beta[5] < step / 3
+    assert costs.step_cost(WIDE_ROWS) < step / 3
 
 
 def test_while_present_a_riding_chunk_of_work_that_can_wait_pays_its_own_fixed_cost_twice(
@@ -250,7 +252,7 @@ takes at most 16 rows, OpenBLAS the rest: about 50 ms on the SmolLM-135M shape).
 def trained_wide(ticks: int = 120, kernel_step: float = 0.0) -> CostModel:
     """As :func:`trained_riding`, on a machine whose forwards of more than WIDE_ROWS rows
     cost WIDE_STEP more, and of more than KERNEL_ROWS ``kernel_step`` more again."""
-    costs = trained(SLOW_CPU, ticks)
+    costs = trained(SLOW_CPU, ticks, CPU_KERNEL)
     costs.rides = True
     for i in range(ticks):
         rows, kv = 1 + i % 8, 64 + (i * 97) % 2500
@@ -273,7 +275,7 @@ def test_the_fit_learns_the_step_to_products_of_more_than_wide_rows() -> None:
     assert costs.ride(13, 0, 4) == pytest.approx(ride(13, 0) + WIDE_STEP, abs=0.01)
     assert costs.ride(12, 0, 20) == pytest.approx(ride(12, 0), abs=0.01)  # already wide
     # where products have no such step, it fits a small fraction of one (the prior's pull)
-    assert trained_riding().decode_fit.beta[5] < WIDE_STEP / 5
+    assert trained_riding().step_cost(WIDE_ROWS) < WIDE_STEP / 5
 
 
 def test_a_riding_chunk_stays_within_wide_rows_unless_the_time_reads_more_past_them() -> None:
@@ -303,21 +305,21 @@ def test_a_riding_chunk_stops_at_the_kernels_rows_unless_the_time_reads_more_pas
     """Seven streams and a burst of chat turns riding (C = 8): a tick planned at its target
     crossed 32 rows, priced as 31, and took the step on top (BENCHMARKS Run 18)."""
     costs = trained_wide(kernel_step=KERNEL_STEP)
-    assert costs.decode_fit.beta[7] == pytest.approx(KERNEL_STEP, abs=0.006)
+    assert costs.step_cost(KERNEL_ROWS) == pytest.approx(KERNEL_STEP, abs=0.006)
     # no such step: under its prior (half a decode step's fixed cost), which it is pulled to
-    assert trained_wide().decode_fit.beta[7] < 0.6 * WIDE_SHARE * costs.decode_fit.beta[0]
+    assert trained_wide().step_cost(KERNEL_ROWS) < 0.6 * WIDE_SHARE * costs.decode_fit.beta[0]
     rows, room = 7, KERNEL_ROWS - 7
     assert costs.ride(room + 1, 0, rows) - costs.ride(room, 0, rows) == pytest.approx(
         KERNEL_STEP + costs.prefill(room + 1, 0, riding=True) - costs.prefill(room, 0, riding=True),
         abs=0.006)
 
     def past_first(n: int) -> float:  # n riding tokens and the first step, not the second
-        return costs.prefill(n, 0, riding=True) + costs.decode_fit.beta[5] + 1e-9
+        return costs.prefill(n, 0, riding=True) + costs.step_cost(WIDE_ROWS) + 1e-9
 
     assert costs.ride_tokens_within(past_first(room), 0, rows) == room
     assert costs.ride_tokens_within(past_first(room + 4), 0, rows) == room
-    n = costs.ride_tokens_within(past_first(120) + costs.decode_fit.beta[7], 0, rows)
-    assert n > room and costs.ride(n, 0, rows) <= past_first(120) + costs.decode_fit.beta[7]
+    n = costs.ride_tokens_within(past_first(120) + costs.step_cost(KERNEL_ROWS), 0, rows)
+    assert n > room and costs.ride(n, 0, rows) <= past_first(120) + costs.step_cost(KERNEL_ROWS)
     # past both steps already: nothing more to pay
     assert costs.ride_tokens_within(costs.prefill(10, 0, riding=True) + 1e-9, 0, 40) == 10
 

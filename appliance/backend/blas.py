@@ -5,7 +5,7 @@
 
 - Debian's OpenBLAS, in place of the slow reference BLAS bundled in the mlx[cpu] wheel
   (~30-50x faster for a forward pass's matmuls);
-- before it, our ``skinny_matmul`` library (``appliance/native/skinny_matmul.c``), which
+- before it, our ``skinny_matmul`` library (``appliance/backend/native/skinny_matmul.c``), which
   runs the matrix products of a few rows (the decode steps of small batches) with its own
   kernel instead of OpenBLAS's gemm (decode steps 1.2-1.9x faster here).
 """
@@ -22,7 +22,7 @@ OPENBLAS_CANDIDATES = (
     "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
     "/usr/lib64/libopenblas.so.0",
 )
-SKINNY_MODULE = "appliance._skinny_matmul"
+SKINNY_MODULE = "appliance.backend._skinny_matmul"
 
 THREAD_TIMEOUT = "OPENBLAS_THREAD_TIMEOUT"
 SPIN_EXPONENT = "20"

@@ -8,8 +8,9 @@
 // over 512 x 1536 activations a layer. A decode step spends less there (its scores are one
 // row per head), but the softmax still grows with the context.
 //
-// This file defines them as MLX primitives with a vectorised exp (GCC vector extensions,
-// compiled with -march=native, so AVX-512 or AVX2 where the machine has it):
+// This file defines them as MLX primitives with a vectorised exp (GCC vector extensions;
+// the softmax and SwiGLU loops are compiled for AVX-512, AVX2 with FMA and the baseline,
+// and the loader picks what the processor runs: see HOT):
 //  - softmax(x, causal): over the last axis, float32; a row that is all -inf gives zeros
 //    (the attention rows of left padding, which attend to nothing), never NaN; with causal,
 //    attention's causal mask applied as it reads (no masked copy of the scores);
@@ -17,7 +18,7 @@
 //  - rope(x, ...) and rms_norm(x, w, eps): mx.fast.rope's and mx.fast.rms_norm's
 //    arithmetic, which MLX has no CPU kernels for (see Rope and RmsNorm).
 // They are exact to a few float32 ulps of the built-in ones (tests/engine/test_fast_ops.py).
-// appliance/fast_ops.py builds attention and SwiGLU from them and installs those in
+// appliance/backend/fast_ops.py builds attention and SwiGLU from them and installs those in
 // mlx-lm's model modules when MLX runs on the CPU.
 //
 // It is compiled against the MLX that is installed beside it (setup.py, with nanobind in the
@@ -39,6 +40,13 @@
 #include <utility>
 #include <vector>
 
+#include "mlx/version.h"
+// mlx/backend/cpu/encoder.h is MLX's private header: it is read only from the versions this
+// file was checked with; another MLX builds the package without this extension (the pure
+// path), never a library that breaks at run time.
+#if !defined(MLX_VERSION_NUMERIC) || MLX_VERSION_NUMERIC < 29000 || MLX_VERSION_NUMERIC >= 33000
+#error "appliance mlx_fast: checked with MLX 0.29 to 0.32 only (mlx/backend/cpu/encoder.h)"
+#endif
 #include "mlx/allocator.h"
 #include "mlx/array.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -46,31 +54,40 @@
 #include "mlx/primitives.h"
 #include "mlx/transforms.h"
 #include "mlx/utils.h"
-#include "mlx/version.h"
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
 
 namespace {
 
+// Function multi-versioning: one copy of a hot loop per instruction set, chosen when the
+// library loads (an ifunc), so a build on one processor runs on any other x86-64. The
+// helpers above are always inlined into each copy, so they too use its instructions.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define HOT
+#endif
+#define FORCE_INLINE inline __attribute__((always_inline))
+
 constexpr int LANES = 16;
 typedef float vf __attribute__((vector_size(LANES * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(LANES * sizeof(int32_t))));
 
-inline vf splat(float v) { return vf{} + v; }
+FORCE_INLINE vf splat(float v) { return vf{} + v; }
 
-inline vf load(const float* p) {
+FORCE_INLINE vf load(const float* p) {
   vf v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+FORCE_INLINE void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
 
 // exp of 16 floats: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-6 polynomial
 // (Cephes' expf coefficients), 2^n by building the exponent bits. Below -87.3 (the smallest
 // normal) the result is 0, which is what a masked (-inf) attention score must give.
-inline vf vexp(vf x) {
+FORCE_INLINE vf vexp(vf x) {
   const vf lo = splat(-87.3365478515625f), hi = splat(88.3762626647949f);
   const vi under = x < lo;
   x = x < lo ? lo : x;
@@ -100,14 +117,14 @@ inline vf vexp(vf x) {
   return out;
 }
 
-inline float sexp(float x) {  // the same arithmetic for one element (row tails)
+FORCE_INLINE float sexp(float x) {  // the same arithmetic for one element (row tails)
   float buf[LANES] = {x};
   vf v = vexp(load(buf));
   return v[0];
 }
 
 // x's lanes at and past `limit` (of the 16 from j) as -inf: what a causal mask puts there.
-inline vf load_below(const float* p, int64_t j, int64_t limit) {
+FORCE_INLINE vf load_below(const float* p, int64_t j, int64_t limit) {
   vf v = load(p + j);
   if (j + LANES <= limit) return v;
   vi lane;
@@ -120,7 +137,7 @@ inline vf load_below(const float* p, int64_t j, int64_t limit) {
 // causal at a time, the last causal positions of the keys; attention's causal mask), and
 // the rest is 0. The numbers are those of the rest set to -inf first, bit for bit: the sums
 // run over the same lanes in the same order, and a masked lane adds an exact 0.
-void softmax_rows(const float* x, float* y, int64_t first, int64_t rows, int64_t n,
+HOT void softmax_rows(const float* x, float* y, int64_t first, int64_t rows, int64_t n,
                   int64_t causal) {
   const int64_t nv = n - n % LANES;
   for (int64_t row = 0; row < rows; row++) {
@@ -160,7 +177,7 @@ void softmax_rows(const float* x, float* y, int64_t first, int64_t rows, int64_t
   }
 }
 
-void silu_mul_span(const float* a, const float* b, float* y, int64_t n) {
+HOT void silu_mul_span(const float* a, const float* b, float* y, int64_t n) {
   const int64_t nv = n - n % LANES;
   int64_t j = 0;
   for (; j < nv; j += LANES) {
@@ -474,7 +491,7 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
 }  // namespace
 
 NB_MODULE(_mlx_fast, m) {
-  m.doc() = "Vectorised softmax, SwiGLU gate, RoPE and RMSNorm for MLX on the CPU (appliance/native/mlx_fast.cpp)";
+  m.doc() = "Vectorised softmax, SwiGLU gate, RoPE and RMSNorm for MLX on the CPU (appliance/backend/native/mlx_fast.cpp)";
   m.def("softmax", &softmax, nb::arg("x"), nb::arg("causal") = 0,
         "Softmax over the last axis (float32; all -inf rows give 0). causal > 0: row r sees its "
         "first n - causal + 1 + r % causal columns only (attention's causal mask; the rest 0).");

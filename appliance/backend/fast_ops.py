@@ -1,5 +1,5 @@
 """Attention and SwiGLU for MLX on the CPU, from the two vectorised operations of
-appliance/native/mlx_fast.cpp (see its header for why: MLX computes exp and sigmoid one
+appliance/backend/native/mlx_fast.cpp (see its header for why: MLX computes exp and sigmoid one
 element at a time there, and they were three quarters of a 512-token prefill).
 
 :func:`install` puts :func:`attention` and :func:`swiglu` in place of mlx-lm's
@@ -25,6 +25,8 @@ NaN.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -36,13 +38,42 @@ MODULES = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma", "gemma3_text
 (SmolLM 2 and 3, Mistral) follow."""
 
 
-try:
-    from appliance import _mlx_fast  # type: ignore[attr-defined]
-except ImportError:  # not built (no C++ compiler, or another platform)
-    _mlx_fast = None
-
-_installed: dict[str, dict[str, Any]] = {}
 MLX_VERSION: str = getattr(mx, "__version__", "")
+STAMP = Path(__file__).with_name("_mlx_fast.mlx-version")
+"""The MLX version the extension was built against (written by setup.py beside it)."""
+
+
+def _load_extension() -> tuple[Any, str | None]:
+    """The compiled extension, or None and why not. An extension built for another MLX is
+    refused before it is loaded: a C++ library loaded into another MLX's process may not
+    even fail cleanly."""
+    if importlib.util.find_spec("appliance.backend._mlx_fast") is None:
+        return None, "appliance.backend._mlx_fast was not built"
+    built = STAMP.read_text().strip() if STAMP.exists() else "an unknown version"
+    if built != MLX_VERSION:
+        return None, (f"appliance.backend._mlx_fast was built for MLX {built}, this is MLX "
+                      f"{MLX_VERSION} (reinstall the appliance)")
+    try:
+        return importlib.import_module("appliance.backend._mlx_fast"), None
+    except ImportError as exc:
+        return None, f"appliance.backend._mlx_fast did not load: {exc}"
+
+
+
+_mlx_fast: Any = None
+_unavailable: str | None = None
+_tried = False
+_installed: dict[str, dict[str, Any]] = {}
+
+
+def _extension() -> Any:
+    """The extension, loaded on first use only: with the native code off it is never
+    mapped into the process."""
+    global _mlx_fast, _unavailable, _tried
+    if not _tried:
+        _mlx_fast, _unavailable = _load_extension()
+        _tried = True
+    return _mlx_fast
 
 
 def on_cpu() -> bool:
@@ -51,11 +82,8 @@ def on_cpu() -> bool:
 
 def available() -> str | None:
     """None when the operations can be used here, else why not."""
-    if _mlx_fast is None:
-        return "appliance._mlx_fast was not built"
-    if _mlx_fast.mlx_version != MLX_VERSION:
-        return (f"appliance._mlx_fast was built for MLX {_mlx_fast.mlx_version}, "
-                f"this is MLX {MLX_VERSION} (reinstall the appliance)")
+    if _extension() is None:
+        return _unavailable
     if not on_cpu():
         return "MLX runs on the GPU here"
     return None
@@ -108,12 +136,12 @@ def softmax(x: mx.array, causal: int = 0) -> mx.array:
     """Softmax over the last axis of a float32 array. ``causal`` > 0: the rows are queries
     ``causal`` at a time, the last ``causal`` positions of the keys, and each sees only the
     keys up to its own (attention's causal mask, applied as the scores are read)."""
-    assert _mlx_fast is not None
+    assert _extension() is not None
     return _mlx_fast.softmax(x, causal)
 
 
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:
-    assert _mlx_fast is not None
+    assert _extension() is not None
     return _mlx_fast.silu_mul(gate, x)
 
 
@@ -144,7 +172,7 @@ def rope(x: mx.array, dims: int, traditional: bool, base: float | None, scale: f
          offset: int | mx.array, freqs: mx.array | None = None) -> mx.array:
     """``mx.fast.rope``'s arithmetic for a float32 ``x`` of at least 3 axes (positions on
     the second last); ``offset`` one, or one per batch row (axis 0)."""
-    assert _mlx_fast is not None
+    assert _extension() is not None
     if not isinstance(offset, mx.array):
         offset = mx.array(offset, dtype=mx.int32)
     return _mlx_fast.rope(x, dims, traditional, base, scale, offset, freqs)
@@ -157,7 +185,7 @@ def mlx_own(name: str) -> Any:
 
 def rms_norm(x: mx.array, weight: mx.array | None, eps: float) -> mx.array:
     """``mx.fast.rms_norm``'s arithmetic over the last axis of a float32 ``x``."""
-    assert _mlx_fast is not None
+    assert _extension() is not None
     return _mlx_fast.rms_norm(x, weight, eps)
 
 

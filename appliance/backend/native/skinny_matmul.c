@@ -26,17 +26,21 @@
  * The kernel sums every output in one fixed order (16 partial sums over k, the same tree
  * over them, then the tail), whatever the number of rows, the tile or its neighbours: a row
  * gets the same bits alone and in a batch, so greedy decoding does not depend on batching.
- * Tiles of M rows by N columns keep M * N <= 24 accumulators in AVX-512's 32 registers: a
- * decode step of 4 rows took 42-53 ms instead of 68, with a 12-token chunk riding 64-73 ms
- * instead of 107-112 (the SmolLM-135M shape; 2 columns a tile before). Without AVX-512 a
- * tile is 2 columns, as it was.
+ * Tiles of M rows by N columns keep M * N <= 24 accumulators in AVX-512's 32 registers
+ * (docs/decisions.md has the measurements); without AVX-512 a tile is 2 columns.
+ *
+ * Instruction sets are chosen at run time, not at build time (a package built on one
+ * processor must not die with SIGILL on another): the tile loops are compiled three times,
+ * for AVX-512, for AVX2 with FMA and for the baseline of the architecture, and the first
+ * call takes the best the processor and its OS support (__builtin_cpu_supports), or the
+ * one APPLIANCE_SIMD names (avx512, avx2, portable) for tests. A width of tile never
+ * changes a sum, but FMA does: the variants agree to rounding, not to the bit.
  *
  * Big enough products are split by columns between the calling thread and one helper
  * thread (see skinny_shared), so a decode step uses two cores as OpenBLAS's gemm does.
  *
- * It is built as a Python extension module only so that pip compiles it with the package
- * (with -march=native: the machine that installs it is the machine that runs it); Python
- * never imports it (it defines no module init function).
+ * It is built as a Python extension module only so that pip compiles it with the package;
+ * Python never imports it (it defines no module init function).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -61,9 +65,12 @@ static sgemm_fn next_sgemm;
 static sgemv_fn next_sgemv;
 static unsigned long n_kernel, n_gemv;
 
+static void choose_simd(void);
+
 __attribute__((constructor)) static void resolve(void) {
     next_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
     next_sgemv = (sgemv_fn)dlsym(RTLD_NEXT, "cblas_sgemv");
+    choose_simd();
 }
 
 /* Products that ran the kernel, and that went to gemv (the tests read them via ctypes). */
@@ -109,8 +116,8 @@ static inline __attribute__((always_inline)) vec reduce16(const vec *v) {
  * accumulators in registers (AVX-512 has 32), so each column of B and each row of A loaded
  * serves several products. */
 static inline __attribute__((always_inline)) void tile(
-        const int M, const int N, int k, float alpha, const float *a, int lda, const float *b,
-        int ldb, float beta, float *c, int ldc) {
+        const int M, const int N, const int pin, int k, float alpha, const float *a, int lda,
+        const float *b, int ldb, float beta, float *c, int ldc) {
     const int kv = k - k % LANES;
     vec acc[32];
     for (int t = 0; t < 32; t++) acc[t] = (vec){0};
@@ -124,7 +131,8 @@ static inline __attribute__((always_inline)) void tile(
         for (int i = 0; i < M; i++) {
             vec x = *(const uvec *)(a + (long)i * lda + p);
 #if defined(__x86_64__)
-            __asm__("" : "+v"(x));  /* one load of the row for its N products, not N */
+            if (pin)  /* one load of the row for its N products, not N (AVX-512 only: */
+                __asm__("" : "+v"(x));  /* a 16-lane vector is one register there) */
 #endif
             for (int j = 0; j < N; j++) acc[j * M + i] += x * w[j];
         }
@@ -145,33 +153,68 @@ static inline __attribute__((always_inline)) void tile(
 /* C[M x n] (+)= A[M x k] . B[n x k]^T for a fixed M, N columns of C at a time (the last few
  * one at a time: every output is summed the same way in a tile of any width). */
 static inline __attribute__((always_inline)) void rows_kernel(
-        const int M, const int N, int n, int k, float alpha, const float *a, int lda,
-        const float *b, int ldb, float beta, float *c, int ldc) {
+        const int M, const int N, const int pin, int n, int k, float alpha, const float *a,
+        int lda, const float *b, int ldb, float beta, float *c, int ldc) {
     int j = 0;
     for (; j + N <= n; j += N)
-        tile(M, N, k, alpha, a, lda, b + (long)j * ldb, ldb, beta, c + j, ldc);
+        tile(M, N, pin, k, alpha, a, lda, b + (long)j * ldb, ldb, beta, c + j, ldc);
     for (; j < n; j++)
-        tile(M, 1, k, alpha, a, lda, b + (long)j * ldb, ldb, beta, c + j, ldc);
+        tile(M, 1, pin, k, alpha, a, lda, b + (long)j * ldb, ldb, beta, c + j, ldc);
 }
 
-/* Columns per tile for M rows: with AVX-512, as many as keep M * N <= 24 accumulators
- * (N <= 8); else 2 (a vector of 16 lanes is two or four registers there). */
-#ifdef __AVX512F__
-#define COLUMNS(R, WIDE) (WIDE)
-#else
-#define COLUMNS(R, WIDE) 2
-#endif
-#define ROWS_CASE(R, WIDE) \
-    case R: rows_kernel(R, COLUMNS(R, WIDE), n, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
-
-static void rows_up_to_8(int m, int n, int k, float alpha, const float *a, int lda,
-                         const float *b, int ldb, float beta, float *c, int ldc) {
-    switch (m) {
-        ROWS_CASE(1, 8) ROWS_CASE(2, 8) ROWS_CASE(3, 6) ROWS_CASE(4, 5)
-        ROWS_CASE(5, 4) ROWS_CASE(6, 4) ROWS_CASE(7, 3) ROWS_CASE(8, 3)
-        default: abort();
+/* One case of a variant: R rows in tiles of WIDE columns (AVX-512) or 2 (the others). */
+#define ROWS_CASE(R, WIDE, IS_WIDE) \
+    case R: rows_kernel(R, IS_WIDE ? WIDE : 2, IS_WIDE, n, k, alpha, a, lda, b, ldb, beta, c, \
+                        ldc); break;
+#define ROWS_VARIANT(NAME, IS_WIDE) \
+    static void NAME(int m, int n, int k, float alpha, const float *a, int lda, \
+                     const float *b, int ldb, float beta, float *c, int ldc) { \
+        switch (m) { \
+            ROWS_CASE(1, 8, IS_WIDE) ROWS_CASE(2, 8, IS_WIDE) ROWS_CASE(3, 6, IS_WIDE) \
+            ROWS_CASE(4, 5, IS_WIDE) ROWS_CASE(5, 4, IS_WIDE) ROWS_CASE(6, 4, IS_WIDE) \
+            ROWS_CASE(7, 3, IS_WIDE) ROWS_CASE(8, 3, IS_WIDE) \
+            default: abort(); \
+        } \
     }
+
+typedef void (*rows_fn)(int, int, int, float, const float *, int, const float *, int, float,
+                        float *, int);
+
+ROWS_VARIANT(rows_portable, 0)
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) ROWS_VARIANT(rows_avx2, 0)
+__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma"))) ROWS_VARIANT(rows_avx512, 1)
+#endif
+
+static rows_fn rows_up_to_8 = rows_portable;
+static const char *simd_name = "portable";
+
+/* The variant for this processor, or the one APPLIANCE_SIMD asks for (when it can run). */
+static void choose_simd(void) {
+    const char *want = getenv("APPLIANCE_SIMD");
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (want != NULL && *want != '\0') {
+        avx512 = avx512 && strcmp(want, "avx512") == 0;
+        avx2 = avx2 && (strcmp(want, "avx2") == 0);
+    }
+    if (avx512) {
+        rows_up_to_8 = rows_avx512;
+        simd_name = "avx512";
+    } else if (avx2) {
+        rows_up_to_8 = rows_avx2;
+        simd_name = "avx2";
+    }
+#else
+    (void)want;
+#endif
 }
+
+/* The variant in use: "avx512", "avx2" or "portable" (the tests and the log read it). */
+const char *appliance_skinny_simd(void) { return simd_name; }
 
 /* Up to MAX_ROWS rows at once; more (up to GROUP_ROWS) in groups of MAX_ROWS over blocks of
  * GROUP_COLUMNS columns of B, so each block is read from memory once and from the cache by
@@ -210,6 +253,25 @@ typedef struct {
 enum { SPLIT_MIN = 1 << 16, PAUSES = 20000, YIELDS = 20000, BLOCK_MIN = 32 };
 
 static job_t job;
+
+/* The job's fields are written by the caller and copied by the helper, possibly while the
+ * caller writes the next job's. Each field is a release store and an acquire load, so the
+ * copy is no data race, and a helper that read any field of the next job also sees the old
+ * job's claim closed (it was closed before that store): its claim fails. */
+#define JOB_FIELDS(X) X(m) X(n) X(k) X(lda) X(ldb) X(ldc) X(blocks) X(alpha) X(beta) \
+    X(a) X(b) X(c)
+static void publish_job(const job_t *next) {
+#define PUT(f) __atomic_store(&job.f, &next->f, __ATOMIC_RELEASE);
+    JOB_FIELDS(PUT)
+#undef PUT
+}
+static job_t read_job(void) {
+    job_t j;
+#define GET(f) __atomic_load(&job.f, &j.f, __ATOMIC_ACQUIRE);
+    JOB_FIELDS(GET)
+#undef GET
+    return j;
+}
 static unsigned posted;
 static unsigned long long claim;  /* (job number << 32) | next block to claim */
 static int done_blocks;
@@ -273,7 +335,7 @@ static void *helper(void *unused) {
         seen = __atomic_load_n(&posted, __ATOMIC_SEQ_CST);
         /* The copy is of job `seen` whenever a claim below succeeds: a job's fields do not
          * change until all its blocks are done, and a claim needs one not yet taken. */
-        job_t j = job;
+        job_t j = read_job();
         for (int block; (block = take_block(seen, j.blocks)) >= 0;) run_block(&j, block);
     }
     return NULL;
@@ -306,12 +368,13 @@ static void skinny_shared(int m, int n, int k, float alpha, const float *a, int 
     }
     int blocks = n / BLOCK_MIN < 16 ? n / BLOCK_MIN : 16;
     unsigned number = __atomic_load_n(&posted, __ATOMIC_SEQ_CST) + 1;
-    job = (job_t){m, n, k, lda, ldb, ldc, blocks, alpha, beta, a, b, c};
+    const job_t next = {m, n, k, lda, ldb, ldc, blocks, alpha, beta, a, b, c};
+    publish_job(&next);
     __atomic_store_n(&done_blocks, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&claim, (unsigned long long)number << 32, __ATOMIC_SEQ_CST);
     __atomic_store_n(&posted, number, __ATOMIC_SEQ_CST);
     wake_helper();
-    for (int block; (block = take_block(number, blocks)) >= 0;) run_block(&job, block);
+    for (int block; (block = take_block(number, blocks)) >= 0;) run_block(&next, block);
     for (long spin = 1; __atomic_load_n(&done_blocks, __ATOMIC_SEQ_CST) < blocks; spin++) {
         relax();
         if (spin % 4096 == 0)

@@ -1,0 +1,101 @@
+"""The device boundary: everything that depends on where MLX computes lives here.
+
+- :mod:`~appliance.backend.process`: before MLX loads, the CPU backend's process set-up on
+  Linux (Debian's OpenBLAS and the skinny_matmul kernel preloaded, OpenBLAS's spin).
+- :func:`start`, on the engine thread when the model loads: the fast CPU operations
+  (:mod:`~appliance.backend.fast_ops`), malloc's thresholds (:mod:`~appliance.backend.heap`)
+  and the cost profile the scheduler reads (:mod:`~appliance.backend.profile`).
+
+The kind of backend is read once from the installed MLX, without importing it (the
+process may still restart): Metal on macOS, CUDA where MLX's CUDA build is installed, the
+CPU otherwise. Metal and CUDA take none of the CPU's tuning. ``native`` off (the setting,
+``APPLIANCE_NATIVE=off``) runs MLX as shipped on every backend: none of the appliance's
+compiled code and no malloc tuning; the BLAS library stays the ``blas`` setting's.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from appliance.sched.cost import CostProfile
+
+log = logging.getLogger(__name__)
+
+KINDS = ("cpu", "metal", "cuda")
+CUDA_DISTRIBUTIONS = ("mlx-cuda", "mlx-cuda-12", "mlx-cuda-13")
+
+
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def installed_kind(platform: str = sys.platform) -> str:
+    """"metal", "cuda" or "cpu": what the installed MLX computes on (it is not imported)."""
+    if platform == "darwin":
+        return "metal"
+    if any(_installed(name) for name in CUDA_DISTRIBUTIONS):
+        return "cuda"
+    return "cpu"
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """What serves the model here, as the log line and ``/health`` report it."""
+
+    kind: str
+    """"cpu", "metal" or "cuda" (:data:`KINDS`)."""
+    device: str
+    """MLX's default device, as MLX names it."""
+    native: bool
+    """The appliance's native code may run here (the setting, and a CPU device)."""
+    kernel: str | None
+    """The skinny_matmul kernel's instruction set when it is loaded, else None."""
+    fast_ops: bool
+    """The fast CPU operations are installed in mlx-lm's model modules."""
+    heap: str
+    """What malloc's tuning did ("kept", or why not)."""
+    profile: CostProfile
+
+    def describe(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["profile"] = self.profile.name
+        return out
+
+
+def start(*, native: bool = True, fast_cpu_ops: bool = True) -> Backend:
+    """Set up the device for the model about to load (the engine thread, once): on the CPU
+    with ``native``, the fast operations and malloc's thresholds; elsewhere, MLX as shipped.
+    Logs one line saying what runs."""
+    import mlx.core as mx
+
+    from appliance.backend import fast_ops, heap, process
+    from appliance.backend.profile import profile_for
+
+    on_cpu = fast_ops.on_cpu()
+    native = native and on_cpu
+    fast = False
+    if not (native and fast_cpu_ops):
+        fast_ops.uninstall()
+    elif (why := fast_ops.install()) is None:
+        fast = True
+    else:
+        log.warning("fast CPU ops are on but cannot be used: %s; prefill runs 1.7-2.3x "
+                    "slower (install a C++ compiler and reinstall, or set --no-fast-cpu-ops)",
+                    why)
+    kept = heap.keep_big_buffers() if native else "not tuned (native code off or not the CPU)"
+    kernel = process.kernel_in_use() if on_cpu else None
+    backend = Backend(kind=installed_kind() if not on_cpu else "cpu",
+                      device=str(mx.default_device()), native=native, kernel=kernel,
+                      fast_ops=fast, heap=kept, profile=profile_for(kernel is not None))
+    log.info("backend: kind=%s device=%s native=%s kernel=%s fast_ops=%s heap=%s profile=%s",
+             backend.kind, backend.device, backend.native, backend.kernel or "none",
+             backend.fast_ops, backend.heap, backend.profile.name)
+    return backend

@@ -1,3 +1,0 @@
-// nanobind's runtime, compiled into appliance._mlx_fast (setup.py puts nanobind's src/ on
-// the include path; setuptools wants the sources under the project).
-#include "nb_combined.cpp"

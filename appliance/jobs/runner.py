@@ -131,6 +131,11 @@ class JobService:
     def guard(self, admin: bool) -> Guard:
         return Guard(self.allow, privileged=admin)
 
+    def min_interval(self, admin: bool) -> int:
+        """The shortest schedule (seconds) a job of an admin or a member may have."""
+        s = self.settings
+        return s.admin_min_interval if admin else s.member_min_interval
+
     # ---- lifespan ----
     async def start(self) -> None:
         self.scheduler = AsyncIOScheduler(
@@ -170,7 +175,7 @@ class JobService:
     async def sync(self, catch_up: bool = False) -> None:
         if self._stopping or self.scheduler is None:
             return
-        jobs, pending = await anyio.to_thread.run_sync(self._read_jobs)
+        jobs, pending, admins = await anyio.to_thread.run_sync(self._read_jobs)
         self.known = {j.id: (j.name, j.user_id) for j in jobs}
         wanted: dict[int, Job] = {j.id: j for j in jobs
                                   if j.schedule_kind != "none" and not j.paused}
@@ -178,11 +183,12 @@ class JobService:
             if job_id not in wanted:
                 self._unschedule(job_id)
         for job in wanted.values():
-            sig = (job.schedule_kind, job.cron, job.interval_s, job.created_at)
+            interval = self._interval(job, job.user_id in admins)
+            sig = (job.schedule_kind, job.cron, interval, job.created_at)
             if self._signatures.get(job.id) == sig:
                 continue
-            trigger = make_trigger(job.schedule_kind, job.cron, job.interval_s,
-                                   job.created_at, self.zone)
+            trigger = make_trigger(job.schedule_kind, job.cron, interval, job.created_at,
+                                   self.zone)
             self.scheduler.add_job(self._fire, trigger, id=f"job-{job.id}",
                                    name=f"job {job.id}", kwargs={"job_id": job.id},
                                    replace_existing=True)
@@ -193,10 +199,22 @@ class JobService:
             if run_id not in self.live:
                 self._spawn(run_id)
 
-    def _read_jobs(self) -> tuple[list[Job], list[int]]:
+    def _interval(self, job: Job, admin: bool) -> int | None:
+        """The job's interval, raised to its owner's floor: a job stored before the floor
+        existed (or whose owner lost the admin role) never runs more often than it allows."""
+        floor = self.min_interval(admin)
+        if job.schedule_kind != "interval" or job.interval_s is None \
+                or job.interval_s >= floor:
+            return job.interval_s
+        log.warning("job %d: interval %d s is below its owner's floor; scheduled every %d s",
+                    job.id, job.interval_s, floor)
+        return floor
+
+    def _read_jobs(self) -> tuple[list[Job], list[int], set[int]]:
         with self.services.store.read_sessions() as s:
             return (store_jobs.list_jobs(s),
-                    [r.id for r in store_jobs.runs_with_status(s, ("pending",))])
+                    [r.id for r in store_jobs.runs_with_status(s, ("pending",))],
+                    store_jobs.admin_ids(s))
 
     def _unschedule(self, job_id: int) -> None:
         self._signatures.pop(job_id, None)
@@ -390,6 +408,10 @@ class JobService:
                                   source_bytes=size)
             if cursor and s.get(Job, job_id) is not None:
                 store_jobs.set_cursor(s, job_id, json.dumps(cursor))
+            pruned = store_jobs.prune_runs(s, job_id, keep=self.settings.runs_keep,
+                                           max_age_s=self.settings.runs_keep_days * DAY_S)
+        if pruned:
+            log.info("job %d: %d old runs deleted", job_id, pruned)
 
     async def _read_source(self, job: Job, owner: User) -> sources.Document:
         s = self.settings

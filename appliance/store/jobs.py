@@ -12,10 +12,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from appliance.store.errors import AlreadyExists, NotFound
 from appliance.store.models import Job, JobRun, LedgerEntry, User
@@ -70,6 +71,10 @@ def list_jobs(session: Session, user_id: int | None = None) -> list[Job]:
 
 def owner_names(session: Session) -> dict[int, str]:
     return {uid: name for uid, name in session.execute(select(User.id, User.name))}
+
+
+def admin_ids(session: Session) -> set[int]:
+    return set(session.scalars(select(User.id).where(User.role == "admin")))
 
 
 def update_job(session: Session, job: Job, changes: Mapping[str, Any],
@@ -199,6 +204,30 @@ def last_slot(session: Session, job_id: int) -> float | None:
 def last_success(session: Session, job_id: int) -> float | None:
     return session.scalar(select(func.max(JobRun.started_at))
                           .where(JobRun.job_id == job_id, JobRun.status == "done"))
+
+
+def prune_runs(session: Session, job_id: int, *, keep: int, max_age_s: float = 0,
+               now: float | None = None) -> int:
+    """Delete the job's finished runs beyond its newest ``keep`` and, when ``max_age_s``,
+    those finished longer ago; the number deleted. Never deleted: unfinished runs (pending,
+    running, interrupted with a retry left), the newest run, and the latest scheduled one
+    (``last_slot``: catch-up after a restart counts from it)."""
+    stamp = time.time() if now is None else now
+    mine = JobRun.job_id == job_id
+    newest = (select(JobRun.id).where(mine)
+              .order_by(JobRun.scheduled_for.desc(), JobRun.id.desc()))
+    anchor = (select(JobRun.id).where(mine, JobRun.trigger.in_(("schedule", "catch-up")))
+              .order_by(JobRun.scheduled_for.desc(), JobRun.id.desc()).limit(1))
+    finished = or_(JobRun.status.in_(FINISHED),
+                   and_(JobRun.status == "interrupted", JobRun.attempts >= 2))
+    stale: ColumnElement[bool] = JobRun.id.not_in(newest.limit(keep))
+    if max_age_s > 0:
+        stale = or_(stale, JobRun.finished_at < stamp - max_age_s)
+    result = session.execute(
+        delete(JobRun).where(mine, finished, stale, JobRun.id.not_in(newest.limit(1)),
+                             JobRun.id.not_in(anchor))
+        .execution_options(synchronize_session=False))
+    return int(getattr(result, "rowcount", 0) or 0)
 
 
 def interrupt_leftovers(session: Session, *, now: float | None = None) -> list[int]:

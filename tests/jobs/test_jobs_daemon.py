@@ -25,7 +25,7 @@ def _runs(c: httpx.Client, job_id: int) -> list[dict[str, Any]]:
 def test_slots_missed_while_down_are_caught_up_as_one_run(tiny_model: Path,
                                                           tmp_path: Path) -> None:
     keys = make_household(tmp_path)
-    d = start_daemon(tiny_model, tmp_path)
+    d = start_daemon(tiny_model, tmp_path, "--member-min-interval", "1")
     with d.client(keys["bob"]) as bob:
         job = bob.post("/jobs", json={"name": "tick", "source": "text", "text": "Tick.",
                                       "schedule": "interval", "interval_s": 2,
@@ -39,7 +39,8 @@ def test_slots_missed_while_down_are_caught_up_as_one_run(tiny_model: Path,
     log = (tmp_path / "daemon.log").read_text()
     assert f"job {job['id']} run " in log and "apscheduler.executors" not in log
     time.sleep(5)  # two or three slots go by while the daemon is down
-    d = start_daemon(tiny_model, tmp_path, log_name="daemon2.log")
+    d = start_daemon(tiny_model, tmp_path, "--member-min-interval", "1",
+                     log_name="daemon2.log")
     try:
         with d.client(keys["bob"]) as bob:
             wait_until(lambda: any(r["trigger"] == "catch-up" for r in _runs(bob, job["id"])),

@@ -9,7 +9,8 @@ CLI, another tab). ``stop()`` runs before the engine drains: the scheduler stops
 running runs end ``interrupted`` (retried once at the next start).
 
 A run (``execute``): read the source, summarise it (``mapreduce``), store the output,
-deliver it to the webhook. Every model request goes through ``service.submit`` as the
+deliver it to the webhook. Each stage's answer is saved as it completes (``job_steps``); a
+retried run reads back the stages an earlier attempt finished instead of asking them again. Every model request goes through ``service.submit`` as the
 owner, in the ``background`` class, with endpoint ``job``: the same counters, quotas and
 ledger as an HTTP request. All writes are short ``BEGIN IMMEDIATE`` transactions on worker
 threads (the store's writer discipline; no writer thread of our own).
@@ -18,6 +19,7 @@ threads (the store's writer discipline; no writer thread of our own).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -103,6 +105,13 @@ class Tally:
     prompt_tokens: int = 0
     output_tokens: int = 0
     ids: list[str] = field(default_factory=list)
+    reused: int = 0
+    """Stages read back from an interrupted attempt instead of asked again."""
+
+
+def step_key(model: str, max_tokens: int, prompt: str) -> str:
+    """What identifies a stage across attempts: the same model asked the same thing."""
+    return hashlib.sha256(f"{model}\0{max_tokens}\0{prompt}".encode()).hexdigest()
 
 
 def ledger_request_id(request: Any) -> str:
@@ -380,8 +389,9 @@ class JobService:
         await asyncio.shield(anyio.to_thread.run_sync(
             self._finish, run_id, job.id, status, output if status == "done" else None,
             error, size, tally, cursor if status == "done" else {}))
-        log.info("job %d run %d %s: %d requests, %d+%d tokens", job.id, run_id, status,
-                 tally.requests, tally.prompt_tokens, tally.output_tokens)
+        log.info("job %d run %d %s: %d requests, %d+%d tokens, %d stages reused", job.id,
+                 run_id, status, tally.requests, tally.prompt_tokens, tally.output_tokens,
+                 tally.reused)
         if status == "done" and job.webhook_url and output is not None:
             await self._deliver(job, owner, run_id, output)
 
@@ -442,9 +452,22 @@ class JobService:
 
         principal = Principal(owner.id, owner.name, owner.role, owner.max_class)
         model = self.services.model
+        done = await anyio.to_thread.run_sync(self._done_steps, live.run_id)
+        if done:
+            log.info("job %d run %d resumes: %d stages already done", job.id, live.run_id,
+                     len(done))
 
         async def ask(prompt_text: str, max_tokens: int) -> str:
-            return await self._ask(principal, live.run_id, prompt_text, max_tokens, tally)
+            # A stage an interrupted attempt finished is read back, not asked (and charged)
+            # again; each new one is saved as soon as it is answered.
+            key = step_key(model.name, max_tokens, prompt_text)
+            if key in done:
+                tally.reused += 1
+                return done[key]
+            answer = await self._ask(principal, live.run_id, prompt_text, max_tokens, tally)
+            await anyio.to_thread.run_sync(self._save_step, live.run_id, key, answer,
+                                           tally.ids[-1])
+            return answer
 
         async def progress(done: int, total: int) -> None:
             live.done, live.total = done, total
@@ -453,6 +476,14 @@ class JobService:
         return await mapreduce.summarise(model.tokenizer, job.instructions, text,
                                          model.ctx_limit, job.max_output_tokens, ask, progress,
                                          self.settings.chunk_tokens)
+
+    def _done_steps(self, run_id: int) -> dict[str, str]:
+        with self.services.store.read_sessions() as s:
+            return store_jobs.done_steps(s, run_id)
+
+    def _save_step(self, run_id: int, key: str, output: str, request_id: str) -> None:
+        with self.services.store.sessions.begin() as s:
+            store_jobs.save_step(s, run_id, key, output, request_id)
 
     def _progress(self, run_id: int, done: int, total: int) -> None:
         with self.services.store.sessions.begin() as s:

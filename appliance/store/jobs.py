@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from appliance.store.errors import AlreadyExists, NotFound
-from appliance.store.models import Job, JobRun, LedgerEntry, User
+from appliance.store.models import Job, JobRun, JobStep, LedgerEntry, User
 
 EDITABLE = ("name", "instructions", "source_kind", "source_text", "url", "headers",
             "schedule_kind", "cron", "interval_s", "max_output_tokens", "webhook_url", "paused")
@@ -158,6 +158,26 @@ def set_progress(session: Session, run_id: int, done: int, total: int) -> None:
                     .values(chunks_done=done, chunks_total=total))
 
 
+def done_steps(session: Session, run_id: int) -> dict[str, str]:
+    """The run's finished stages: key -> output (see ``JobStep``)."""
+    rows = session.execute(select(JobStep.key, JobStep.output)
+                           .where(JobStep.run_id == run_id)).tuples().all()
+    return dict(rows)
+
+
+def save_step(session: Session, run_id: int, key: str, output: str, request_id: str,
+              *, now: float | None = None) -> None:
+    stamp = time.time() if now is None else now
+    session.execute(sqlite_insert(JobStep)
+                    .values(run_id=run_id, key=key, output=output, request_id=request_id,
+                            created_at=stamp)
+                    .on_conflict_do_nothing(index_elements=[JobStep.run_id, JobStep.key]))
+
+
+def forget_steps(session: Session, run_id: int) -> None:
+    session.execute(delete(JobStep).where(JobStep.run_id == run_id))
+
+
 def usage_from_ledger(session: Session, run: JobRun) -> None:
     """The run's request and token counts: the ledger's sums over its request ids."""
     ids = run.request_ids.split()
@@ -185,6 +205,8 @@ def finish_run(session: Session, run_id: int, status: str, *, output: str | None
     run.error = error
     if source_bytes is not None:
         run.source_bytes = source_bytes
+    if status != "interrupted":
+        forget_steps(session, run_id)  # only a retry reads them
     usage_from_ledger(session, run)
     return run
 
@@ -239,4 +261,10 @@ def interrupt_leftovers(session: Session, *, now: float | None = None) -> list[i
         run.interrupted_at = stamp
         run.finished_at = stamp
         usage_from_ledger(session, run)
-    return [r.id for r in runs_with_status(session, ("interrupted",)) if r.attempts < 2]
+    retry = []
+    for run in runs_with_status(session, ("interrupted",)):
+        if run.attempts < 2:
+            retry.append(run.id)
+        else:
+            forget_steps(session, run.id)  # never retried: its stages are of no use
+    return retry

@@ -175,7 +175,15 @@ class JobService:
 
     def _interrupt_leftovers(self) -> list[int]:
         with self.services.store.sessions.begin() as s:
-            return store_jobs.interrupt_leftovers(s)
+            retry = store_jobs.interrupt_leftovers(s)
+            # runs pile up only while a job runs, and each run prunes its own job; this is
+            # for jobs paused with a backlog (or one left by a version that never pruned)
+            pruned = sum(store_jobs.prune_runs(s, job.id, keep=self.settings.runs_keep,
+                                               max_age_s=self.settings.runs_keep_days * DAY_S)
+                         for job in store_jobs.list_jobs(s))
+        if pruned:
+            log.info("%d old job runs deleted at start", pruned)
+        return retry
 
     # ---- keeping the scheduler in step with the table ----
     async def _poll(self, slot: datetime | None = None) -> None:

@@ -117,3 +117,32 @@ def test_kill_9_mid_run_leaves_it_interrupted_then_resumed_once_and_the_ledger_a
     asked_after = set(got["request_ids"]) - asked_before
     assert len(asked_after) - (got["progress"]["total"] - n) == n - k
     assert asked_after <= {r[0] for r in ledger}
+
+
+def test_a_backlog_of_old_runs_is_pruned_when_the_daemon_starts(tiny_model: Path,
+                                                                 tmp_path: Path) -> None:
+    """A paused job's runs (or a database from before pruning) are trimmed at start, not
+    only after the job's next run (issue #37, item 8)."""
+    keys = make_household(tmp_path)
+    cli(tmp_path, "job", "add", "paused digest", "--user", "bob", "--text-file", "-",
+        stdin="Bins on Thursday.\n")
+    db = tmp_path / "appliance.db"
+    now = time.time()
+    with sqlite3.connect(db) as con:
+        (job_id,) = con.execute("SELECT id FROM jobs").fetchone()
+        con.executemany(
+            "INSERT INTO job_runs (job_id, scheduled_for, trigger, status, attempts, "
+            "created_at, finished_at, chunks_total, chunks_done, requests, prompt_tokens, "
+            "output_tokens, request_ids, source_bytes) "
+            "VALUES (?, ?, 'manual', 'done', 1, ?, ?, 1, 1, 0, 0, 0, '', 0)",
+            [(job_id, now - 3600 + i, now - 3600 + i, now - 3600 + i) for i in range(10)])
+    d = start_daemon(tiny_model, tmp_path, "--runs-keep", "3")
+    try:
+        with d.client(keys["bob"]) as bob:
+            wait_until(lambda: len(bob.get(f"/jobs/{job_id}/runs").json()) == 3, 30,
+                       "the start-up prune")
+    finally:
+        assert d.terminate() == 0
+    with sqlite3.connect(db) as con:
+        kept = [r[0] for r in con.execute("SELECT scheduled_for FROM job_runs ORDER BY 1")]
+    assert kept == [now - 3600 + i for i in (7, 8, 9)]

@@ -9,8 +9,9 @@ CLI, another tab). ``stop()`` runs before the engine drains: the scheduler stops
 running runs end ``interrupted`` (retried once at the next start).
 
 A run (``execute``): read the source, summarise it (``mapreduce``), store the output,
-deliver it to the webhook. Each stage's answer is saved as it completes (``job_steps``); a
-retried run reads back the stages an earlier attempt finished instead of asking them again. Every model request goes through ``service.submit`` as the
+deliver it to the webhook, delete the job's old runs. Each stage's answer is saved as it
+completes (``job_steps``): a retried run reads back the stages an earlier attempt finished
+instead of asking them again. Every model request goes through ``service.submit`` as the
 owner, in the ``background`` class, with endpoint ``job``: the same counters, quotas and
 ledger as an HTTP request. All writes are short ``BEGIN IMMEDIATE`` transactions on worker
 threads (the store's writer discipline; no writer thread of our own).
@@ -204,6 +205,9 @@ class JobService:
             sig = (job.schedule_kind, job.cron, interval, job.created_at)
             if self._signatures.get(job.id) == sig:
                 continue
+            if interval != job.interval_s:
+                log.warning("job %d: interval %s s is below its owner's floor; scheduled "
+                            "every %s s", job.id, job.interval_s, interval)
             trigger = make_trigger(job.schedule_kind, job.cron, interval, job.created_at,
                                    self.zone)
             self.scheduler.add_job(self._fire, trigger, id=f"job-{job.id}",
@@ -219,13 +223,9 @@ class JobService:
     def _interval(self, job: Job, admin: bool) -> int | None:
         """The job's interval, raised to its owner's floor: a job stored before the floor
         existed (or whose owner lost the admin role) never runs more often than it allows."""
-        floor = self.min_interval(admin)
-        if job.schedule_kind != "interval" or job.interval_s is None \
-                or job.interval_s >= floor:
+        if job.schedule_kind != "interval" or job.interval_s is None:
             return job.interval_s
-        log.warning("job %d: interval %d s is below its owner's floor; scheduled every %d s",
-                    job.id, job.interval_s, floor)
-        return floor
+        return max(job.interval_s, self.min_interval(admin))
 
     def _read_jobs(self) -> tuple[list[Job], list[int], set[int]]:
         with self.services.store.read_sessions() as s:
@@ -460,18 +460,18 @@ class JobService:
 
         principal = Principal(owner.id, owner.name, owner.role, owner.max_class)
         model = self.services.model
-        done = await anyio.to_thread.run_sync(self._done_steps, live.run_id)
-        if done:
+        finished = await anyio.to_thread.run_sync(self._done_steps, live.run_id)
+        if finished:
             log.info("job %d run %d resumes: %d stages already done", job.id, live.run_id,
-                     len(done))
+                     len(finished))
 
         async def ask(prompt_text: str, max_tokens: int) -> str:
             # A stage an interrupted attempt finished is read back, not asked (and charged)
             # again; each new one is saved as soon as it is answered.
             key = step_key(model.name, max_tokens, prompt_text)
-            if key in done:
+            if key in finished:
                 tally.reused += 1
-                return done[key]
+                return finished[key]
             answer = await self._ask(principal, live.run_id, prompt_text, max_tokens, tally)
             await anyio.to_thread.run_sync(self._save_step, live.run_id, key, answer,
                                            tally.ids[-1])

@@ -117,8 +117,9 @@ def _job(s: Session, settings: Settings, args: argparse.Namespace) -> int:
                                    household_zone(js.timezone))
         guard = Guard(parse_allow_list(js.url_allow), privileged=owner.role == "admin")
         now = time.time()
+        floor = js.admin_min_interval if owner.role == "admin" else js.member_min_interval
         clean = definition.validate({k: v for k, v in fields.items() if v is not None},
-                                    limits, guard, now=now)
+                                    limits, guard, now=now, min_interval_s=floor)
         job = jobs.create_job(s, owner.id, clean, now=now)
         print(f"job {job.id} added for {owner.name}: "
               f"{describe(job.schedule_kind, job.cron, job.interval_s)}")

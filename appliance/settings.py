@@ -202,6 +202,19 @@ class JobsSettings:
     webhook_retries: int = _opt(
         3, "Attempts to deliver a job's result to its webhook before recording a failure.",
         lo=1, hi=10)
+    member_min_interval: int = _opt(
+        300, "Shortest schedule a member's job may have, in seconds: an interval below it is "
+        "refused (400), and so is a cron expression whose runs come closer. Lower it only to "
+        "test.", lo=1, hi=86400)
+    admin_min_interval: int = _opt(
+        60, "Shortest schedule an admin's job may have, in seconds (as for members). Lower it "
+        "only to test.", lo=1, hi=86400)
+    runs_keep: int = _opt(
+        100, "Finished runs kept per job (the newest); older ones are deleted after each run.",
+        lo=1, hi=100_000)
+    runs_keep_days: float = _opt(
+        90.0, "Days a finished run is kept (its output, errors and counts); older ones are "
+        "deleted after each run of the job. 0: no age limit.", lo=0, hi=36500)
 
 
 @dataclass(slots=True)

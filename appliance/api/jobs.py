@@ -63,10 +63,16 @@ def job_fields(job: Job) -> dict[str, Any]:
     return {k: getattr(job, k) for k in store_jobs.EDITABLE}
 
 
+SCHEDULE_FIELDS = ("schedule_kind", "cron", "interval_s")
+
+
 def validate_for(services: Services, fields: dict[str, Any], owner_is_admin: bool,
-                 now: float | None = None) -> dict[str, Any]:
+                 now: float | None = None, *, floor: bool = True) -> dict[str, Any]:
+    """``floor``: check the owner's shortest schedule (an edit that leaves the schedule as
+    it was skips it, so a job stored before the rule can still be paused or renamed)."""
     svc = services.jobs
-    return definition.validate(fields, svc.limits, svc.guard(owner_is_admin), now=now)
+    return definition.validate(fields, svc.limits, svc.guard(owner_is_admin), now=now,
+                               min_interval_s=svc.min_interval(owner_is_admin) if floor else 0)
 
 
 def run_json(run: JobRun, *, output: bool = False) -> dict[str, Any]:
@@ -148,7 +154,8 @@ def edit(services: Services, viewer: Any, job_id: int, changes: dict[str, Any]
             merged["headers"] = json.loads(job.headers)
         if changes.get("source_kind", job.source_kind) != job.source_kind:
             merged.setdefault("source_text", None)
-        clean = validate_for(services, merged, owner.role == "admin", job.created_at)
+        clean = validate_for(services, merged, owner.role == "admin", job.created_at,
+                             floor=any(k in changes for k in SCHEDULE_FIELDS))
         store_jobs.update_job(s, job, clean)
         name = owner.name
     return job_json(services, job, name)

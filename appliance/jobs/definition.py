@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from datetime import tzinfo
+from datetime import datetime, tzinfo
 from typing import Any
+
+from apscheduler.triggers.base import BaseTrigger
 
 from appliance.jobs.fetch import check_url
 from appliance.jobs.netguard import Guard, Refused, Unresolvable
-from appliance.jobs.schedule import make_trigger
+from appliance.jobs.schedule import make_trigger, shortest_gap
 from appliance.store.models import SCHEDULE_KINDS, SOURCE_KINDS
 
 NAME_MAX = 100
@@ -79,9 +81,24 @@ def _url(value: str | None, key: str, guard: Guard) -> str | None:
     return value.strip()
 
 
+def _check_floor(trigger: BaseTrigger | None, kind: str, interval: int | None, stamp: float,
+                 zone: tzinfo, floor: int, admin: bool) -> None:
+    setting = "jobs.admin_min_interval" if admin else "jobs.member_min_interval"
+    who = "an admin's" if admin else "a member's"
+    if kind == "interval" and interval is not None and interval < floor:
+        raise ValueError(f"'interval_s' must be at least {floor} seconds for {who} job "
+                         f"({setting})")
+    gap = shortest_gap(trigger, datetime.fromtimestamp(stamp, zone)) if kind == "cron" else None
+    if gap is not None and gap < floor:
+        raise ValueError(f"'cron' runs {gap:g} seconds apart; {who} job may run at most "
+                         f"every {floor} seconds ({setting})")
+
+
 def validate(fields: dict[str, Any], limits: Limits, guard: Guard,
-             *, now: float | None = None) -> dict[str, Any]:
-    """The stored form of a job definition; ValueError naming the first problem."""
+             *, now: float | None = None, min_interval_s: int = 0) -> dict[str, Any]:
+    """The stored form of a job definition; ValueError naming the first problem.
+    ``min_interval_s``: the owner's shortest schedule (0: not checked, e.g. an edit that
+    leaves the schedule as it was); ``guard.privileged`` says whether the owner is an admin."""
     out: dict[str, Any] = {}
     name = _text(fields, "name", NAME_MAX, required=True)
     assert name is not None
@@ -113,8 +130,11 @@ def validate(fields: dict[str, Any], limits: Limits, guard: Guard,
     if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int)):
         raise ValueError("'interval_s' must be a whole number of seconds")
     out["interval_s"] = interval
-    make_trigger(schedule, out["cron"], interval, time.time() if now is None else now,
-                 limits.zone)
+    stamp = time.time() if now is None else now
+    trigger = make_trigger(schedule, out["cron"], interval, stamp, limits.zone)
+    if min_interval_s:
+        _check_floor(trigger, schedule, interval, stamp, limits.zone, min_interval_s,
+                     guard.privileged)
     max_out = fields.get("max_output_tokens")
     if max_out is None:
         max_out = min(400, limits.output_max_tokens)

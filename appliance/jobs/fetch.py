@@ -4,6 +4,8 @@ Each hop: resolve the host, check every address (``netguard``), connect to the c
 address itself (the ``Host`` header and TLS server name stay the original host's), follow a
 redirect only after checking its target the same way. The body is read in pieces and
 refused past ``max_bytes``; the whole download, redirects included, has one time limit.
+The caller's headers go only to the first URL's origin (scheme, host, port): a redirect to
+another origin is followed without them.
 """
 
 from __future__ import annotations
@@ -47,6 +49,17 @@ def check_url(url: str, guard: Guard) -> tuple[str, str, int]:
         raise Refused("the URL's port is not a number") from None
     guard.check(host, port)
     return parts.scheme, host, port
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the scheme's default port filled in; a bad port is None
+    (``check_url`` refuses it on the hop itself)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)
+    except ValueError:
+        port = None
+    return parts.scheme, (parts.hostname or "").lower(), port
 
 
 def _pinned(url: str, address: str) -> tuple[str, str]:
@@ -96,10 +109,15 @@ async def request(method: str, url: str, guard: Guard, *, headers: dict[str, str
                   content: bytes | None = None, max_bytes: int, timeout: float) -> Fetched:
     """One guarded request (GET follows redirects, each re-checked); FetchError or Refused."""
     sent = {"User-Agent": USER_AGENT, **(headers or {})}
+    origin = _origin(url)
     try:
         async with asyncio.timeout(timeout), httpx.AsyncClient(
                 follow_redirects=False, timeout=timeout, trust_env=False) as client:
             for _ in range(MAX_REDIRECTS + 1):
+                if _origin(url) != origin:
+                    # The job's headers (tokens, cookies) were meant for its own origin, as a
+                    # browser's are; once a redirect leaves it they are gone for good.
+                    sent = {"User-Agent": USER_AGENT}
                 response, body = await _send(client, method, url, guard, sent, content,
                                              max_bytes)
                 if not response.is_redirect:

@@ -2,7 +2,9 @@
 
 Rule: every address a host name resolves to must be *public* (globally routable); one
 private, loopback, link-local, multicast or reserved address refuses the whole name (a name
-that resolves to both could be steered to the private one). Private addresses are allowed
+that resolves to both could be steered to the private one). An IPv6 address that carries an
+IPv4 one (IPv4-mapped, NAT64 ``64:ff9b::/96``, 6to4 ``2002::/16``) is judged by that IPv4
+address; IPv4-compatible, local-use NAT64, site-local and Teredo addresses are refused. Private addresses are allowed
 only for admins' jobs and only when they match the admin's allow-list setting
 (``[jobs] url_allow``), optionally restricted to a port. The connection is then made to the
 address that was checked (not re-resolved), so DNS cannot change the answer in between.
@@ -66,13 +68,52 @@ def _port(text: str, raw: str) -> int:
     return int(text)
 
 
+NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")
+"""RFC 6052: the IPv4 address is the last 32 bits (DNS64 networks answer public IPv4-only
+hosts with it, so it is judged by that IPv4 address, not refused)."""
+REFUSED_V6: tuple[tuple[ipaddress.IPv6Network, str], ...] = (
+    # ::/8 holds the IPv4-compatible form (::a.b.c.d, deprecated by RFC 4291), local-use
+    # NAT64 (64:ff9b:1::/48, whose IPv4 position is per network) and SIIT: refused outright.
+    (ipaddress.IPv6Network("::/8"), "an IPv4-compatible or other IETF-reserved IPv6 address"),
+    (ipaddress.IPv6Network("fec0::/10"), "a site-local address"),
+    (ipaddress.IPv6Network("2001::/32"), "a Teredo address"),
+)
+"""Ranges some Python versions call global although they reach no public host directly."""
+
+
+def embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address inside an IPv4-mapped, well-known-prefix NAT64 or 6to4 address."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address in NAT64_WELL_KNOWN:
+        return ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
+    return address.sixtofour
+
+
+def _refused_range(address: IPAddress) -> str | None:
+    if isinstance(address, ipaddress.IPv6Address):
+        return next((why for net, why in REFUSED_V6 if address in net), None)
+    return None
+
+
 def is_public(address: IPAddress) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return is_public(address.ipv4_mapped)
+    inner = embedded_ipv4(address)
+    if inner is not None:
+        return is_public(inner)
+    if _refused_range(address) is not None:
+        return False
     return address.is_global and not address.is_multicast
 
 
 def describe(address: IPAddress) -> str:
+    inner = embedded_ipv4(address)
+    if inner is not None:
+        return f"an IPv6 form of {inner} ({describe(inner)})"
+    refused = _refused_range(address)
+    if refused is not None:
+        return refused
     if address.is_loopback:
         return "a loopback address"
     if address.is_link_local:

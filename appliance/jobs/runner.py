@@ -9,7 +9,9 @@ CLI, another tab). ``stop()`` runs before the engine drains: the scheduler stops
 running runs end ``interrupted`` (retried once at the next start).
 
 A run (``execute``): read the source, summarise it (``mapreduce``), store the output,
-deliver it to the webhook. Every model request goes through ``service.submit`` as the
+deliver it to the webhook, delete the job's old runs. Each stage's answer is saved as it
+completes (``job_steps``): a retried run reads back the stages an earlier attempt finished
+instead of asking them again. Every model request goes through ``service.submit`` as the
 owner, in the ``background`` class, with endpoint ``job``: the same counters, quotas and
 ledger as an HTTP request. All writes are short ``BEGIN IMMEDIATE`` transactions on worker
 threads (the store's writer discipline; no writer thread of our own).
@@ -18,6 +20,7 @@ threads (the store's writer discipline; no writer thread of our own).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -103,6 +106,13 @@ class Tally:
     prompt_tokens: int = 0
     output_tokens: int = 0
     ids: list[str] = field(default_factory=list)
+    reused: int = 0
+    """Stages read back from an interrupted attempt instead of asked again."""
+
+
+def step_key(model: str, max_tokens: int, prompt: str) -> str:
+    """What identifies a stage across attempts: the same model asked the same thing."""
+    return hashlib.sha256(f"{model}\0{max_tokens}\0{prompt}".encode()).hexdigest()
 
 
 def ledger_request_id(request: Any) -> str:
@@ -130,6 +140,11 @@ class JobService:
 
     def guard(self, admin: bool) -> Guard:
         return Guard(self.allow, privileged=admin)
+
+    def min_interval(self, admin: bool) -> int:
+        """The shortest schedule (seconds) a job of an admin or a member may have."""
+        s = self.settings
+        return s.admin_min_interval if admin else s.member_min_interval
 
     # ---- lifespan ----
     async def start(self) -> None:
@@ -161,7 +176,15 @@ class JobService:
 
     def _interrupt_leftovers(self) -> list[int]:
         with self.services.store.sessions.begin() as s:
-            return store_jobs.interrupt_leftovers(s)
+            retry = store_jobs.interrupt_leftovers(s)
+            # runs pile up only while a job runs, and each run prunes its own job; this is
+            # for jobs paused with a backlog (or one left by a version that never pruned)
+            pruned = sum(store_jobs.prune_runs(s, job.id, keep=self.settings.runs_keep,
+                                               max_age_s=self.settings.runs_keep_days * DAY_S)
+                         for job in store_jobs.list_jobs(s))
+        if pruned:
+            log.info("%d old job runs deleted at start", pruned)
+        return retry
 
     # ---- keeping the scheduler in step with the table ----
     async def _poll(self, slot: datetime | None = None) -> None:
@@ -170,7 +193,7 @@ class JobService:
     async def sync(self, catch_up: bool = False) -> None:
         if self._stopping or self.scheduler is None:
             return
-        jobs, pending = await anyio.to_thread.run_sync(self._read_jobs)
+        jobs, pending, admins = await anyio.to_thread.run_sync(self._read_jobs)
         self.known = {j.id: (j.name, j.user_id) for j in jobs}
         wanted: dict[int, Job] = {j.id: j for j in jobs
                                   if j.schedule_kind != "none" and not j.paused}
@@ -178,11 +201,15 @@ class JobService:
             if job_id not in wanted:
                 self._unschedule(job_id)
         for job in wanted.values():
-            sig = (job.schedule_kind, job.cron, job.interval_s, job.created_at)
+            interval = self._interval(job, job.user_id in admins)
+            sig = (job.schedule_kind, job.cron, interval, job.created_at)
             if self._signatures.get(job.id) == sig:
                 continue
-            trigger = make_trigger(job.schedule_kind, job.cron, job.interval_s,
-                                   job.created_at, self.zone)
+            if interval != job.interval_s:
+                log.warning("job %d: interval %s s is below its owner's floor; scheduled "
+                            "every %s s", job.id, job.interval_s, interval)
+            trigger = make_trigger(job.schedule_kind, job.cron, interval, job.created_at,
+                                   self.zone)
             self.scheduler.add_job(self._fire, trigger, id=f"job-{job.id}",
                                    name=f"job {job.id}", kwargs={"job_id": job.id},
                                    replace_existing=True)
@@ -193,10 +220,18 @@ class JobService:
             if run_id not in self.live:
                 self._spawn(run_id)
 
-    def _read_jobs(self) -> tuple[list[Job], list[int]]:
+    def _interval(self, job: Job, admin: bool) -> int | None:
+        """The job's interval, raised to its owner's floor: a job stored before the floor
+        existed (or whose owner lost the admin role) never runs more often than it allows."""
+        if job.schedule_kind != "interval" or job.interval_s is None:
+            return job.interval_s
+        return max(job.interval_s, self.min_interval(admin))
+
+    def _read_jobs(self) -> tuple[list[Job], list[int], set[int]]:
         with self.services.store.read_sessions() as s:
             return (store_jobs.list_jobs(s),
-                    [r.id for r in store_jobs.runs_with_status(s, ("pending",))])
+                    [r.id for r in store_jobs.runs_with_status(s, ("pending",))],
+                    store_jobs.admin_ids(s))
 
     def _unschedule(self, job_id: int) -> None:
         self._signatures.pop(job_id, None)
@@ -362,8 +397,9 @@ class JobService:
         await asyncio.shield(anyio.to_thread.run_sync(
             self._finish, run_id, job.id, status, output if status == "done" else None,
             error, size, tally, cursor if status == "done" else {}))
-        log.info("job %d run %d %s: %d requests, %d+%d tokens", job.id, run_id, status,
-                 tally.requests, tally.prompt_tokens, tally.output_tokens)
+        log.info("job %d run %d %s: %d requests, %d+%d tokens, %d stages reused", job.id,
+                 run_id, status, tally.requests, tally.prompt_tokens, tally.output_tokens,
+                 tally.reused)
         if status == "done" and job.webhook_url and output is not None:
             await self._deliver(job, owner, run_id, output)
 
@@ -390,6 +426,10 @@ class JobService:
                                   source_bytes=size)
             if cursor and s.get(Job, job_id) is not None:
                 store_jobs.set_cursor(s, job_id, json.dumps(cursor))
+            pruned = store_jobs.prune_runs(s, job_id, keep=self.settings.runs_keep,
+                                           max_age_s=self.settings.runs_keep_days * DAY_S)
+        if pruned:
+            log.info("job %d: %d old runs deleted", job_id, pruned)
 
     async def _read_source(self, job: Job, owner: User) -> sources.Document:
         s = self.settings
@@ -420,9 +460,22 @@ class JobService:
 
         principal = Principal(owner.id, owner.name, owner.role, owner.max_class)
         model = self.services.model
+        finished = await anyio.to_thread.run_sync(self._done_steps, live.run_id)
+        if finished:
+            log.info("job %d run %d resumes: %d stages already done", job.id, live.run_id,
+                     len(finished))
 
         async def ask(prompt_text: str, max_tokens: int) -> str:
-            return await self._ask(principal, live.run_id, prompt_text, max_tokens, tally)
+            # A stage an interrupted attempt finished is read back, not asked (and charged)
+            # again; each new one is saved as soon as it is answered.
+            key = step_key(model.name, max_tokens, prompt_text)
+            if key in finished:
+                tally.reused += 1
+                return finished[key]
+            answer = await self._ask(principal, live.run_id, prompt_text, max_tokens, tally)
+            await anyio.to_thread.run_sync(self._save_step, live.run_id, key, answer,
+                                           tally.ids[-1])
+            return answer
 
         async def progress(done: int, total: int) -> None:
             live.done, live.total = done, total
@@ -431,6 +484,14 @@ class JobService:
         return await mapreduce.summarise(model.tokenizer, job.instructions, text,
                                          model.ctx_limit, job.max_output_tokens, ask, progress,
                                          self.settings.chunk_tokens)
+
+    def _done_steps(self, run_id: int) -> dict[str, str]:
+        with self.services.store.read_sessions() as s:
+            return store_jobs.done_steps(s, run_id)
+
+    def _save_step(self, run_id: int, key: str, output: str, request_id: str) -> None:
+        with self.services.store.sessions.begin() as s:
+            store_jobs.save_step(s, run_id, key, output, request_id)
 
     def _progress(self, run_id: int, done: int, total: int) -> None:
         with self.services.store.sessions.begin() as s:

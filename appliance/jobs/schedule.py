@@ -66,6 +66,14 @@ def next_times(trigger: BaseTrigger | None, now: datetime, n: int = 3) -> list[d
     return out
 
 
+def shortest_gap(trigger: BaseTrigger | None, now: datetime, samples: int = 100) -> float | None:
+    """Seconds between the closest two of the next ``samples`` runs (None: fewer than two).
+    A cron's closest runs repeat within its first hour or day of runs, which 100 cover."""
+    times = next_times(trigger, now, samples)
+    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
+    return min(gaps) if gaps else None
+
+
 def latest_slot(trigger: BaseTrigger, after: datetime, now: datetime,
                 limit: int = 100_000) -> datetime | None:
     """The last fire time in ``(after, now]`` (None when there is none)."""

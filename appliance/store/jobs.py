@@ -12,13 +12,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from appliance.store.errors import AlreadyExists, NotFound
-from appliance.store.models import Job, JobRun, LedgerEntry, User
+from appliance.store.models import Job, JobRun, JobStep, LedgerEntry, User
 
 EDITABLE = ("name", "instructions", "source_kind", "source_text", "url", "headers",
             "schedule_kind", "cron", "interval_s", "max_output_tokens", "webhook_url", "paused")
@@ -70,6 +71,10 @@ def list_jobs(session: Session, user_id: int | None = None) -> list[Job]:
 
 def owner_names(session: Session) -> dict[int, str]:
     return {uid: name for uid, name in session.execute(select(User.id, User.name))}
+
+
+def admin_ids(session: Session) -> set[int]:
+    return set(session.scalars(select(User.id).where(User.role == "admin")))
 
 
 def update_job(session: Session, job: Job, changes: Mapping[str, Any],
@@ -153,6 +158,26 @@ def set_progress(session: Session, run_id: int, done: int, total: int) -> None:
                     .values(chunks_done=done, chunks_total=total))
 
 
+def done_steps(session: Session, run_id: int) -> dict[str, str]:
+    """The run's finished stages: key -> output (see ``JobStep``)."""
+    rows = session.execute(select(JobStep.key, JobStep.output)
+                           .where(JobStep.run_id == run_id)).tuples().all()
+    return dict(rows)
+
+
+def save_step(session: Session, run_id: int, key: str, output: str, request_id: str,
+              *, now: float | None = None) -> None:
+    stamp = time.time() if now is None else now
+    session.execute(sqlite_insert(JobStep)
+                    .values(run_id=run_id, key=key, output=output, request_id=request_id,
+                            created_at=stamp)
+                    .on_conflict_do_nothing(index_elements=[JobStep.run_id, JobStep.key]))
+
+
+def forget_steps(session: Session, run_id: int) -> None:
+    session.execute(delete(JobStep).where(JobStep.run_id == run_id))
+
+
 def usage_from_ledger(session: Session, run: JobRun) -> None:
     """The run's request and token counts: the ledger's sums over its request ids."""
     ids = run.request_ids.split()
@@ -180,6 +205,8 @@ def finish_run(session: Session, run_id: int, status: str, *, output: str | None
     run.error = error
     if source_bytes is not None:
         run.source_bytes = source_bytes
+    if status != "interrupted":
+        forget_steps(session, run_id)  # only a retry reads them
     usage_from_ledger(session, run)
     return run
 
@@ -201,6 +228,30 @@ def last_success(session: Session, job_id: int) -> float | None:
                           .where(JobRun.job_id == job_id, JobRun.status == "done"))
 
 
+def prune_runs(session: Session, job_id: int, *, keep: int, max_age_s: float = 0,
+               now: float | None = None) -> int:
+    """Delete the job's finished runs beyond its newest ``keep`` and, when ``max_age_s``,
+    those finished longer ago; the number deleted. Never deleted: unfinished runs (pending,
+    running, interrupted with a retry left), the newest run, and the latest scheduled one
+    (``last_slot``: catch-up after a restart counts from it)."""
+    stamp = time.time() if now is None else now
+    mine = JobRun.job_id == job_id
+    newest = (select(JobRun.id).where(mine)
+              .order_by(JobRun.scheduled_for.desc(), JobRun.id.desc()))
+    anchor = (select(JobRun.id).where(mine, JobRun.trigger.in_(("schedule", "catch-up")))
+              .order_by(JobRun.scheduled_for.desc(), JobRun.id.desc()).limit(1))
+    finished = or_(JobRun.status.in_(FINISHED),
+                   and_(JobRun.status == "interrupted", JobRun.attempts >= 2))
+    stale: ColumnElement[bool] = JobRun.id.not_in(newest.limit(keep))
+    if max_age_s > 0:
+        stale = or_(stale, JobRun.finished_at < stamp - max_age_s)
+    result = session.execute(
+        delete(JobRun).where(mine, finished, stale, JobRun.id.not_in(newest.limit(1)),
+                             JobRun.id.not_in(anchor))
+        .execution_options(synchronize_session=False))
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
 def interrupt_leftovers(session: Session, *, now: float | None = None) -> list[int]:
     """At start-up: runs left ``running`` by a daemon that died are ``interrupted``; the
     ids of runs to retry (interrupted ones tried only once so far). Pending runs stay."""
@@ -210,4 +261,10 @@ def interrupt_leftovers(session: Session, *, now: float | None = None) -> list[i
         run.interrupted_at = stamp
         run.finished_at = stamp
         usage_from_ledger(session, run)
-    return [r.id for r in runs_with_status(session, ("interrupted",)) if r.attempts < 2]
+    retry = []
+    for run in runs_with_status(session, ("interrupted",)):
+        if run.attempts < 2:
+            retry.append(run.id)
+        else:
+            forget_steps(session, run.id)  # never retried: its stages are of no use
+    return retry

@@ -321,3 +321,22 @@ class JobRun(Base):
     error: Mapped[str | None] = mapped_column(Text)
     delivery: Mapped[str | None] = mapped_column(String(16))
     delivery_detail: Mapped[str | None] = mapped_column(Text)
+
+
+class JobStep(Base):
+    """One finished stage of a run (a map step, a reduce group), kept while the run can
+    still be retried so an interrupted run resumes instead of paying for it again.
+
+    ``key`` is a digest of what the stage asked (model, output limit, prompt), so a retry
+    reuses a stage only when it would ask exactly the same; the rows go when the run
+    finishes (they stay only for ``interrupted`` runs)."""
+
+    __tablename__ = "job_steps"
+    __table_args__ = (UniqueConstraint("run_id", "key", name="uq_job_steps_run_id_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("job_runs.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(64))
+    output: Mapped[str] = mapped_column(Text)
+    request_id: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)

@@ -31,6 +31,8 @@ class Site:
     redirect_to: str = ""
     hook_failures: int = 0
     """The webhook answers 500 this many times before it accepts."""
+    seen: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    """(path, headers) of every GET, in order."""
 
     @property
     def url(self) -> str:
@@ -64,6 +66,7 @@ def start_site() -> Site:
             self.wfile.write(body)
 
         def do_GET(self) -> None:  # noqa: N802
+            site.seen.append((self.path, dict(self.headers.items())))
             if self.path == "/feed.atom":
                 entries = "".join(ENTRY.format(n=n) for n in site.items)
                 body = ('<?xml version="1.0" encoding="utf-8"?>'

@@ -23,8 +23,17 @@ def site() -> Iterator[Site]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path, site: Site) -> Iterator[LiveServer]:
-    settings = make_settings(tiny_model, url_allow=f"127.0.0.1:{site.port}",
+def other_site() -> Iterator[Site]:
+    """A second origin (another port): where a cross-origin redirect leads."""
+    s = start_site()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path, site: Site, other_site: Site) -> Iterator[LiveServer]:
+    settings = make_settings(tiny_model,
+                             url_allow=f"127.0.0.1:{site.port}, 127.0.0.1:{other_site.port}",
                              fetch_max_bytes=1 << 20, document_max_bytes=64 << 10)
     with live_server(settings) as s:
         yield s
@@ -123,6 +132,34 @@ def test_an_html_page_becomes_text_and_headers_are_sent_but_never_shown(
         assert cleared["source"]["headers"] == {}
         failed = run_now(alice, auth["id"])
         assert failed["status"] == "error" and "HTTP 401" in failed["error"]
+
+
+SECRETS = {"Authorization": "Bearer ha-token", "Cookie": "session=s3cret",
+           "X-Api-Key": "k-123"}
+
+
+def test_stored_headers_never_follow_a_redirect_to_another_origin(
+        server: LiveServer, site: Site, other_site: Site) -> None:
+    """Issue #37, item 2: a page that answers 302 to another host (here another port, so
+    another origin) gets the job's token and cookie; the other host never sees them."""
+    with server.client("alice") as alice:
+        job = make_job(alice, source="url", url=site.url + "/redirect", headers=SECRETS)
+        site.redirect_to = site.url + "/auth"  # same origin: the headers go along
+        site.seen.clear()
+        assert run_now(alice, job["id"])["status"] == "done"
+        assert [p for p, _ in site.seen] == ["/redirect", "/auth"]
+        assert all(h.get("Authorization") == "Bearer ha-token" and h.get("Cookie")
+                   and h.get("X-Api-Key") for _, h in site.seen)
+        site.redirect_to = other_site.url + "/auth"
+        site.seen.clear()
+        other_site.seen.clear()
+        run = run_now(alice, job["id"])
+    assert [p for p, _ in site.seen] == ["/redirect"]  # the job's own origin got them
+    assert site.seen[0][1].get("Authorization") == "Bearer ha-token"
+    assert [p for p, _ in other_site.seen] == ["/auth"]  # the redirect was followed...
+    leaked = {k.lower() for k in other_site.seen[0][1]} & {k.lower() for k in SECRETS}
+    assert leaked == set()  # ...without the job's headers
+    assert run["status"] == "error" and "HTTP 401" in run["error"]
 
 
 def test_a_member_cannot_reach_private_addresses(server: LiveServer, site: Site) -> None:

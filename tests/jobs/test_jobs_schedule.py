@@ -22,7 +22,8 @@ from tests.jobs.test_jobs_api import make_job, wait_run
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path) -> Iterator[LiveServer]:
-    with live_server(make_settings(tiny_model)) as s:
+    # seconds-long schedules: below the members' floor, which these tests do not test
+    with live_server(make_settings(tiny_model, member_min_interval=1)) as s:
         yield s
 
 

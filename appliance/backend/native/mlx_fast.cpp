@@ -187,6 +187,27 @@ HOT void silu_mul_span(const float* a, const float* b, float* y, int64_t n) {
   for (; j < n; j++) y[j] = a[j] * b[j] / (1.0f + sexp(-a[j]));
 }
 
+HOT void rms_norm_rows(const float* src, const float* pw, float* dst, int64_t rows, int64_t n,
+                       float eps) {
+  const int64_t nv = n - n % LANES;
+  for (int64_t r = 0; r < rows; r++) {
+    const float* xr = src + r * n;
+    float* yr = dst + r * n;
+    vf acc = splat(0.0f);
+    int64_t j = 0;
+    for (; j < nv; j += LANES) {
+      vf v = load(xr + j);
+      acc += v * v;
+    }
+    float ss = 0.0f;
+    for (int l = 0; l < LANES; l++) ss += acc[l];
+    for (; j < n; j++) ss += xr[j] * xr[j];
+    const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+    for (j = 0; j < nv; j += LANES) store(yr + j, (load(xr + j) * scale) * load(pw + j));
+    for (; j < n; j++) yr[j] = (xr[j] * scale) * pw[j];
+  }
+}
+
 constexpr int64_t SPLIT = 1 << 18;
 // Elements above which the work is split with one more thread (the CPU stream runs one
 // operation at a time, so the second core is otherwise idle here).
@@ -293,27 +314,11 @@ class RmsNorm : public mx::UnaryPrimitive {
       const mx::array& w = in[1];
       const int64_t n = x.shape(-1);
       const int64_t rows = n ? static_cast<int64_t>(x.size()) / n : 0;
-      const int64_t nv = n - n % LANES;
       const float* src = x.data<float>();
       const float* pw = w.data<float>();
       float* dst = out.data<float>();
       in_two(rows, n, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; r++) {
-          const float* xr = src + r * n;
-          float* yr = dst + r * n;
-          vf acc = splat(0.0f);
-          int64_t j = 0;
-          for (; j < nv; j += LANES) {
-            vf v = load(xr + j);
-            acc += v * v;
-          }
-          float ss = 0.0f;
-          for (int l = 0; l < LANES; l++) ss += acc[l];
-          for (; j < n; j++) ss += xr[j] * xr[j];
-          const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-          for (j = 0; j < nv; j += LANES) store(yr + j, (load(xr + j) * scale) * load(pw + j));
-          for (; j < n; j++) yr[j] = (xr[j] * scale) * pw[j];
-        }
+        rms_norm_rows(src + r0 * n, pw, dst + r0 * n, r1 - r0, n, eps);
       });
     });
   }

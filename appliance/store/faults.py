@@ -72,9 +72,9 @@ def driver_message(exc: BaseException) -> str:
     return str(orig) if isinstance(orig, sqlite3.Error) else type(exc).__name__
 
 
-def damaged_message(path: Path, exc: BaseException) -> str:
+def damaged_message(path: Path, reason: str) -> str:
     """The one line ``appliance serve`` prints before it exits with a damaged database."""
-    return (f"appliance: the database {path} is damaged ({driver_message(exc)}); not "
+    return (f"appliance: the database {path} is damaged ({reason}); not "
             f"starting. Stop here and restore a backup of it, or recover what it holds with "
             f"`sqlite3 {path} .recover | sqlite3 {path}.recovered` and move "
             f"{path}.recovered to {path} (keep the damaged file); then start again.")

@@ -315,3 +315,18 @@ def test_a_fault_seen_only_by_a_handler_clears_when_a_probe_write_succeeds(
         assert faulty.health.fault == "SQLITE_READONLY"
         control.write_text("")
         assert wait_until(lambda: not faulty.health.faulted, timeout=15)
+
+
+def test_closing_while_the_disk_is_full_names_every_row_it_could_not_write(
+        faulty: Store, control: Path, ids: dict[str, int],
+        caplog: pytest.LogCaptureFixture) -> None:
+    control.write_text("full")
+    writer = StoreWriter(faulty.sessions, flush_interval=0.0, health=faulty.health)
+    for i in range(200):
+        writer.submit_ledger(record(f"lost-{i}", ids["carol"]))
+    with caplog.at_level("ERROR", logger="appliance.store.writer"):
+        writer.close(timeout=30)
+    assert writer.stats.lost_at_close == 200
+    lines = [r.getMessage() for r in caplog.records if "NOT written" in r.getMessage()]
+    assert len(lines) == 1 and "200 ledger rows" in lines[0] and "lost-0" in lines[0]
+    assert ledger_rows(faulty) == 0

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from appliance.store.faults import DATABASE_DAMAGED_EXIT, TEST_ENV
+from tests.browser.support import browser
 from tests.daemon import Daemon, cli, make_household, start_daemon
 from tests.helpers import wait_until
 
@@ -108,7 +109,7 @@ def test_a_read_only_database_answers_503_to_writes_and_nothing_fails_after_it(
     d = start_daemon(tiny_model, tmp_path, env={TEST_ENV: str(control)})
     answered: list[str] = []
     try:
-        with d.client(keys["bob"]) as bob:
+        with d.client(keys["bob"]) as bob, browser(d.url, "bob") as page:
             assert bob.post("/me/keys", json={"name": "before"}).status_code == 201
             control.write_text("readonly")
             for _ in range(3):  # below the backlog's bound: answered, rows kept
@@ -133,6 +134,9 @@ def test_a_read_only_database_answers_503_to_writes_and_nothing_fails_after_it(
                 r = alice.patch(f"/admin/users/{bob_id}", json={"weight": 2.0})
                 assert r.status_code == 503, r.text
                 assert r.json()["error"]["code"] == "storage_unavailable"
+            r = page.post("/settings/preferences", data={"theme": "dark"})  # a browser's
+            assert r.status_code == 503 and "text/html" in r.headers["content-type"]
+            assert "cannot save anything right now" in r.text
 
             control.write_text("")  # writable again: the very next write succeeds
             after = bob.post("/me/keys", json={"name": "after"})
@@ -146,7 +150,7 @@ def test_a_read_only_database_answers_503_to_writes_and_nothing_fails_after_it(
     assert not missing
     log = _no_tracebacks(d)
     faults = [line for line in log.splitlines() if "storage fault on " in line]
-    assert len(faults) == 3 and all("user_id=" in f and "SQLITE_READONLY" in f for f in faults)
+    assert len(faults) == 4 and all("user_id=" in f and "SQLITE_READONLY" in f for f in faults)
 
 
 def _garbage(db: Path) -> None:

@@ -134,6 +134,9 @@ def test_a_read_only_database_answers_503_to_writes_and_nothing_fails_after_it(
                 r = alice.patch(f"/admin/users/{bob_id}", json={"weight": 2.0})
                 assert r.status_code == 503, r.text
                 assert r.json()["error"]["code"] == "storage_unavailable"
+                metrics = alice.get("/metrics").text
+                assert "appliance_store_writable 0.0" in metrics
+                assert "appliance_store_ledger_backlog 3.0" in metrics
             r = page.post("/settings/preferences", data={"theme": "dark"})  # a browser's
             assert r.status_code == 503 and "text/html" in r.headers["content-type"]
             assert "cannot save anything right now" in r.text

@@ -185,3 +185,36 @@ def test_a_damaged_database_stops_serve_in_one_line_with_status_65(
              if "damaged" in line or "Traceback" in line or "Error" in line]
     assert len(lines) == 1, out.stdout + out.stderr
     assert str(db) in lines[0] and ".recover" in lines[0] and "backup" in lines[0]
+
+
+def test_a_streamed_answer_that_cannot_be_saved_is_one_log_line_not_a_traceback(
+        db_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The browser already has the answer (it streamed), so there is nobody to send a 503:
+    the chat page's save says so in one line and the stream ends normally."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from appliance.engine.request import FinishEvent, Usage
+    from appliance.store import conversations as convs
+    from appliance.store import users
+    from appliance.store.db import open_store
+    from appliance.vocab import FinishReason
+    from tests.helpers import FAST_HASHER
+    from web.chat import _save_answer
+    from web.state import LiveAnswer
+
+    control = tmp_path / "store-fault"
+    store = open_store(db_path, test_fault=control)
+    try:
+        with store.sessions.begin() as s:
+            uid = users.create_user(s, "bob", "correct horse 12", hasher=FAST_HASHER).id
+            cid = convs.create_conversation(s, uid, "t").id
+        control.write_text("readonly")
+        answer = LiveAnswer(gen=cast(Any, None), user_id=uid, conversation_id=cid)
+        finish = FinishEvent(reason=FinishReason.STOP, usage=Usage(3, 2))
+        with caplog.at_level("WARNING"):
+            _save_answer(cast(Any, SimpleNamespace(store=store)), answer, "an answer", finish)
+        lines = [r.getMessage() for r in caplog.records if "not saved" in r.getMessage()]
+        assert len(lines) == 1 and "SQLITE_READONLY" in lines[0] and "an answer" not in lines[0]
+    finally:
+        store.close()

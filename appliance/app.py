@@ -17,7 +17,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DatabaseError
 
 from appliance import __version__
 from appliance.api import account, admin, hooks, jobs, metrics, monitoring, ollama, openai
@@ -144,7 +144,8 @@ def build_services(settings: Settings, engine: Engine, store: Store,
                         default_max_tokens=settings.engine.default_max_tokens,
                         max_batch_size=engine.config.scheduler.max_batch_size,
                         models_dir=settings.models_dir,
-                        note_key_used=writer.submit_key_used if writer is not None else None)
+                        note_key_used=writer.submit_key_used if writer is not None else None,
+                        writer=writer)
     attach_jobs(services, settings, writer)
     return services
 
@@ -180,7 +181,7 @@ def create_app(services: Services, secret: str,
             LastAdmin: store_error_handler(409),
             ValueError: store_error_handler(400),
             **LIMIT_ERROR_HANDLERS,
-            OperationalError: database_error_handler,
+            DatabaseError: database_error_handler,  # locked or storage fault: 503
             Exception: internal_error_handler,
         },
         # APScheduler's AsyncIOScheduler needs the running loop: started here; stopped

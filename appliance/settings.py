@@ -171,6 +171,10 @@ class SchedSettings:
 @dataclass(slots=True)
 class StoreSettings:
     data_dir: str = _opt(default_data_dir(), "Folder for the database, pulled models and logs.")
+    ledger_backlog: int = _opt(
+        1000, "Ledger rows kept in memory while the database takes no writes (disk full, "
+        "read-only); with this many waiting, new model requests get 503 storage_unavailable "
+        "until the disk is back and the rows are written.", lo=1, hi=1_000_000)
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ safe Markdown. Stop, a closed tab or a vanished stream cancel the request in the
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -21,6 +22,7 @@ from litestar import Request, Response, get, post
 from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 from markupsafe import escape
+from sqlalchemy.exc import DatabaseError
 
 from appliance.api.auth import Principal
 from appliance.api.errors import ApiError, bad_request
@@ -30,10 +32,13 @@ from appliance.engine.request import Event, FinishEvent, TokenEvent
 from appliance.store import conversations as convs
 from appliance.store import preferences
 from appliance.store.errors import NotFound
+from appliance.store.faults import storage_fault
 from appliance.vocab import FinishReason, Klass
 from web import sse
 from web.common import PAGE, base_context, form_fields, is_htmx, me, page, services, web_state
 from web.state import LiveAnswer, WebState
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGE_CHARS = 16_000
 TITLE_CHARS = 60
@@ -368,6 +373,12 @@ def _save_answer(svc: Services, answer: LiveAnswer, text: str,
                               finish_reason=reason if reason in NOTED else None)
     except NotFound:  # the conversation was deleted meanwhile
         pass
+    except DatabaseError as exc:  # streamed already: nobody to answer 503; one line, no trace
+        if storage_fault(exc) is None:
+            raise
+        log.warning("chat: answer in conversation %d (user_id=%d) not saved: the database "
+                    "takes no writes (%s)", answer.conversation_id, answer.user_id,
+                    storage_fault(exc))
 
 
 @post("/chat/streams/{sid:str}/stop", status_code=204)

@@ -13,7 +13,14 @@ import anyio
 import msgspec
 
 from appliance.api.chat_format import render_prompt
-from appliance.api.errors import ApiError, bad_request, busy, engine_down, shutting_down
+from appliance.api.errors import (
+    ApiError,
+    bad_request,
+    busy,
+    engine_down,
+    shutting_down,
+    storage_unavailable,
+)
 from appliance.api.latency import LatencyMetrics, Probe
 from appliance.api.schemas import ChatMessage, SamplingFields
 from appliance.api.structured import Constraint, grammar_for
@@ -37,6 +44,7 @@ from appliance.sched.quota import (
 )
 from appliance.store import limits
 from appliance.store.db import Store
+from appliance.store.writer import StoreWriter
 from appliance.vocab import DAY_S, Klass
 
 if TYPE_CHECKING:
@@ -80,6 +88,8 @@ class Services:
     """Where an API key's last-used time goes (the store writer); None: not recorded."""
     jobs: Any = None
     """The background job scheduler (``appliance.jobs.runner.JobService``), when wired."""
+    writer: StoreWriter | None = None
+    """The store writer: its backlog decides whether model requests may start."""
 
     def policy_changed(self) -> None:
         """Call after an admin changes weights, classes or quotas: the running scheduler
@@ -317,6 +327,9 @@ async def submit(services: Services, prompt: list[int], body: SamplingFields,
     tool calls). A constraint that cannot be compiled is a 400.
     """
     check_context(len(prompt), services.model.ctx_limit)
+    if services.writer is not None and (why := services.writer.refusal()) is not None:
+        # an answer nobody can be charged for: past the backlog's bound, none is started
+        raise storage_unavailable(why)
     if constraint is not None:
         grammar = grammar_for(constraint)
     sampling = sampling_from(body, services.model.vocab_size)

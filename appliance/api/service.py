@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -46,6 +46,11 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+PROMPT_THREADS = 4
+"""Prompts templated and tokenised at once, each on a worker thread: a few megabyte prompts
+must neither block the event loop nor take every thread that authentication and the
+database use."""
+
 
 @dataclass(slots=True)
 class ModelInfo:
@@ -56,6 +61,9 @@ class ModelInfo:
     vocab_size: int
     tokenizer: Any
     created: int = field(default_factory=lambda: int(time.time()))
+    max_token_chars: int = 0
+    """The most characters one token stands for (``longest_token_chars``); 0: unknown, no
+    cheap size check."""
 
 
 @dataclass(slots=True)
@@ -80,6 +88,8 @@ class Services:
     """Where an API key's last-used time goes (the store writer); None: not recorded."""
     jobs: Any = None
     """The background job scheduler (``appliance.jobs.runner.JobService``), when wired."""
+    prompt_limiter: anyio.CapacityLimiter = field(
+        default_factory=lambda: anyio.CapacityLimiter(PROMPT_THREADS))
 
     def policy_changed(self) -> None:
         """Call after an admin changes weights, classes or quotas: the running scheduler
@@ -199,6 +209,39 @@ def chat_turns(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 def chat_prompt(tokenizer: Any, messages: list[ChatMessage],
                 tools: list[dict[str, Any]] | None = None) -> list[int]:
     return render_prompt(tokenizer, chat_turns(messages), tools, None)
+
+
+def user_chars(contents: Iterable[str | list[Any] | None]) -> int:
+    """Characters of the users' messages (what no chat template drops; templates may drop
+    earlier reasoning or merge system turns, so only user text is a sure lower bound)."""
+    total = 0
+    for content in contents:
+        if isinstance(content, str):
+            total += len(content.strip())
+        elif content:
+            total += sum(len(getattr(p, "text", None) or "") for p in content)
+    return total
+
+
+def check_prompt_size(model: ModelInfo, chars: int) -> None:
+    """Refuse, before templating or tokenising anything, a prompt whose ``chars`` characters
+    cannot fit the context whatever the tokenizer makes of them (at least
+    ``chars // max_token_chars`` tokens): a 5 MB prompt costs no tokenizer time."""
+    if model.max_token_chars <= 0:
+        return
+    at_least = chars // model.max_token_chars
+    if at_least >= model.ctx_limit:
+        raise bad_request(
+            f"This model's maximum context length is {model.ctx_limit} tokens. However, "
+            f"your prompt has {chars} characters, at least {at_least} tokens, which leaves "
+            "no room for an answer. Shorten the prompt or the conversation.",
+            "context_length_exceeded", "messages")
+
+
+async def off_loop(services: Services, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` (templating, tokenising) on a worker thread, at most
+    ``PROMPT_THREADS`` at once, so a long prompt never stalls the event loop."""
+    return await anyio.to_thread.run_sync(fn, *args, limiter=services.prompt_limiter)
 
 
 def check_context(n_prompt: int, ctx_limit: int) -> None:

@@ -137,6 +137,9 @@ async def chat_completions(request: Request, state: State) -> Any:
     services = _services(state)
     body: ChatCompletionRequest = decode_body(await request.body(), ChatCompletionRequest)
     check_model(services, body.model)
+    if body.modalities is not None and body.modalities != ["text"]:
+        raise bad_request("Only the 'text' modality is supported.", "unsupported_value",
+                          "modalities")
     check_prompt_size(services.model, user_chars(m.content for m in body.messages
                                                  if m.role == "user"))
     setup = await off_loop(services, prepare_chat, services.model.tokenizer, body)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -104,11 +105,23 @@ def decode_body(raw: bytes, kind: type[Any]) -> Any:
     try:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
-        raise bad_request(f"Invalid request: {exc}", "invalid_type") from None
+        raise bad_request(f"Invalid request: {exc}", "invalid_type",
+                          _error_field(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"Malformed JSON: {exc}", "invalid_json") from None
     except RecursionError:
         raise bad_request("The JSON is nested too deeply.", "invalid_json") from None
+
+
+def _error_field(message: str) -> str | None:
+    """The field a msgspec validation error names (``... - at `$.messages[0].role```), as
+    OpenAI's ``param`` (``messages[0].role``); a missing field is named in the text."""
+    found = re.search(r"at `\$\.?([^`]*)`", message)
+    missing = re.search(r"missing required field `([^`]+)`", message)
+    path = found.group(1) if found else ""
+    if missing:
+        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+    return path or None
 
 
 def check_model(services: Services, name: str | None) -> None:
@@ -136,6 +149,8 @@ def sampling_from(body: SamplingFields, vocab_size: int) -> SamplingParams:
                           param="seed")
     if body.n != 1:
         raise bad_request("Only n=1 is supported.", "unsupported_value", "n")
+    if body.best_of not in (None, 1):
+        raise bad_request("Only best_of=1 is supported.", "unsupported_value", "best_of")
     if body.logprobs:
         raise bad_request("logprobs are not supported by this server.", "unsupported_value",
                           "logprobs")
@@ -191,9 +206,12 @@ def chat_turns(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     if not messages:
         raise bad_request("'messages' must hold at least one message.", param="messages")
     turns: list[dict[str, Any]] = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if m.role not in ("system", "user", "assistant", "tool", "developer"):
-            raise bad_request(f"Unknown message role '{m.role}'.", param="messages")
+            raise bad_request(f"Unknown message role '{m.role}'.", param=f"messages[{i}].role")
+        if m.role == "tool" and not m.tool_call_id:
+            raise bad_request("A 'tool' message needs 'tool_call_id': the id of the tool "
+                              "call it answers.", param=f"messages[{i}].tool_call_id")
         turn: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
                                 "content": message_text(m)}
         if m.tool_calls:

@@ -254,7 +254,7 @@ async def generate(request: Request[Any, Any, Any], state: State) -> Any:
     constraint = _constraint(body.format)
     if not body.prompt and not body.context:
         return _load_reply(services, "response")
-    check_prompt_size(services.model, len(body.prompt.strip()))
+    check_prompt_size(services.model, len(body.prompt.strip()), "prompt")
     prompt = await off_loop(services, _generate_prompt, services, body, think)
     gen = await _start(request, services, prompt, opts, "/api/generate", constraint)
     name = ollama_name(services.model.name)

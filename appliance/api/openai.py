@@ -157,14 +157,14 @@ async def completions(request: Request, state: State) -> Any:
         raise bad_request("'echo' and 'suffix' are not supported.", "unsupported_value")
     tokenizer = services.model.tokenizer
     if isinstance(body.prompt, str):
-        check_prompt_size(services.model, len(body.prompt))
+        check_prompt_size(services.model, len(body.prompt), "prompt")
         prompt = await off_loop(services, _encode, tokenizer, body.prompt)
     elif body.prompt and all(isinstance(p, int) for p in body.prompt):
         prompt = [int(p) for p in body.prompt]
         if any(not 0 <= t < services.model.vocab_size for t in prompt):
             raise bad_request("Prompt token ids must be inside the vocabulary.", param="prompt")
     elif len(body.prompt) == 1:
-        check_prompt_size(services.model, len(str(body.prompt[0])))
+        check_prompt_size(services.model, len(str(body.prompt[0])), "prompt")
         prompt = await off_loop(services, _encode, tokenizer, str(body.prompt[0]))
     else:
         raise bad_request("Send one prompt per request (batches of prompts are not "

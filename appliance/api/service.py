@@ -241,7 +241,7 @@ def user_chars(contents: Iterable[str | list[Any] | None]) -> int:
     return total
 
 
-def check_prompt_size(model: ModelInfo, chars: int) -> None:
+def check_prompt_size(model: ModelInfo, chars: int, param: str = "messages") -> None:
     """Refuse, before templating or tokenising anything, a prompt whose ``chars`` characters
     cannot fit the context whatever the tokenizer makes of them (at least
     ``chars // max_token_chars`` tokens): a 5 MB prompt costs no tokenizer time."""
@@ -253,7 +253,7 @@ def check_prompt_size(model: ModelInfo, chars: int) -> None:
             f"This model's maximum context length is {model.ctx_limit} tokens. However, "
             f"your prompt has {chars} characters, at least {at_least} tokens, which leaves "
             "no room for an answer. Shorten the prompt or the conversation.",
-            "context_length_exceeded", "messages")
+            "context_length_exceeded", param)
 
 
 async def off_loop(services: Services, fn: Callable[..., T], *args: Any) -> T:

@@ -116,6 +116,7 @@ def test_megabyte_prompts_are_refused_before_they_are_tokenised(live: Live) -> N
     with httpx.Client(base_url=live.daemon.url, timeout=300, headers=auth) as c:
         r = c.post("/v1/completions", json={"prompt": texts[0], "max_tokens": 4})
         assert r.status_code == 400 and "characters" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "prompt"
         model = c.get("/api/tags").json()["models"][0]["name"]
         r = c.post("/api/chat", json={"model": model, "stream": False,
                                       "messages": [{"role": "user", "content": texts[1]}]})

@@ -146,7 +146,7 @@ def _quota_dict(q: limits.QuotaLimits) -> dict[str, int | None]:
 @put("/users/{uid:int}/quota")
 async def set_quota(request: Request, state: State, uid: FromPath[int],
                     data: JSONBody[QuotaBody]) -> dict[str, Any]:
-    # decoded again strictly (above), integers only, and bounded by QuotaLimits
+    # decoded again strictly (see add_user): integers only, bounded by QuotaLimits
     strict = decode_body(await request.body(), QuotaBody)
     q = limits.QuotaLimits(**msgspec.structs.asdict(strict))
     return await anyio.to_thread.run_sync(_save_quota, _store(state), uid, q)

@@ -237,7 +237,7 @@ def user_chars(contents: Iterable[str | list[Any] | None]) -> int:
         if isinstance(content, str):
             total += len(content.strip())
         elif content:
-            total += sum(len(getattr(p, "text", None) or "") for p in content)
+            total += len("".join(getattr(p, "text", None) or "" for p in content).strip())
     return total
 
 

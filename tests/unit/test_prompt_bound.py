@@ -39,8 +39,9 @@ def test_the_bound_refuses_only_what_cannot_fit() -> None:
 
 def test_only_user_text_counts_and_surrounding_space_does_not() -> None:
     class Part:
-        text = "abc"
-    parts: list[Any] = [Part(), Part()]
+        def __init__(self, text: str) -> None:
+            self.text = text
+    parts: list[Any] = [Part(" abc"), Part("def ")]
     assert user_chars(["  hi  ", None, parts]) == 2 + 6
 
 

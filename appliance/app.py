@@ -22,6 +22,7 @@ from sqlalchemy.exc import DatabaseError
 from appliance import __version__
 from appliance.api import account, admin, hooks, jobs, metrics, monitoring, ollama, openai
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
+from appliance.api.chat_format import longest_token_chars
 from appliance.api.errors import (
     LIMIT_ERROR_HANDLERS,
     ApiError,
@@ -135,7 +136,8 @@ def build_services(settings: Settings, engine: Engine, store: Store,
     info = ModelInfo(name=loaded.name, path=str(loaded.path), is_demo=loaded.is_demo,
                      ctx_limit=loaded.ctx_limit,
                      vocab_size=int(loaded.config.get("vocab_size") or 0) or 1 << 30,
-                     tokenizer=loaded.tokenizer)
+                     tokenizer=loaded.tokenizer,
+                     max_token_chars=longest_token_chars(loaded.tokenizer))
     def reload_weights() -> None:
         with store.read_sessions() as s:
             engine.set_weights(fairness.load_weights(s))

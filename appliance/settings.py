@@ -51,6 +51,14 @@ class ServerSettings:
     header_timeout: float = _opt(
         10.0, "Seconds a connection may take to send a whole request head, and may stay idle "
         "between requests; then it is closed.", lo=0.5, hi=3600)
+    body_timeout: float = _opt(
+        30.0, "Seconds a request may take to send its whole body once its head has arrived; "
+        "then it is answered 408 and the connection closed (a body sent a byte at a time "
+        "cannot hold a connection).", lo=0.5, hi=3600)
+    address_connection_share: float = _opt(
+        0.25, "Largest share of --max-connections that one client address may hold; its "
+        "further connections are answered 503 (Retry-After) and closed at once, while other "
+        "addresses still get in. Trusted proxies are not limited.", lo=0.01, hi=1.0)
     trusted_proxies: str = _opt(
         "", "Comma-separated addresses or networks of reverse proxies whose X-Forwarded-For "
         "and X-Forwarded-Proto are believed (client address, https). Empty: nobody's.")

@@ -27,7 +27,16 @@ from sqlalchemy.exc import DatabaseError
 from appliance.api.auth import Principal
 from appliance.api.errors import ApiError, bad_request
 from appliance.api.schemas import ChatMessage, SamplingFields
-from appliance.api.service import Generation, Services, chat_prompt, quota_of, submit
+from appliance.api.service import (
+    Generation,
+    Services,
+    chat_prompt,
+    check_prompt_size,
+    off_loop,
+    quota_of,
+    submit,
+    user_chars,
+)
 from appliance.engine.request import Event, FinishEvent, TokenEvent
 from appliance.store import conversations as convs
 from appliance.store import preferences
@@ -192,7 +201,9 @@ async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
     (``save``: the question, or "" when it is stored already). Returns the answer's stream
     id, the conversation and whether it was made now."""
     svc, who = services(request), me(request)
-    prompt = chat_prompt(svc.model.tokenizer, model_turns(system, before, text))
+    turns = model_turns(system, before, text)
+    check_prompt_size(svc.model, user_chars(t.content for t in turns if t.role == "user"))
+    prompt = await off_loop(svc, chat_prompt, svc.model.tokenizer, turns)
     klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
     # submit() checks the user's quotas (429) and clamps the default max_tokens to them
     try:

@@ -40,7 +40,16 @@ from appliance.api.ollama_stream import (
     stream_response,
 )
 from appliance.api.openai import CLASS_HEADER
-from appliance.api.service import Generation, Services, check_context, decode_body, submit
+from appliance.api.service import (
+    Generation,
+    Services,
+    check_context,
+    check_prompt_size,
+    decode_body,
+    off_loop,
+    submit,
+    user_chars,
+)
 from appliance.vocab import FinishReason
 
 OLLAMA_API_VERSION = "0.12.0"
@@ -194,8 +203,10 @@ async def chat(request: Request[Any, Any, Any], state: State) -> Any:
         _no_images(services, m.images)
     think = _think(services, body.think)
     constraint = _constraint(body.format)
-    prompt = chat_format.render_prompt(services.model.tokenizer, ollama_turns(body.messages),
-                                       body.tools, think)
+    check_prompt_size(services.model, user_chars(m.content for m in body.messages
+                                                 if m.role == "user"))
+    prompt = await off_loop(services, chat_format.render_prompt, services.model.tokenizer,
+                            ollama_turns(body.messages), body.tools, think)
     gen = await _start(request, services, prompt, opts, "/api/chat", constraint)
     name = ollama_name(services.model.name)
 
@@ -243,7 +254,8 @@ async def generate(request: Request[Any, Any, Any], state: State) -> Any:
     constraint = _constraint(body.format)
     if not body.prompt and not body.context:
         return _load_reply(services, "response")
-    prompt = _generate_prompt(services, body, think)
+    check_prompt_size(services.model, len(body.prompt.strip()), "prompt")
+    prompt = await off_loop(services, _generate_prompt, services, body, think)
     gen = await _start(request, services, prompt, opts, "/api/generate", constraint)
     name = ollama_name(services.model.name)
     pieces = GeneratePieces(OutputParser(services.model.tokenizer, None, think, prompt))

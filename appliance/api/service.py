@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -54,6 +55,11 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+PROMPT_THREADS = 4
+"""Prompts templated and tokenised at once, each on a worker thread: a few megabyte prompts
+must neither block the event loop nor take every thread that authentication and the
+database use."""
+
 
 @dataclass(slots=True)
 class ModelInfo:
@@ -64,6 +70,9 @@ class ModelInfo:
     vocab_size: int
     tokenizer: Any
     created: int = field(default_factory=lambda: int(time.time()))
+    max_token_chars: int = 0
+    """The most characters one token stands for (``longest_token_chars``); 0: unknown, no
+    cheap size check."""
 
 
 @dataclass(slots=True)
@@ -90,6 +99,8 @@ class Services:
     """The background job scheduler (``appliance.jobs.runner.JobService``), when wired."""
     writer: StoreWriter | None = None
     """The store writer: its backlog decides whether model requests may start."""
+    prompt_limiter: anyio.CapacityLimiter = field(
+        default_factory=lambda: anyio.CapacityLimiter(PROMPT_THREADS))
 
     def policy_changed(self) -> None:
         """Call after an admin changes weights, classes or quotas: the running scheduler
@@ -104,11 +115,23 @@ def decode_body(raw: bytes, kind: type[Any]) -> Any:
     try:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
-        raise bad_request(f"Invalid request: {exc}", "invalid_type") from None
+        raise bad_request(f"Invalid request: {exc}", "invalid_type",
+                          _error_field(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"Malformed JSON: {exc}", "invalid_json") from None
     except RecursionError:
         raise bad_request("The JSON is nested too deeply.", "invalid_json") from None
+
+
+def _error_field(message: str) -> str | None:
+    """The field a msgspec validation error names (``... - at `$.messages[0].role```), as
+    OpenAI's ``param`` (``messages[0].role``); a missing field is named in the text."""
+    found = re.search(r"at `\$\.?([^`]*)`", message)
+    missing = re.search(r"missing required field `([^`]+)`", message)
+    path = found.group(1) if found else ""
+    if missing:
+        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+    return path or None
 
 
 def check_model(services: Services, name: str | None) -> None:
@@ -136,6 +159,8 @@ def sampling_from(body: SamplingFields, vocab_size: int) -> SamplingParams:
                           param="seed")
     if body.n != 1:
         raise bad_request("Only n=1 is supported.", "unsupported_value", "n")
+    if body.best_of not in (None, 1):
+        raise bad_request("Only best_of=1 is supported.", "unsupported_value", "best_of")
     if body.logprobs:
         raise bad_request("logprobs are not supported by this server.", "unsupported_value",
                           "logprobs")
@@ -191,9 +216,12 @@ def chat_turns(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     if not messages:
         raise bad_request("'messages' must hold at least one message.", param="messages")
     turns: list[dict[str, Any]] = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if m.role not in ("system", "user", "assistant", "tool", "developer"):
-            raise bad_request(f"Unknown message role '{m.role}'.", param="messages")
+            raise bad_request(f"Unknown message role '{m.role}'.", param=f"messages[{i}].role")
+        if m.role == "tool" and not m.tool_call_id:
+            raise bad_request("A 'tool' message needs 'tool_call_id': the id of the tool "
+                              "call it answers.", param=f"messages[{i}].tool_call_id")
         turn: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
                                 "content": message_text(m)}
         if m.tool_calls:
@@ -209,6 +237,39 @@ def chat_turns(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 def chat_prompt(tokenizer: Any, messages: list[ChatMessage],
                 tools: list[dict[str, Any]] | None = None) -> list[int]:
     return render_prompt(tokenizer, chat_turns(messages), tools, None)
+
+
+def user_chars(contents: Iterable[str | list[Any] | None]) -> int:
+    """Characters of the users' messages (what no chat template drops; templates may drop
+    earlier reasoning or merge system turns, so only user text is a sure lower bound)."""
+    total = 0
+    for content in contents:
+        if isinstance(content, str):
+            total += len(content.strip())
+        elif content:
+            total += len("".join(getattr(p, "text", None) or "" for p in content).strip())
+    return total
+
+
+def check_prompt_size(model: ModelInfo, chars: int, param: str = "messages") -> None:
+    """Refuse, before templating or tokenising anything, a prompt whose ``chars`` characters
+    cannot fit the context whatever the tokenizer makes of them (at least
+    ``chars // max_token_chars`` tokens): a 5 MB prompt costs no tokenizer time."""
+    if model.max_token_chars <= 0:
+        return
+    at_least = chars // model.max_token_chars
+    if at_least >= model.ctx_limit:
+        raise bad_request(
+            f"This model's maximum context length is {model.ctx_limit} tokens. However, "
+            f"your prompt has {chars} characters, at least {at_least} tokens, which leaves "
+            "no room for an answer. Shorten the prompt or the conversation.",
+            "context_length_exceeded", param)
+
+
+async def off_loop(services: Services, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` (templating, tokenising) on a worker thread, at most
+    ``PROMPT_THREADS`` at once, so a long prompt never stalls the event loop."""
+    return await anyio.to_thread.run_sync(fn, *args, limiter=services.prompt_limiter)
 
 
 def check_context(n_prompt: int, ctx_limit: int) -> None:

@@ -137,7 +137,11 @@ def tool_call_grammar(tools: list[dict[str, Any]], names: list[str] | None = Non
         name = fn.get("name")
         if not isinstance(name, str) or (names is not None and name not in names):
             continue
-        params = bounded(fn.get("parameters") or {"type": "object"})
+        try:
+            params = bounded(fn.get("parameters") or {"type": "object"})
+        except RecursionError:
+            raise bad_request("A tool's parameters are nested too deeply.",
+                              param="tools") from None
         options.append({"type": "object", "properties": {
             "name": {"const": name}, arguments_key: params},
             "required": ["name", arguments_key], "additionalProperties": False})

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from appliance.api.errors import ApiError
 from appliance.api.structured import (
     FRACTION_DIGITS,
     INT_DIGITS,
@@ -82,3 +85,15 @@ def test_a_tag_that_is_one_added_token_is_named_by_its_id() -> None:
         start=(tag_term(demo, "<tool_call>"), '"\\n"'),
         end=('"\\n"', tag_term(demo, "</tool_call>")))
     assert "<[4094]>" in grammar and "<[4095]>" in grammar
+
+
+def test_a_schema_nested_too_deeply_is_a_400_not_a_crash() -> None:
+    deep: dict[str, Any] = {"type": "object"}
+    for _ in range(3000):
+        deep = {"type": "object", "properties": {"a": deep}}
+    for make, param in ((lambda: grammar_for(deep), "response_format"),
+                        (lambda: tool_call_grammar([{"type": "function", "function": {
+                            "name": "f", "parameters": deep}}]), "tools")):
+        with pytest.raises(ApiError) as err:
+            make()
+        assert err.value.status == 400 and err.value.param == param

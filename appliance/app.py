@@ -76,7 +76,8 @@ def engine_config(settings: Settings) -> EngineConfig:
             background_reserve=settings.sched.background_reserve,
             kv_admission_watermark=e.kv_admission_watermark,
             enable_preemption=e.enable_preemption, preemption_policy=e.preemption_policy,
-            class_preemption=e.class_preemption, check_invariants=e.debug_invariants,
+            class_preemption=e.class_preemption, share_preemption=e.share_preemption,
+            check_invariants=e.debug_invariants,
             objectives=tick_objectives(settings)))
 
 

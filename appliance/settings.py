@@ -100,6 +100,11 @@ class EngineSettings:
         True, "When every slot is taken and a higher-class request waits (voice over "
         "interactive over background), one lower-class request yields its slot; its KV is "
         "parked in the prompt cache so it resumes without recomputing.")
+    share_preemption: bool = _opt(
+        True, "fair policy: when every slot is taken, a user holding more than their "
+        "weighted share of the batch, and ahead of the next waiting user on the counters, "
+        "yields one request's slot (its KV is parked as for class preemption), so two busy "
+        "users are served in the ratio of their weights, not one request each in turn.")
     preemption_policy: str = _opt(
         "fair", "Victim order: 'fair' (lowest effective class, then highest counter), "
         "'longest-first' or 'lowest-priority'.",

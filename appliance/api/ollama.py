@@ -173,7 +173,7 @@ async def _start(request: Request[Any, Any, Any], services: Services, prompt: li
                  ) -> Generation:
     return await submit(services, prompt, opts.sampling,
                         _max_tokens(opts, len(prompt), services), request.user,
-                        _klass(request), endpoint, constraint=constraint)
+                        _klass(request), endpoint, constraint=constraint, param="format")
 
 
 def _load_reply(services: Services, field: str) -> dict[str, Any]:

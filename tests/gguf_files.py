@@ -1,0 +1,101 @@
+"""Small GGUF files written with llama.cpp's own ``gguf`` package, for the importer's tests:
+a byte-level BPE vocabulary and random weights in the types and headers a test asks for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def byte_chars() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes (what byte-level BPE vocabularies hold)."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    chars, extra = [], 0
+    for b in range(256):
+        if b in keep:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+def q4_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Valid Q4_K bytes (finite scales, random 6-bit sub-scales and nibbles)."""
+    from gguf import GGMLQuantizationType
+
+    assert GGMLQuantizationType.Q4_K and cols % 256 == 0
+    blocks = np.zeros((rows * cols // 256, 144), np.uint8)
+    blocks[:, 0:2] = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)
+    blocks[:, 2:4] = np.frombuffer(np.float16(0.001).tobytes(), np.uint8)
+    blocks[:, 4:] = rng.integers(0, 256, (len(blocks), 140), dtype=np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: int = 256,
+               layers: int = 2, seed: int = 0) -> Path:
+    """A tiny model: ``quant`` is Q8_0, Q4_0 or Q4_K for its matrices (norms stay F32)."""
+    import gguf
+    from gguf import GGMLQuantizationType as T
+
+    rng = np.random.default_rng(seed)
+    heads, kv_heads, ffn = 4, 2, 2 * hidden
+    head_dim = hidden // heads
+    tokens = [*SPECIALS, *byte_chars(), "Ġt", "he"]
+    merges = ["Ġ t", "h e"]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny {arch}")
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(head_dim)
+    w.add_key_length(head_dim)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(2)
+    w.add_chat_template(TEMPLATE)
+
+    def matrix(name: str, rows: int, cols: int) -> None:
+        if quant == "Q4_K":
+            w.add_tensor(name, q4_k_blocks(rows, cols, rng), raw_dtype=T.Q4_K)
+            return
+        x = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+        kind = T[quant]
+        w.add_tensor(name, gguf.quants.quantize(x, kind), raw_dtype=kind)
+
+    def norm(name: str, size: int) -> None:
+        w.add_tensor(name, np.ones(size, np.float32))
+
+    matrix("token_embd.weight", len(tokens), hidden)
+    for i in range(layers):
+        norm(f"blk.{i}.attn_norm.weight", hidden)
+        matrix(f"blk.{i}.attn_q.weight", hidden, hidden)
+        matrix(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden)
+        matrix(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden)
+        matrix(f"blk.{i}.attn_output.weight", hidden, hidden)
+        if arch == "qwen3":
+            norm(f"blk.{i}.attn_q_norm.weight", head_dim)
+            norm(f"blk.{i}.attn_k_norm.weight", head_dim)
+        norm(f"blk.{i}.ffn_norm.weight", hidden)
+        matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
+        matrix(f"blk.{i}.ffn_up.weight", ffn, hidden)
+        matrix(f"blk.{i}.ffn_down.weight", hidden, ffn)
+    norm("output_norm.weight", hidden)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -168,7 +168,8 @@ def create_app(services: Services, secret: str,
         # Outermost first: who is asking (401) before whether the form is genuine (403).
         middleware=[HtmlSecurityHeaders,
                     # OPTIONS too: an unauthenticated OPTIONS reached the admin guard (500)
-                    DefineMiddleware(AuthMiddleware, exclude=list(PUBLIC_PATHS),
+                    DefineMiddleware(AuthMiddleware,
+                                     exclude=[*PUBLIC_PATHS, *ollama.PUBLIC_PATHS],
                                      exclude_http_methods=()),
                     DefineMiddleware(CsrfUnlessBearer, config=csrf)],
         template_config=TemplateConfig(directory=TEMPLATES, engine=JinjaTemplateEngine),

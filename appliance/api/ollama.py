@@ -9,6 +9,7 @@ engine's last snapshot, so they answer at once however busy the engine is.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -45,6 +46,10 @@ from appliance.vocab import FinishReason
 
 OLLAMA_API_VERSION = "0.12.0"
 """The Ollama API level this server speaks (clients gate features on it)."""
+
+PUBLIC_PATHS = ("^/api/version$",)
+"""Ollama itself answers these without a key, and clients probe them to find a server; the
+version string is all they tell."""
 
 ROLES = ("system", "user", "assistant", "tool")
 B = TypeVar("B", ChatBody, GenerateBody)
@@ -164,14 +169,22 @@ async def _start(request: Request[Any, Any, Any], services: Services, prompt: li
                  ) -> Generation:
     return await submit(services, prompt, opts.sampling,
                         _max_tokens(opts, len(prompt), services), request.user,
-                        _klass(request), endpoint, constraint=constraint)
+                        _klass(request), endpoint, constraint=constraint,
+                        keep_cache=opts.keep_alive != 0)
 
 
-def _load_reply(services: Services, field: str) -> dict[str, Any]:
-    """Ollama's answer to an empty request: the model is (already) loaded."""
+def _load_reply(request: Request[Any, Any, Any], services: Services, field: str,
+                opts: Options) -> dict[str, Any]:
+    """Ollama's answer to an empty request: the model is (already) loaded; with
+    ``keep_alive: 0`` (``ollama stop``) Ollama unloads it, here the model stays and the
+    caller's prompt-cache entries are released (see the README's Decisions)."""
     empty: Any = {"role": "assistant", "content": ""} if field == "message" else ""
+    reason = FinishReason.LOAD
+    if opts.keep_alive == 0:
+        services.engine.release_cache(str(request.user.user_id))
+        reason = FinishReason.UNLOAD
     return {"model": ollama_name(services.model.name), "created_at": now_iso(),
-            field: empty, "done": True, "done_reason": FinishReason.LOAD}
+            field: empty, "done": True, "done_reason": reason}
 
 
 def _read(services: Services, raw: bytes, kind: type[B]) -> tuple[B, Options]:
@@ -179,8 +192,8 @@ def _read(services: Services, raw: bytes, kind: type[B]) -> tuple[B, Options]:
     ``options`` (each a 400 when malformed)."""
     body: B = decode_body(raw, kind)
     require_model(services.model, body.model)
-    parse_keep_alive(body.keep_alive)
-    return body, parse_options(body.options)
+    keep_alive = parse_keep_alive(body.keep_alive)
+    return body, replace(parse_options(body.options), keep_alive=keep_alive)
 
 
 @post("/api/chat", status_code=200)
@@ -189,7 +202,7 @@ async def chat(request: Request[Any, Any, Any], state: State) -> Any:
     services = _services(state)
     body, opts = _read(services, await request.body(), ChatBody)
     if not body.messages:
-        return _load_reply(services, "message")
+        return _load_reply(request, services, "message", opts)
     for m in body.messages:
         _no_images(services, m.images)
     think = _think(services, body.think)
@@ -242,7 +255,7 @@ async def generate(request: Request[Any, Any, Any], state: State) -> Any:
     think = _think(services, body.think)
     constraint = _constraint(body.format)
     if not body.prompt and not body.context:
-        return _load_reply(services, "response")
+        return _load_reply(request, services, "response", opts)
     prompt = _generate_prompt(services, body, think)
     gen = await _start(request, services, prompt, opts, "/api/generate", constraint)
     name = ollama_name(services.model.name)
@@ -303,6 +316,7 @@ def ps(state: State) -> dict[str, Any]:
     entry = tag_entry(services.model)
     snap = services.engine.snapshot
     size = entry["size"] + snap.kv_bytes
+    # the model is never unloaded, whatever keep_alive said: say so (see README, Decisions)
     forever = datetime.now(UTC) + timedelta(days=365 * 100)
     return {"models": [{**{k: entry[k] for k in ("name", "model", "size", "digest",
                                                       "details")},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -94,11 +95,26 @@ def decode_body(raw: bytes, kind: type[Any]) -> Any:
     try:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
-        raise bad_request(f"Invalid request: {exc}", "invalid_type") from None
+        raise bad_request(f"Invalid request: {exc}", "invalid_type", _field(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"Malformed JSON: {exc}", "invalid_json") from None
     except RecursionError:
         raise bad_request("The JSON is nested too deeply.", "invalid_json") from None
+
+
+_AT = re.compile(r"at `\$((?:\.[^.`\[]+|\[[^\]]*\])+)`")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+def _field(message: str) -> str | None:
+    """The field msgspec's error names (``... - at `$.messages[0].role```), as OpenAI's
+    ``param`` spells it (``messages[0].role``); a missing top field by its name."""
+    found = _AT.search(message)
+    missing = _MISSING.search(message)
+    if found is None:
+        return missing.group(1) if missing else None
+    path = found.group(1).lstrip(".")
+    return f"{path}.{missing.group(1)}" if missing else path
 
 
 def check_model(services: Services, name: str | None) -> None:
@@ -309,7 +325,7 @@ def quota_error(verdict: QuotaVerdict) -> ApiError:
 async def submit(services: Services, prompt: list[int], body: SamplingFields,
                  max_tokens: int | None, principal: Principal, klass: Klass,
                  endpoint: str, *, constraint: Constraint | None = None,
-                 grammar: str | None = None) -> Generation:
+                 grammar: str | None = None, keep_cache: bool = True) -> Generation:
     """Check the request against the context and the user's quotas, then queue it.
 
     ``constraint`` (a JSON schema, or ``{"type": "json_object"}``) makes the engine decode
@@ -335,6 +351,6 @@ async def submit(services: Services, prompt: list[int], body: SamplingFields,
         prompt=tuple(prompt), max_tokens=out, sampling=sampling, stop=stops_from(body.stop),
         user=principal.name, klass=klass, user_id=principal.user_id,
         api_key_id=principal.key_id, endpoint=endpoint, tokens_per_day=quota.tokens_per_day,
-        grammar=grammar)
+        grammar=grammar, keep_cache=keep_cache)
     return Generation(services.engine, request, quota.max_concurrent,
                       services.latency.probe(klass.label, endpoint))

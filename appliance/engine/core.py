@@ -210,6 +210,11 @@ class Engine:
         self._control.put(apply)
         self._wake.set()
 
+    def release_cache(self, user_key: str) -> None:
+        """Forget one user's prompt-cache entries (on the engine thread's next tick)."""
+        self._control.put(lambda runner: runner.release_cache(user_key))
+        self._wake.set()
+
     def restore_counters(self, values: dict[str, float]) -> None:
         self._control.put(lambda runner: runner.scheduler.counters.restore(values))
         self._wake.set()

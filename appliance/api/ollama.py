@@ -21,6 +21,7 @@ from appliance.api import chat_format
 from appliance.api.auth import request_class
 from appliance.api.chat_format import Delta, OutputParser
 from appliance.api.errors import bad_request
+from appliance.api.ollama_fit import answer_reserve, fit_context, fit_turns
 from appliance.api.ollama_models import (
     model_facts,
     model_info,
@@ -160,6 +161,13 @@ def _max_tokens(opts: Options, n_prompt: int, services: Services) -> int | None:
     return min(opts.num_predict, room)
 
 
+def _room(opts: Options, services: Services) -> tuple[int, int]:
+    """The context a prompt must fit (``num_ctx`` caps the model's) and the room it keeps
+    for the answer while the oldest history is dropped (:mod:`appliance.api.ollama_fit`)."""
+    limit = min(opts.num_ctx or services.model.ctx_limit, services.model.ctx_limit)
+    return limit, answer_reserve(opts.num_predict, services.default_max_tokens, limit)
+
+
 def _klass(request: Request[Any, Any, Any]) -> Any:
     return request_class(request.user, request.headers.get(CLASS_HEADER))
 
@@ -207,8 +215,11 @@ async def chat(request: Request[Any, Any, Any], state: State) -> Any:
         _no_images(services, m.images)
     think = _think(services, body.think)
     constraint = _constraint(body.format)
-    prompt = chat_format.render_prompt(services.model.tokenizer, ollama_turns(body.messages),
-                                       body.tools, think)
+    limit, reserve = _room(opts, services)
+    prompt, _ = fit_turns(
+        lambda turns: chat_format.render_prompt(services.model.tokenizer, turns, body.tools,
+                                                think),
+        ollama_turns(body.messages), limit, reserve)
     gen = await _start(request, services, prompt, opts, "/api/chat", constraint)
     name = ollama_name(services.model.name)
 
@@ -225,8 +236,8 @@ async def chat(request: Request[Any, Any, Any], state: State) -> Any:
     return {**chunk(fields, True), **clock.final(finish)}
 
 
-def _generate_prompt(services: Services, body: GenerateBody, think: bool | None
-                     ) -> list[int]:
+def _generate_prompt(services: Services, body: GenerateBody, think: bool | None,
+                     opts: Options) -> list[int]:
     if body.suffix:
         raise bad_request("'suffix' (fill-in-the-middle) is not supported.", param="suffix")
     if body.template:
@@ -243,7 +254,7 @@ def _generate_prompt(services: Services, body: GenerateBody, think: bool | None
     if any(not 0 <= t < services.model.vocab_size for t in context):
         raise bad_request("'context' must hold token ids of this model (from an earlier "
                           "/api/generate answer).", param="context")
-    return context + prompt
+    return fit_context(context, prompt, *_room(opts, services))
 
 
 @post("/api/generate", status_code=200)
@@ -256,7 +267,7 @@ async def generate(request: Request[Any, Any, Any], state: State) -> Any:
     constraint = _constraint(body.format)
     if not body.prompt and not body.context:
         return _load_reply(request, services, "response", opts)
-    prompt = _generate_prompt(services, body, think)
+    prompt = _generate_prompt(services, body, think, opts)
     gen = await _start(request, services, prompt, opts, "/api/generate", constraint)
     name = ollama_name(services.model.name)
     pieces = GeneratePieces(OutputParser(services.model.tokenizer, None, think, prompt))

@@ -344,3 +344,29 @@ def test_keep_alive_zero_releases_my_prompt_cache_and_the_model_stays(
     running = client.ps().models
     assert [m.model for m in running] == ["tiny:latest"]
     assert running[0].expires_at is not None and running[0].expires_at.year > 2100
+
+
+def test_a_long_history_is_cut_from_the_front_as_ollama_does(server: LiveServer) -> None:
+    tokenizer = server.engine.loaded.tokenizer  # type: ignore[attr-defined]
+    system = {"role": "system", "content": "You control the house."}
+    last = {"role": "user", "content": "turn on the light"}
+    history = [{"role": role, "content": f"turn {i} said some words about the garden"}
+               for i in range(40) for role in ("user", "assistant")]
+    messages = [system, *history, last]
+    kept = len(tokenizer.apply_chat_template([system, last], add_generation_prompt=True))
+    whole = len(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    assert whole > 300
+    for stream in (False, True):
+        reply = _client(server).chat(model="tiny", messages=messages, stream=stream,
+                                     options={"num_ctx": 300, "num_predict": 4})
+        final = reply if not stream else list(reply)[-1]  # type: ignore[call-overload]
+        assert final.done
+        # what was read: the system prompt, the question and the newest turns that fit
+        assert kept < final.prompt_eval_count <= 300 - 4
+    generated = _client(server).generate(model="tiny", prompt="and then", context=[5] * 400,
+                                         options={"num_ctx": 300, "num_predict": 4})
+    assert generated.prompt_eval_count <= 296 and generated.done
+    with pytest.raises(ollama.ResponseError) as err:  # the question alone does not fit
+        _client(server).chat(model="tiny", options={"num_ctx": 20},
+                             messages=[system, *history, {"role": "user", "content": "x " * 50}])
+    assert err.value.status_code == 400 and "maximum context length is 20" in err.value.error

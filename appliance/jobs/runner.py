@@ -176,6 +176,8 @@ class JobService:
 
     def _interrupt_leftovers(self) -> list[int]:
         with self.services.store.sessions.begin() as s:
+            # the CLI validates new jobs against the list this daemon enforces at fetch time
+            store_jobs.record_daemon_url_allow(s, self.settings.url_allow)
             retry = store_jobs.interrupt_leftovers(s)
             # runs pile up only while a job runs, and each run prunes its own job; this is
             # for jobs paused with a backlog (or one left by a version that never pruned)

@@ -43,7 +43,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      help="a header sent with --url (repeatable)")
     add.add_argument("--instructions", default=None, help="what to produce")
     when = add.add_mutually_exclusive_group()
-    when.add_argument("--cron", default=None, help="5-field cron, e.g. '0 7 * * *'")
+    when.add_argument("--cron", default=None, help="when: a 5-field cron ('0 7 * * *'), "
+                      "@daily, or words ('every day at 7', 'every monday at 8:30')")
     when.add_argument("--every", type=int, default=None, metavar="SECONDS",
                       help="run every this many seconds")
     add.add_argument("--max-output-tokens", type=int, default=None)

@@ -34,6 +34,7 @@ from apscheduler.executors.asyncio import AsyncIOExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from appliance.api.errors import ApiError
+from appliance.api.latency import JOB_ENDPOINT
 from appliance.api.schemas import ChatMessage, SamplingFields
 from appliance.jobs import fetch, mapreduce, sources
 from appliance.jobs.definition import Limits
@@ -513,7 +514,7 @@ class JobService:
         for wait in (*BUSY_WAIT_S, None):
             try:
                 gen = await submit(self.services, prompt, SamplingFields(), max_tokens,
-                                   principal, Klass.BACKGROUND, "job")
+                                   principal, Klass.BACKGROUND, JOB_ENDPOINT)
                 break
             except ApiError as exc:
                 if exc.status == 429 and exc.code != "max_concurrent":

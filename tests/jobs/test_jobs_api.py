@@ -82,6 +82,11 @@ def test_a_text_job_runs_now_and_its_output_and_ledger_rows_are_kept(server: Liv
         assert (mine[0][4], mine[0][5]) == (run["prompt_tokens"], run["output_tokens"])
         listed = bob.get(f"/jobs/{job['id']}/runs").json()
         assert [r["id"] for r in listed] == [run["id"]] and "output" not in listed[0]
+    with server.client("alice") as alice:  # its latency is labelled as a job's
+        metrics = alice.get("/metrics").text
+    assert 'appliance_e2e_request_latency_seconds_count{api="jobs",class="background"}' \
+        in metrics
+    assert 'api="web",class="background"' not in metrics
 
 
 def test_a_url_job_reads_a_feed_then_only_its_new_items_and_calls_the_webhook(

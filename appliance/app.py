@@ -20,7 +20,17 @@ from litestar.template.config import TemplateConfig
 from sqlalchemy.exc import OperationalError
 
 from appliance import __version__
-from appliance.api import account, admin, hooks, jobs, metrics, monitoring, ollama, openai
+from appliance.api import (
+    account,
+    admin,
+    embeddings,
+    hooks,
+    jobs,
+    metrics,
+    monitoring,
+    ollama,
+    openai,
+)
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
 from appliance.api.errors import (
     LIMIT_ERROR_HANDLERS,
@@ -161,7 +171,8 @@ def create_app(services: Services, secret: str,
                on_shutdown: Sequence[Callable[[], Any]] = ()) -> Litestar:
     csrf = CSRFConfig(secret=secret, exclude=CSRF_EXEMPT, cookie_samesite="strict")
     app = Litestar(
-        route_handlers=[*openai.ROUTES, *ollama.ROUTES, *hooks.ROUTES, *monitoring.ROUTES,
+        route_handlers=[*openai.ROUTES, *ollama.ROUTES, *embeddings.ROUTES, *hooks.ROUTES,
+                        *monitoring.ROUTES,
                         *metrics.ROUTES, *account.ROUTES, admin.router, *jobs.ROUTES,
                         *web_routes()],
         state=State({"services": services}),

@@ -344,7 +344,8 @@ def _unified_memory() -> bool:
 
 
 def capabilities(services: Services) -> list[str]:
-    caps = ["completion", "tools"]
+    """What Ollama lists for a model; ``embedding``: /api/embed pools its hidden states."""
+    caps = ["completion", "tools", "embedding"]
     if chat_format.supports_thinking(services.model.tokenizer):
         caps.append("thinking")
     return caps

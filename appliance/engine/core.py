@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from appliance.engine.embed import Embedder, EmbedJob
 from appliance.engine.model import LoadedModel, load_model
 from appliance.engine.request import (
     Event,
@@ -131,6 +132,7 @@ class Engine:
         self._death: str | None = None
         self.failure: str | None = None
         """Why the engine stopped serving, once it has; None while it serves."""
+        self._embedder: Embedder | None = None
 
     # ---- lifecycle (any thread) ----
     def start(self, timeout: float = 600.0) -> None:
@@ -193,6 +195,19 @@ class Engine:
         self._inbox.put(handle)
         self._wake.set()
         return handle
+
+    def embed(self, rows: list[list[int]],
+              done: Callable[[list[list[float]] | None, str | None], None]) -> EmbedJob:
+        """Queue rows of token ids for embedding; ``done`` is called on the engine thread
+        with the vectors (or an error). Cancel with ``job.cancelled.set()``."""
+        if self.failure is not None:
+            raise EngineDown(self.failure)
+        if not self._accepting or self._embedder is None:
+            raise EngineStopping("the server is shutting down")
+        job = EmbedJob(rows, done)
+        self._embedder.submit(job)
+        self._wake.set()
+        return job
 
     def cancel(self, handle: RequestHandle) -> None:
         handle.cancel()
@@ -268,6 +283,8 @@ class Engine:
         for h in handles:
             h.emit(FinishEvent(FinishReason.ERROR, Usage(len(h.request.prompt), 0), error=reason,
                                unavailable=True))
+        if self._embedder is not None:
+            self._embedder.fail_all(reason)
         return len(handles)
 
     # ---- the engine thread ----
@@ -298,6 +315,10 @@ class Engine:
             self._ready.set()
             return
         self._runner = runner
+        tokenizer = self.loaded.tokenizer
+        pad = tokenizer.pad_token_id
+        self._embedder = Embedder(self.loaded.model, pad if pad is not None else
+                                  next(iter(self.loaded.eos_token_ids), 0))
         self._cancel_all = False
         self._beat = time.monotonic()
         self._ready.set()
@@ -314,6 +335,7 @@ class Engine:
             self._death = type(exc).__name__
             log.critical("engine thread died: %s", type(exc).__name__, exc_info=True)
             return
+        self._embedder.fail_all("the server is shutting down")
         if self.failure is None:
             runner.cancel_everything()
             runner.flush_counters()
@@ -343,6 +365,9 @@ class Engine:
                 runner.cancel_everything()
                 self._cancel_all = False
             worked = runner.tick()
+            # embeddings: one bounded batch between ticks, behind the streams
+            if self._embedder is not None and self._embedder.pending:
+                worked = self._embedder.step() or worked
         except Exception:
             log.exception("engine tick failed; ending the requests in flight")
             runner.fail_everything()

@@ -64,7 +64,10 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("GET", "/api/ps", None, 401, 200, 200),
     ("POST", "/api/show", {"model": "tiny"}, 401, 200, 200),
     ("POST", "/api/pull", {"model": "tiny", "stream": False}, 401, 200, 200),
-    ("GET", "/api/version", None, 200, 200, 200),  # public, as Ollama's (clients probe it)
+    ("GET", "/api/version", None, 200, 200, 200),
+    ("POST", "/api/embed", {"model": "tiny", "input": "hi"}, 401, 200, 200),
+    ("POST", "/api/embeddings", {"model": "tiny", "prompt": "hi"}, 401, 200, 200),
+    ("POST", "/v1/embeddings", {"input": "hi"}, 401, 200, 200),  # public, as Ollama's (clients probe it)
     ("POST", "/hooks/voice", {"text": "hi", "max_tokens": 2}, 401, 200, 200),
     # Browser UI (web/). An anonymous visitor to a page is sent to /login (303); partials,
     # form posts and streams answer 401. A form post without htmx redirects (303) after it

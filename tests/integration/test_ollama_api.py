@@ -71,7 +71,7 @@ def test_list_shows_the_served_model_with_the_fields_the_client_validates(
 def test_show_reports_model_info_details_and_capabilities(server: LiveServer) -> None:
     for name in ("tiny", "tiny:latest"):
         shown = _client(server).show(name)
-        assert shown.capabilities == ["completion", "tools"]
+        assert shown.capabilities == ["completion", "tools", "embedding"]
         assert shown.modelinfo is not None
         assert shown.modelinfo["general.architecture"] == "llama"
         assert shown.modelinfo["llama.context_length"] == 1024

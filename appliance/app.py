@@ -17,7 +17,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DatabaseError
 
 from appliance import __version__
 from appliance.api import (
@@ -32,6 +32,7 @@ from appliance.api import (
     openai,
 )
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
+from appliance.api.chat_format import longest_token_chars
 from appliance.api.errors import (
     LIMIT_ERROR_HANDLERS,
     ApiError,
@@ -85,7 +86,8 @@ def engine_config(settings: Settings) -> EngineConfig:
             background_reserve=settings.sched.background_reserve,
             kv_admission_watermark=e.kv_admission_watermark,
             enable_preemption=e.enable_preemption, preemption_policy=e.preemption_policy,
-            class_preemption=e.class_preemption, check_invariants=e.debug_invariants,
+            class_preemption=e.class_preemption, share_preemption=e.share_preemption,
+            check_invariants=e.debug_invariants,
             objectives=tick_objectives(settings)))
 
 
@@ -145,7 +147,8 @@ def build_services(settings: Settings, engine: Engine, store: Store,
     info = ModelInfo(name=loaded.name, path=str(loaded.path), is_demo=loaded.is_demo,
                      ctx_limit=loaded.ctx_limit,
                      vocab_size=int(loaded.config.get("vocab_size") or 0) or 1 << 30,
-                     tokenizer=loaded.tokenizer)
+                     tokenizer=loaded.tokenizer,
+                     max_token_chars=longest_token_chars(loaded.tokenizer))
     def reload_weights() -> None:
         with store.read_sessions() as s:
             engine.set_weights(fairness.load_weights(s))
@@ -154,7 +157,8 @@ def build_services(settings: Settings, engine: Engine, store: Store,
                         default_max_tokens=settings.engine.default_max_tokens,
                         max_batch_size=engine.config.scheduler.max_batch_size,
                         models_dir=settings.models_dir,
-                        note_key_used=writer.submit_key_used if writer is not None else None)
+                        note_key_used=writer.submit_key_used if writer is not None else None,
+                        writer=writer)
     attach_jobs(services, settings, writer)
     return services
 
@@ -192,7 +196,7 @@ def create_app(services: Services, secret: str,
             LastAdmin: store_error_handler(409),
             ValueError: store_error_handler(400),
             **LIMIT_ERROR_HANDLERS,
-            OperationalError: database_error_handler,
+            DatabaseError: database_error_handler,  # locked or storage fault: 503
             Exception: internal_error_handler,
         },
         # APScheduler's AsyncIOScheduler needs the running loop: started here; stopped

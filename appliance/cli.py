@@ -50,9 +50,12 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     from appliance.engine.faults import fault_from_spec
     from appliance.engine.supervisor import ENGINE_DOWN_EXIT
     from appliance.httpserver import raise_open_file_limit
+    from appliance.store.faults import TEST_ENV as STORE_FAULT_ENV
 
     # migrates before the event loop starts
-    daemon = build_daemon(settings, fault=fault_from_spec(os.environ.get(FAULT_ENV)))
+    store_fault = os.environ.get(STORE_FAULT_ENV)
+    daemon = build_daemon(settings, fault=fault_from_spec(os.environ.get(FAULT_ENV)),
+                          store_fault=Path(store_fault) if store_fault else None)
     config = uvicorn_config(daemon, settings.server.host, settings.server.port,
                             raise_open_file_limit())
     log.info("serving %s on http://%s:%d/", daemon.services.model.name, settings.server.host,
@@ -220,15 +223,24 @@ def main(argv: list[str] | None = None) -> int:
         # from the wheel's BLAS: the same BLAS (and no skinny_matmul) rebuilds them exactly.
         process.prepare(installed_kind(), settings.engine.blas, False, argv)
         process.log_blas(False)
-    if args.cmd in ("serve", "run"):
-        rc = cmd_serve(settings, args) if args.cmd == "serve" else cmd_run(settings, args)
-        exit_now(rc)
-    if args.cmd == "model":
-        return cmd_model(settings, args)
-    if args.cmd == "job":
-        from appliance import cli_jobs
-        return cli_jobs.run(settings, args)
-    if args.cmd in ("migrate", "user", "key"):
-        from appliance import cli_admin
-        return cli_admin.run(settings, args)
+    from appliance.store.faults import DATABASE_DAMAGED_EXIT
+    from appliance.store.migrate import DatabaseDamaged
+
+    try:
+        if args.cmd in ("serve", "run"):
+            rc = cmd_serve(settings, args) if args.cmd == "serve" else cmd_run(settings, args)
+            exit_now(rc)
+        if args.cmd == "model":
+            return cmd_model(settings, args)
+        if args.cmd == "job":
+            from appliance import cli_jobs
+            return cli_jobs.run(settings, args)
+        if args.cmd in ("migrate", "user", "key"):
+            from appliance import cli_admin
+            return cli_admin.run(settings, args)
+    except DatabaseDamaged as exc:
+        # Fail closed, in one line, with a status the service manager does not retry:
+        # restarting cannot mend a file.
+        print(exc, file=sys.stderr)
+        exit_now(DATABASE_DAMAGED_EXIT)
     return cmd_bench(settings, args, rest)

@@ -78,7 +78,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     from appliance.store import migrate
 
     path = db_path(settings)
-    migrate.upgrade(path)
+    migrate.check_database(path)  # a damaged file: cli.main says so in one line
     if args.cmd == "migrate":
         print(f"database {path} is at revision {migrate.current_revision(path)}")
         return 0

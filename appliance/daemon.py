@@ -84,13 +84,16 @@ def check_jobs(settings: Settings) -> None:
 def build_daemon(settings: Settings, *, fault: FaultHook | None = None,
                  secret: str | None = None, drain_timeout: float | None = None,
                  flush_interval: float = DEFAULT_FLUSH_INTERVAL_S,
-                 supervise_interval_s: float = 1.0) -> Daemon:
-    """The running daemon from its settings (the model is loaded when this returns)."""
+                 supervise_interval_s: float = 1.0, store_fault: Path | None = None) -> Daemon:
+    """The running daemon from its settings (the model is loaded when this returns).
+    ``store_fault``: the tests' storage fault control file (``appliance.store.faults``).
+    A damaged database file raises ``migrate.DatabaseDamaged`` before anything starts."""
     check_jobs(settings)  # a typo in the time zone or allow-list stops the start
     path = db_file(settings.store.data_dir)
-    migrate.upgrade(path)
-    store = open_store(path)
-    writer = StoreWriter(store.sessions, flush_interval=flush_interval)
+    migrate.check_database(path)  # raises migrate.DatabaseDamaged
+    store = open_store(path, test_fault=store_fault)
+    writer = StoreWriter(store.sessions, flush_interval=flush_interval, health=store.health,
+                         backlog_limit=settings.store.ledger_backlog)
     try:
         engine = start_engine(settings, fault=fault, writer=writer, store=store)
     except BaseException:

@@ -54,6 +54,14 @@ class ServerSettings:
     header_timeout: float = _opt(
         10.0, "Seconds a connection may take to send a whole request head, and may stay idle "
         "between requests; then it is closed.", lo=0.5, hi=3600)
+    body_timeout: float = _opt(
+        30.0, "Seconds a request may take to send its whole body once its head has arrived; "
+        "then it is answered 408 and the connection closed (a body sent a byte at a time "
+        "cannot hold a connection).", lo=0.5, hi=3600)
+    address_connection_share: float = _opt(
+        0.25, "Largest share of --max-connections that one client address may hold; its "
+        "further connections are answered 503 (Retry-After) and closed at once, while other "
+        "addresses still get in. Trusted proxies are not limited.", lo=0.01, hi=1.0)
     trusted_proxies: str = _opt(
         "", "Comma-separated addresses or networks of reverse proxies whose X-Forwarded-For "
         "and X-Forwarded-Proto are believed (client address, https). Empty: nobody's.")
@@ -95,6 +103,11 @@ class EngineSettings:
         True, "When every slot is taken and a higher-class request waits (voice over "
         "interactive over background), one lower-class request yields its slot; its KV is "
         "parked in the prompt cache so it resumes without recomputing.")
+    share_preemption: bool = _opt(
+        True, "fair policy: when every slot is taken, a user holding more than their "
+        "weighted share of the batch, and ahead of the next waiting user on the counters, "
+        "yields one request's slot (its KV is parked as for class preemption), so two busy "
+        "users are served in the ratio of their weights, not one request each in turn.")
     preemption_policy: str = _opt(
         "fair", "Victim order: 'fair' (lowest effective class, then highest counter), "
         "'longest-first' or 'lowest-priority'.",
@@ -174,6 +187,10 @@ class SchedSettings:
 @dataclass(slots=True)
 class StoreSettings:
     data_dir: str = _opt(default_data_dir(), "Folder for the database, pulled models and logs.")
+    ledger_backlog: int = _opt(
+        1000, "Ledger rows kept in memory while the database takes no writes (disk full, "
+        "read-only); with this many waiting, new model requests get 503 storage_unavailable "
+        "until the disk is back and the rows are written.", lo=1, hi=1_000_000)
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ safe Markdown. Stop, a closed tab or a vanished stream cancel the request in the
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -21,19 +22,32 @@ from litestar import Request, Response, get, post
 from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 from markupsafe import escape
+from sqlalchemy.exc import DatabaseError
 
 from appliance.api.auth import Principal
 from appliance.api.errors import ApiError, bad_request
 from appliance.api.schemas import ChatMessage, SamplingFields
-from appliance.api.service import Generation, Services, chat_prompt, quota_of, submit
+from appliance.api.service import (
+    Generation,
+    Services,
+    chat_prompt,
+    check_prompt_size,
+    off_loop,
+    quota_of,
+    submit,
+    user_chars,
+)
 from appliance.engine.request import Event, FinishEvent, TokenEvent
 from appliance.store import conversations as convs
 from appliance.store import preferences
 from appliance.store.errors import NotFound
+from appliance.store.faults import storage_fault
 from appliance.vocab import FinishReason, Klass
 from web import sse
 from web.common import PAGE, base_context, form_fields, is_htmx, me, page, services, web_state
 from web.state import LiveAnswer, WebState
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGE_CHARS = 16_000
 TITLE_CHARS = 60
@@ -187,7 +201,9 @@ async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
     (``save``: the question, or "" when it is stored already). Returns the answer's stream
     id, the conversation and whether it was made now."""
     svc, who = services(request), me(request)
-    prompt = chat_prompt(svc.model.tokenizer, model_turns(system, before, text))
+    turns = model_turns(system, before, text)
+    check_prompt_size(svc.model, user_chars(t.content for t in turns if t.role == "user"))
+    prompt = await off_loop(svc, chat_prompt, svc.model.tokenizer, turns)
     klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
     # submit() checks the user's quotas (429) and clamps the default max_tokens to them
     try:
@@ -368,6 +384,12 @@ def _save_answer(svc: Services, answer: LiveAnswer, text: str,
                               finish_reason=reason if reason in NOTED else None)
     except NotFound:  # the conversation was deleted meanwhile
         pass
+    except DatabaseError as exc:  # streamed already: nobody to answer 503; one line, no trace
+        if storage_fault(exc) is None:
+            raise
+        log.warning("chat: answer in conversation %d (user_id=%d) not saved: the database "
+                    "takes no writes (%s)", answer.conversation_id, answer.user_id,
+                    storage_fault(exc))
 
 
 @post("/chat/streams/{sid:str}/stop", status_code=204)

@@ -13,14 +13,21 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, NotAuthorizedException
 from litestar.response import Redirect
+from sqlalchemy.exc import DatabaseError
 
-from appliance.api.errors import ApiError, api_error_handler, http_error_handler
+from appliance.api.errors import (
+    ApiError,
+    api_error_handler,
+    database_error,
+    http_error_handler,
+    internal_error_handler,
+)
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
 from web.common import is_htmx, page
 
 TITLES = {400: "That did not work", 401: "Log in first", 403: "Not allowed",
           404: "Not found", 409: "Conflict", 429: "Over your quota", 500: "Something broke",
-          503: "The server is busy"}
+          503: "Not available right now"}
 
 
 def _wants_html(request: Request[Any, Any, Any]) -> bool:
@@ -63,6 +70,14 @@ def store_error(status: int) -> Any:
     return handler
 
 
+def database(request: Request[Any, Any, Any], exc: DatabaseError) -> Response[Any]:
+    """A locked or failing database: the API's 503, as a page or notice for people."""
+    err = database_error(request, exc)
+    if err is None:
+        return internal_error_handler(request, exc)
+    return api_error(request, err)
+
+
 EXCEPTION_HANDLERS: dict[Any, Any] = {
     NotAuthorizedException: not_logged_in,
     HTTPException: http_error,
@@ -71,4 +86,5 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     AlreadyExists: store_error(409),
     LastAdmin: store_error(409),
     ValueError: store_error(400),
+    DatabaseError: database,
 }

@@ -83,9 +83,17 @@ def list_users(state: State) -> list[dict[str, Any]]:
         return [user_json(u) for u in users.list_users(s)]
 
 
+# Litestar converts bodies leniently ("1" -> 1.0, "true" -> True, 1 -> True): bodies with
+# numbers or flags are decoded again strictly, so a wrong type is a 400 naming the field.
+
+
 @post("/users", status_code=201)
-@threaded
-def add_user(state: State, data: JSONBody[NewUser]) -> dict[str, Any]:
+async def add_user(request: Request, state: State, data: JSONBody[NewUser]) -> dict[str, Any]:
+    strict = decode_body(await request.body(), NewUser)
+    return await anyio.to_thread.run_sync(_add_user, state, strict)
+
+
+def _add_user(state: State, data: NewUser) -> dict[str, Any]:
     with _store(state).sessions.begin() as s:
         out = user_json(users.create_user(s, data.name, data.password, role=data.role,
                                           max_class=data.max_class, weight=data.weight))
@@ -94,8 +102,13 @@ def add_user(state: State, data: JSONBody[NewUser]) -> dict[str, Any]:
 
 
 @patch("/users/{uid:int}")
-@threaded
-def change_user(state: State, uid: FromPath[int], data: JSONBody[UserPatch]) -> dict[str, Any]:
+async def change_user(request: Request, state: State, uid: FromPath[int],
+                      data: JSONBody[UserPatch]) -> dict[str, Any]:
+    strict = decode_body(await request.body(), UserPatch)
+    return await anyio.to_thread.run_sync(_change_user, state, uid, strict)
+
+
+def _change_user(state: State, uid: int, data: UserPatch) -> dict[str, Any]:
     with _store(state).sessions.begin() as s:
         u = _user(s, uid)
         if data.role is not None:
@@ -133,8 +146,7 @@ def _quota_dict(q: limits.QuotaLimits) -> dict[str, int | None]:
 @put("/users/{uid:int}/quota")
 async def set_quota(request: Request, state: State, uid: FromPath[int],
                     data: JSONBody[QuotaBody]) -> dict[str, Any]:
-    # Litestar converts bodies leniently ("10" -> 10, 1e12 -> 10**12): quotas are decoded
-    # again strictly, integers only, and bounded by QuotaLimits.
+    # decoded again strictly (see add_user): integers only, bounded by QuotaLimits
     strict = decode_body(await request.body(), QuotaBody)
     q = limits.QuotaLimits(**msgspec.structs.asdict(strict))
     return await anyio.to_thread.run_sync(_save_quota, _store(state), uid, q)

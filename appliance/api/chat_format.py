@@ -87,6 +87,19 @@ def supports_tools(tokenizer: Any) -> bool:
         isinstance(template, str) and "tools" in template)
 
 
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of this vocabulary stands for (0: unknown). A text of
+    C characters is at least ``C // longest`` tokens: the bound that lets a prompt that
+    cannot fit be refused before it is templated or tokenised. A vocabulary entry is never
+    shorter than what it decodes to (byte-level entries are one character a byte, byte
+    fallbacks ``<0x41>`` six characters for one byte)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a vocabulary we can read: no bound
+        return 0
+    return max((len(t) for t in vocab), default=0)
+
+
 def _template_turn(turn: dict[str, Any]) -> dict[str, Any]:
     """A turn as chat templates expect it: text content, tool-call arguments as objects."""
     out = dict(turn)

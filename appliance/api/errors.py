@@ -8,6 +8,8 @@ from typing import Any
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, NotAuthorizedException
 
+from appliance.store.faults import driver_message, is_busy, storage_fault
+
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_BUSY_S = 2
@@ -128,14 +130,37 @@ LIMIT_ERROR_HANDLERS: dict[int | type[Exception], Any] = {
 
 
 RETRY_AFTER_DB_BUSY_S = 5
+RETRY_AFTER_STORAGE_S = 10
+
+
+def storage_unavailable(reason: str) -> ApiError:
+    """The database takes no writes (disk full, read-only file, I/O error)."""
+    return ApiError(503, f"The server cannot save anything right now ({reason}); nothing was "
+                    "changed. Retry later.", "server_error", "storage_unavailable",
+                    headers={"Retry-After": str(RETRY_AFTER_STORAGE_S)})
+
+
+def database_error(request: Request, exc: Exception) -> ApiError | None:
+    """A database error that is a condition of the machine, not a bug, as the 503 to send:
+    locked past the busy timeout (another process holds the lock), or a storage fault. One
+    log line with ids and SQLite's error name, no traceback. None: anything else."""
+    fault = storage_fault(exc)
+    user = getattr(request.scope.get("user"), "user_id", None)
+    if fault is not None:
+        log.warning("storage fault on %s %s user_id=%s: %s (%s)", request.method,
+                    request.url.path, user, fault, driver_message(exc))
+        return storage_unavailable(f"{fault}: {driver_message(exc)}")
+    if is_busy(exc):
+        log.warning("database busy on %s %s user_id=%s", request.method, request.url.path, user)
+        return ApiError(503, "The database is busy. Retry later.", "overloaded",
+                        "database_busy", headers={"Retry-After": str(RETRY_AFTER_DB_BUSY_S)})
+    return None
 
 
 def database_error_handler(request: Request, exc: Exception) -> Response:
-    """A database locked past its busy timeout (another process holds the lock) is a
-    temporary condition: 503 with ``Retry-After``, nothing half-done. Anything else is a 500."""
-    if "locked" in str(exc) or "busy" in str(exc):
-        log.warning("database busy on %s %s", request.method, request.url.path)
-        return api_error_handler(request, ApiError(
-            503, "The database is busy. Retry later.", "overloaded", "database_busy",
-            headers={"Retry-After": str(RETRY_AFTER_DB_BUSY_S)}))
-    return internal_error_handler(request, exc)
+    """Locked or faulted database: 503 with ``Retry-After``, nothing half-done (the
+    transaction rolled back). Anything else is a 500."""
+    err = database_error(request, exc)
+    if err is None:
+        return internal_error_handler(request, exc)
+    return api_error_handler(request, err)

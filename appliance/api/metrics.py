@@ -30,6 +30,14 @@ class SnapshotCollector(Collector):
             "appliance_max_batch_size": ("Most sequences at once.",
                                          self.services.max_batch_size),
         }
+        writer, health = self.services.writer, self.services.store.health
+        gauges["appliance_store_writable"] = (
+            "1 while the database takes writes; 0 during a storage fault (disk full, "
+            "read-only file, I/O error).", 0.0 if health.faulted else 1.0)
+        if writer is not None:
+            gauges["appliance_store_ledger_backlog"] = (
+                "Ledger rows kept in memory until the database takes them.",
+                writer.stats.backlog)
         budget = self.services.engine.kv_budget_bytes
         if budget is not None:
             gauges["appliance_kv_budget_bytes"] = ("KV cache budget.", budget)
@@ -43,6 +51,8 @@ class SnapshotCollector(Collector):
             "appliance_preemptions": ("Sequences preempted.", snap.preemptions_total),
             "appliance_request_errors": ("Requests ended by an error.", snap.errors_total),
             "appliance_requests_cancelled": ("Requests cancelled.", snap.cancelled_total),
+            "appliance_store_faults": ("Database errors that were storage faults.",
+                                       self.services.store.health.faults_total),
             "appliance_engine_ticks": ("Engine ticks run.", snap.ticks),
             "appliance_engine_ticks_over_target": (
                 "Engine ticks that took more than twice their time target.",

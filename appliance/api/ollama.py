@@ -42,7 +42,16 @@ from appliance.api.ollama_stream import (
     stream_response,
 )
 from appliance.api.openai import CLASS_HEADER
-from appliance.api.service import Generation, Services, check_context, decode_body, submit
+from appliance.api.service import (
+    Generation,
+    Services,
+    check_context,
+    check_prompt_size,
+    decode_body,
+    off_loop,
+    submit,
+    user_chars,
+)
 from appliance.vocab import FinishReason
 
 OLLAMA_API_VERSION = "0.12.0"
@@ -177,7 +186,7 @@ async def _start(request: Request[Any, Any, Any], services: Services, prompt: li
                  ) -> Generation:
     return await submit(services, prompt, opts.sampling,
                         _max_tokens(opts, len(prompt), services), request.user,
-                        _klass(request), endpoint, constraint=constraint,
+                        _klass(request), endpoint, constraint=constraint, param="format",
                         keep_cache=opts.keep_alive != 0)
 
 
@@ -215,8 +224,13 @@ async def chat(request: Request[Any, Any, Any], state: State) -> Any:
         _no_images(services, m.images)
     think = _think(services, body.think)
     constraint = _constraint(body.format)
+    # only the newest question must stay (older turns are dropped to fit): the early
+    # size refusal counts it alone
+    check_prompt_size(services.model, user_chars(
+        [m.content for m in body.messages if m.role == "user"][-1:]))
     limit, reserve = _room(opts, services)
-    prompt, _ = fit_turns(
+    prompt, _ = await off_loop(
+        services, fit_turns,
         lambda turns: chat_format.render_prompt(services.model.tokenizer, turns, body.tools,
                                                 think),
         ollama_turns(body.messages), limit, reserve)
@@ -267,7 +281,8 @@ async def generate(request: Request[Any, Any, Any], state: State) -> Any:
     constraint = _constraint(body.format)
     if not body.prompt and not body.context:
         return _load_reply(request, services, "response", opts)
-    prompt = _generate_prompt(services, body, think, opts)
+    check_prompt_size(services.model, len(body.prompt.strip()), "prompt")
+    prompt = await off_loop(services, _generate_prompt, services, body, think, opts)
     gen = await _start(request, services, prompt, opts, "/api/generate", constraint)
     name = ollama_name(services.model.name)
     pieces = GeneratePieces(OutputParser(services.model.tokenizer, None, think, prompt))

@@ -27,8 +27,11 @@ from appliance.api.service import (
     Generation,
     Services,
     check_model,
+    check_prompt_size,
     decode_body,
+    off_loop,
     submit,
+    user_chars,
 )
 from appliance.engine.request import FinishEvent, TokenEvent
 from appliance.vocab import FinishReason
@@ -136,7 +139,12 @@ async def chat_completions(request: Request, state: State) -> Any:
     services = _services(state)
     body: ChatCompletionRequest = decode_body(await request.body(), ChatCompletionRequest)
     check_model(services, body.model)
-    setup = prepare_chat(services.model.tokenizer, body)
+    if body.modalities is not None and body.modalities != ["text"]:
+        raise bad_request("Only the 'text' modality is supported.", "unsupported_value",
+                          "modalities")
+    check_prompt_size(services.model, user_chars(m.content for m in body.messages
+                                                 if m.role == "user"))
+    setup = await off_loop(services, prepare_chat, services.model.tokenizer, body)
     return await _respond(request, services, body, setup.prompt,
                           body.max_completion_tokens or body.max_tokens, "chat",
                           setup.parser, setup.constraint, setup.grammar)
@@ -149,19 +157,26 @@ async def completions(request: Request, state: State) -> Any:
     check_model(services, body.model)
     if body.echo or body.suffix:
         raise bad_request("'echo' and 'suffix' are not supported.", "unsupported_value")
+    tokenizer = services.model.tokenizer
     if isinstance(body.prompt, str):
-        prompt = list(services.model.tokenizer.encode(body.prompt))
+        check_prompt_size(services.model, len(body.prompt), "prompt")
+        prompt = await off_loop(services, _encode, tokenizer, body.prompt)
     elif body.prompt and all(isinstance(p, int) for p in body.prompt):
         prompt = [int(p) for p in body.prompt]
         if any(not 0 <= t < services.model.vocab_size for t in prompt):
             raise bad_request("Prompt token ids must be inside the vocabulary.", param="prompt")
     elif len(body.prompt) == 1:
-        prompt = list(services.model.tokenizer.encode(str(body.prompt[0])))
+        check_prompt_size(services.model, len(str(body.prompt[0])), "prompt")
+        prompt = await off_loop(services, _encode, tokenizer, str(body.prompt[0]))
     else:
         raise bad_request("Send one prompt per request (batches of prompts are not "
                           "supported).", "unsupported_value", "prompt")
     return await _respond(request, services, body, prompt,
                           16 if body.max_tokens is None else body.max_tokens, "text")
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text))
 
 
 async def _respond(request: Request, services: Services,

@@ -27,7 +27,7 @@ from appliance.api.chat_format import (
 from appliance.api.errors import bad_request
 from appliance.api.schemas import ChatCompletionRequest
 from appliance.api.service import chat_turns
-from appliance.api.structured import JSON_OBJECT, Constraint, tool_call_grammar
+from appliance.api.structured import JSON_OBJECT, Constraint, tag_term, tool_call_grammar
 from appliance.vocab import FinishReason
 
 JSON_TOOL_PARSERS = {"json_tools"}
@@ -90,9 +90,11 @@ def _force_grammar(tokenizer: Any, tools: list[dict[str, Any]],
         module = getattr(parser, "__module__", "").rsplit(".", 1)[-1]
         if module not in JSON_TOOL_PARSERS:
             return None
-        return tool_call_grammar(tokenizer.tool_call_start + "\n",
-                                 "\n" + tokenizer.tool_call_end, tools, names)
-    return tool_call_grammar("", "", tools, names, arguments_key="parameters")
+        newline = json.dumps("\n")
+        return tool_call_grammar(
+            tools, names, start=(tag_term(tokenizer, tokenizer.tool_call_start), newline),
+            end=(newline, tag_term(tokenizer, tokenizer.tool_call_end)))
+    return tool_call_grammar(tools, names, arguments_key="parameters")
 
 
 def response_constraint(fmt: dict[str, Any] | None) -> Constraint | None:

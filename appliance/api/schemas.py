@@ -40,6 +40,8 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     n: int = 1
+    best_of: int | None = None
+    """Only 1 (or absent): refused otherwise rather than silently ignored."""
     logprobs: bool | int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -56,6 +58,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     enable_thinking: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = None
+    modalities: list[str] | None = None
+    """Only ``["text"]``: audio output is refused rather than silently ignored."""
 
 
 class CompletionRequest(SamplingFields, kw_only=True):

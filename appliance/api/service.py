@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -14,7 +15,14 @@ import anyio
 import msgspec
 
 from appliance.api.chat_format import render_prompt
-from appliance.api.errors import ApiError, bad_request, busy, engine_down, shutting_down
+from appliance.api.errors import (
+    ApiError,
+    bad_request,
+    busy,
+    engine_down,
+    shutting_down,
+    storage_unavailable,
+)
 from appliance.api.latency import LatencyMetrics, Probe
 from appliance.api.schemas import ChatMessage, SamplingFields
 from appliance.api.structured import Constraint, grammar_for
@@ -38,6 +46,7 @@ from appliance.sched.quota import (
 )
 from appliance.store import limits
 from appliance.store.db import Store
+from appliance.store.writer import StoreWriter
 from appliance.vocab import DAY_S, Klass
 
 if TYPE_CHECKING:
@@ -46,6 +55,12 @@ if TYPE_CHECKING:
     from appliance.api.auth import Principal
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+PROMPT_THREADS = 4
+"""Prompts templated and tokenised at once, each on a worker thread: a few megabyte prompts
+must neither block the event loop nor take every thread that authentication and the
+database use."""
 
 
 @dataclass(slots=True)
@@ -57,6 +72,9 @@ class ModelInfo:
     vocab_size: int
     tokenizer: Any
     created: int = field(default_factory=lambda: int(time.time()))
+    max_token_chars: int = 0
+    """The most characters one token stands for (``longest_token_chars``); 0: unknown, no
+    cheap size check."""
 
 
 @dataclass(slots=True)
@@ -81,6 +99,10 @@ class Services:
     """Where an API key's last-used time goes (the store writer); None: not recorded."""
     jobs: Any = None
     """The background job scheduler (``appliance.jobs.runner.JobService``), when wired."""
+    writer: StoreWriter | None = None
+    """The store writer: its backlog decides whether model requests may start."""
+    prompt_limiter: anyio.CapacityLimiter = field(
+        default_factory=lambda: anyio.CapacityLimiter(PROMPT_THREADS))
 
     def policy_changed(self) -> None:
         """Call after an admin changes weights, classes or quotas: the running scheduler
@@ -95,26 +117,23 @@ def decode_body(raw: bytes, kind: type[Any]) -> Any:
     try:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
-        raise bad_request(f"Invalid request: {exc}", "invalid_type", _field(str(exc))) from None
+        raise bad_request(f"Invalid request: {exc}", "invalid_type",
+                          _error_field(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"Malformed JSON: {exc}", "invalid_json") from None
     except RecursionError:
         raise bad_request("The JSON is nested too deeply.", "invalid_json") from None
 
 
-_AT = re.compile(r"at `\$((?:\.[^.`\[]+|\[[^\]]*\])+)`")
-_MISSING = re.compile(r"missing required field `([^`]+)`")
-
-
-def _field(message: str) -> str | None:
-    """The field msgspec's error names (``... - at `$.messages[0].role```), as OpenAI's
-    ``param`` spells it (``messages[0].role``); a missing top field by its name."""
-    found = _AT.search(message)
-    missing = _MISSING.search(message)
-    if found is None:
-        return missing.group(1) if missing else None
-    path = found.group(1).lstrip(".")
-    return f"{path}.{missing.group(1)}" if missing else path
+def _error_field(message: str) -> str | None:
+    """The field a msgspec validation error names (``... - at `$.messages[0].role```), as
+    OpenAI's ``param`` (``messages[0].role``); a missing field is named in the text."""
+    found = re.search(r"at `\$\.?([^`]*)`", message)
+    missing = re.search(r"missing required field `([^`]+)`", message)
+    path = found.group(1) if found else ""
+    if missing:
+        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+    return path or None
 
 
 def check_model(services: Services, name: str | None) -> None:
@@ -142,6 +161,8 @@ def sampling_from(body: SamplingFields, vocab_size: int) -> SamplingParams:
                           param="seed")
     if body.n != 1:
         raise bad_request("Only n=1 is supported.", "unsupported_value", "n")
+    if body.best_of not in (None, 1):
+        raise bad_request("Only best_of=1 is supported.", "unsupported_value", "best_of")
     if body.logprobs:
         raise bad_request("logprobs are not supported by this server.", "unsupported_value",
                           "logprobs")
@@ -197,9 +218,12 @@ def chat_turns(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     if not messages:
         raise bad_request("'messages' must hold at least one message.", param="messages")
     turns: list[dict[str, Any]] = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if m.role not in ("system", "user", "assistant", "tool", "developer"):
-            raise bad_request(f"Unknown message role '{m.role}'.", param="messages")
+            raise bad_request(f"Unknown message role '{m.role}'.", param=f"messages[{i}].role")
+        if m.role == "tool" and not m.tool_call_id:
+            raise bad_request("A 'tool' message needs 'tool_call_id': the id of the tool "
+                              "call it answers.", param=f"messages[{i}].tool_call_id")
         turn: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
                                 "content": message_text(m)}
         if m.tool_calls:
@@ -215,6 +239,39 @@ def chat_turns(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 def chat_prompt(tokenizer: Any, messages: list[ChatMessage],
                 tools: list[dict[str, Any]] | None = None) -> list[int]:
     return render_prompt(tokenizer, chat_turns(messages), tools, None)
+
+
+def user_chars(contents: Iterable[str | list[Any] | None]) -> int:
+    """Characters of the users' messages (what no chat template drops; templates may drop
+    earlier reasoning or merge system turns, so only user text is a sure lower bound)."""
+    total = 0
+    for content in contents:
+        if isinstance(content, str):
+            total += len(content.strip())
+        elif content:
+            total += len("".join(getattr(p, "text", None) or "" for p in content).strip())
+    return total
+
+
+def check_prompt_size(model: ModelInfo, chars: int, param: str = "messages") -> None:
+    """Refuse, before templating or tokenising anything, a prompt whose ``chars`` characters
+    cannot fit the context whatever the tokenizer makes of them (at least
+    ``chars // max_token_chars`` tokens): a 5 MB prompt costs no tokenizer time."""
+    if model.max_token_chars <= 0:
+        return
+    at_least = chars // model.max_token_chars
+    if at_least >= model.ctx_limit:
+        raise bad_request(
+            f"This model's maximum context length is {model.ctx_limit} tokens. However, "
+            f"your prompt has {chars} characters, at least {at_least} tokens, which leaves "
+            "no room for an answer. Shorten the prompt or the conversation.",
+            "context_length_exceeded", param)
+
+
+async def off_loop(services: Services, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` (templating, tokenising) on a worker thread, at most
+    ``PROMPT_THREADS`` at once, so a long prompt never stalls the event loop."""
+    return await anyio.to_thread.run_sync(fn, *args, limiter=services.prompt_limiter)
 
 
 def check_context(n_prompt: int, ctx_limit: int) -> None:
@@ -311,6 +368,22 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
+async def check_grammar(services: Services, grammar: str, user_id: int, param: str) -> None:
+    """A 400 naming ``param`` when the engine could not run ``grammar`` (a recursive schema
+    makes llguidance give up at the first token); off the event loop, as building a matcher
+    for a large schema takes a while. The log names the user and the error class only: a
+    grammar is the client's schema."""
+    error = await anyio.to_thread.run_sync(services.engine.check_grammar, grammar)
+    if error is None:
+        return
+    log.info("grammar refused at admission user_id=%d param=%s: %s", user_id, param, error)
+    what = {"tools": "A tool's parameters schema", "format": "The format schema"}.get(
+        param, "The response_format schema")
+    raise bad_request(f"{what} cannot be enforced: constrained decoding gives up on it "
+                      f"({error}). Recursive schemas that must nest forever, or that "
+                      "refer to the whole document, are not supported.", param=param)
+
+
 def quota_of(store: Store, user_id: int) -> QuotaLimits:
     with store.read_sessions() as s:
         return limits.get_quota(s, user_id)
@@ -325,16 +398,25 @@ def quota_error(verdict: QuotaVerdict) -> ApiError:
 async def submit(services: Services, prompt: list[int], body: SamplingFields,
                  max_tokens: int | None, principal: Principal, klass: Klass,
                  endpoint: str, *, constraint: Constraint | None = None,
-                 grammar: str | None = None, keep_cache: bool = True) -> Generation:
+                 grammar: str | None = None, param: str | None = None,
+                 keep_cache: bool = True) -> Generation:
     """Check the request against the context and the user's quotas, then queue it.
 
     ``constraint`` (a JSON schema, or ``{"type": "json_object"}``) makes the engine decode
     only answers that follow it; ``grammar`` is an llguidance grammar given directly (forced
-    tool calls). A constraint that cannot be compiled is a 400.
+    tool calls). A constraint or grammar that cannot be compiled, or that the engine could
+    not run, is a 400 naming ``param``, the field it came from (default
+    ``response_format`` for a constraint, ``tools`` for a grammar).
     """
     check_context(len(prompt), services.model.ctx_limit)
+    if services.writer is not None and (why := services.writer.refusal()) is not None:
+        # an answer nobody can be charged for: past the backlog's bound, none is started
+        raise storage_unavailable(why)
     if constraint is not None:
-        grammar = grammar_for(constraint)
+        grammar = grammar_for(constraint, param or "response_format")
+    if grammar is not None:
+        await check_grammar(services, grammar, principal.user_id,
+                            param or ("response_format" if constraint is not None else "tools"))
     sampling = sampling_from(body, services.model.vocab_size)
     quota = await anyio.to_thread.run_sync(quota_of, services.store, principal.user_id)
     if max_tokens is not None:

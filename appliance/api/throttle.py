@@ -7,8 +7,13 @@ Three limits on *failed* logins, each over a sliding window:
   address (the old per-account limit let anyone block the admin for 15 minutes);
 - per address: ``per_address`` failures in ``window_s``, whatever names it tries;
 - global: ``global_per_minute`` failures in 60 s from everywhere together, a small ceiling
-  that bounds password guessing (and argon2 work) from many addresses at once. It blocks
-  everyone, but only until the minute has passed.
+  that bounds password guessing (and argon2 work) from many addresses at once. It holds
+  back only addresses that have themselves failed within ``window_s``: an address with a
+  clean record always gets its try. (It used to block everyone: two addresses failing 15
+  times each for made-up names, each under its own limit, locked the real user out for a
+  minute; issue 37.) A guesser spread over many fresh addresses so gets one try per
+  address, then the ceiling; a member who mistyped at the same address waits the minute
+  out at most.
 
 Memory is bounded by construction: asking (``retry_after``) never creates an entry, a
 429 answer records nothing, each entry keeps at most its limit of timestamps, entries
@@ -58,7 +63,7 @@ class LoginThrottle:
                 if len(q) >= limit:
                     waits.append(q[len(q) - limit] + self.window_s - now)
         _prune(self._global, now - GLOBAL_WINDOW_S)
-        if len(self._global) >= self.global_per_minute:
+        if len(self._global) >= self.global_per_minute and self._failed_here(address):
             waits.append(self._global[len(self._global) - self.global_per_minute]
                          + GLOBAL_WINDOW_S - now)
         return max(waits) if waits else None
@@ -81,6 +86,10 @@ class LoginThrottle:
         """The right password from this address: its failures for this account are over
         (the address's own count stays: a success does not buy more guesses elsewhere)."""
         self._fails.pop(_pair(name, address), None)
+
+    def _failed_here(self, address: str) -> bool:
+        """Whether this address has failed within the window (``retry_after`` pruned it)."""
+        return bool(self._fails.get(_addr(address)))
 
     def __len__(self) -> int:
         return len(self._fails)

@@ -28,6 +28,9 @@ from appliance.bench.fairness_stats import (
     SOLO_VOICE,
     VOICE,
     VOICE_BACKGROUND,
+    WEIGHT,
+    WEIGHTED,
+    WEIGHTED_USER,
     PhaseWindow,
 )
 from appliance.bench.process import (
@@ -50,6 +53,7 @@ PERSONAS = (
     BenchUser(LIGHT, key_name=KEY_NAME),
     BenchUser(BACKGROUND, key_name=KEY_NAME),
     BenchUser(VOICE, role="admin", max_class=Klass.VOICE, key_name=KEY_NAME),
+    BenchUser(WEIGHTED_USER, key_name=KEY_NAME, weight=WEIGHT),
 )
 
 
@@ -187,10 +191,13 @@ class Config:
     light_think_s: tuple[float, float] = (0.3, 1.0)
     voice_think_s: tuple[float, float] = (0.5, 1.5)
     rounds: int = 1
+    weighted_s: float = 20.0
+    weighted: Shape = Shape((30, 30), (256, 256))
+    """The weighted phase's requests: short prompts, long answers, all of one length."""
 
 
 def phase_specs(cfg: Config) -> list[PhaseSpec]:
-    """The five phases, in the order each server runs them."""
+    """The six phases, in the order each server runs them."""
     n = cfg.solo_requests
     bob = Lane(LIGHT, None, 1, cfg.light, cfg.light_think_s)
     dave = Lane(VOICE, Klass.VOICE.label, 1, cfg.voice, cfg.voice_think_s)
@@ -208,6 +215,9 @@ def phase_specs(cfg: Config) -> list[PhaseSpec]:
                         cfg.background),
                    dave),
                   cfg.ramp_s + cfg.voice_background_s, cfg.ramp_s),
+        PhaseSpec(WEIGHTED, (Lane(HEAVY, None, cfg.max_batch_size, cfg.weighted),
+                             Lane(WEIGHTED_USER, None, cfg.max_batch_size, cfg.weighted)),
+                  cfg.ramp_s + cfg.weighted_s, cfg.ramp_s),
     ]
 
 
@@ -226,9 +236,12 @@ def describe_workload(cfg: Config) -> str:
         f"{HEAVY} {cfg.heavy_backlog} and {LIGHT} {cfg.light_backlog} in flight; {BACKGROUND} (background class) "
         f"{cfg.background_concurrency} in flight, {shape(cfg.background)}; {VOICE} (voice "
         f"class) one at a time, {shape(cfg.voice)}, think {cfg.voice_think_s[0]:g}-"
-        f"{cfg.voice_think_s[1]:g} s. Solo baselines {cfg.solo_requests} requests each; "
+        f"{cfg.voice_think_s[1]:g} s; in the {WEIGHTED} phase {HEAVY} (weight 1) and "
+        f"{WEIGHTED_USER} (weight {WEIGHT:g}) {cfg.max_batch_size} in flight each, "
+        f"{shape(cfg.weighted)}. Solo baselines {cfg.solo_requests} requests each; "
         f"{HEAVY_LIGHT} {cfg.heavy_light_s:g} s, {BACKLOGGED} {cfg.windows} × "
-        f"{cfg.window_s:g} s windows, {VOICE_BACKGROUND} {cfg.voice_background_s:g} s, each "
+        f"{cfg.window_s:g} s windows, {VOICE_BACKGROUND} {cfg.voice_background_s:g} s, "
+        f"{WEIGHTED} {cfg.weighted_s:g} s, each "
         f"after {cfg.ramp_s:g} s unmeasured ramp-up; temperature 0, EOS "
         f"{'suppressed (fixed output lengths)' if cfg.eos_bias else 'allowed'}, distinct "
         "prompts"
@@ -290,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests of each solo baseline (default: 20)")
     p.add_argument("--heavy-light-seconds", type=positive(float), default=40.0)
     p.add_argument("--voice-background-seconds", type=positive(float), default=40.0)
+    p.add_argument("--weighted-seconds", type=positive(float), default=20.0,
+                   help="measured length of the weighted phase (default: 20)")
     p.add_argument("--window", type=positive(float), default=15.0,
                    help="service-difference window in seconds (default: 15; the VTC paper "
                    "uses 60, too long for a short run)")
@@ -371,6 +386,7 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
         solo_requests=args.solo_requests,
         heavy_light_s=args.heavy_light_seconds,
         voice_background_s=args.voice_background_seconds,
+        weighted_s=args.weighted_seconds,
         window_s=args.window,
         windows=args.windows,
         ramp_s=max(0.0, args.ramp_seconds),

@@ -20,6 +20,9 @@ HEAVY = "alice"
 LIGHT = "bob"
 BACKGROUND = "carol"
 VOICE = "dave"
+WEIGHTED_USER = "erin"
+"""Of weight ``WEIGHT``; busy only in the weighted phase, against alice (weight 1)."""
+WEIGHT = 4.0
 
 SOLO_LIGHT = "solo-light"
 SOLO_VOICE = "solo-voice"
@@ -30,7 +33,10 @@ LOADED_PHASES = (HEAVY_LIGHT, BACKLOGGED, VOICE_BACKGROUND)
 SAME_MIX_PHASES = (HEAVY_LIGHT, VOICE_BACKGROUND)
 """Loaded phases in which both policies serve every request of the same mix (in the
 backlogged phase fair serves more of bob's short requests, which changes output tok/s)."""
-PHASES = (SOLO_LIGHT, SOLO_VOICE, *LOADED_PHASES)
+WEIGHTED = "weighted"
+"""alice (weight 1) and erin (weight 4) both keep the batch full: service should follow the
+weights. Not among LOADED_PHASES, so the throughput figures keep their old mix."""
+PHASES = (SOLO_LIGHT, SOLO_VOICE, *LOADED_PHASES, WEIGHTED)
 
 GOAL_LIGHT = "light-user TTFT p95 / solo (fair)"
 GOAL_VOICE = "voice TTFT p95 / solo (fair)"
@@ -42,6 +48,8 @@ LIGHT_TTFT_GOAL = 2.0
 VOICE_TTFT_GOAL = 1.5
 SERVICE_DIFF_GOAL = 0.5
 THROUGHPUT_GOAL = 0.97
+GOAL_WEIGHTED = "weighted phase: service ratio off the weight (fair)"
+WEIGHTED_GOAL = 0.2
 
 
 # --------------------------------------------------------------------------------------
@@ -252,6 +260,10 @@ class PolicySummary:
     """Output tokens/s over the measured spans of all loaded phases together."""
     same_mix_tokens_per_s: float | None = None
     """Output tokens/s over the same-mix phases (heavy-light, voice-background) together."""
+    weighted_totals: dict[str, float] = field(default_factory=dict)
+    """Weighted service of alice and erin over the weighted phase's measured span."""
+    weighted_ratio: float | None = None
+    """erin's service over alice's in the weighted phase (WEIGHT when weights are kept)."""
     request_errors: int = 0
 
 
@@ -296,6 +308,14 @@ def summarize_policy(policy: str, runs: Sequence[Phases],
         end = start + window_s * windows
         s.service_totals = {u: sum(service_between(recs, u, start, end, w_in, w_out)
                                    for recs in backlogged) for u in (HEAVY, LIGHT)}
+    weighted = [run[WEIGHTED] for run in runs if WEIGHTED in run]
+    if weighted:
+        span = spans[WEIGHTED]
+        s.weighted_totals = {u: sum(service_between(recs, u, span.start_s, span.end_s,
+                                                    w_in, w_out) for recs in weighted)
+                             for u in (HEAVY, WEIGHTED_USER)}
+        s.weighted_ratio = safe_ratio(s.weighted_totals[WEIGHTED_USER],
+                                      s.weighted_totals[HEAVY])
     s.phase_tokens_per_s = {name: combined_rate(runs, spans, (name,))
                             for name in LOADED_PHASES if name in pooled}
     s.tokens_per_s = combined_rate(runs, spans, LOADED_PHASES)
@@ -362,6 +382,8 @@ def evaluate_goals(summaries: Mapping[str, PolicySummary]) -> list[Goal]:
     tput = safe_ratio(fair.tokens_per_s if fair else None, fcfs.tokens_per_s if fcfs else None)
     same = safe_ratio(fair.same_mix_tokens_per_s if fair else None,
                       fcfs.same_mix_tokens_per_s if fcfs else None)
+    ratio = fair.weighted_ratio if fair else None
+    off = None if ratio is None else abs(ratio / WEIGHT - 1.0)
     return [
         Goal(GOAL_LIGHT, light, "<=", LIGHT_TTFT_GOAL),
         Goal(GOAL_VOICE, voice, "<=", VOICE_TTFT_GOAL),
@@ -369,4 +391,5 @@ def evaluate_goals(summaries: Mapping[str, PolicySummary]) -> list[Goal]:
         Goal(GOAL_SD_MAX, worst, "<=", SERVICE_DIFF_GOAL),
         Goal(GOAL_THROUGHPUT, tput, ">=", THROUGHPUT_GOAL),
         Goal(GOAL_THROUGHPUT_SAME_MIX, same, ">=", THROUGHPUT_GOAL),
+        Goal(GOAL_WEIGHTED, off, "<=", WEIGHTED_GOAL),
     ]

@@ -38,14 +38,18 @@ class BenchUser:
     key_name: str = "bench"
     default_class: Klass | None = None
     """The key's class for requests that ask for none (None: the key's maximum)."""
+    weight: float | None = None
+    """Fair-share weight (None: the default, 1)."""
 
 
 def admin_steps(users: Sequence[BenchUser]) -> list[tuple[list[str], str | None]]:
     """The ``appliance`` commands (and their stdin) that make the users and their keys."""
     steps: list[tuple[list[str], str | None]] = [(["migrate"], None)]
     for u in users:
-        steps.append((["user", "add", u.name, "--role", u.role, "--max-class",
-                       u.max_class.label, "--password-stdin"], secrets.token_urlsafe(18) + "\n"))
+        add = ["user", "add", u.name, "--role", u.role, "--max-class", u.max_class.label]
+        if u.weight is not None:
+            add += ["--weight", f"{u.weight:g}"]
+        steps.append(([*add, "--password-stdin"], secrets.token_urlsafe(18) + "\n"))
         key = ["key", "create", u.name, "--name", u.key_name]
         if u.default_class is not None:
             key += ["--default-class", u.default_class.label]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from appliance.engine.embed import Embedder, EmbedJob
+from appliance.engine.grammar import ll_tokenizer, probe_grammar
 from appliance.engine.model import LoadedModel, load_model
 from appliance.engine.request import (
     Event,
@@ -59,6 +60,7 @@ class EngineDown(RuntimeError):
 
 
 AUTO_HEADROOM = 1 << 30
+GRAMMAR_CHECKS_KEPT = 64
 AUTO_MIN = 64 << 20
 
 
@@ -112,6 +114,7 @@ class Engine:
         """Tokens per user in the rolling day (daily quotas); any thread may read it."""
         self.kv_budget_bytes: int | None = None
         self._live: dict[str, int] = {}
+        self._grammar_checks: dict[str, str | None] = {}
         self._control: queue.SimpleQueue[Callable[[Runner], None]] = queue.SimpleQueue()
         self._inbox: queue.SimpleQueue[RequestHandle] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -229,6 +232,26 @@ class Engine:
         """Forget one user's prompt-cache entries (on the engine thread's next tick)."""
         self._control.put(lambda runner: runner.release_cache(user_key))
         self._wake.set()
+
+    def check_grammar(self, grammar: str) -> str | None:
+        """Why the engine could not run ``grammar`` (an llguidance error class), or None when
+        it can: checked at admission, so a schema that fails at its first token is a 400,
+        not a 500. Any thread (the API calls it off the event loop); results are kept for
+        the last ``GRAMMAR_CHECKS_KEPT`` grammars (Home Assistant resends the same one)."""
+        loaded = self.loaded
+        if loaded is None:
+            return None
+        with self._lock:
+            if grammar in self._grammar_checks:
+                return self._grammar_checks[grammar]
+        vocab = int(loaded.config.get("vocab_size") or 0) or 1 << 30  # as the runner's
+        error = probe_grammar(ll_tokenizer(loaded.tokenizer, vocab, loaded.eos_token_ids),
+                              grammar)
+        with self._lock:
+            self._grammar_checks[grammar] = error
+            while len(self._grammar_checks) > GRAMMAR_CHECKS_KEPT:
+                del self._grammar_checks[next(iter(self._grammar_checks))]
+        return error
 
     def restore_counters(self, values: dict[str, float]) -> None:
         self._control.put(lambda runner: runner.scheduler.counters.restore(values))

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from apscheduler.executors.asyncio import AsyncIOExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from sqlalchemy.exc import DatabaseError
 
 from appliance.api.errors import ApiError
 from appliance.api.latency import JOB_ENDPOINT
@@ -41,6 +42,7 @@ from appliance.jobs.definition import Limits
 from appliance.jobs.netguard import Guard, Refused, parse_allow_list
 from appliance.jobs.schedule import household_zone, in_words, latest_slot, make_trigger
 from appliance.store import jobs as store_jobs
+from appliance.store.faults import storage_fault
 from appliance.store.models import Job, User
 from appliance.vocab import DAY_S, FinishReason, Klass
 
@@ -272,8 +274,16 @@ class JobService:
             return
         if slot is None:  # only SlotExecutor calls this, and it always passes the slot
             slot = datetime.now(self.zone)
-        run_id = await anyio.to_thread.run_sync(self._add_run, job_id, slot.timestamp(),
-                                                "schedule")
+        try:
+            run_id = await anyio.to_thread.run_sync(self._add_run, job_id, slot.timestamp(),
+                                                    "schedule")
+        except DatabaseError as exc:
+            if storage_fault(exc) is None:
+                raise
+            # one line, not APScheduler's traceback; the store's health says the rest
+            log.warning("job %d: slot %s not run: the database takes no writes (%s)", job_id,
+                        slot.isoformat(), storage_fault(exc))
+            return
         if run_id is None:
             log.info("job %d: slot %s already has a run", job_id, slot.isoformat())
             return

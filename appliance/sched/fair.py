@@ -11,6 +11,7 @@ Pure: the caller passes ``now``; nothing here reads a clock, a database or MLX.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -181,3 +182,35 @@ class FairPolicy:
 
     def _cost(self, s: SeqView) -> float:
         return self.vtc.w_in * max(s.remaining, 0) / self.vtc.weight(s.user)
+
+
+def share_victim(vtc: VirtualCounters, best: SeqView, queued: Sequence[SeqView],
+                 running: Sequence[SeqView], margin: float) -> SeqView | None:
+    """The running request that yields its slot to ``best`` (the queued request admission
+    takes first), or None: VTC's order applied to the running rows, for a full batch.
+
+    Requests run to their end, so counters alone choose only who is admitted *next*; with
+    every slot held, slots free at the pace of the requests, not of the weights (two users
+    of weights 1 and 4, each keeping eight 256-token requests in flight on a batch of
+    eight, were served 1:1.1). So among the rows of ``best``'s class, a user who holds more
+    than their weighted share of those rows (``rows * w_u / sum of w`` over the users with
+    work of that class, rounded down) and whose counter is more than ``margin`` above
+    ``best``'s user's gives up one row, their latest. Rounding down and the margin make
+    the allocation settle between the two whole-row splits nearest the weights instead of
+    swinging: users of weights 1 and 4 on eight rows alternate between 2:6 and 1:7, one
+    yield each way, and their counters stay within ``margin`` of each other, so service
+    follows the weights whatever the request lengths.
+    """
+    klass = best.klass
+    peers = [s for s in running if s.klass is klass]
+    users = {s.user for s in peers} | {s.user for s in queued if s.klass is klass}
+    total = sum(vtc.weight(u) for u in users)
+    rows = Counter(s.user for s in peers)
+    bar = vtc.get(best.user) + margin
+    over = [u for u, n in rows.items()
+            if u != best.user and vtc.get(u) > bar
+            and n > math.floor(len(peers) * vtc.weight(u) / total + 1e-9)]
+    if not over:
+        return None
+    user = max(over, key=lambda u: (vtc.get(u), u))
+    return max((s for s in peers if s.user == user), key=lambda s: (s.arrival, s.rid))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from appliance.sched.budget import PrefillAllowance, TickBudget, tick_budget
 from appliance.sched.cost import CostModel
-from appliance.sched.fair import VirtualCounters
+from appliance.sched.fair import VirtualCounters, share_victim
 from appliance.sched.invariants import check_plan
 from appliance.sched.memory import chunk_growth, held, reservation, victim_order
 from appliance.sched.policy import QueuePolicy, make_policy
@@ -86,7 +86,11 @@ class Scheduler:
            requests run, the best background requests take the first free slots.
            Admission stops at the first request whose KV reservation (memory.py) does not
            fit under the budget, less the watermark while a decode batch runs: nothing
-           overtakes it for being smaller.
+           overtakes it for being smaller. Yielding, with every slot taken (KV kept): a
+           request of a lower class than the best queued one yields its slot (class
+           preemption); else, fair, a user over their weighted share of the class's rows and
+           ``share_margin`` ahead of the best queued request's user on the counters yields
+           one row (fair.share_victim), so weights shape service, not only admission order.
         3. Prefill budget, in time (Sarathi-Serve's stall-free batching): the tick may last
            the ITL objective while a batch decodes (default 2x the predicted decode step),
            and never more than half the TTFT objective, decoding or not (an arrival waits
@@ -220,19 +224,40 @@ class Scheduler:
         """With every slot taken, one running request of a lower class than the best queued
         one yields (victim in ``preemption_policy`` order). Base classes on both sides, so an
         aged request never pushes out one of the class it aged into; the background
-        reserve is kept."""
-        if (not self.config.class_preemption or not queued
-                or len(running) < self.config.max_batch_size):
+        reserve is kept. Failing that, one of a user over their share (:meth:`_share_yield`)."""
+        if not queued or len(running) < self.config.max_batch_size:
             return ()
         best = self._admission_order(now, queued, running)[0]
+        if not self.config.class_preemption:
+            return self._share_yield(best, queued, running)
         lower = [s for s in running if s.klass < best.klass]
         bg = sum(s.klass is Klass.BACKGROUND for s in running)
         if bg <= self.config.reserved_background_slots:
             lower = [s for s in lower if s.klass is not Klass.BACKGROUND]
         if not lower:
-            return ()
+            return self._share_yield(best, queued, running)
         victim = victim_order(self.config.preemption_policy, now, lower, self.counters,
                               self.config.aging_seconds)[0]
+        return (victim.rid,)
+
+    def _share_yield(self, best: SeqView, queued: list[SeqView],
+                     running: list[SeqView]) -> tuple[int, ...]:
+        """fair: a row of a user over their weighted share yields to ``best`` (see
+        ``fair.share_victim``), when ``best`` then fits the KV budget."""
+        config = self.config
+        if not config.share_preemption or config.policy != "fair":
+            return ()
+        victim = share_victim(self.counters, best, queued, running, config.share_margin)
+        if victim is None:
+            return ()
+        budget = config.budget
+        if budget is not None:
+            optimistic = config.enable_preemption
+            staying = [s for s in running if s.rid != victim.rid]
+            room = budget.limit(decoding=bool(_decoding(staying)))
+            room -= sum(reservation(s, optimistic) for s in staying)
+            if reservation(best, optimistic) > room:
+                return ()
         return (victim.rid,)
 
     # ---- 2. admission ----

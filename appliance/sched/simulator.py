@@ -98,6 +98,8 @@ class _Req:
     finished: float | None = None
     preemptions: int = 0
     reason: FinishReason | None = None
+    kept: int = 0
+    """KV tokens parked in the prompt cache while queued after yielding a slot."""
 
     @property
     def tokens(self) -> int:
@@ -281,7 +283,7 @@ class Simulator:
         for rid, n in plan.prefill:
             self._prefill(self._live[rid], n, work)
         self._res.peak_kv = max(self._res.peak_kv, sum(r.kv for r in self._live.values()))
-        dt = self.cost.tick_seconds(len(decoding), sum(n for _, n in plan.prefill))
+        dt = self.cost.tick_seconds(len(decoding), work.prefilled)
         self._now += dt
         self._settle(work)
         self._res.present.append(frozenset(r.a.user for r in self._live.values()))
@@ -296,11 +298,14 @@ class Simulator:
             self._finish(r, FinishReason.LENGTH if r.generated else FinishReason.ERROR)
         for rid in plan.preempt:
             r = self._live[rid]
+            # a yielded slot parks its KV in the prompt cache, so readmission (as the
+            # engine's) computes just the last token; memory preemption recomputes it all
+            r.kept = r.tokens - 1 if rid in plan.keep_kv else 0
             r.state, r.computed = RequestState.QUEUED, 0
             r.preemptions += 1
         for rid in plan.admit:
             r = self._live[rid]
-            r.state = RequestState.PREFILLING
+            r.state, r.computed, r.kept = RequestState.PREFILLING, r.kept, 0
             if r.started is None:
                 r.started = self._now
 
@@ -312,7 +317,9 @@ class Simulator:
             work.done.append((r, FinishReason.LENGTH if capped else FinishReason.STOP))
 
     def _prefill(self, r: _Req, n: int, work: _Work) -> None:
+        n = min(n, r.tokens - r.computed)  # a kept prefix leaves less than planned
         r.computed += n
+        work.prefilled += n
         work.served.setdefault(r.a.user, [0, 0])[0] += n
         if r.computed < r.tokens:
             return
@@ -348,5 +355,6 @@ class _Work:
     """What one tick did: tokens per user (prefill, output), first tokens, finishes."""
 
     served: dict[str, list[int]] = field(default_factory=dict)
+    prefilled: int = 0
     first: list[_Req] = field(default_factory=list)
     done: list[tuple[_Req, FinishReason]] = field(default_factory=list)

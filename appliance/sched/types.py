@@ -108,7 +108,18 @@ class SchedulerConfig:
     of a lower class yields its slot (its KV is kept in the prompt cache, so it resumes
     without recomputing). Independent of ``enable_preemption``, which is about memory."""
 
+    share_preemption: bool = True
+    """fair policy: with every slot taken, a user holding more than their weighted share of
+    a class's rows, and ``share_margin`` ahead on the counters of the user whose request
+    waits first, yields one row (KV kept, as for class preemption): weights then shape
+    service, not just the order of admission (``fair.share_victim``)."""
+    share_margin: float = 64.0
+    """Counter units (32 output tokens at weight 1) a user must be ahead before a row of
+    theirs yields: larger, fewer yields; smaller, closer to the weights over short spans."""
+
     def __post_init__(self) -> None:
+        if self.share_margin < 0:
+            raise ValueError("share_margin must be >= 0")
         if self.max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         if self.policy not in POLICY_NAMES:

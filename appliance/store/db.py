@@ -16,13 +16,16 @@ and never wait for the writer.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, sessionmaker
+
+from appliance.store import faults
+from appliance.store.faults import StoreHealth
 
 DEFAULT_BUSY_TIMEOUT_MS = 5000
 _BEGIN_OPTION = "appliance_sqlite_begin"
@@ -110,6 +113,8 @@ class Store:
     engine: Engine
     sessions: sessionmaker[Session]  # BEGIN IMMEDIATE: anything that may write
     read_sessions: sessionmaker[Session]  # BEGIN DEFERRED: pure reads
+    health: StoreHealth = field(default_factory=StoreHealth)
+    """Whether the file takes writes (see :mod:`appliance.store.faults`)."""
 
     def close(self) -> None:
         self.engine.dispose()
@@ -123,7 +128,14 @@ def db_file(data_dir: str | Path) -> Path:
     return Path(data_dir).expanduser() / DB_FILE
 
 
-def open_store(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Store:
-    """Open the (already migrated) database at ``path``; see ``appliance.store.migrate``."""
+def open_store(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+               test_fault: Path | None = None) -> Store:
+    """Open the (already migrated) database at ``path``; see ``appliance.store.migrate``.
+    Storage faults are noted in ``Store.health`` and recycle the pool; ``test_fault`` is the
+    tests' control file (``faults.install_test_fault``)."""
     engine = make_engine(path, busy_timeout_ms=busy_timeout_ms)
-    return Store(engine, session_factory(engine), session_factory(engine, write=False))
+    health = StoreHealth()
+    faults.install(engine, health)
+    if test_fault is not None:
+        faults.install_test_fault(engine, test_fault, Path(path).resolve())
+    return Store(engine, session_factory(engine), session_factory(engine, write=False), health)

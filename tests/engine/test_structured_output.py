@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.api.structured import JSON_OBJECT, grammar_for
+from appliance.api.structured import JSON_OBJECT, grammar_for, tool_call_grammar
 from appliance.app import start_engine
 from appliance.engine.core import Engine
 from appliance.engine.request import (
@@ -152,3 +152,22 @@ def test_a_grammar_that_cannot_match_ends_only_its_own_request(engine: Engine) -
     out = _run(engine, [good, bad])
     assert out[0][1].reason in ("stop", "length")
     assert out[1][1].reason == "error"
+
+
+def test_a_grammar_that_fails_mid_answer_logs_its_error_class_not_its_schema(
+        engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    """Admission refuses such schemas (``Engine.check_grammar``); should one reach the
+    engine anyway, its request ends alone and the log names the error, not the schema."""
+    marker = "zeppelin_field_4471"
+    grammar = tool_call_grammar([{"type": "function", "function": {
+        "name": marker, "parameters": {"$ref": "#"}}}], arguments_key="parameters")
+    assert engine.check_grammar(grammar) == "ParserTooComplex"
+    assert engine.check_grammar(grammar_for({"$ref": "#", "title": marker})) \
+        == "NoExtensionBias"
+    assert engine.check_grammar(grammar_for({"type": "object"})) is None
+    with caplog.at_level("INFO"):
+        out = _run(engine, [GenerationRequest(prompt=_prompt(engine, "x"), max_tokens=12,
+                                              grammar=grammar)])
+    assert out[0][1].reason == "error"
+    assert "ParserTooComplex" in caplog.text
+    assert marker not in caplog.text and marker not in (out[0][1].error or "")

@@ -363,6 +363,14 @@ def test_a_long_history_is_cut_from_the_front_as_ollama_does(server: LiveServer)
         assert final.done
         # what was read: the system prompt, the question and the newest turns that fit
         assert kept < final.prompt_eval_count <= 300 - 4
+    # a history whose users' text alone could never fit: only the question must
+    long_turns = [{"role": role, "content": "garden " * 400} for _ in range(20)
+                  for role in ("user", "assistant")]
+    assert sum(len(t["content"]) for t in long_turns) // 2 // max(
+        1, server.services.model.max_token_chars) >= server.services.model.ctx_limit
+    cut = _client(server).chat(model="tiny", messages=[system, *long_turns, last],
+                               options={"num_predict": 4})
+    assert cut.done and cut.prompt_eval_count is not None and cut.prompt_eval_count < 1024
     generated = _client(server).generate(model="tiny", prompt="and then", context=[5] * 400,
                                          options={"num_ctx": 300, "num_predict": 4})
     assert generated.prompt_eval_count <= 296 and generated.done

@@ -75,6 +75,16 @@ def test_the_systemd_unit_restarts_on_failure_as_an_unprivileged_user() -> None:
     assert unit["ExecStart"][0].endswith("/bin/appliance serve")
 
 
+def test_the_systemd_unit_does_not_restart_a_daemon_whose_database_is_damaged() -> None:
+    from appliance.store.faults import DATABASE_DAMAGED_EXIT
+
+    unit = _unit_settings(UNIT.read_text())
+    assert unit["RestartPreventExitStatus"] == [str(DATABASE_DAMAGED_EXIT)]
+    # the migration before serve must not fail the start on its own: systemd would retry
+    # it, whatever serve's status; serve checks the file itself and exits 65
+    assert all(pre.startswith("-") for pre in unit.get("ExecStartPre", []))
+
+
 def test_install_sh_never_fills_in_root_for_the_service_user() -> None:
     script = (ROOT / "install.sh").read_text()
     assert 'RUN_AS" = root' in script and 'chmod 700 "$APPLIANCE_DATA_DIR"' in script

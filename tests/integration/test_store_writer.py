@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from appliance.store import conversations as convs
 from appliance.store import limits
@@ -18,6 +19,7 @@ from appliance.store.db import Store
 from appliance.store.ledger import LedgerRecord
 from appliance.store.models import LedgerEntry
 from appliance.store.writer import StoreWriter
+from tests.helpers import FAST_HASHER
 
 
 def record(request_id: str, user_id: int, output: int = 10) -> LedgerRecord:
@@ -226,3 +228,105 @@ def test_writer_reader_and_another_writer_never_see_database_is_locked(
         assert writer.stats.dropped == 0
     assert errors == []
     assert ledger_rows(store) == 300
+
+
+# -- storage faults: a full disk, a read-only file ---------------------------------------
+# The faults are SQLite's own: `PRAGMA max_page_count` set to the file's size makes the
+# pager answer SQLITE_FULL exactly where a full disk does, and a connection opened with
+# `mode=ro` is what SQLite makes of a file it may not write (chmod would not stop root, who
+# runs the tests). `appliance.store.faults.install_test_fault` applies them from a control
+# file, so the same hook drives a real `appliance serve` (tests/integration/test_storage_faults.py).
+
+
+@pytest.fixture
+def control(tmp_path: Path) -> Path:
+    return tmp_path / "store-fault"
+
+
+@pytest.fixture
+def faulty(db_path: Path, control: Path, store: Store) -> Any:
+    """The household's database, opened again with the test fault hook."""
+    from appliance.store.db import open_store
+
+    opened = open_store(db_path, test_fault=control)
+    yield opened
+    opened.close()
+
+
+def test_rows_that_meet_a_full_disk_are_kept_and_written_once_it_frees(
+        faulty: Store, control: Path, ids: dict[str, int],
+        caplog: pytest.LogCaptureFixture) -> None:
+    control.write_text("full")
+    with StoreWriter(faulty.sessions, flush_interval=0.0, health=faulty.health,
+                     backlog_limit=50) as writer:
+        for i in range(200):  # more than the pages the file has room for
+            writer.submit_ledger(record(f"full-{i}", ids["bob"]))
+        writer.submit_counters({ids["bob"]: 7.0})
+        assert writer.flush(timeout=10) is False  # tried, kept
+        assert writer.stats.backlog == 200 and writer.stats.dropped == 0
+        assert faulty.health.fault == "SQLITE_FULL"
+        refusal = writer.refusal()
+        assert refusal is not None and "SQLITE_FULL" in refusal
+        assert ledger_rows(faulty) == 0
+        control.write_text("")  # space freed
+        assert wait_until(lambda: writer.stats.backlog == 0, timeout=15)
+        assert writer.refusal() is None and not faulty.health.faulted
+    assert ledger_rows(faulty) == 200
+    with faulty.read_sessions() as s:
+        assert limits.load_counters(s)[ids["bob"]] == 7.0
+    assert not [r for r in caplog.records if "dropped" in r.getMessage()]
+
+
+def test_a_read_only_database_keeps_rows_and_no_read_only_connection_outlives_it(
+        faulty: Store, control: Path, ids: dict[str, int]) -> None:
+    from appliance.store import users
+
+    with StoreWriter(faulty.sessions, flush_interval=0.0, health=faulty.health) as writer:
+        writer.submit_ledger(record("before", ids["bob"]))
+        assert writer.flush(timeout=10)
+        control.write_text("readonly")
+        for i in range(3):
+            writer.submit_ledger(record(f"ro-{i}", ids["bob"]))
+        assert writer.flush(timeout=10) is False
+        assert writer.stats.backlog == 3 and faulty.health.fault == "SQLITE_READONLY"
+        for name in ("dave", "erin"):  # a handler's write meets the fault too, then reads
+            with pytest.raises(OperationalError), faulty.sessions.begin() as s:
+                users.create_user(s, name, "correct horse 12", hasher=FAST_HASHER)
+            with faulty.sessions() as s:
+                assert users.list_users(s)
+        control.write_text("")
+        # The first write after the file is writable again succeeds: the connections
+        # opened read-only meanwhile are not handed out again.
+        with faulty.sessions.begin() as s:
+            users.create_user(s, "fay", "correct horse 12", hasher=FAST_HASHER)
+        assert wait_until(lambda: writer.stats.backlog == 0, timeout=15)
+        assert wait_until(lambda: not faulty.health.faulted, timeout=15)
+    assert ledger_rows(faulty) == 4
+
+
+def test_a_fault_seen_only_by_a_handler_clears_when_a_probe_write_succeeds(
+        faulty: Store, control: Path) -> None:
+    from appliance.store import users
+
+    with StoreWriter(faulty.sessions, flush_interval=0.0, health=faulty.health):
+        control.write_text("readonly")
+        with pytest.raises(OperationalError), faulty.sessions.begin() as s:
+            users.create_user(s, "gus", "correct horse 12", hasher=FAST_HASHER)
+        assert faulty.health.fault == "SQLITE_READONLY"
+        control.write_text("")
+        assert wait_until(lambda: not faulty.health.faulted, timeout=15)
+
+
+def test_closing_while_the_disk_is_full_names_every_row_it_could_not_write(
+        faulty: Store, control: Path, ids: dict[str, int],
+        caplog: pytest.LogCaptureFixture) -> None:
+    control.write_text("full")
+    writer = StoreWriter(faulty.sessions, flush_interval=0.0, health=faulty.health)
+    for i in range(200):
+        writer.submit_ledger(record(f"lost-{i}", ids["carol"]))
+    with caplog.at_level("ERROR", logger="appliance.store.writer"):
+        writer.close(timeout=30)
+    assert writer.stats.lost_at_close == 200
+    lines = [r.getMessage() for r in caplog.records if "NOT written" in r.getMessage()]
+    assert len(lines) == 1 and "200 ledger rows" in lines[0] and "lost-0" in lines[0]
+    assert ledger_rows(faulty) == 0

@@ -20,6 +20,7 @@ from appliance.bench.fairness_stats import (
     GOAL_THROUGHPUT,
     GOAL_THROUGHPUT_SAME_MIX,
     GOAL_VOICE,
+    GOAL_WEIGHTED,
     HEAVY,
     HEAVY_LIGHT,
     LIGHT,
@@ -28,6 +29,8 @@ from appliance.bench.fairness_stats import (
     SOLO_VOICE,
     VOICE,
     VOICE_BACKGROUND,
+    WEIGHTED,
+    WEIGHTED_USER,
     CumulativeService,
     Goal,
     PhaseWindow,
@@ -343,7 +346,7 @@ def test_evaluate_goals_fair_against_fcfs() -> None:
 
 def test_goals_are_unknown_without_the_fair_run() -> None:
     goals = evaluate_goals({"fcfs": summary(policy="fcfs")})
-    assert [g.met for g in goals] == [None] * 6
+    assert [g.met for g in goals] == [None] * 7
 
 
 # ---- rendering --------------------------------------------------------------------------
@@ -436,3 +439,26 @@ def test_summarize_all_pools_each_policys_rounds_and_names_a_failed_one() -> Non
     assert summaries["fcfs"].error is None
     with pytest.raises(SystemExit):
         config("--rounds", "0")
+
+
+def test_the_weighted_phase_reports_the_service_ratio_and_its_goal() -> None:
+    """alice (weight 1) got 100 output tokens in the measured span, erin (weight 4) 380;
+    chunks outside [2, 12) do not count."""
+    weighted = [rec(HEAVY, 0.0, [3.0, 5.0], usage=100),
+                rec(WEIGHTED_USER, 0.0, [2.0, 4.0, 6.0, 8.0], usage=380),
+                rec(WEIGHTED_USER, 11.0, [2.0], usage=500)]  # its chunk comes at 13 s
+    runs = [{**phases(), WEIGHTED: weighted}]
+    fair = summarize_policy("fair", runs, {**spans(), WEIGHTED: PhaseWindow(2.0, 12.0)},
+                            10.0, 2, 1.0, 2.0)
+    assert fair.weighted_totals == {HEAVY: pytest.approx(200.0),
+                                    WEIGHTED_USER: pytest.approx(760.0)}
+    assert fair.weighted_ratio == pytest.approx(3.8)
+    goal = next(g for g in evaluate_goals({"fair": fair}) if g.name == GOAL_WEIGHTED)
+    assert goal.value == pytest.approx(0.05) and goal.met
+    fair.weighted_ratio = 1.1  # admission order alone: about one to one
+    goal = next(g for g in evaluate_goals({"fair": fair}) if g.name == GOAL_WEIGHTED)
+    assert goal.met is False
+    table = render_table({"fair": fair}, evaluate_goals({"fair": fair}), 10.0)
+    row = next(line for line in table.splitlines() if "erin (weight 4) / alice" in line)
+    assert "1.10×" in row and "fair 4× ± 20%" in row and "**no**" in row
+    assert summary().weighted_ratio is None  # a run without the phase

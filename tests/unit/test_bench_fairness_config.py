@@ -31,6 +31,8 @@ from appliance.bench.fairness_stats import (
     SOLO_VOICE,
     VOICE,
     VOICE_BACKGROUND,
+    WEIGHTED,
+    WEIGHTED_USER,
     PhaseWindow,
 )
 from appliance.bench.provision import admin_steps
@@ -62,7 +64,10 @@ def test_admin_steps_make_a_voice_admin_and_keep_passwords_off_the_command_line(
     steps = admin_steps(PERSONAS)
     assert steps[0] == (["migrate"], None)
     adds = [(argv, stdin) for argv, stdin in steps if argv[:2] == ["user", "add"]]
-    assert [argv[2] for argv, _ in adds] == [HEAVY, LIGHT, BACKGROUND, VOICE]
+    assert [argv[2] for argv, _ in adds] == [HEAVY, LIGHT, BACKGROUND, VOICE, WEIGHTED_USER]
+    weighted = next(argv for argv, _ in adds if argv[2] == WEIGHTED_USER)
+    assert weighted[weighted.index("--weight") + 1] == "4"
+    assert all("--weight" not in argv for argv, _ in adds if argv[2] != WEIGHTED_USER)
     voice_argv = next(argv for argv, _ in adds if argv[2] == VOICE)
     assert voice_argv[voice_argv.index("--max-class") + 1] == "voice"
     assert voice_argv[voice_argv.index("--role") + 1] == "admin"
@@ -70,7 +75,7 @@ def test_admin_steps_make_a_voice_admin_and_keep_passwords_off_the_command_line(
         assert "--password-stdin" in argv and stdin and stdin.endswith("\n")
         assert stdin.strip() not in " ".join(argv)
     keys = [argv for argv, _ in steps if argv[0] == "key"]
-    assert [argv[2] for argv in keys] == [HEAVY, LIGHT, BACKGROUND, VOICE]
+    assert [argv[2] for argv in keys] == [HEAVY, LIGHT, BACKGROUND, VOICE, WEIGHTED_USER]
 
 
 def test_user_targets_send_the_class_header() -> None:
@@ -114,7 +119,7 @@ def test_phase_specs_run_solo_first_and_size_the_backlogged_phase_by_windows() -
     cfg = config("--window", "20", "--windows", "3", "--ramp-seconds", "4")
     specs = phase_specs(cfg)
     assert [s.name for s in specs] == [SOLO_LIGHT, SOLO_VOICE, HEAVY_LIGHT, BACKLOGGED,
-                                       VOICE_BACKGROUND]
+                                       VOICE_BACKGROUND, WEIGHTED]
     assert specs[0].duration_s is None and specs[0].lanes[0].requests == cfg.solo_requests
     backlogged = specs[3]
     assert backlogged.duration_s == pytest.approx(4 + 60)
@@ -131,3 +136,12 @@ def test_cli_knows_the_fairness_benchmark() -> None:
     args, rest = cli_parser().parse_known_args(["bench", "fairness", "--json", "x.json"])
     assert isinstance(args, argparse.Namespace)
     assert args.bench_cmd == "fairness" and rest == ["--json", "x.json"]
+
+
+def test_the_weighted_phase_keeps_two_users_backlogged_for_its_seconds() -> None:
+    cfg = config("--weighted-seconds", "30", "--ramp-seconds", "4")
+    spec = phase_specs(cfg)[-1]
+    assert spec.name == WEIGHTED and spec.window() == PhaseWindow(4.0, 34.0)
+    assert [(lane.user, lane.concurrency) for lane in spec.lanes] == [
+        (HEAVY, cfg.max_batch_size), (WEIGHTED_USER, cfg.max_batch_size)]
+    assert all(lane.shape.max_tokens == (256, 256) for lane in spec.lanes)

@@ -25,13 +25,24 @@ def test_an_address_trying_many_names_is_limited_per_address() -> None:
     assert t.retry_after("someone-new", "10.0.0.2", 21) is None
 
 
-def test_a_small_global_ceiling_holds_for_a_minute_only() -> None:
+def test_a_small_global_ceiling_holds_back_failing_addresses_for_a_minute_only() -> None:
     t = LoginThrottle(global_per_minute=30)
     for i in range(30):
         t.failed("alice", f"10.0.{i}.1", 0.0)
-    wait = t.retry_after("bob", "192.168.1.5", 1.0)
+    wait = t.retry_after("bob", "10.0.3.1", 1.0)  # an address that failed: held back
     assert wait is not None and wait <= 60
-    assert t.retry_after("bob", "192.168.1.5", 61.0) is None
+    assert t.retry_after("bob", "10.0.3.1", 61.0) is None
+
+
+def test_failures_elsewhere_never_lock_out_an_address_with_a_clean_record() -> None:
+    """Issue 37: 15 failures for made-up names from each of two addresses (each under its
+    own limit) reached the global ceiling, and the real user at a third got 429."""
+    t = LoginThrottle()
+    for i in range(15):
+        for address in ("10.6.0.1", "10.6.0.2"):
+            t.failed(f"made-up-{i}", address, float(i))
+    assert t.retry_after("carol", "10.6.0.3", 16.0) is None
+    assert t.retry_after("made-up-99", "10.6.0.1", 16.0) is not None  # the guessers wait
 
 
 def test_asking_creates_no_entry_and_refused_attempts_cost_nothing() -> None:

@@ -36,6 +36,24 @@
     div.setAttribute('role', 'alert');
     div.textContent = text;
     if (area.id === 'chat-notice') { area.replaceChildren(div); } else { area.prepend(div); }
+    return div;
+  }
+
+  // "Cannot be reached" lasts only while that is true: any answer from the server, or a
+  // /health probe that gets one (every 1 s, backing off to 10 s), takes the notice away.
+  var unreachable = null;
+  var probeTimer = null;
+  function reachable() {
+    if (unreachable) { unreachable.remove(); unreachable = null; }
+    if (probeTimer !== null) { window.clearTimeout(probeTimer); probeTimer = null; }
+  }
+  function probe(delay) {
+    probeTimer = window.setTimeout(function () {
+      probeTimer = null;
+      window.fetch('/health', { cache: 'no-store' }).then(reachable, function () {
+        if (unreachable) { probe(Math.min(delay * 2, 10000)); }
+      });
+    }, delay);
   }
   document.addEventListener('htmx:beforeSwap', function (e) {
     var form = document.getElementById('composer');
@@ -59,8 +77,13 @@
   });
 
   document.addEventListener('htmx:afterRequest', function (e) {
+    var xhr = e.detail.xhr;
+    if (!xhr || xhr.status === 0) { return; }  // never reached the server: nothing changes
+    reachable();
     var form = document.getElementById('composer');
-    if (form && e.detail.elt === form && e.detail.xhr && e.detail.xhr.status < 300) {
+    // the box empties only when the message was taken; a refusal or a lost connection
+    // keeps what was typed, to send again
+    if (form && e.detail.elt === form && xhr.status >= 200 && xhr.status < 300) {
       document.getElementById('message').value = '';
     }
   });
@@ -94,8 +117,13 @@
     elt.appendChild(note);
     updateSend();
   });
-  document.addEventListener('htmx:sendError', function () {
-    notice('The appliance cannot be reached. Check the connection and try again.');
+  document.addEventListener('htmx:sendError', function (e) {
+    var form = document.getElementById('composer');
+    var sending = form && e.detail && e.detail.elt === form;
+    unreachable = notice('The appliance cannot be reached. ' + (sending
+      ? 'Your message is kept: send it again when the connection is back.'
+      : 'Check the connection and try again.'));
+    if (probeTimer === null) { probe(1000); }
   });
   // The dashboard's live figures: its own EventSource (not the htmx extension), so that the
   // server ending a stream on schedule ("bye") is a quiet reconnect, not a logged error.

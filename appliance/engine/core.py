@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from appliance.engine.embed import Embedder, EmbedJob
-from appliance.engine.grammar import ll_tokenizer, probe_grammar
 from appliance.engine.model import LoadedModel, load_model
 from appliance.engine.request import (
     Event,
@@ -244,6 +243,9 @@ class Engine:
         with self._lock:
             if grammar in self._grammar_checks:
                 return self._grammar_checks[grammar]
+        # here, not at the top: grammar.py imports mlx, which the web layer must not load
+        from appliance.engine.grammar import ll_tokenizer, probe_grammar
+
         vocab = int(loaded.config.get("vocab_size") or 0) or 1 << 30  # as the runner's
         error = probe_grammar(ll_tokenizer(loaded.tokenizer, vocab, loaded.eos_token_ids),
                               grammar)

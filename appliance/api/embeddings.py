@@ -6,6 +6,10 @@ Each input is tokenized here and embedded on the engine thread
 batch between generation ticks, so embedding a list of documents never stalls the streams
 beside it by more than one batch. A text-generation model's pooled states are a usable
 similarity signal for a household's notes, not a trained embedding model's quality.
+
+Like every model request they are the caller's: refused over the daily token quota (429),
+counted in it (the input tokens), and written to the ledger as ``background`` rows with the
+endpoint's path and no output tokens.
 """
 
 from __future__ import annotations
@@ -14,17 +18,31 @@ import asyncio
 import base64
 import struct
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import msgspec
 from litestar import Request, post
 from litestar.datastructures import State
 
-from appliance.api.errors import ApiError, bad_request, engine_down, shutting_down
+from appliance.api.errors import (
+    ApiError,
+    bad_request,
+    engine_down,
+    shutting_down,
+    storage_unavailable,
+)
 from appliance.api.ollama_models import ollama_name, require_model
 from appliance.api.ollama_options import parse_keep_alive
-from appliance.api.service import Services, check_model, decode_body
+from appliance.api.service import Services, check_model, decode_body, quota_error, quota_of
 from appliance.engine.core import EngineDown, EngineStopping
+from appliance.engine.request import new_request_id
+from appliance.sched.quota import check_admission
+from appliance.store.ledger import LedgerRecord
+from appliance.vocab import DAY_S, FinishReason, Klass
+
+if TYPE_CHECKING:
+    from appliance.api.auth import Principal
 
 MAX_INPUTS = 512
 """Inputs of one request: a bigger list is a 400 (send it in parts)."""
@@ -82,8 +100,41 @@ def _rows(services: Services, inputs: list[Any], truncate: bool,
     return rows
 
 
-async def embed_rows(services: Services, rows: list[list[int]]) -> list[list[float]]:
-    """The rows' vectors from the engine thread; a client that leaves cancels the rest."""
+async def _admit(services: Services, principal: Principal, tokens: int) -> None:
+    """The checks a generation gets before it starts: the store can take its ledger row,
+    and the owner's daily tokens and classes allow it."""
+    if services.writer is not None and (why := services.writer.refusal()) is not None:
+        raise storage_unavailable(why)
+    quota = await anyio.to_thread.run_sync(quota_of, services.store, principal.user_id)
+    now, key = time.time(), str(principal.user_id)
+    usage = services.engine.usage
+    verdict = check_admission(quota, usage.total(key, now), 0, tokens, 0, Klass.BACKGROUND,
+                              principal.klass, now, now - DAY_S, usage.events(key, now))
+    if verdict is not None:
+        raise quota_error(verdict)
+
+
+def _account(services: Services, principal: Principal, endpoint: str, tokens: int,
+             started: float) -> None:
+    """The answered request in the daily usage and the ledger (ids and counts only)."""
+    now = time.time()
+    services.engine.usage.add(str(principal.user_id), now, tokens)
+    if services.writer is None:
+        return
+    services.writer.submit_ledger(LedgerRecord(
+        request_id=new_request_id(), user_id=principal.user_id, api_key_id=principal.key_id,
+        klass=Klass.BACKGROUND.label, endpoint=endpoint, model="", prompt_tokens=tokens,
+        cached_tokens=0, output_tokens=0, queued_at=started, admitted_at=started,
+        first_token_at=None, finished_at=now, finish_reason=FinishReason.STOP))
+
+
+async def embed_rows(services: Services, principal: Principal, rows: list[list[int]],
+                     endpoint: str) -> list[list[float]]:
+    """The rows' vectors from the engine thread, admitted and accounted like any model
+    request; a client that leaves cancels the rest."""
+    started = time.time()
+    tokens = sum(len(r) for r in rows)
+    await _admit(services, principal, tokens)
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[tuple[list[list[float]] | None, str | None]] = loop.create_future()
 
@@ -107,6 +158,7 @@ async def embed_rows(services: Services, rows: list[list[int]]) -> list[list[flo
     if vectors is None:
         raise ApiError(500, error or "inference backend error", "server_error",
                        "backend_error")
+    _account(services, principal, endpoint, tokens, started)
     return vectors
 
 
@@ -125,7 +177,7 @@ async def ollama_embed(request: Request[Any, Any, Any], state: State) -> dict[st
     parse_keep_alive(body.keep_alive)
     inputs = [body.input] if isinstance(body.input, str) else body.input
     rows = _rows(services, inputs, body.truncate, "input")
-    vectors = await embed_rows(services, rows)
+    vectors = await embed_rows(services, request.user, rows, "/api/embed")
     _check_dimensions(body.dimensions, vectors)
     return {"model": ollama_name(services.model.name), "embeddings": vectors,
             "total_duration": time.perf_counter_ns() - start, "load_duration": 0,
@@ -141,7 +193,8 @@ async def ollama_embeddings(request: Request[Any, Any, Any], state: State) -> di
     parse_keep_alive(body.keep_alive)
     if not body.prompt:  # Ollama answers an empty prompt with an empty embedding
         return {"embedding": []}
-    vectors = await embed_rows(services, _rows(services, [body.prompt], True, "prompt"))
+    vectors = await embed_rows(services, request.user,
+                               _rows(services, [body.prompt], True, "prompt"), "/api/embeddings")
     return {"embedding": vectors[0]}
 
 
@@ -176,7 +229,7 @@ async def openai_embeddings(request: Request[Any, Any, Any], state: State) -> di
         raise bad_request("'encoding_format' must be 'float' or 'base64'.",
                           param="encoding_format")
     rows = _rows(services, _openai_inputs(body.input), False, "input")
-    vectors = await embed_rows(services, rows)
+    vectors = await embed_rows(services, request.user, rows, "/v1/embeddings")
     _check_dimensions(body.dimensions, vectors)
     tokens = sum(len(r) for r in rows)
     return {"object": "list", "model": services.model.name,

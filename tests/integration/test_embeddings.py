@@ -12,8 +12,10 @@ from pathlib import Path
 import ollama
 import openai
 import pytest
+from sqlalchemy import select
 
-from tests.helpers import LiveServer, live_server, make_settings
+from appliance.store.models import LedgerEntry
+from tests.helpers import LiveServer, live_server, make_settings, wait_until
 
 TEXTS = ["turn on the kitchen light", "the garden needs water", "turn on the kitchen light"]
 
@@ -99,3 +101,30 @@ def test_embeddings_are_served_while_the_engine_generates(server: LiveServer) ->
         vectors = pool.submit(lambda: _ollama(server).embed(model="tiny", input=TEXTS * 8))
         assert len(vectors.result(timeout=60).embeddings) == 24
         assert isinstance(talking.result(timeout=60), str)
+
+
+def _rows(server: LiveServer, endpoint: str) -> list[LedgerEntry]:
+    with server.store.read_sessions() as s:
+        return list(s.scalars(select(LedgerEntry).where(LedgerEntry.endpoint == endpoint)))
+
+
+def test_embeddings_are_in_the_ledger_and_the_daily_quota(server: LiveServer) -> None:
+    server.writer.flush()
+    before = {r.id for r in _rows(server, "/api/embed")}
+    reply = _ollama(server).embed(model="tiny", input=TEXTS)
+    server.writer.flush()
+    wait_until(lambda: len(_rows(server, "/api/embed")) > len(before), 10, "the ledger row")
+    [row] = [r for r in _rows(server, "/api/embed") if r.id not in before]
+    assert (row.user_id, row.klass, row.prompt_tokens, row.output_tokens) == (
+        server.user_ids["bob"], "background", reply.prompt_eval_count, 0)
+    with server.client("alice") as alice:
+        carol = server.user_ids["carol"]
+        assert alice.put(f"/admin/users/{carol}/quota",
+                         json={"tokens_per_day": 5}).status_code == 200
+        try:
+            poor = openai.OpenAI(base_url=server.url + "/v1", api_key=server.keys["carol"],
+                                 max_retries=0)
+            with pytest.raises(openai.RateLimitError):
+                poor.embeddings.create(model="tiny", input="the garden needs water today")
+        finally:
+            alice.put(f"/admin/users/{carol}/quota", json={"tokens_per_day": None})

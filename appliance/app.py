@@ -20,7 +20,17 @@ from litestar.template.config import TemplateConfig
 from sqlalchemy.exc import DatabaseError
 
 from appliance import __version__
-from appliance.api import account, admin, hooks, jobs, metrics, monitoring, ollama, openai
+from appliance.api import (
+    account,
+    admin,
+    embeddings,
+    hooks,
+    jobs,
+    metrics,
+    monitoring,
+    ollama,
+    openai,
+)
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
 from appliance.api.chat_format import longest_token_chars
 from appliance.api.errors import (
@@ -165,14 +175,16 @@ def create_app(services: Services, secret: str,
                on_shutdown: Sequence[Callable[[], Any]] = ()) -> Litestar:
     csrf = CSRFConfig(secret=secret, exclude=CSRF_EXEMPT, cookie_samesite="strict")
     app = Litestar(
-        route_handlers=[*openai.ROUTES, *ollama.ROUTES, *hooks.ROUTES, *monitoring.ROUTES,
+        route_handlers=[*openai.ROUTES, *ollama.ROUTES, *embeddings.ROUTES, *hooks.ROUTES,
+                        *monitoring.ROUTES,
                         *metrics.ROUTES, *account.ROUTES, admin.router, *jobs.ROUTES,
                         *web_routes()],
         state=State({"services": services}),
         # Outermost first: who is asking (401) before whether the form is genuine (403).
         middleware=[HtmlSecurityHeaders,
                     # OPTIONS too: an unauthenticated OPTIONS reached the admin guard (500)
-                    DefineMiddleware(AuthMiddleware, exclude=list(PUBLIC_PATHS),
+                    DefineMiddleware(AuthMiddleware,
+                                     exclude=[*PUBLIC_PATHS, *ollama.PUBLIC_PATHS],
                                      exclude_http_methods=()),
                     DefineMiddleware(CsrfUnlessBearer, config=csrf)],
         template_config=TemplateConfig(directory=TEMPLATES, engine=JinjaTemplateEngine),

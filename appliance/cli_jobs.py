@@ -18,6 +18,7 @@ from appliance.settings import Settings
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
+    from appliance.jobs.netguard import AllowEntry
     from appliance.store.models import Job
 
 
@@ -42,16 +43,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      help="a header sent with --url (repeatable)")
     add.add_argument("--instructions", default=None, help="what to produce")
     when = add.add_mutually_exclusive_group()
-    when.add_argument("--cron", default=None, help="5-field cron, e.g. '0 7 * * *'")
+    when.add_argument("--cron", default=None, help="when: a 5-field cron ('0 7 * * *'), "
+                      "@daily, or words ('every day at 7', 'every monday at 8:30')")
     when.add_argument("--every", type=int, default=None, metavar="SECONDS",
                       help="run every this many seconds")
     add.add_argument("--max-output-tokens", type=int, default=None)
     add.add_argument("--webhook", default=None, help="POST each result here as JSON")
+    parsers = [ls, add]
     for name, text in (("run", "queue a run now"), ("pause", "stop scheduling it"),
                        ("resume", "schedule it again"), ("rm", "delete it and its runs")):
         p = jsub.add_parser(name, help=text)
         p.add_argument("job", help="the job's id, or its name")
         p.add_argument("--user", default=None, help="whose job (when names clash)")
+        parsers.append(p)
+    for p in parsers:  # the settings flags after the subcommand too (job add ... --url-allow)
+        settings_mod.add_flags(p, sections=("store", "jobs"), suppress=True)
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
@@ -75,7 +81,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 
 def _job(s: Session, settings: Settings, args: argparse.Namespace) -> int:
     from appliance.jobs import definition
-    from appliance.jobs.netguard import Guard, parse_allow_list
+    from appliance.jobs.netguard import Guard
     from appliance.jobs.schedule import describe, household_zone
     from appliance.store import jobs, users
 
@@ -115,7 +121,8 @@ def _job(s: Session, settings: Settings, args: argparse.Namespace) -> int:
         js = settings.jobs
         limits = definition.Limits(js.document_max_bytes, js.output_max_tokens,
                                    household_zone(js.timezone))
-        guard = Guard(parse_allow_list(js.url_allow), privileged=owner.role == "admin")
+        allow = _allow_list(s, js.url_allow) if args.url or args.webhook else ()
+        guard = Guard(allow, privileged=owner.role == "admin")
         now = time.time()
         floor = js.admin_min_interval if owner.role == "admin" else js.member_min_interval
         clean = definition.validate({k: v for k, v in fields.items() if v is not None},
@@ -136,6 +143,20 @@ def _job(s: Session, settings: Settings, args: argparse.Namespace) -> int:
         jobs.delete_job(s, job)
         print(f"job {job.id} deleted")
     return 0
+
+
+def _allow_list(s: Session, own: str) -> tuple[AllowEntry, ...]:
+    """The addresses an admin's job may reach: this command's own setting (the same config
+    file, environment and flags as the daemon's) and the list the daemon last started with,
+    which it enforces at every fetch (its flags are not in this command's environment)."""
+    from appliance.jobs.netguard import parse_allow_list
+    from appliance.store import jobs
+
+    daemon = jobs.daemon_url_allow(s)
+    if daemon is not None and daemon.strip() != own.strip():
+        print(f"note: the daemon last started with url_allow={daemon!r}; it is what its runs "
+              f"may reach (this command's own: {own!r})", file=sys.stderr)
+    return parse_allow_list(own) + parse_allow_list(daemon or "")
 
 
 def _find(s: Session, ref: str, user: str | None) -> Job:

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "APPLIANCE_"
+CONFIG_NAME = "appliance.toml"
+"""The config file every command reads from the data folder when none is named, so the
+daemon and ``appliance job``/``user`` (which share that folder's database) agree."""
 
 
 def _opt(default: Any, help: str, *, lo: float | None = None, hi: float | None = None,
@@ -308,23 +311,31 @@ def _coerce(f: dataclasses.Field[Any], raw: Any, origin: str) -> Any:
     return value
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per setting; unset flags stay None so lower layers show through."""
-    parser.add_argument("--config", type=Path, default=None,
-                        help="TOML config file (sections [server], [engine], [sched], [store]).")
+def add_flags(parser: argparse.ArgumentParser, sections: Sequence[str] | None = None,
+              suppress: bool = False) -> None:
+    """Add one flag per setting (of ``sections``, default all); unset flags stay None so
+    lower layers show through. ``suppress``: unset flags leave no attribute at all, for a
+    subcommand's parser whose parent parser has the same flags (``appliance job add
+    --url-allow ...`` as well as ``appliance job --url-allow ... add``)."""
+    unset = argparse.SUPPRESS if suppress else None
+    parser.add_argument("--config", type=Path, default=unset,
+                        help=f"TOML config file (sections {', '.join(SECTIONS)}; default: "
+                        f"{CONFIG_NAME} in the data folder, when there).")
     for section, f in iter_fields():
+        if sections is not None and section not in sections:
+            continue
         if _field_type(f) is bool:
             # --x and --no-x; a flag that is itself a negation (--no-batch) only sets True
             # (BooleanOptionalAction would read "--no-batch" as False)
             if flag_name(f).startswith("--no-"):
-                parser.add_argument(flag_name(f), dest=f.name, default=None,
+                parser.add_argument(flag_name(f), dest=f.name, default=unset,
                                     action="store_const", const=True, help=f.metadata["help"])
             else:
-                parser.add_argument(flag_name(f), dest=f.name, default=None,
+                parser.add_argument(flag_name(f), dest=f.name, default=unset,
                                     action=argparse.BooleanOptionalAction,
                                     help=f.metadata["help"])
         else:
-            parser.add_argument(flag_name(f), dest=f.name, default=None,
+            parser.add_argument(flag_name(f), dest=f.name, default=unset,
                                 help=f"{f.metadata['help']} (default: {f.default!r}; "
                                 f"[{section}] {f.name} / {env_name(f)})")
 
@@ -337,6 +348,8 @@ def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None =
         config_path = getattr(args, "config", None)
     if config_path is None and env.get(ENV_PREFIX + "CONFIG"):
         config_path = Path(env[ENV_PREFIX + "CONFIG"])
+    if config_path is None:
+        config_path = _default_config(args, env)
     toml: dict[str, Any] = {}
     if config_path is not None:
         with open(config_path, "rb") as fh:
@@ -363,6 +376,15 @@ def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None =
     if settings.engine.no_batch:
         settings.engine.max_batch_size = 1
     return settings
+
+
+def _default_config(args: argparse.Namespace | None, env: Mapping[str, str]) -> Path | None:
+    """``appliance.toml`` in the data folder (from the flag, the environment or the
+    platform's default), when it exists."""
+    data_dir = getattr(args, "data_dir", None) if args is not None else None
+    data_dir = data_dir or env.get(ENV_PREFIX + "DATA_DIR") or default_data_dir()
+    path = Path(data_dir).expanduser() / CONFIG_NAME
+    return path if path.is_file() else None
 
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

@@ -64,6 +64,9 @@ class FinishReason(enum.StrEnum):
     """Not from the engine: OpenAI's name for a ``stop`` whose answer called tools."""
     LOAD = "load"
     """Not from the engine: Ollama's reason for an empty request (the model is loaded)."""
+    UNLOAD = "unload"
+    """Not from the engine: Ollama's reason for an empty request with ``keep_alive: 0`` (here
+    the model stays loaded; the caller's prompt-cache entries are released)."""
 
     @property
     def answered(self) -> bool:

@@ -20,6 +20,7 @@ from litestar.response import Redirect, Template
 
 from appliance.api import jobs as api_jobs
 from appliance.api.service import Services
+from appliance.jobs.phrases import parse_schedule
 from appliance.jobs.schedule import describe, in_words, make_trigger, next_times
 from appliance.store.errors import AlreadyExists, NotFound
 from web.common import PAGE, form_fields, is_htmx, me, page, services
@@ -85,6 +86,9 @@ async def schedule_preview(request: Request[Any, Any, Any], schedule: FromQuery[
     try:
         minutes = int(interval_min) if interval_min.strip() else None
         seconds = None if minutes is None else minutes * 60
+        if schedule == "cron":  # words ('every day at 7') as the job will store them
+            parsed = parse_schedule(cron)
+            schedule, cron, seconds = parsed.kind, parsed.cron or "", parsed.interval_s
         trigger = make_trigger(schedule, cron or None, seconds, now.timestamp(), svc.zone)
         words = describe(schedule, cron or None, seconds)
         upcoming = [in_words(t, now) for t in next_times(trigger, now, 3)]

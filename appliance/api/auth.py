@@ -26,6 +26,7 @@ from litestar.middleware.authentication import (
 from litestar.middleware.csrf import CSRFMiddleware
 from litestar.types import Receive, Scope, Send
 
+from appliance.api.errors import InvalidApiKey
 from appliance.store import keys as store_keys
 from appliance.store import websessions
 from appliance.store.db import Store
@@ -91,7 +92,7 @@ class AuthMiddleware(AbstractAuthenticationMiddleware):
             found = await anyio.to_thread.run_sync(principal_for_key, store,
                                                    header[7:].strip())
             if found is None:
-                raise NotAuthorizedException("Invalid or revoked API key.")
+                raise InvalidApiKey()
             principal, touch = found
             if touch and services.note_key_used is not None and principal.key_id is not None:
                 with contextlib.suppress(RuntimeError):  # the writer has closed: shutting down

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from litestar import MediaType, Request, Response
-from litestar.exceptions import HTTPException
+from litestar.exceptions import HTTPException, NotAuthorizedException
 
 from appliance.store.faults import driver_message, is_busy, storage_fault
 
@@ -69,7 +69,16 @@ def api_error_handler(request: Request, exc: ApiError) -> Response:
                     media_type=MediaType.JSON)
 
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+class InvalidApiKey(NotAuthorizedException):
+    """A bearer key that matches no live key: OpenAI's ``invalid_api_key`` (its clients
+    tell it from other 401s by the code)."""
+
+    def __init__(self) -> None:
+        super().__init__("Invalid or revoked API key.")
+
+
+# OpenAI answers every 401 as an invalid request (a bad key, a missing one)
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
           429: "rate_limit_error"}
 
@@ -84,6 +93,7 @@ def http_error_handler(request: Request, exc: HTTPException) -> Response:
                             else str(e) for e in (extra if isinstance(extra, list) else [extra]))
         message = f"{message}: {details}"
     err = ApiError(status, message, _TYPES.get(status, "server_error"),
+                   "invalid_api_key" if isinstance(exc, InvalidApiKey) else None,
                    headers=dict(exc.headers or {}))
     return api_error_handler(request, err)
 

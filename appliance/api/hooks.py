@@ -6,7 +6,9 @@ Body: ``{"text", "conversation_id"?, "language"?, "system"?, "max_tokens"? (150)
 "finish_reason": stop|length|deadline|quota, "usage", "timings": {"queue_ms", "ttft_ms",
 "total_ms"}}``. The deadline covers the whole request (queue included): when it passes, the
 request is cancelled in the engine (its slot frees on the next tick) and the words said so
-far are the answer. ``stream: true`` sends Server-Sent Events: one ``sentence`` event per
+far are the answer. Only what may be spoken is sent: a tool call's markup never is, and a
+model that asks for a tool gets a plain sentence said instead (the hook runs no tools; see
+:mod:`appliance.api.voice_text`). ``stream: true`` sends Server-Sent Events: one ``sentence`` event per
 finished sentence (to start speaking early), then ``done`` with the answer object.
 Conversations are remembered server-side (:mod:`appliance.api.voice_memory`).
 Errors use the OpenAI shape of ``/v1``.
@@ -32,7 +34,8 @@ from appliance.api.openai import EventStream
 from appliance.api.schemas import SamplingFields
 from appliance.api.service import Generation, Services, decode_body, submit
 from appliance.api.voice_memory import SentenceSplitter
-from appliance.engine.request import FinishEvent, TokenEvent
+from appliance.api.voice_text import CANNOT_ACT, SpokenText
+from appliance.engine.request import FinishEvent, RequestHandle, TokenEvent
 from appliance.vocab import FinishReason
 
 ENDPOINT = "/hooks/voice"
@@ -90,21 +93,35 @@ def _prompt(services: Services, body: VoiceBody, history: list[dict[str, str]]
 
 @dataclass(slots=True)
 class Answer:
-    """What the hook has heard of one request so far."""
+    """What the hook has heard of one request so far (only what may be spoken is kept)."""
 
     start: float
     n_prompt: int
+    spoken: SpokenText
+    handle: RequestHandle
     parts: list[str] = field(default_factory=list)
     tokens: int = 0
     first_at: float | None = None
     finish: FinishEvent | None = None
     reason: FinishReason = FinishReason.DEADLINE
 
-    def add(self, text: str) -> None:
+    def add(self, text: str) -> str:
         if self.first_at is None:
             self.first_at = time.monotonic()
         self.tokens += 1
+        return self.say(self.spoken.feed(text))
+
+    def say(self, text: str) -> str:
         self.parts.append(text)
+        return text
+
+    def close(self) -> str:
+        """The rest of the spoken text, and a plain sentence where the model asked for a
+        tool (the hook runs none; the call's markup is never spoken)."""
+        rest = self.spoken.finish()
+        if self.spoken.asked_tool:
+            rest += ("" if not (self.text + rest) else " ") + CANNOT_ACT
+        return self.say(rest)
 
     @property
     def text(self) -> str:
@@ -115,11 +132,14 @@ class Answer:
         prompt = f.usage.prompt_tokens if f else self.n_prompt
         out = f.usage.completion_tokens if f else self.tokens
         ms = lambda s: None if s is None else round(s * 1000.0, 1)  # noqa: E731
+        # the engine notes admission on the handle: an answer cut by the deadline before
+        # its finish event still has it (null only when it never left the queue)
+        queue_s = f.queue_s if f and f.queue_s is not None else self.handle.queue_s
         return {"text": self.text, "conversation_id": conversation_id,
                 "finish_reason": self.reason,
                 "usage": {"prompt_tokens": prompt, "completion_tokens": out,
                           "total_tokens": prompt + out},
-                "timings": {"queue_ms": ms(f.queue_s) if f else None,
+                "timings": {"queue_ms": ms(queue_s),
                             "ttft_ms": ms(None if self.first_at is None
                                           else self.first_at - self.start),
                             "total_ms": ms(time.monotonic() - self.start)}}
@@ -127,31 +147,31 @@ class Answer:
 
 async def _events(gen: Generation, answer: Answer, deadline: float
                   ) -> AsyncIterator[str]:
-    """Text deltas until the finish or the deadline (then the request is cancelled)."""
+    """Spoken text deltas until the finish or the deadline (then the request is
+    cancelled), and what :meth:`Answer.close` adds."""
     events: Any = gen.events()  # an async generator: closed below
     try:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                return
+                break
             try:
                 event = await asyncio.wait_for(anext(events), left)
             except (TimeoutError, StopAsyncIteration):
-                return
+                break
             if isinstance(event, TokenEvent):
-                answer.add(event.text)
-                yield event.text
+                yield answer.add(event.text)
                 continue
             answer.finish = event
             if not event.reason.answered:
                 raise finish_error(event)
             answer.reason = event.reason
-            answer.parts.append(event.text)
-            yield event.text
-            return
+            yield answer.say(answer.spoken.feed(event.text))
+            break
     finally:
         gen.close()
         await events.aclose()
+    yield answer.close()
 
 
 @post(ENDPOINT, status_code=200)
@@ -166,7 +186,7 @@ async def voice(request: Request[Any, Any, Any], state: State) -> Any:
     prompt = _prompt(services, body, history)
     gen = await submit(services, prompt, SamplingFields(), body.max_tokens, who, who.klass,
                        ENDPOINT)
-    answer = Answer(start, len(prompt))
+    answer = Answer(start, len(prompt), SpokenText(services.model.tokenizer), gen.handle)
     deadline = start + body.deadline_ms / 1000.0
 
     def remember() -> None:

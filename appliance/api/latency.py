@@ -1,6 +1,6 @@
 """Latency histograms for ``/metrics``: time to first token, inter-token latency, queue time
 and end-to-end time, labelled by request ``class`` and ``api`` (``v1``, ``ollama``, ``hook``,
-``web``). The names are vLLM's (``vllm:time_to_first_token_seconds`` ...) with our
+``jobs``, ``web``). The names are vLLM's (``vllm:time_to_first_token_seconds`` ...) with our
 ``appliance_`` prefix, in seconds.
 
 Times are taken where the client's stream is written (the event loop), so they include the
@@ -24,6 +24,8 @@ from appliance.engine.request import FinishEvent
 BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5,
            5.0, 7.5, 10.0, 15.0, 20.0, 30.0)
 LABELS = ("class", "api")
+JOB_ENDPOINT = "job"
+"""The ledger endpoint of a background job's requests (``appliance.jobs.runner``)."""
 
 
 def api_label(endpoint: str) -> str:
@@ -33,6 +35,8 @@ def api_label(endpoint: str) -> str:
         return "ollama"
     if endpoint.startswith("/hooks/"):
         return "hook"
+    if endpoint == JOB_ENDPOINT:
+        return "jobs"
     return "web"
 
 

@@ -9,6 +9,7 @@ engine's last snapshot, so they answer at once however busy the engine is.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -20,6 +21,7 @@ from appliance.api import chat_format
 from appliance.api.auth import request_class
 from appliance.api.chat_format import Delta, OutputParser
 from appliance.api.errors import bad_request
+from appliance.api.ollama_fit import answer_reserve, fit_context, fit_turns
 from appliance.api.ollama_models import (
     model_facts,
     model_info,
@@ -54,6 +56,10 @@ from appliance.vocab import FinishReason
 
 OLLAMA_API_VERSION = "0.12.0"
 """The Ollama API level this server speaks (clients gate features on it)."""
+
+PUBLIC_PATHS = ("^/api/version$",)
+"""Ollama itself answers these without a key, and clients probe them to find a server; the
+version string is all they tell."""
 
 ROLES = ("system", "user", "assistant", "tool")
 B = TypeVar("B", ChatBody, GenerateBody)
@@ -164,6 +170,13 @@ def _max_tokens(opts: Options, n_prompt: int, services: Services) -> int | None:
     return min(opts.num_predict, room)
 
 
+def _room(opts: Options, services: Services) -> tuple[int, int]:
+    """The context a prompt must fit (``num_ctx`` caps the model's) and the room it keeps
+    for the answer while the oldest history is dropped (:mod:`appliance.api.ollama_fit`)."""
+    limit = min(opts.num_ctx or services.model.ctx_limit, services.model.ctx_limit)
+    return limit, answer_reserve(opts.num_predict, services.default_max_tokens, limit)
+
+
 def _klass(request: Request[Any, Any, Any]) -> Any:
     return request_class(request.user, request.headers.get(CLASS_HEADER))
 
@@ -173,14 +186,22 @@ async def _start(request: Request[Any, Any, Any], services: Services, prompt: li
                  ) -> Generation:
     return await submit(services, prompt, opts.sampling,
                         _max_tokens(opts, len(prompt), services), request.user,
-                        _klass(request), endpoint, constraint=constraint, param="format")
+                        _klass(request), endpoint, constraint=constraint, param="format",
+                        keep_cache=opts.keep_alive != 0)
 
 
-def _load_reply(services: Services, field: str) -> dict[str, Any]:
-    """Ollama's answer to an empty request: the model is (already) loaded."""
+def _load_reply(request: Request[Any, Any, Any], services: Services, field: str,
+                opts: Options) -> dict[str, Any]:
+    """Ollama's answer to an empty request: the model is (already) loaded; with
+    ``keep_alive: 0`` (``ollama stop``) Ollama unloads it, here the model stays and the
+    caller's prompt-cache entries are released (see the README's Decisions)."""
     empty: Any = {"role": "assistant", "content": ""} if field == "message" else ""
+    reason = FinishReason.LOAD
+    if opts.keep_alive == 0:
+        services.engine.release_cache(str(request.user.user_id))
+        reason = FinishReason.UNLOAD
     return {"model": ollama_name(services.model.name), "created_at": now_iso(),
-            field: empty, "done": True, "done_reason": FinishReason.LOAD}
+            field: empty, "done": True, "done_reason": reason}
 
 
 def _read(services: Services, raw: bytes, kind: type[B]) -> tuple[B, Options]:
@@ -188,8 +209,8 @@ def _read(services: Services, raw: bytes, kind: type[B]) -> tuple[B, Options]:
     ``options`` (each a 400 when malformed)."""
     body: B = decode_body(raw, kind)
     require_model(services.model, body.model)
-    parse_keep_alive(body.keep_alive)
-    return body, parse_options(body.options)
+    keep_alive = parse_keep_alive(body.keep_alive)
+    return body, replace(parse_options(body.options), keep_alive=keep_alive)
 
 
 @post("/api/chat", status_code=200)
@@ -198,15 +219,21 @@ async def chat(request: Request[Any, Any, Any], state: State) -> Any:
     services = _services(state)
     body, opts = _read(services, await request.body(), ChatBody)
     if not body.messages:
-        return _load_reply(services, "message")
+        return _load_reply(request, services, "message", opts)
     for m in body.messages:
         _no_images(services, m.images)
     think = _think(services, body.think)
     constraint = _constraint(body.format)
-    check_prompt_size(services.model, user_chars(m.content for m in body.messages
-                                                 if m.role == "user"))
-    prompt = await off_loop(services, chat_format.render_prompt, services.model.tokenizer,
-                            ollama_turns(body.messages), body.tools, think)
+    # only the newest question must stay (older turns are dropped to fit): the early
+    # size refusal counts it alone
+    check_prompt_size(services.model, user_chars(
+        [m.content for m in body.messages if m.role == "user"][-1:]))
+    limit, reserve = _room(opts, services)
+    prompt, _ = await off_loop(
+        services, fit_turns,
+        lambda turns: chat_format.render_prompt(services.model.tokenizer, turns, body.tools,
+                                                think),
+        ollama_turns(body.messages), limit, reserve)
     gen = await _start(request, services, prompt, opts, "/api/chat", constraint)
     name = ollama_name(services.model.name)
 
@@ -223,8 +250,8 @@ async def chat(request: Request[Any, Any, Any], state: State) -> Any:
     return {**chunk(fields, True), **clock.final(finish)}
 
 
-def _generate_prompt(services: Services, body: GenerateBody, think: bool | None
-                     ) -> list[int]:
+def _generate_prompt(services: Services, body: GenerateBody, think: bool | None,
+                     opts: Options) -> list[int]:
     if body.suffix:
         raise bad_request("'suffix' (fill-in-the-middle) is not supported.", param="suffix")
     if body.template:
@@ -241,7 +268,7 @@ def _generate_prompt(services: Services, body: GenerateBody, think: bool | None
     if any(not 0 <= t < services.model.vocab_size for t in context):
         raise bad_request("'context' must hold token ids of this model (from an earlier "
                           "/api/generate answer).", param="context")
-    return context + prompt
+    return fit_context(context, prompt, *_room(opts, services))
 
 
 @post("/api/generate", status_code=200)
@@ -253,9 +280,9 @@ async def generate(request: Request[Any, Any, Any], state: State) -> Any:
     think = _think(services, body.think)
     constraint = _constraint(body.format)
     if not body.prompt and not body.context:
-        return _load_reply(services, "response")
+        return _load_reply(request, services, "response", opts)
     check_prompt_size(services.model, len(body.prompt.strip()), "prompt")
-    prompt = await off_loop(services, _generate_prompt, services, body, think)
+    prompt = await off_loop(services, _generate_prompt, services, body, think, opts)
     gen = await _start(request, services, prompt, opts, "/api/generate", constraint)
     name = ollama_name(services.model.name)
     pieces = GeneratePieces(OutputParser(services.model.tokenizer, None, think, prompt))
@@ -315,6 +342,7 @@ def ps(state: State) -> dict[str, Any]:
     entry = tag_entry(services.model)
     snap = services.engine.snapshot
     size = entry["size"] + snap.kv_bytes
+    # the model is never unloaded, whatever keep_alive said: say so (see README, Decisions)
     forever = datetime.now(UTC) + timedelta(days=365 * 100)
     return {"models": [{**{k: entry[k] for k in ("name", "model", "size", "digest",
                                                       "details")},
@@ -331,7 +359,8 @@ def _unified_memory() -> bool:
 
 
 def capabilities(services: Services) -> list[str]:
-    caps = ["completion", "tools"]
+    """What Ollama lists for a model; ``embedding``: /api/embed pools its hidden states."""
+    caps = ["completion", "tools", "embedding"]
     if chat_format.supports_thinking(services.model.tokenizer):
         caps.append("thinking")
     return caps

@@ -6,8 +6,9 @@
   the tokens actually used); every other key is ignored, as Ollama ignores what a runner
   does not use. A known key with a wrong type is a 400 naming it.
 - ``keep_alive``: a number of seconds or a Go duration string (``"300s"``, ``"5m"``,
-  ``"1h30m"``, ``"-1s"``); negative means forever. The model is always resident here, so
-  it only changes what ``/api/ps`` reports as ``expires_at``.
+  ``"1h30m"``, ``"-1s"``); negative means forever. The model is always resident here
+  (``/api/ps`` says so); ``0`` releases the caller's prompt-cache entries when the answer
+  ends (an empty request: at once), and any other value changes nothing.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class Options:
     num_predict: int | None
     """Most tokens to generate; None for the server's default (Ollama's -1 and -2)."""
     num_ctx: int | None
+    keep_alive: float | None = 300.0
+    """Seconds, None for forever (only ``0`` does anything here: see the module note)."""
 
 
 def _typed(options: dict[str, Any], key: str) -> Any:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from litestar import Request, get, post
 from litestar.datastructures import State
+from litestar.params import FromPath
 from litestar.response import Stream
 
 from appliance.api.auth import request_class
 from appliance.api.chat_format import Delta, OutputParser
-from appliance.api.errors import backend_error, bad_request, engine_down
+from appliance.api.errors import ApiError, backend_error, bad_request, engine_down
 from appliance.api.openai_chat import (
     finish_reason,
     message,
@@ -210,12 +212,27 @@ async def _respond(request: Request, services: Services,
             "usage": _usage(finish)}
 
 
+def _model_entry(services: Services) -> dict[str, Any]:
+    m = services.model
+    return {"id": m.name, "object": "model", "created": m.created, "owned_by": "appliance",
+            "demo": m.is_demo, "context_length": m.ctx_limit}
+
+
 @get("/v1/models")
 async def list_models(state: State) -> dict[str, Any]:
-    m = _services(state).model
-    return {"object": "list", "data": [
-        {"id": m.name, "object": "model", "created": m.created, "owned_by": "appliance",
-         "demo": m.is_demo, "context_length": m.ctx_limit}]}
+    return {"object": "list", "data": [_model_entry(_services(state))]}
 
 
-ROUTES = [chat_completions, completions, list_models]
+@get("/v1/models/{model_id:path}")
+async def retrieve_model(state: State, model_id: FromPath[Path]) -> dict[str, Any]:
+    """The ``openai`` client's ``models.retrieve``; a repo id's slash is part of the id."""
+    services = _services(state)
+    wanted = str(model_id).lstrip("/")
+    if wanted not in (services.model.name, services.model.path):
+        raise ApiError(404, f"The model '{wanted}' does not exist. This server serves "
+                       f"'{services.model.name}' (see GET /v1/models).",
+                       "invalid_request_error", "model_not_found", param="model")
+    return _model_entry(services)
+
+
+ROUTES = [chat_completions, completions, list_models, retrieve_model]

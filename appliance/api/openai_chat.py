@@ -16,7 +16,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.api.chat_format import Delta, OutputParser, ToolCall, render_prompt, tool_names
+from appliance.api.chat_format import (
+    Delta,
+    OutputParser,
+    ToolCall,
+    render_prompt,
+    supports_thinking,
+    tool_names,
+)
 from appliance.api.errors import bad_request
 from appliance.api.schemas import ChatCompletionRequest
 from appliance.api.service import chat_turns
@@ -106,16 +113,17 @@ def response_constraint(fmt: dict[str, Any] | None) -> Constraint | None:
                       "unsupported_value", "response_format")
 
 
-def _think(body: ChatCompletionRequest) -> bool | None:
+def _think(body: ChatCompletionRequest) -> tuple[bool | None, str]:
+    """Whether thinking was asked for, and by which field (named in a 400)."""
     if body.enable_thinking is not None:
-        return body.enable_thinking
+        return body.enable_thinking, "enable_thinking"
     kwargs = body.chat_template_kwargs or {}
     value = kwargs.get("enable_thinking", kwargs.get("thinking"))
     if isinstance(value, bool):
-        return value
+        return value, "chat_template_kwargs"
     if body.reasoning_effort is not None:
-        return body.reasoning_effort != "none"
-    return None
+        return body.reasoning_effort != "none", "reasoning_effort"
+    return None, "reasoning_effort"
 
 
 def prepare_chat(tokenizer: Any, body: ChatCompletionRequest) -> ChatSetup:
@@ -130,7 +138,12 @@ def prepare_chat(tokenizer: Any, body: ChatCompletionRequest) -> ChatSetup:
                               param="response_format")
         grammar = _force_grammar(tokenizer, tools, names)
     shown = tools if mode != "none" else None
-    think = _think(body)
+    think, field = _think(body)
+    if think and not supports_thinking(tokenizer):
+        # render_prompt would name Ollama's `think`; a /v1 caller sent another field
+        raise bad_request(f"This model does not support thinking; leave '{field}' out"
+                          + (" or send 'none'." if field == "reasoning_effort" else "."),
+                          "unsupported_value", field)
     prompt = render_prompt(tokenizer, chat_turns(body.messages), shown, think)
     return ChatSetup(prompt, OutputParser(tokenizer, shown, think, prompt=prompt), constraint,
                      grammar)

@@ -398,7 +398,8 @@ def quota_error(verdict: QuotaVerdict) -> ApiError:
 async def submit(services: Services, prompt: list[int], body: SamplingFields,
                  max_tokens: int | None, principal: Principal, klass: Klass,
                  endpoint: str, *, constraint: Constraint | None = None,
-                 grammar: str | None = None, param: str | None = None) -> Generation:
+                 grammar: str | None = None, param: str | None = None,
+                 keep_cache: bool = True) -> Generation:
     """Check the request against the context and the user's quotas, then queue it.
 
     ``constraint`` (a JSON schema, or ``{"type": "json_object"}``) makes the engine decode
@@ -432,6 +433,6 @@ async def submit(services: Services, prompt: list[int], body: SamplingFields,
         prompt=tuple(prompt), max_tokens=out, sampling=sampling, stop=stops_from(body.stop),
         user=principal.name, klass=klass, user_id=principal.user_id,
         api_key_id=principal.key_id, endpoint=endpoint, tokens_per_day=quota.tokens_per_day,
-        grammar=grammar)
+        grammar=grammar, keep_cache=keep_cache)
     return Generation(services.engine, request, quota.max_concurrent,
                       services.latency.probe(klass.label, endpoint))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from appliance.engine.grammar import ll_tokenizer, probe_grammar
+from appliance.engine.embed import Embedder, EmbedJob
 from appliance.engine.model import LoadedModel, load_model
 from appliance.engine.request import (
     Event,
@@ -134,6 +134,7 @@ class Engine:
         self._death: str | None = None
         self.failure: str | None = None
         """Why the engine stopped serving, once it has; None while it serves."""
+        self._embedder: Embedder | None = None
 
     # ---- lifecycle (any thread) ----
     def start(self, timeout: float = 600.0) -> None:
@@ -197,6 +198,19 @@ class Engine:
         self._wake.set()
         return handle
 
+    def embed(self, rows: list[list[int]],
+              done: Callable[[list[list[float]] | None, str | None], None]) -> EmbedJob:
+        """Queue rows of token ids for embedding; ``done`` is called on the engine thread
+        with the vectors (or an error). Cancel with ``job.cancelled.set()``."""
+        if self.failure is not None:
+            raise EngineDown(self.failure)
+        if not self._accepting or self._embedder is None:
+            raise EngineStopping("the server is shutting down")
+        job = EmbedJob(rows, done)
+        self._embedder.submit(job)
+        self._wake.set()
+        return job
+
     def cancel(self, handle: RequestHandle) -> None:
         handle.cancel()
         self._wake.set()
@@ -213,6 +227,11 @@ class Engine:
         self._control.put(apply)
         self._wake.set()
 
+    def release_cache(self, user_key: str) -> None:
+        """Forget one user's prompt-cache entries (on the engine thread's next tick)."""
+        self._control.put(lambda runner: runner.release_cache(user_key))
+        self._wake.set()
+
     def check_grammar(self, grammar: str) -> str | None:
         """Why the engine could not run ``grammar`` (an llguidance error class), or None when
         it can: checked at admission, so a schema that fails at its first token is a 400,
@@ -224,6 +243,9 @@ class Engine:
         with self._lock:
             if grammar in self._grammar_checks:
                 return self._grammar_checks[grammar]
+        # here, not at the top: grammar.py imports mlx, which the web layer must not load
+        from appliance.engine.grammar import ll_tokenizer, probe_grammar
+
         vocab = int(loaded.config.get("vocab_size") or 0) or 1 << 30  # as the runner's
         error = probe_grammar(ll_tokenizer(loaded.tokenizer, vocab, loaded.eos_token_ids),
                               grammar)
@@ -286,6 +308,8 @@ class Engine:
         for h in handles:
             h.emit(FinishEvent(FinishReason.ERROR, Usage(len(h.request.prompt), 0), error=reason,
                                unavailable=True))
+        if self._embedder is not None:
+            self._embedder.fail_all(reason)
         return len(handles)
 
     # ---- the engine thread ----
@@ -316,6 +340,10 @@ class Engine:
             self._ready.set()
             return
         self._runner = runner
+        tokenizer = self.loaded.tokenizer
+        pad = tokenizer.pad_token_id
+        self._embedder = Embedder(self.loaded.model, pad if pad is not None else
+                                  next(iter(self.loaded.eos_token_ids), 0))
         self._cancel_all = False
         self._beat = time.monotonic()
         self._ready.set()
@@ -332,6 +360,7 @@ class Engine:
             self._death = type(exc).__name__
             log.critical("engine thread died: %s", type(exc).__name__, exc_info=True)
             return
+        self._embedder.fail_all("the server is shutting down")
         if self.failure is None:
             runner.cancel_everything()
             runner.flush_counters()
@@ -361,6 +390,9 @@ class Engine:
                 runner.cancel_everything()
                 self._cancel_all = False
             worked = runner.tick()
+            # embeddings: one bounded batch between ticks, behind the streams
+            if self._embedder is not None and self._embedder.pending:
+                worked = self._embedder.step() or worked
         except Exception:
             log.exception("engine tick failed; ending the requests in flight")
             runner.fail_everything()

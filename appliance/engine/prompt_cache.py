@@ -76,6 +76,21 @@ class PromptCache:
         self.stats.evictions += before - len(self._lru)
         self._refresh()
 
+    def drop_user(self, user: str) -> int:
+        """Forget every entry of ``user``; returns how many. mlx-lm's LRUPromptCache has no
+        per-key removal, so this walks its order lists and trie as its own trim does."""
+        lru: Any = self._lru
+        order = lru._lru
+        victims = [(m, t) for q in order._lrus.values() for m, t in q if m == user]
+        for model, tokens in victims:
+            entry = lru._trie.pop(model, tokens)
+            order.remove(model, tokens)
+            lru._n_bytes -= entry.nbytes
+            lru._n_bytes_by_type[entry.cache_type] -= entry.nbytes
+        self.stats.evictions += len(victims)
+        self._refresh()
+        return len(victims)
+
     def clear(self) -> None:
         self.evict_bytes(self.nbytes)
 

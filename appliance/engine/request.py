@@ -90,6 +90,9 @@ class GenerationRequest:
     grammar: str | None = None
     """Constrained decoding: an llguidance grammar (from a JSON schema or Lark) the answer
     must follow; None for free text."""
+    keep_cache: bool = True
+    """False (Ollama's ``keep_alive: 0``): when it finishes, its KV is not kept and its
+    user's prompt-cache entries are released."""
     rid: int = field(default_factory=next_request_id)
     request_id: str = field(default_factory=new_request_id)
 
@@ -169,6 +172,9 @@ class RequestHandle:
         self._cancelled = threading.Event()
         self._closed = False
         self._lock = threading.Lock()
+        self.queue_s: float | None = None
+        """Seconds from arrival to first admission, set by the engine thread when it admits
+        (a caller that stops waiting before the finish still knows it was admitted)."""
 
     @property
     def rid(self) -> int:

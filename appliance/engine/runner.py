@@ -244,6 +244,7 @@ class Runner(TickForwards):
             first = s.admitted_at is None
             if first:
                 s.admitted_at = now
+                s.handle.queue_s = now - s.arrival
                 self._left_queue += 1
             try:
                 s.cache, s.computed = self._cached_prefix(s)
@@ -304,6 +305,12 @@ class Runner(TickForwards):
         if 0 < size < len(s.tokens):
             self.prompt_cache.store(s.handle.request.user_key, s.tokens[:size], cache)
 
+    def release_cache(self, user_key: str) -> None:
+        """Forget one user's prompt-cache entries (Ollama's ``keep_alive: 0``)."""
+        if self.prompt_cache is not None:
+            dropped = self.prompt_cache.drop_user(user_key)
+            log.info("prompt cache released user=%s entries=%d", user_key, dropped)
+
     def _finish(self, s: Seq, reason: FinishReason, error: str | None = None) -> None:
         """Finish one sequence: it leaves the engine, its caller gets the finish event, the
         ledger gets its row. Never raises: what fails on the way (keeping its prefix, the
@@ -314,7 +321,9 @@ class Runner(TickForwards):
         try:
             if self.fault:
                 self.fault(s.handle.request, "finish")
-            if reason.answered:
+            if not s.handle.request.keep_cache:
+                self.release_cache(s.handle.request.user_key)
+            elif reason.answered:
                 self._keep_prefix(s)
             tail = s.text.finish() if reason.complete else ""
         except Exception as exc:

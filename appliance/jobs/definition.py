@@ -17,6 +17,7 @@ from apscheduler.triggers.base import BaseTrigger
 
 from appliance.jobs.fetch import check_url
 from appliance.jobs.netguard import Guard, Refused, Unresolvable
+from appliance.jobs.phrases import ACCEPTED, parse_schedule
 from appliance.jobs.schedule import make_trigger, shortest_gap
 from appliance.store.models import SCHEDULE_KINDS, SOURCE_KINDS
 
@@ -94,6 +95,31 @@ def _check_floor(trigger: BaseTrigger | None, kind: str, interval: int | None, s
                          f"every {floor} seconds ({setting})")
 
 
+def _schedule(fields: dict[str, Any]) -> tuple[str, str | None, Any]:
+    """(kind, cron, interval_s): ``cron`` may be any form :mod:`appliance.jobs.phrases`
+    reads ('@daily', 'every monday at 8:30'), stored as the 5-field cron it means (or as an
+    interval: 'every 90 minutes'); so may ``schedule`` itself when no ``cron`` is given."""
+    cron = fields.get("cron")
+    schedule = fields.get("schedule_kind") or ("cron" if cron else "none")
+    if isinstance(schedule, str) and schedule not in SCHEDULE_KINDS and not cron:
+        try:
+            parsed = parse_schedule(schedule)
+        except ValueError:
+            raise ValueError(f"'schedule' must be one of {', '.join(SCHEDULE_KINDS)}, or "
+                             f"{ACCEPTED}") from None
+        return parsed.kind, parsed.cron, parsed.interval_s
+    if schedule not in SCHEDULE_KINDS:
+        raise ValueError(f"'schedule' must be one of {', '.join(SCHEDULE_KINDS)}")
+    if schedule == "interval":
+        return schedule, None, fields.get("interval_s")
+    if schedule != "cron":
+        return schedule, None, None
+    if not isinstance(cron, str) or not cron.strip():
+        raise ValueError(f"a 'cron' schedule needs 'cron': {ACCEPTED}")
+    parsed = parse_schedule(cron)
+    return parsed.kind, parsed.cron, parsed.interval_s
+
+
 def validate(fields: dict[str, Any], limits: Limits, guard: Guard,
              *, now: float | None = None, min_interval_s: int = 0) -> dict[str, Any]:
     """The stored form of a job definition; ValueError naming the first problem.
@@ -121,12 +147,9 @@ def validate(fields: dict[str, Any], limits: Limits, guard: Guard,
     elif kind == "url":
         out["url"] = _url(_text(fields, "url", URL_MAX, required=True), "url", guard)
         out["headers"] = _headers(fields.get("headers"))
-    schedule = fields.get("schedule_kind") or "none"
-    if schedule not in SCHEDULE_KINDS:
-        raise ValueError(f"'schedule' must be one of {', '.join(SCHEDULE_KINDS)}")
+    schedule, cron, interval = _schedule(fields)
     out["schedule_kind"] = schedule
-    out["cron"] = (fields.get("cron") or "").strip() or None if schedule == "cron" else None
-    interval = fields.get("interval_s") if schedule == "interval" else None
+    out["cron"] = cron
     if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int)):
         raise ValueError("'interval_s' must be a whole number of seconds")
     out["interval_s"] = interval

@@ -35,6 +35,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy.exc import DatabaseError
 
 from appliance.api.errors import ApiError
+from appliance.api.latency import JOB_ENDPOINT
 from appliance.api.schemas import ChatMessage, SamplingFields
 from appliance.jobs import fetch, mapreduce, sources
 from appliance.jobs.definition import Limits
@@ -178,6 +179,8 @@ class JobService:
 
     def _interrupt_leftovers(self) -> list[int]:
         with self.services.store.sessions.begin() as s:
+            # the CLI validates new jobs against the list this daemon enforces at fetch time
+            store_jobs.record_daemon_url_allow(s, self.settings.url_allow)
             retry = store_jobs.interrupt_leftovers(s)
             # runs pile up only while a job runs, and each run prunes its own job; this is
             # for jobs paused with a backlog (or one left by a version that never pruned)
@@ -521,7 +524,7 @@ class JobService:
         for wait in (*BUSY_WAIT_S, None):
             try:
                 gen = await submit(self.services, prompt, SamplingFields(), max_tokens,
-                                   principal, Klass.BACKGROUND, "job")
+                                   principal, Klass.BACKGROUND, JOB_ENDPOINT)
                 break
             except ApiError as exc:
                 if exc.status == 429 and exc.code != "max_concurrent":

@@ -37,7 +37,7 @@ def make_trigger(kind: str, cron: str | None, interval_s: int | None, anchor: fl
         return None
     if kind == "cron":
         fields = (cron or "").split()
-        if len(fields) != 5:
+        if len(fields) != 5:  # definitions store what appliance.jobs.phrases made of words
             raise ValueError("cron must have 5 fields: minute hour day month weekday "
                              "(e.g. '0 7 * * *' for 07:00 every day)")
         try:

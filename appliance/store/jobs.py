@@ -19,12 +19,30 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from appliance.store.errors import AlreadyExists, NotFound
-from appliance.store.models import Job, JobRun, JobStep, LedgerEntry, User
+from appliance.store.models import HouseholdSetting, Job, JobRun, JobStep, LedgerEntry, User
 
 EDITABLE = ("name", "instructions", "source_kind", "source_text", "url", "headers",
             "schedule_kind", "cron", "interval_s", "max_output_tokens", "webhook_url", "paused")
 FINISHED = ("done", "error", "quota", "cancelled")
 ACTIVE = ("pending", "running")
+
+
+DAEMON_URL_ALLOW = "daemon.jobs.url_allow"
+"""The allow list the daemon last started with (``appliance job add`` checks with it too)."""
+
+
+def record_daemon_url_allow(session: Session, text: str) -> None:
+    row = session.get(HouseholdSetting, DAEMON_URL_ALLOW)
+    if row is None:
+        session.add(HouseholdSetting(key=DAEMON_URL_ALLOW, value=text))
+    else:
+        row.value = text
+
+
+def daemon_url_allow(session: Session) -> str | None:
+    """What :func:`record_daemon_url_allow` kept; None before any daemon started."""
+    row = session.get(HouseholdSetting, DAEMON_URL_ALLOW)
+    return None if row is None else row.value
 
 
 def create_job(session: Session, user_id: int, fields: Mapping[str, Any],

@@ -260,6 +260,8 @@ class Job(Base):
         CheckConstraint(_in("source_kind", SOURCE_KINDS), name="source_kind"),
         CheckConstraint(_in("schedule_kind", SCHEDULE_KINDS), name="schedule_kind"),
         UniqueConstraint("user_id", "name", name="uq_jobs_user_id_name"),
+        # ids are never reused (a webhook receiver tells jobs apart by them): migration 0007
+        {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -298,6 +300,7 @@ class JobRun(Base):
         CheckConstraint(_in("trigger", RUN_TRIGGERS), name="trigger"),
         UniqueConstraint("job_id", "scheduled_for", name="uq_job_runs_job_id_scheduled_for"),
         Index("ix_job_runs_status", "status"),
+        {"sqlite_autoincrement": True},  # run ids are never reused either
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

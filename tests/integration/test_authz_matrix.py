@@ -33,6 +33,7 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("GET", "/schema/openapi.json", None, 401, 200, 200),
     ("GET", "/schema/openapi.yaml", None, 401, 404, 404),  # GET /schema/{path}: JSON only
     ("GET", "/v1/models", None, 401, 200, 200),
+    ("GET", "/v1/models/tiny", None, 401, 200, 200),
     ("POST", "/v1/chat/completions", CHAT, 401, 200, 200),
     ("POST", "/v1/completions", {"prompt": "a", "max_tokens": 2}, 401, 200, 200),
     ("GET", "/slots", None, 401, 403, 200),
@@ -63,7 +64,10 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("GET", "/api/ps", None, 401, 200, 200),
     ("POST", "/api/show", {"model": "tiny"}, 401, 200, 200),
     ("POST", "/api/pull", {"model": "tiny", "stream": False}, 401, 200, 200),
-    ("GET", "/api/version", None, 401, 200, 200),
+    ("GET", "/api/version", None, 200, 200, 200),
+    ("POST", "/api/embed", {"model": "tiny", "input": "hi"}, 401, 200, 200),
+    ("POST", "/api/embeddings", {"model": "tiny", "prompt": "hi"}, 401, 200, 200),
+    ("POST", "/v1/embeddings", {"input": "hi"}, 401, 200, 200),  # public, as Ollama's (clients probe it)
     ("POST", "/hooks/voice", {"text": "hi", "max_tokens": 2}, 401, 200, 200),
     # Browser UI (web/). An anonymous visitor to a page is sent to /login (303); partials,
     # form posts and streams answer 401. A form post without htmx redirects (303) after it
@@ -128,6 +132,7 @@ def test_the_matrix_covers_every_route(server: LiveServer) -> None:
 
 
 OWNED = {("GET", "/schema/{}"),  # probed by the /schema/openapi.yaml row above
+         ("GET", "/v1/models/{}"),  # probed by the /v1/models/tiny row above
          ("GET", "/conversations/{}"), ("PATCH", "/conversations/{}"),
          ("DELETE", "/conversations/{}"), ("POST", "/conversations/{}/messages"),
          ("DELETE", "/me/keys/{}"), ("DELETE", "/admin/keys/{}"), ("POST", "/login"),

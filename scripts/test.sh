@@ -62,6 +62,6 @@ if [ $# -eq 0 ]; then
     "$VENV/bin/python" -m pytest -q tests/engine tests/integration/test_daemon.py \
     tests/integration/test_openai_api.py tests/integration/test_ollama_api.py \
     tests/integration/test_openai_tools.py tests/integration/test_home_assistant.py \
-    tests/native/test_pure_path.py \
+    tests/integration/test_backend_health.py \
     --ignore=tests/engine/test_fast_ops.py --ignore=tests/engine/test_skinny_matmul.py
 fi

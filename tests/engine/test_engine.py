@@ -38,13 +38,17 @@ def _collect(q: queue.SimpleQueue) -> tuple[list[int], FinishEvent]:  # type: ig
         tokens.append(ev.token)
 
 
-def _run(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[list[int], FinishEvent]]:
+def _submit(engine: Engine, requests: list[GenerationRequest]) -> list[queue.SimpleQueue]:  # type: ignore[type-arg]
     queues = []
     for r in requests:
         q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
         engine.submit(r, blocking_sink(q))
         queues.append(q)
-    return [_collect(q) for q in queues]
+    return queues
+
+
+def _run(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[list[int], FinishEvent]]:
+    return [_collect(q) for q in _submit(engine, requests)]
 
 
 @pytest.fixture(scope="module")
@@ -260,6 +264,7 @@ def test_greedy_output_is_mlx_lms_alone_and_in_a_batch(demo_engine: Engine,
     """Greedy parity with mlx-lm's own generation, MLX's operations as shipped (the fast CPU
     ops taken out for the reference): on the native path (kernel and fast ops, which round
     differently) and on the pure one (CI's APPLIANCE_NATIVE=off leg) alike."""
+    import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.generate import generate_step
 
@@ -273,7 +278,7 @@ def test_greedy_output_is_mlx_lms_alone_and_in_a_batch(demo_engine: Engine,
         for q in QUESTIONS[:4]:
             prompt = _prompt(demo_engine, q)
             out = []
-            for token, _ in generate_step(mx_array(prompt), model, max_tokens=16):
+            for token, _ in generate_step(mx.array(prompt), model, max_tokens=16):
                 if token in tok.eos_token_ids:
                     break
                 out.append(int(token))
@@ -291,21 +296,10 @@ def test_greedy_output_is_mlx_lms_alone_and_in_a_batch(demo_engine: Engine,
 
 def _answers(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[str, int]]:
     """Each answer's text as its caller reads it, and its output tokens."""
-    queues = []
-    for r in requests:
-        q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
-        engine.submit(r, blocking_sink(q))
-        queues.append(q)
     out = []
-    for q in queues:
+    for q in _submit(engine, requests):
         text = ""
         while not isinstance(ev := q.get(timeout=120), FinishEvent):
             text += ev.text
         out.append((text + ev.text, ev.usage.completion_tokens))
     return out
-
-
-def mx_array(tokens: tuple[int, ...]):  # type: ignore[no-untyped-def]
-    import mlx.core as mx
-
-    return mx.array(tokens)

@@ -30,12 +30,18 @@ def test_every_import_goes_down_the_layers() -> None:
     assert layers.breaches(layers.graph()) == []
 
 
-def test_a_cycle_through_a_function_or_type_checking_import_is_found(tmp_path: Path) -> None:
-    pkg = tmp_path / "appliance" / "sched"
+def sched_tree(root: Path) -> Path:
+    """An empty appliance/sched and web/ under ``root``; returns the sched folder."""
+    pkg = root / "appliance" / "sched"
     pkg.mkdir(parents=True)
-    (tmp_path / "web").mkdir()
-    for folder in (tmp_path / "appliance", pkg, tmp_path / "web"):
+    (root / "web").mkdir()
+    for folder in (root / "appliance", pkg, root / "web"):
         (folder / "__init__.py").write_text("")
+    return pkg
+
+
+def test_a_cycle_through_a_function_or_type_checking_import_is_found(tmp_path: Path) -> None:
+    pkg = sched_tree(tmp_path)
     (pkg / "a.py").write_text("from typing import TYPE_CHECKING\n"
                               "if TYPE_CHECKING:\n    from appliance.sched.b import B\n")
     (pkg / "b.py").write_text("def f():\n    from . import c\n")
@@ -63,11 +69,7 @@ def test_the_scheduler_and_cost_model_import_nothing_device_specific() -> None:
 
 
 def test_a_device_import_in_the_scheduler_is_found(tmp_path: Path) -> None:
-    pkg = tmp_path / "appliance" / "sched"
-    pkg.mkdir(parents=True)
-    (tmp_path / "web").mkdir()
-    for folder in (tmp_path / "appliance", pkg, tmp_path / "web"):
-        (folder / "__init__.py").write_text("")
+    pkg = sched_tree(tmp_path)
     (pkg / "cost.py").write_text("def f():\n    import mlx.core as mx\n")
     (pkg / "fine.py").write_text("import math\n")
     assert _layers().device_imports(tmp_path) == [

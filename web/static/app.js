@@ -90,8 +90,16 @@
   document.addEventListener('htmx:afterSwap', function (e) {
     updateSend();
     var form = document.getElementById('composer');
-    if (form && e.detail.requestConfig && e.detail.requestConfig.elt === form) {
+    var elt = e.detail.requestConfig && e.detail.requestConfig.elt;
+    if (form && elt === form) {
       scrollDown(true);  // the question just sent and its answer: in view
+    }
+    // Regenerate and Edit replace the messages, and the button that had focus with them:
+    // keyboard focus goes to the message box rather than falling to the page.
+    if (elt && elt.closest && elt.closest('.regen, .edit-form') && !elt.isConnected) {
+      var box = document.getElementById('message');
+      if (box) { box.focus(); }
+      scrollDown(true);
     }
   });
   document.addEventListener('htmx:afterSettle', function () { updateSend(); scrollDown(false); });

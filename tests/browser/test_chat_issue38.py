@@ -63,3 +63,27 @@ def test_after_regenerate_by_keyboard_focus_is_on_the_message_box_not_the_page(
     assert page.evaluate(FOCUSED) == "message"
     _shot(tab, "regenerate-focus", size)
     tab.close()
+
+
+# ---- 2. the address bar after Delete ----
+@SIZES
+def test_after_delete_the_address_bar_no_longer_shows_the_deleted_conversation(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    tab = Tab(chromium, server, "carol", size)
+    page = tab.page
+    page.fill("#message", "Something to delete")
+    page.click("#send")
+    page.wait_for_selector("#messages .msg.assistant:not(.streaming)")
+    page.wait_for_url("**/chat/*")
+    cid = page.url.rsplit("/", 1)[1]
+    page.once("dialog", lambda d: d.accept())
+    page.click("#conv-head button:has-text('Delete')")
+    page.wait_for_function("() => !document.querySelector('#conv-head button')")
+    assert not page.url.endswith(f"/chat/{cid}"), page.url
+    assert page.evaluate("location.pathname") == "/chat"
+    assert page.locator(f"#conversation-list a[href='/chat/{cid}']").count() == 0
+    _shot(tab, "deleted", size)
+    page.go_back()  # the deleted conversation's entry was replaced: no way back to a 404
+    page.wait_for_load_state()
+    assert page.evaluate("location.pathname") != f"/chat/{cid}"
+    tab.close()

@@ -67,6 +67,17 @@
     }
   });
 
+  // Delete sends the page to /chat: replace the deleted conversation's history entry, so
+  // that neither the address bar nor Back leads to a conversation that is gone.
+  document.addEventListener('htmx:beforeOnLoad', function (e) {
+    var xhr = e.detail.xhr;
+    var to = xhr && xhr.getResponseHeader('HX-Redirect');
+    if (to && e.detail.elt && e.detail.elt.hasAttribute('data-replace-url')) {
+      e.preventDefault();
+      window.location.replace(to);
+    }
+  });
+
   document.addEventListener('keydown', function (e) {
     if (e.target && e.target.id === 'message' && e.key === 'Enter' && !e.shiftKey &&
         !e.isComposing) {

@@ -87,3 +87,32 @@ def test_after_delete_the_address_bar_no_longer_shows_the_deleted_conversation(
     page.wait_for_load_state()
     assert page.evaluate("location.pathname") != f"/chat/{cid}"
     tab.close()
+
+
+# ---- 3. a long paste ----
+@SIZES
+def test_a_long_paste_is_kept_whole_with_a_counter_and_a_plain_too_long(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    tab = Tab(chromium, server, "carol", size)
+    page = tab.page
+    count = page.locator("#message-count")
+    page.fill("#message", "short")
+    assert count.is_hidden()
+    page.fill("#message", "a" * 13_000)  # 80 % of 16,000 and more: counted
+    assert count.is_visible() and count.inner_text() == "13,000 of 16,000 characters"
+    assert page.locator("#send").is_enabled()
+    page.fill("#message", "b" * 50_000)
+    assert page.evaluate("document.getElementById('message').value.length") == 50_000
+    page.wait_for_selector("#message-count.over")
+    assert "50,000 characters, 34,000 over the limit of 16,000" in count.inner_text()
+    assert page.locator("#send").is_disabled()
+    page.evaluate("""() => { window.__sent = 0;
+        document.body.addEventListener('htmx:beforeRequest', () => window.__sent++); }""")
+    page.focus("#message")
+    page.keyboard.press("Enter")  # sends synchronously when it sends at all
+    assert page.evaluate("window.__sent") == 0
+    _shot(tab, "too-long", size)
+    page.fill("#message", "c" * 16_000)
+    assert not page.locator("#message-count.over").count()
+    assert page.locator("#send").is_enabled()
+    tab.close()

@@ -20,10 +20,36 @@
     if (e.target === messages()) { following = atEnd(e.target); }
   }, true);
 
+  // The message box's length: a counter from 80 % of the limit, and above it a plain
+  // "too long" with Send off, rather than the browser cutting a paste short unseen.
+  var COUNT_FROM = 0.8;
+  function overLimit() {
+    var box = document.getElementById('message');
+    var limit = box ? parseInt(box.getAttribute('data-limit') || '0', 10) : 0;
+    return limit > 0 && box.value.length > limit;
+  }
+  function updateCount() {
+    var box = document.getElementById('message');
+    var out = document.getElementById('message-count');
+    if (!box || !out) { return; }
+    var limit = parseInt(box.getAttribute('data-limit') || '0', 10);
+    var n = box.value.length;
+    var fmt = function (x) { return x.toLocaleString('en'); };
+    out.hidden = !(limit > 0 && n >= limit * COUNT_FROM);
+    out.classList.toggle('over', n > limit);
+    out.textContent = n > limit
+      ? 'Too long to send: ' + fmt(n) + ' characters, ' + fmt(n - limit) +
+        ' over the limit of ' + fmt(limit) + '. Shorten it, or split it into two messages.'
+      : fmt(n) + ' of ' + fmt(limit) + ' characters';
+  }
+
   function updateSend() {
     var send = document.getElementById('send');
-    if (send) { send.disabled = streaming(); }
+    if (send) { send.disabled = streaming() || overLimit(); }
   }
+  document.addEventListener('input', function (e) {
+    if (e.target && e.target.id === 'message') { updateCount(); updateSend(); }
+  });
 
   // One notice at a time: a new one replaces the last, and a message that goes through
   // clears it.
@@ -83,7 +109,9 @@
         !e.isComposing) {
       e.preventDefault();
       var form = document.getElementById('composer');
-      if (form && !streaming() && e.target.value.trim() !== '') { form.requestSubmit(); }
+      if (form && !streaming() && !overLimit() && e.target.value.trim() !== '') {
+        form.requestSubmit();
+      }
     }
   });
 
@@ -96,6 +124,7 @@
     // keeps what was typed, to send again
     if (form && e.detail.elt === form && xhr.status >= 200 && xhr.status < 300) {
       document.getElementById('message').value = '';
+      updateCount();
     }
   });
   document.addEventListener('htmx:afterSwap', function (e) {

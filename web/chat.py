@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -24,7 +23,6 @@ from litestar.response import Redirect, Template
 from markupsafe import escape
 from sqlalchemy.exc import DatabaseError
 
-from appliance.api.auth import Principal
 from appliance.api.errors import ApiError, bad_request
 from appliance.api.schemas import ChatMessage, SamplingFields
 from appliance.api.service import (
@@ -33,7 +31,6 @@ from appliance.api.service import (
     chat_prompt,
     check_prompt_size,
     off_loop,
-    quota_of,
     submit,
     user_chars,
 )
@@ -45,6 +42,7 @@ from appliance.store.faults import storage_fault
 from appliance.vocab import FinishReason, Klass
 from web import sse
 from web.common import PAGE, base_context, form_fields, is_htmx, me, page, services, web_state
+from web.plain import plain_refusal, too_long
 from web.state import LiveAnswer, WebState
 
 log = logging.getLogger(__name__)
@@ -202,13 +200,18 @@ async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
     id, the conversation and whether it was made now."""
     svc, who = services(request), me(request)
     turns = model_turns(system, before, text)
-    check_prompt_size(svc.model, user_chars(t.content for t in turns if t.role == "user"))
-    prompt = await off_loop(svc, chat_prompt, svc.model.tokenizer, turns)
+    try:
+        check_prompt_size(svc.model, user_chars(t.content for t in turns if t.role == "user"))
+        prompt = await off_loop(svc, chat_prompt, svc.model.tokenizer, turns)
+    except ApiError as exc:
+        raise too_long(exc, svc.model.ctx_limit) from None
     klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
     # submit() checks the user's quotas (429) and clamps the default max_tokens to them
     try:
         gen = await submit(svc, prompt, SamplingFields(), None, who, klass, ENDPOINT)
     except ApiError as exc:
+        if exc.status == 400:
+            raise too_long(exc, svc.model.ctx_limit) from None
         if exc.status != 429:
             raise
         raise await plain_refusal(svc, who, exc, len(prompt)) from None
@@ -410,43 +413,6 @@ async def delete(request: Request[Any, Any, Any], cid: FromPath[int]) -> Respons
     if is_htmx(request):
         return Response(b"", headers={"HX-Redirect": "/chat"})
     return Redirect("/chat", status_code=303)
-
-
-# ---- quotas in plain words ----
-def _at(moment: float, now: float) -> str:
-    """A clock time a person can act on: "at 16:25", or "tomorrow at 16:25"."""
-    when, today = time.localtime(moment), time.localtime(now)
-    clock = time.strftime("%H:%M", when)
-    return f"at {clock}" if when.tm_yday == today.tm_yday else f"tomorrow at {clock}"
-
-
-async def plain_refusal(svc: Services, who: Principal, exc: ApiError,
-                        prompt_tokens: int) -> ApiError:
-    """The API's 429 reworded for a person: what was used, of what, and when it frees."""
-    now = time.time()
-    quota = await anyio.to_thread.run_sync(quota_of, svc.store, who.user_id)
-    wait = exc.headers.get("Retry-After", "")
-    reset = now + int(wait) if wait.isdigit() else None
-    if exc.code == "tokens_per_day" and quota.tokens_per_day is not None:
-        cap = quota.tokens_per_day
-        used = min(int(svc.engine.usage.total(str(who.user_id), now)), cap)
-        if reset is None:
-            message = (f"This conversation needs about {prompt_tokens:,} tokens, more than "
-                       f"your whole daily allowance of {cap:,}. Start a new chat, or ask an "
-                       "admin to raise your limit.")
-        else:
-            message = f"{used:,} of {cap:,} tokens used today — resets {_at(reset, now)}."
-            if used < cap:
-                message += (f" This message needs about {prompt_tokens:,}: try a shorter one "
-                            "or a new chat.")
-    elif exc.code == "max_concurrent":
-        message = "Another answer of yours is still being written. Wait for it to finish."
-    elif exc.code == "max_prompt_tokens" and quota.max_prompt_tokens is not None:
-        message = (f"This conversation is too long for your limit of "
-                   f"{quota.max_prompt_tokens:,} tokens per message. Start a new chat.")
-    else:
-        message = exc.message
-    return ApiError(429, message, exc.type, exc.code, headers=exc.headers)
 
 
 def _rename(svc: Services, user_id: int, cid: int, title: str) -> ConvView:

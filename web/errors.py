@@ -35,11 +35,11 @@ def _wants_html(request: Request[Any, Any, Any]) -> bool:
 
 
 def _html(request: Request[Any, Any, Any], status: int, message: str,
-          headers: dict[str, str] | None = None) -> Response[Any]:
+          headers: dict[str, str] | None = None, exact: str = "") -> Response[Any]:
     title = TITLES.get(status, "Error")
     template = "_notice.html" if is_htmx(request) else "error.html"
     return page(request, template, status_code=status, headers=headers, kind="error",
-                title=title, message=message, status=status)
+                title=title, message=message, status=status, exact=exact)
 
 
 def not_logged_in(request: Request[Any, Any, Any], exc: NotAuthorizedException) -> Response[Any]:
@@ -60,7 +60,8 @@ def http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[
 
 def api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[Any]:
     if _wants_html(request):
-        return _html(request, exc.status, exc.message, exc.headers)
+        return _html(request, exc.status, exc.message, exc.headers,
+                     getattr(exc, "exact", ""))
     return api_error_handler(request, exc)
 
 

@@ -116,3 +116,41 @@ def test_a_long_paste_is_kept_whole_with_a_counter_and_a_plain_too_long(
     assert not page.locator("#message-count.over").count()
     assert page.locator("#send").is_enabled()
     tab.close()
+
+
+# ---- 4. words, not tokens ----
+def _set_quota(server: LiveServer, who: str, **limits: str) -> None:
+    from tests.browser.support import browser
+    with browser(server.url, "alice") as alice:
+        r = alice.post(f"/manage/users/{server.user_ids[who]}", data=limits)
+        assert r.status_code == 200, r.text
+
+
+@SIZES
+def test_too_long_and_quota_notices_speak_of_words_with_tokens_in_the_tooltip(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    tab = Tab(chromium, server, "carol", size)
+    page = tab.page
+    notice = page.locator("#chat-notice .notice.error")
+    page.fill("#message", "many words " * 1400)  # more than the model's whole context
+    page.click("#send")
+    notice.wait_for()
+    assert "too long for the model" in notice.inner_text()
+    assert "token" not in notice.inner_text()
+    assert "tokens" in (notice.get_attribute("title") or "")
+    _shot(tab, "too-long-for-model", size)
+    _set_quota(server, "carol", max_prompt_tokens="20")
+    try:
+        page.fill("#message", "A question of a good many words, more than twenty tokens, "
+                              "to be sure it goes over that small limit of this person.")
+        page.click("#send")
+        page.wait_for_selector("#chat-notice .notice.error:has-text('per message')")
+        text = notice.inner_text()
+        assert "about 20 words per message" in text or "about 15 words per message" in text
+        assert "token" not in text
+        assert "your limit is 20 tokens per message" in (notice.get_attribute("title") or "")
+        _shot(tab, "over-prompt-quota", size)
+    finally:
+        _set_quota(server, "carol", max_prompt_tokens="")
+    tab.problems = [p for p in tab.problems if "status of 4" not in p]  # the browser's own
+    tab.close()

@@ -154,3 +154,32 @@ def test_too_long_and_quota_notices_speak_of_words_with_tokens_in_the_tooltip(
         _set_quota(server, "carol", max_prompt_tokens="")
     tab.problems = [p for p in tab.problems if "status of 4" not in p]  # the browser's own
     tab.close()
+
+
+# ---- 5. a skip link to the message box ----
+LANDMARKS = """() => Array.from(document.querySelectorAll(
+        'header, nav, main, aside, section[aria-labelledby], form[role=search]'))
+    .map(el => el.tagName.toLowerCase() + (el.getAttribute('aria-label')
+        ? ':' + el.getAttribute('aria-label') : ''))"""
+
+
+@SIZES
+def test_one_tab_and_enter_reach_the_message_box_past_three_conversations(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    for i in range(3):
+        _conversation(server, "bob", f"Talk {i}", [("user", f"Q{i}"), ("assistant", "A")])
+    tab = Tab(chromium, server, "bob", size)
+    page = tab.page
+    first = page.evaluate("""() => Array.from(document.querySelectorAll(
+        'a[href], button, input:not([type=hidden]), textarea, select, summary, [tabindex]'))
+        .filter(el => el.tabIndex >= 0)[0].textContent""")
+    assert first == "Skip to message box"  # the first Tab stop from the top of the page
+    page.focus(".skip-link")
+    assert page.evaluate("getComputedStyle(document.activeElement).top") != "-64px"  # shown
+    _shot(tab, "skip-link", size)
+    page.keyboard.press("Enter")
+    assert page.evaluate(FOCUSED) == "message"
+    marks = page.evaluate(LANDMARKS)
+    assert marks.index("header") < marks.index("main") < marks.index("aside:Conversations")
+    assert page.locator("section.conversation").get_attribute("aria-labelledby") == "chat-title"
+    tab.close()

@@ -183,3 +183,22 @@ def test_one_tab_and_enter_reach_the_message_box_past_three_conversations(
     assert marks.index("header") < marks.index("main") < marks.index("aside:Conversations")
     assert page.locator("section.conversation").get_attribute("aria-labelledby") == "chat-title"
     tab.close()
+
+
+# ---- 6. a one-line header on a phone ----
+@SIZES
+def test_the_header_is_one_line_on_a_phone_with_every_link_in_reach(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    tab = Tab(chromium, server, "alice", size)  # an admin: the most links
+    page = tab.page
+    height = page.evaluate("document.querySelector('header.top').getBoundingClientRect()"
+                           ".height")
+    assert height <= 64, height
+    _shot(tab, "header", size)
+    assert page.evaluate("document.documentElement.scrollWidth") <= size["width"]
+    assert page.locator("header .logout button").is_visible()
+    page.click("header nav a:has-text('Settings')")  # the last link, scrolled to
+    page.wait_for_url("**/settings")
+    assert page.evaluate("document.querySelector('header.top').getBoundingClientRect()"
+                         ".height") <= 64
+    tab.close()

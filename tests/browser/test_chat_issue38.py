@@ -202,3 +202,32 @@ def test_the_header_is_one_line_on_a_phone_with_every_link_in_reach(
     assert page.evaluate("document.querySelector('header.top').getBoundingClientRect()"
                          ".height") <= 64
     tab.close()
+
+
+# ---- 7. no stale "Saved." beside a refused value ----
+@SIZES
+def test_a_refused_weight_replaces_the_saved_status_with_the_reason(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    tab = Tab(chromium, server, "alice", size)
+    page = tab.page
+    tab.goto("/manage/users")
+    card = f"#user-{server.user_ids['carol']}"
+    page.fill(f"{card} input[name=weight]", "2")
+    page.click(f"{card} button[type=submit]")
+    page.wait_for_selector(f"{card} .notice.ok:has-text('Saved.')")
+    page.fill(f"{card} input[name=weight]", "0")  # below the minimum: the browser refuses
+    page.click(f"{card} button[type=submit]")
+    page.wait_for_selector(f"{card} .notice.error")
+    assert page.locator(f"{card} .notice").count() == 1
+    assert page.locator(f"{card} .notice.ok").count() == 0
+    assert page.locator(f"{card} .notice.error").inner_text().startswith("Not saved. Weight:")
+    page.locator(f"{card} .notice.error").scroll_into_view_if_needed()
+    _shot(tab, "refused-weight", size)
+    page.click(f"{card} button[type=submit]")  # again: still one reason, not two
+    assert page.locator(f"{card} .notice").count() == 1
+    assert page.locator(f"{card} .notice").inner_text().count("Weight:") == 1
+    page.fill(f"{card} input[name=weight]", "1")
+    page.click(f"{card} button[type=submit]")
+    page.wait_for_selector(f"{card} .notice.ok:has-text('Saved.')")
+    assert page.locator(f"{card} .notice").count() == 1
+    tab.close()

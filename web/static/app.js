@@ -104,6 +104,44 @@
     }
   });
 
+  // A form the browser refuses (a weight below its minimum) is never sent: replace its
+  // last status ("Saved.") with what is wrong, rather than leave the old one standing.
+  function formNotice(form, kind, text) {
+    var old = form.querySelector('.notice');
+    var div = document.createElement('div');
+    div.className = 'notice ' + kind;
+    div.setAttribute('role', kind === 'error' ? 'alert' : 'status');
+    div.textContent = text;
+    var head = form.querySelector('h2');
+    if (old) { old.replaceWith(div); } else if (head) { head.after(div); } else { form.prepend(div); }
+    return div;
+  }
+  document.addEventListener('invalid', function (e) {  // each refused field, before submit
+    var field = e.target;
+    var form = field.form;
+    if (!form || form.id === 'composer') { return; }
+    var label = field.closest('label');
+    var name = label && label.firstChild ? label.firstChild.textContent.trim() : '';
+    var text = (name ? name + ': ' : '') + field.validationMessage;
+    var said = form.querySelector('.notice[data-local]');
+    if (said && form.getAttribute('data-checking')) {  // another field of the same try
+      said.textContent += ' ' + text;
+      return;
+    }
+    formNotice(form, 'error', 'Not saved. ' + text).setAttribute('data-local', '');
+    form.setAttribute('data-checking', '1');
+    window.setTimeout(function () { form.removeAttribute('data-checking'); }, 0);
+  }, true);
+  document.addEventListener('submit', function (e) {  // a new try: the old reasons go
+    var old = e.target.querySelector && e.target.querySelector('.notice[data-local]');
+    if (old) { old.remove(); }
+  }, true);
+  document.addEventListener('input', function (e) {  // an edit makes "Saved." stale
+    var form = e.target && e.target.closest && e.target.closest('form');
+    var ok = form && form.querySelector('.notice.ok');
+    if (ok) { ok.remove(); }
+  });
+
   document.addEventListener('keydown', function (e) {
     if (e.target && e.target.id === 'message' && e.key === 'Enter' && !e.shiftKey &&
         !e.isComposing) {

@@ -231,3 +231,27 @@ def test_a_refused_weight_replaces_the_saved_status_with_the_reason(
     page.wait_for_selector(f"{card} .notice.ok:has-text('Saved.')")
     assert page.locator(f"{card} .notice").count() == 1
     tab.close()
+
+
+# ---- 8. every column of the keys table has a name ----
+EMPTY_HEADERS = """() => Array.from(document.querySelectorAll('th'))
+    .filter(th => th.textContent.trim() === '' && !th.getAttribute('aria-label'))
+    .map(th => th.closest('table').className)"""
+
+
+@SIZES
+def test_the_keys_table_has_no_empty_header_cell(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    tab = Tab(chromium, server, "bob", size)
+    page = tab.page
+    tab.goto("/keys")
+    page.fill("input[name=name]", "laptop")
+    page.click("button:has-text('Create key')")
+    page.wait_for_selector("tr.key")
+    assert page.evaluate(EMPTY_HEADERS) == []
+    last = page.locator("table.keys th").last
+    assert last.text_content() == "Revoke"
+    box = last.locator(".visually-hidden").bounding_box()  # read aloud, not shown
+    assert box is not None and box["width"] <= 1
+    _shot(tab, "keys", size)
+    tab.close()

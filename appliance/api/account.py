@@ -13,7 +13,7 @@ import anyio
 import msgspec
 from litestar import Request, Response, delete, get, patch, post
 from litestar.datastructures import Cookie, State
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.response import Redirect, Template
 
 from appliance.api.auth import SESSION_COOKIE, Principal, key_scope, new_key_class
@@ -77,9 +77,14 @@ def _conversation_json(c: Conversation, messages: list[Message] | None = None) -
 
 
 # ---- login / logout ----
+LOGGED_OUT_DISABLED = "This account is disabled; ask an admin."
+"""On the login page a browser is sent to when an admin disabled its account."""
+
+
 @get("/login", sync_to_thread=False)
-def login_page(request: Request) -> Template:
-    return Template("login.html", context={"error": None})
+def login_page(request: Request, reason: FromQuery[str] = "") -> Template:
+    return Template("login.html", context={
+        "error": LOGGED_OUT_DISABLED if reason == "disabled" else None})
 
 
 DISABLED = "This account is switched off. Ask an admin of the household to switch it on again."

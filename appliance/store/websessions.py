@@ -41,6 +41,19 @@ def session_user(session: Session, token: str, *, now: float | None = None) -> U
     return None if user is None or user.disabled else user
 
 
+def of_disabled_user(session: Session, token: str, *, now: float | None = None) -> bool:
+    """Whether ``token`` is a live session of a user an admin has disabled: the browser
+    was logged out for that reason, and the login page can say so. (Disabling keeps the
+    rows for this; enabling the user again ends them, so they never come back to life.)"""
+    now = time.time() if now is None else now
+    row = session.scalars(select(WebSession).where(
+        WebSession.token_hash == _hash(token))).one_or_none()
+    if row is None or row.expires_at < now:
+        return False
+    user = session.get(User, row.user_id)
+    return user is not None and user.disabled
+
+
 def end_session(session: Session, token: str) -> None:
     session.execute(delete(WebSession).where(WebSession.token_hash == _hash(token)))
 

@@ -255,3 +255,33 @@ def test_the_keys_table_has_no_empty_header_cell(
     assert box is not None and box["width"] <= 1
     _shot(tab, "keys", size)
     tab.close()
+
+
+# ---- 10. a disabled account is told why it was logged out ----
+@SIZES
+def test_a_disabled_user_is_sent_to_a_login_page_that_says_why(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    from tests.helpers import PASSWORD
+    name = f"fay{size['width']}"
+    with server.client("alice") as api:
+        made = api.post("/admin/users", json={"name": name, "password": PASSWORD}).json()
+    tab = Tab(chromium, server, name, size)
+    page = tab.page
+    with server.client("alice") as api:
+        assert api.patch(f"/admin/users/{made['id']}", json={"disabled": True}).is_success
+    page.fill("#message", "Hello?")
+    page.click("#send")  # an htmx request: sent on to the login page
+    page.wait_for_url("**/login*")
+    notice = page.locator(".login .notice.error")
+    assert notice.inner_text() == "This account is disabled; ask an admin."
+    _shot(tab, "disabled-login", size)
+    tab.goto("/chat")  # a whole page: the same
+    page.wait_for_url("**/login*")
+    assert notice.inner_text() == "This account is disabled; ask an admin."
+    with server.client("alice") as api:  # enabled again: the old session stays over
+        assert api.patch(f"/admin/users/{made['id']}", json={"disabled": False}).is_success
+    tab.goto("/chat")
+    page.wait_for_url("**/login")
+    assert notice.count() == 0
+    tab.problems = [p for p in tab.problems if "status of 401" not in p]  # the browser's own
+    tab.close()

@@ -194,15 +194,20 @@ def _checked(text: str) -> str:
 
 async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
                  before: list[MessageView], text: str, save: str,
-                 replace_from: int | None = None) -> tuple[str, int, bool]:
+                 replace_from: int | None = None,
+                 cont: MessageView | None = None) -> tuple[str, int, bool]:
     """Submit ``before`` + the question ``text`` to the engine, then store what changed
-    (``save``: the question, or "" when it is stored already). Returns the answer's stream
-    id, the conversation and whether it was made now."""
+    (``save``: the question, or "" when it is stored already). With ``cont``, an answer
+    cut at its length limit, the model is given that answer's start to carry on from.
+    Returns the answer's stream id, the conversation and whether it was made now."""
     svc, who = services(request), me(request)
     turns = model_turns(system, before, text)
     try:
         check_prompt_size(svc.model, user_chars(t.content for t in turns if t.role == "user"))
         prompt = await off_loop(svc, chat_prompt, svc.model.tokenizer, turns)
+        if cont is not None and cont.content:  # the answer so far, as the model's own words
+            prompt = prompt + list(await off_loop(svc, _encode, svc.model.tokenizer,
+                                                  cont.content))
     except ApiError as exc:
         raise too_long(exc, svc.model.ctx_limit) from None
     klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
@@ -221,7 +226,14 @@ async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
     except BaseException:
         gen.close()
         raise
-    return web_state(request).add_answer(LiveAnswer(gen, who.user_id, saved)), saved, created
+    live = LiveAnswer(gen, who.user_id, saved)
+    if cont is not None:
+        live.prefix, live.replaces = cont.content, cont.id
+    return web_state(request).add_answer(live), saved, created
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
 
 
 @post("/chat/send")
@@ -263,6 +275,22 @@ async def regenerate(request: Request[Any, Any, Any], cid: FromPath[int]) -> Tem
     return page(request, "_replay.html", messages=history[:q], question=history[q].content,
                 sid=sid, cid=cid, current=None,
                 headers={"HX-Trigger-After-Settle": "conversations-changed"})
+
+
+@post("/chat/{cid:int}/continue")
+async def continue_answer(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
+    """Carry on an answer that stopped at its length limit: the model is given the answer
+    so far and writes on; the new text is appended to the same answer."""
+    svc, who = services(request), me(request)
+    system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
+    last = history[-1] if history else None
+    if last is None or last.role != "assistant" or last.finish_reason != FinishReason.LENGTH:
+        raise bad_request("Only an answer that stopped at its length limit can be continued.")
+    q = _last_question(history)
+    sid, _, _ = await _start(request, cid, system, history[:q], history[q].content, "",
+                             cont=last)
+    return page(request, "_continue.html", messages=history[:-1], prefix=last.content,
+                sid=sid, cid=cid, current=None)
 
 
 @post("/chat/{cid:int}/edit")
@@ -355,7 +383,7 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
                 finish = event
                 parts.append(event.text)
         html = templates.get_template("_answer.html").render(
-            **ctx, content="".join(parts),
+            **ctx, content=answer.prefix + "".join(parts),
             reason=finish.reason if finish else FinishReason.CANCELLED,
             error=finish.error if finish else None)
         yield sse.event("done", html)
@@ -379,8 +407,12 @@ def _save_answer(svc: Services, answer: LiveAnswer, text: str,
     if reason is FinishReason.ERROR or (not text and reason not in NOTED):
         return
     usage = finish.usage if finish is not None else None
+    text = answer.prefix + text
     try:
         with svc.store.sessions.begin() as s:
+            if answer.replaces is not None:  # a continued answer: stored whole, once
+                convs.delete_messages_from(s, answer.user_id, answer.conversation_id,
+                                           answer.replaces)
             convs.add_message(s, answer.user_id, answer.conversation_id, "assistant", text,
                               prompt_tokens=usage.prompt_tokens if usage else None,
                               output_tokens=usage.completion_tokens if usage else None,
@@ -436,5 +468,5 @@ async def rename(request: Request[Any, Any, Any], cid: FromPath[int]) -> Respons
                 headers={"HX-Trigger-After-Settle": "conversations-changed"})
 
 
-ROUTES = [home, rename, regenerate, edit, chat_new, chat_page, chat_list, send, answer_stream,
-          stop, delete]
+ROUTES = [home, rename, regenerate, continue_answer, edit, chat_new, chat_page, chat_list,
+          send, answer_stream, stop, delete]

@@ -26,6 +26,10 @@ class LiveAnswer:
     conversation_id: int
     created: float = field(default_factory=time.monotonic)
     connected: bool = False
+    prefix: str = ""
+    """A continued answer: what it said before; the new text is appended to it."""
+    replaces: int | None = None
+    """A continued answer: the stored message the whole answer replaces when saved."""
 
 
 class WebState:

@@ -285,3 +285,34 @@ def test_a_disabled_user_is_sent_to_a_login_page_that_says_why(
     assert notice.count() == 0
     tab.problems = [p for p in tab.problems if "status of 401" not in p]  # the browser's own
     tab.close()
+
+
+# ---- 11. Continue an answer cut at its length limit ----
+@SIZES
+def test_continue_appends_to_an_answer_that_stopped_at_its_length_limit(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    from tests.helpers import wait_until
+    tab = Tab(chromium, server, "carol", size)
+    page = tab.page
+    page.fill("#message", "Tell me a long story")
+    page.click("#send")
+    page.wait_for_selector("#messages .msg.assistant.length:not(.streaming)")  # 40 tokens
+    page.wait_for_url("**/chat/*")
+    cid = int(page.url.rsplit("/", 1)[1])
+
+    def stored() -> list[dict[str, Any]]:
+        with server.client("carol") as api:
+            return list(api.get(f"/conversations/{cid}").json()["messages"])
+    wait_until(lambda: len(stored()) == 2, 10, "the first answer stored")
+    first = stored()[1]["content"]
+    _shot(tab, "continue-before", size)
+    page.click(".msg.assistant .actions button:has-text('Continue')")
+    page.wait_for_selector("#messages .msg.assistant.streaming")
+    page.wait_for_selector("#messages .msg.assistant:not(.streaming)")
+    assert page.locator(".msg.assistant").count() == 1  # the same answer, longer
+    assert page.evaluate(FOCUSED) == "message"
+    wait_until(lambda: len(stored()) == 2 and stored()[1]["content"] != first, 10,
+               "the continued answer stored in place of the first")
+    assert stored()[1]["content"].startswith(first)
+    _shot(tab, "continue-after", size)
+    tab.close()

@@ -172,9 +172,9 @@
     if (form && elt === form) {
       scrollDown(true);  // the question just sent and its answer: in view
     }
-    // Regenerate and Edit replace the messages, and the button that had focus with them:
+    // Regenerate, Continue and Edit replace the messages, and the button that had focus with them:
     // keyboard focus goes to the message box rather than falling to the page.
-    if (elt && elt.closest && elt.closest('.regen, .edit-form') && !elt.isConnected) {
+    if (elt && elt.closest && elt.closest('.regen, .continue, .edit-form') && !elt.isConnected) {
       var box = document.getElementById('message');
       if (box) { box.focus(); }
       scrollDown(true);

@@ -316,3 +316,35 @@ def test_continue_appends_to_an_answer_that_stopped_at_its_length_limit(
     assert stored()[1]["content"].startswith(first)
     _shot(tab, "continue-after", size)
     tab.close()
+
+
+# ---- 12. export a conversation ----
+@SIZES
+def test_a_conversation_downloads_as_markdown_and_json_for_its_owner_only(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    import json
+
+    from tests.browser.support import browser
+    cid = _conversation(server, "carol", "Soup plans", [
+        ("user", "What soup tonight?"), ("assistant", "Leek and **potato**.")])
+    tab = Tab(chromium, server, "carol", size)
+    page = tab.page
+    tab.goto(f"/chat/{cid}")
+    page.click("#conv-head summary:has-text('Export')")
+    _shot(tab, "export", size)
+    with page.expect_download() as got:
+        page.click("#conv-head a:has-text('Markdown')")
+    md = Path(got.value.path()).read_text()
+    assert got.value.suggested_filename == f"soup-plans-{cid}.md"
+    assert md.startswith("# Soup plans\n")
+    assert "## carol\n\nWhat soup tonight?" in md and "Leek and **potato**." in md
+    with page.expect_download() as got:
+        page.click("#conv-head a:has-text('JSON')")
+    data = json.loads(Path(got.value.path()).read_text())
+    assert data["title"] == "Soup plans"
+    assert [(m["role"], m["content"]) for m in data["messages"]] == [
+        ("user", "What soup tonight?"), ("assistant", "Leek and **potato**.")]
+    tab.close()
+    with browser(server.url, "bob", htmx=False) as bob:  # not bob's: as if it did not exist
+        for ext in ("md", "json"):
+            assert bob.get(f"/chat/{cid}/export.{ext}").status_code == 404

@@ -348,3 +348,40 @@ def test_a_conversation_downloads_as_markdown_and_json_for_its_owner_only(
     with browser(server.url, "bob", htmx=False) as bob:  # not bob's: as if it did not exist
         for ext in ("md", "json"):
             assert bob.get(f"/chat/{cid}/export.{ext}").status_code == 404
+
+
+# ---- 13. a shared device forgets its person ----
+@SIZES
+def test_a_shared_device_login_is_a_browser_session_that_ends_when_idle(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    import time
+
+    from sqlalchemy import select
+
+    from appliance.store.models import WebSession
+    from tests.helpers import PASSWORD
+    context = chromium.new_context(viewport=size)
+    page = context.new_page()
+    page.goto(server.url + "/login")
+    page.fill("input[name=name]", "carol")
+    page.fill("input[name=password]", PASSWORD)
+    page.check("input[name=shared]")
+    assert "10 minutes" in page.locator("label:has(input[name=shared])").inner_text()
+    page.screenshot(path=f"{SHOTS}/shared-login-{size['width']}.png") if SHOTS else None
+    page.click("button[type=submit]")
+    page.wait_for_url("**/chat")
+    cookie = next(c for c in context.cookies() if c["name"] == "appliance_session")
+    assert cookie["expires"] == -1  # no "remember me": gone when the browser closes
+
+    def row() -> WebSession:
+        with server.store.read_sessions() as s:
+            rows = [w for w in s.scalars(select(WebSession)) if w.user_id ==
+                    server.user_ids["carol"] and w.expires_at < time.time() + 3600]
+            assert len(rows) == 1
+            return rows[0]
+    assert abs(row().expires_at - (time.time() + 600)) < 30  # 10 minutes from now
+    with server.store.sessions.begin() as s:  # the tablet lay idle: 11 minutes passed
+        s.get(WebSession, row().token_hash).expires_at = time.time() - 60
+    page.goto(server.url + "/chat")
+    page.wait_for_url("**/login")
+    context.close()

@@ -371,6 +371,7 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
                          ctx: dict[str, Any]) -> AsyncIterator[bytes]:
     parts: list[str] = []
     finish: FinishEvent | None = None
+    saved = False
     try:
         async for event in _relay(answer.gen, getattr(ws.services, "engine", None)):
             if isinstance(event, str):
@@ -386,12 +387,18 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
             **ctx, content=answer.prefix + "".join(parts),
             reason=finish.reason if finish else FinishReason.CANCELLED,
             error=finish.error if finish else None)
-        yield sse.event("done", html)
-    finally:
-        ws.done(sid)
+        # stored before the page hears it ended, so a reload right after shows it
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(_save_answer, ws.services, answer,
                                            "".join(parts), finish)
+        saved = True
+        yield sse.event("done", html)
+    finally:
+        ws.done(sid)
+        if not saved:  # the stream went away first: keep what was said all the same
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_save_answer, ws.services, answer,
+                                               "".join(parts), finish)
 
 
 NOTED = frozenset({FinishReason.CANCELLED, FinishReason.LENGTH, FinishReason.QUOTA})

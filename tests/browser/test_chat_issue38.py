@@ -385,3 +385,25 @@ def test_a_shared_device_login_is_a_browser_session_that_ends_when_idle(
     page.goto(server.url + "/chat")
     page.wait_for_url("**/login")
     context.close()
+
+
+# ---- 14. a stopped answer survives a reload ----
+@SIZES
+def test_a_stopped_answer_keeps_its_words_and_its_note_after_a_reload(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    tab = Tab(chromium, server, "bob", size)  # bob's answers decode slowly (test hook)
+    page = tab.page
+    page.fill("#message", "Write me a long poem")
+    page.click("#send")
+    page.wait_for_function("() => (document.querySelector('.msg.streaming .body.live') || "
+                           "{textContent: ''}).textContent.length > 3")
+    page.click(".msg.streaming .stop")
+    page.wait_for_selector("#messages .msg.assistant.cancelled:not(.streaming)")
+    said = page.locator(".msg.assistant .body").inner_text()
+    page.reload()  # at once: what was said is stored before the page is told it ended
+    answer = page.locator(".msg.assistant")
+    assert answer.count() == 1
+    assert "Stopped." in answer.inner_text()
+    assert answer.locator(".body").inner_text() == said
+    _shot(tab, "stopped-reload", size)
+    tab.close()

@@ -36,7 +36,7 @@ from appliance.api.service import (
 )
 from appliance.engine.request import Event, FinishEvent, TokenEvent
 from appliance.store import conversations as convs
-from appliance.store import preferences
+from appliance.store import preferences, versions
 from appliance.store.errors import NotFound
 from appliance.store.faults import storage_fault
 from appliance.vocab import FinishReason, Klass
@@ -70,6 +70,8 @@ class MessageView:
     content: str
     finish_reason: str | None = None
     id: int = 0
+    place: versions.Place | None = None
+    """An answer with earlier versions: which one is shown, of how many."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +105,8 @@ def _load(svc: Services, user_id: int, cid: int | None
         c = convs.get_conversation(s, user_id, cid)
         if c is None:
             raise NotFound("conversation not found")
-        messages = [MessageView(m.role, m.content, m.finish_reason, m.id)
+        shown = versions.places(s, cid)
+        messages = [MessageView(m.role, m.content, m.finish_reason, m.id, shown.get(m.id))
                     for m in convs.list_messages(s, user_id, cid)]
         return listed, ConvView(c.id, c.title, c.updated_at), messages
 
@@ -194,11 +197,12 @@ def _checked(text: str) -> str:
 
 async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
                  before: list[MessageView], text: str, save: str,
-                 replace_from: int | None = None,
-                 cont: MessageView | None = None) -> tuple[str, int, bool]:
+                 replace_from: int | None = None, cont: MessageView | None = None,
+                 again: MessageView | None = None) -> tuple[str, int, bool]:
     """Submit ``before`` + the question ``text`` to the engine, then store what changed
     (``save``: the question, or "" when it is stored already). With ``cont``, an answer
-    cut at its length limit, the model is given that answer's start to carry on from.
+    cut at its length limit, the model is given that answer's start to carry on from; with
+    ``again``, the new answer takes that one's place and keeps it as an earlier version.
     Returns the answer's stream id, the conversation and whether it was made now."""
     svc, who = services(request), me(request)
     turns = model_turns(system, before, text)
@@ -228,7 +232,9 @@ async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
         raise
     live = LiveAnswer(gen, who.user_id, saved)
     if cont is not None:
-        live.prefix, live.replaces = cont.content, cont.id
+        live.prefix, live.rewrite = cont.content, cont.id
+    elif again is not None:
+        live.rewrite, live.keep_old = again.id, True
     return web_state(request).add_answer(live), saved, created
 
 
@@ -263,11 +269,15 @@ def _last_question(history: list[MessageView]) -> int:
 
 @post("/chat/{cid:int}/regenerate")
 async def regenerate(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
-    """Answer the last question again: its old answer goes, a new one streams."""
+    """Answer the last question again: a new answer streams, and takes the old one's place
+    when it ends (the old one is kept as an earlier version, ``< 1/2 >``)."""
     svc, who = services(request), me(request)
     system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
     q = _last_question(history)
-    if q + 1 < len(history):
+    if q + 2 == len(history) and history[q + 1].role == "assistant":  # kept as a version
+        sid, _, _ = await _start(request, cid, system, history[:q], history[q].content, "",
+                                 again=history[q + 1])
+    elif q + 1 < len(history):
         sid, _, _ = await _start(request, cid, system, history[:q], history[q].content, "",
                                  replace_from=history[q + 1].id)
     else:
@@ -291,6 +301,22 @@ async def continue_answer(request: Request[Any, Any, Any], cid: FromPath[int]) -
                              cont=last)
     return page(request, "_continue.html", messages=history[:-1], prefix=last.content,
                 sid=sid, cid=cid, current=None)
+
+
+def _show(svc: Services, user_id: int, cid: int, mid: int, n: int) -> MessageView:
+    with svc.store.sessions.begin() as s:
+        m, place = versions.show_version(s, user_id, cid, mid, n)
+        return MessageView(m.role, m.content, m.finish_reason, m.id, place)
+
+
+@post("/chat/{cid:int}/answers/{mid:int}/show/{n:int}")
+async def show_version(request: Request[Any, Any, Any], cid: FromPath[int],
+                       mid: FromPath[int], n: FromPath[int]) -> Template:
+    """Flip an answer to its version ``n``: that one is shown, and later turns follow it."""
+    m = await anyio.to_thread.run_sync(_show, services(request), me(request).user_id, cid,
+                                       mid, n)
+    return page(request, "_answer.html", content=m.content, reason=m.finish_reason or "stop",
+                error=None, cid=cid, mid=m.id, place=m.place)
 
 
 @post("/chat/{cid:int}/edit")
@@ -383,15 +409,15 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
             else:
                 finish = event
                 parts.append(event.text)
-        html = templates.get_template("_answer.html").render(
-            **ctx, content=answer.prefix + "".join(parts),
-            reason=finish.reason if finish else FinishReason.CANCELLED,
-            error=finish.error if finish else None)
         # stored before the page hears it ended, so a reload right after shows it
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(_save_answer, ws.services, answer,
-                                           "".join(parts), finish)
+            mid, place = await anyio.to_thread.run_sync(_save_answer, ws.services, answer,
+                                                        "".join(parts), finish)
         saved = True
+        html = templates.get_template("_answer.html").render(
+            **ctx, content=answer.prefix + "".join(parts), mid=mid, place=place,
+            reason=finish.reason if finish else FinishReason.CANCELLED,
+            error=finish.error if finish else None)
         yield sse.event("done", html)
     finally:
         ws.done(sid)
@@ -405,25 +431,31 @@ NOTED = frozenset({FinishReason.CANCELLED, FinishReason.LENGTH, FinishReason.QUO
 """Finish reasons whose note is kept with the answer (shown again after a reload)."""
 
 
-def _save_answer(svc: Services, answer: LiveAnswer, text: str,
-                 finish: FinishEvent | None) -> None:
+def _save_answer(svc: Services, answer: LiveAnswer, text: str, finish: FinishEvent | None
+                 ) -> tuple[int | None, versions.Place | None]:
     """Keep what was said, even when stopped (an answer stopped before its first word is
     kept empty, so the conversation still shows it was stopped); an answer that failed is
     not kept."""
     reason = finish.reason if finish is not None else FinishReason.CANCELLED
     if reason is FinishReason.ERROR or (not text and reason not in NOTED):
-        return
+        return None, None
     usage = finish.usage if finish is not None else None
     text = answer.prefix + text
+    prompt = usage.prompt_tokens if usage else None
+    output = usage.completion_tokens if usage else None
+    noted = reason if reason in NOTED else None
     try:
         with svc.store.sessions.begin() as s:
-            if answer.replaces is not None:  # a continued answer: stored whole, once
-                convs.delete_messages_from(s, answer.user_id, answer.conversation_id,
-                                           answer.replaces)
-            convs.add_message(s, answer.user_id, answer.conversation_id, "assistant", text,
-                              prompt_tokens=usage.prompt_tokens if usage else None,
-                              output_tokens=usage.completion_tokens if usage else None,
-                              finish_reason=reason if reason in NOTED else None)
+            if answer.rewrite is not None:  # in the old one's place (kept, or grown)
+                m = versions.rewrite_answer(s, answer.user_id, answer.conversation_id,
+                                            answer.rewrite, text, keep_old=answer.keep_old,
+                                            finish_reason=noted, prompt_tokens=prompt,
+                                            output_tokens=output)
+            else:
+                m = convs.add_message(s, answer.user_id, answer.conversation_id,
+                                      "assistant", text, prompt_tokens=prompt,
+                                      output_tokens=output, finish_reason=noted)
+            return m.id, versions.places(s, answer.conversation_id).get(m.id)
     except NotFound:  # the conversation was deleted meanwhile
         pass
     except DatabaseError as exc:  # streamed already: nobody to answer 503; one line, no trace
@@ -432,6 +464,7 @@ def _save_answer(svc: Services, answer: LiveAnswer, text: str,
         log.warning("chat: answer in conversation %d (user_id=%d) not saved: the database "
                     "takes no writes (%s)", answer.conversation_id, answer.user_id,
                     storage_fault(exc))
+    return None, None
 
 
 @post("/chat/streams/{sid:str}/stop", status_code=204)
@@ -475,5 +508,5 @@ async def rename(request: Request[Any, Any, Any], cid: FromPath[int]) -> Respons
                 headers={"HX-Trigger-After-Settle": "conversations-changed"})
 
 
-ROUTES = [home, rename, regenerate, continue_answer, edit, chat_new, chat_page, chat_list,
+ROUTES = [home, rename, regenerate, continue_answer, show_version, edit, chat_new, chat_page, chat_list,
           send, answer_stream, stop, delete]

@@ -28,8 +28,10 @@ class LiveAnswer:
     connected: bool = False
     prefix: str = ""
     """A continued answer: what it said before; the new text is appended to it."""
-    replaces: int | None = None
-    """A continued answer: the stored message the whole answer replaces when saved."""
+    rewrite: int | None = None
+    """The stored answer this one takes the place of when saved (Continue, Regenerate)."""
+    keep_old: bool = False
+    """Keep the replaced answer as an earlier version (Regenerate)."""
 
 
 class WebState:

@@ -407,3 +407,35 @@ def test_a_stopped_answer_keeps_its_words_and_its_note_after_a_reload(
     assert answer.locator(".body").inner_text() == said
     _shot(tab, "stopped-reload", size)
     tab.close()
+
+
+# ---- 15. answer versions ----
+@SIZES
+def test_regenerate_keeps_the_earlier_answer_to_flip_back_to(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    cid = _conversation(server, "carol", "Versions", [
+        ("user", "Name a colour"), ("assistant", "First answer: teal.")])
+    tab = Tab(chromium, server, "carol", size)
+    page = tab.page
+    tab.goto(f"/chat/{cid}")
+    assert page.locator(".versions").count() == 0  # one version: no flipping
+    page.click(".msg.assistant .actions button:has-text('Regenerate')")
+    page.wait_for_selector("#messages .msg.assistant:not(.streaming) .version-count")
+    count = page.locator(".msg.assistant .version-count")
+    assert count.inner_text() == "2/2"
+    assert "First answer" not in page.locator(".msg.assistant").inner_text()
+    _shot(tab, "versions", size)
+    page.click(".msg.assistant button[aria-label='Earlier version']")
+    page.wait_for_selector(".msg.assistant .version-count:has-text('1/2')")
+    assert "First answer: teal." in page.locator(".msg.assistant .body").inner_text()
+    assert page.locator(".msg.assistant button[aria-label='Earlier version']").is_disabled()
+    page.reload()  # the choice is kept: it is the answer later turns follow
+    assert count.inner_text() == "1/2"
+    assert "First answer: teal." in page.locator(".msg.assistant .body").inner_text()
+    with server.client("carol") as api:
+        stored = api.get(f"/conversations/{cid}").json()["messages"]
+    assert [m["content"] for m in stored] == ["Name a colour", "First answer: teal."]
+    page.click(".msg.assistant button[aria-label='Later version']")
+    page.wait_for_selector(".msg.assistant .version-count:has-text('2/2')")
+    assert "First answer" not in page.locator(".msg.assistant").inner_text()
+    tab.close()

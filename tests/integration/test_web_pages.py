@@ -100,6 +100,11 @@ def test_owned_web_routes_answer_each_caller(server: LiveServer) -> None:
         assert carol.post(f"/chat/{cid}/continue").status_code == 404
         assert anon.post(f"/chat/{cid}/continue").status_code == 401
         assert bob.post(f"/chat/{cid}/continue").status_code == 400  # nothing cut short
+        mid = bob.post(f"/conversations/{cid}/messages",
+                       json={"role": "assistant", "content": "an answer"}).json()["id"]
+        assert bob.post(f"/chat/{cid}/answers/{mid}/show/1").status_code == 200
+        assert carol.post(f"/chat/{cid}/answers/{mid}/show/1").status_code == 404
+        assert anon.post(f"/chat/{cid}/answers/{mid}/show/1").status_code == 401
         assert carol.post(f"/chat/{cid}/delete").status_code == 404
         r = bob.post(f"/chat/{cid}/delete")
         assert r.status_code == 200 and r.headers["hx-redirect"] == "/chat"

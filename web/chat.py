@@ -321,11 +321,20 @@ async def show_version(request: Request[Any, Any, Any], cid: FromPath[int],
 
 @post("/chat/{cid:int}/edit")
 async def edit(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
-    """Send an edited version of the last question: it and its answer are replaced."""
+    """Send an edited version of a question (``message_id``; the last one when absent): it
+    and every later turn are replaced, and the question is answered again."""
     svc, who = services(request), me(request)
-    text = _checked((await form_fields(request)).get("message", ""))
+    fields = await form_fields(request)
+    text = _checked(fields.get("message", ""))
     system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
-    q = _last_question(history)
+    wanted = fields.get("message_id", "")
+    if wanted.isdigit():
+        q = next((i for i, m in enumerate(history)
+                  if m.id == int(wanted) and m.role == "user"), -1)
+        if q < 0:
+            raise NotFound("message not found")
+    else:
+        q = _last_question(history)
     sid, _, _ = await _start(request, cid, system, history[:q], text, text,
                              replace_from=history[q].id)
     return page(request, "_replay.html", messages=history[:q], question=text, sid=sid,

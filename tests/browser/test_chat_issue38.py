@@ -41,7 +41,7 @@ def _conversation(server: LiveServer, who: str, title: str,
 
 def _shot(tab: Tab, name: str, size: dict[str, int]) -> None:
     if SHOTS:
-        tab.page.screenshot(path=f"{SHOTS}/{name}-{size['width']}.png")
+        tab.page.screenshot(path=f"{SHOTS}/{name}-{size['width']}.png", caret="initial")
 
 
 FOCUSED = "() => { const a = document.activeElement; return a ? (a.id || a.tagName) : ''; }"
@@ -438,4 +438,34 @@ def test_regenerate_keeps_the_earlier_answer_to_flip_back_to(
     page.click(".msg.assistant button[aria-label='Later version']")
     page.wait_for_selector(".msg.assistant .version-count:has-text('2/2')")
     assert "First answer" not in page.locator(".msg.assistant").inner_text()
+    tab.close()
+
+
+# ---- 16. edit any earlier question ----
+@SIZES
+def test_editing_an_earlier_question_drops_the_later_turns_and_answers_again(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    from tests.helpers import wait_until
+    cid = _conversation(server, "carol", "Two turns", [
+        ("user", "First question"), ("assistant", "First answer"),
+        ("user", "Second question"), ("assistant", "Second answer")])
+    tab = Tab(chromium, server, "carol", size)
+    page = tab.page
+    tab.goto(f"/chat/{cid}")
+    first = page.locator(".msg.user").first
+    first.locator("summary:has-text('Edit')").click()
+    first.locator("textarea[name=message]").fill("First question, put better")
+    _shot(tab, "edit-earlier", size)
+    first.locator("button:has-text('Send again')").click()
+    page.wait_for_function("() => !document.querySelector('#messages').textContent"
+                           ".includes('Second question')")
+    page.wait_for_selector("#messages .msg.assistant:not(.streaming)")
+    assert page.locator(".msg.user").count() == 1
+    assert page.locator(".msg.assistant").count() == 1
+    assert "First question, put better" in page.locator(".msg.user .body").inner_text()
+
+    def kept() -> list[str]:
+        with server.client("carol") as api:
+            return [m["role"] for m in api.get(f"/conversations/{cid}").json()["messages"]]
+    wait_until(lambda: kept() == ["user", "assistant"], 10, "the later turns dropped")
     tab.close()

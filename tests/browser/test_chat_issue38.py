@@ -469,3 +469,52 @@ def test_editing_an_earlier_question_drops_the_later_turns_and_answers_again(
             return [m["role"] for m in api.get(f"/conversations/{cid}").json()["messages"]]
     wait_until(lambda: kept() == ["user", "assistant"], 10, "the later turns dropped")
     tab.close()
+
+
+# ---- 9. no inline styles on the failure paths ----
+CSP_REFUSALS = ("Content Security Policy", "inline style")
+
+
+@SIZES
+def test_the_failure_paths_log_no_content_security_policy_errors(
+        chromium: Any, server: LiveServer, size: dict[str, int], tmp_path: Path) -> None:
+    from tests.browser.support import FAILING_MAX_TOKENS
+    tab = Tab(chromium, server, "carol", size)
+    page = tab.page
+
+    def shoot(name: str) -> None:  # as a person looks at it; the caret kept (no style)
+        page.screenshot(path=str(tmp_path / f"{name}.png"), caret="initial")
+
+    page.fill("#message", "many words " * 1400)  # 400: too long for the model
+    page.click("#send")
+    page.wait_for_selector("#chat-notice .notice.error")
+    shoot("too-long")
+    _set_quota(server, "carol", max_prompt_tokens="20")  # 429: over a quota
+    try:
+        page.fill("#message", "A question of a good many words, more than twenty tokens, "
+                              "to be sure it goes over that small limit of this person.")
+        page.click("#send")
+        page.wait_for_selector("#chat-notice .notice.error:has-text('per message')")
+        shoot("quota")
+    finally:
+        _set_quota(server, "carol", max_prompt_tokens="")
+    _set_quota(server, "carol", max_output_tokens=str(FAILING_MAX_TOKENS))  # a failed answer
+    try:
+        page.fill("#message", "Hello")
+        page.click("#send")
+        page.wait_for_selector("#messages .msg.assistant.error")
+        shoot("failed-answer")
+    finally:
+        _set_quota(server, "carol", max_output_tokens="")
+    page.route("**/chat/send", lambda route: route.abort("internetdisconnected"))
+    page.fill("#message", "Offline")  # the connection lost
+    page.click("#send")
+    page.wait_for_selector("#chat-notice .notice.error:has-text('cannot be reached')")
+    shoot("offline")
+    page.unroute("**/chat/send")
+    tab.goto("/chat/999999")  # a conversation that is not there
+    shoot("not-found")
+    refused = [p for p in tab.problems if any(w in p for w in CSP_REFUSALS)]
+    assert refused == []
+    tab.problems = []  # the refusals' own status lines, the aborted request
+    tab.close()

@@ -185,6 +185,19 @@ def _save_question(svc: Services, user_id: int, cid: int | None, text: str,
         return cid, created
 
 
+def _with_attachment(fields: dict[str, str]) -> str:
+    """The message with an attached file's text (read in the browser) after it."""
+    text, attached = fields.get("message", "").strip(), fields.get("attachment", "").strip()
+    if not attached or not text:
+        return text
+    name = " ".join(fields.get("attachment_name", "").split())[:120] or "file"
+    if len(text) + len(attached) > MAX_MESSAGE_CHARS:
+        raise bad_request(f"The attached file “{name}” is too long: {len(attached):,} "
+                          f"characters, and a message with its file holds at most "
+                          f"{MAX_MESSAGE_CHARS:,}.", param="attachment")
+    return f"{text}\n\nAttached file “{name}”:\n\n{attached}"
+
+
 def _checked(text: str) -> str:
     text = text.strip()
     if not text:
@@ -246,7 +259,7 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 async def send(request: Request[Any, Any, Any]) -> Template:
     svc, who = services(request), me(request)
     fields = await form_fields(request)
-    text = _checked(fields.get("message", ""))
+    text = _checked(_with_attachment(fields))
     cid = int(fields["conversation"]) if fields.get("conversation", "").isdigit() else None
     system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
     sid, saved, created = await _start(request, cid, system, history, text, text)

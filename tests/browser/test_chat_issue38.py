@@ -518,3 +518,40 @@ def test_the_failure_paths_log_no_content_security_policy_errors(
     assert refused == []
     tab.problems = []  # the refusals' own status lines, the aborted request
     tab.close()
+
+
+# ---- 17. attach a file ----
+@SIZES
+def test_a_markdown_or_html_file_is_attached_to_the_message_as_its_text(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    from tests.helpers import wait_until
+    tab = Tab(chromium, server, "carol", size)
+    page = tab.page
+    page.set_input_files("#attach", files=[{
+        "name": "list.html", "mimeType": "text/html",
+        "buffer": b"<h1>Shopping</h1><p>Milk <b>and</b> bread</p>"}])
+    page.wait_for_selector("#attached:has-text('list.html')")
+    _shot(tab, "attached", size)
+    page.fill("#message", "What is on this list?")
+    page.click("#send")
+    page.wait_for_selector("#messages .msg.assistant:not(.streaming)")
+    assert page.locator("#attached").is_hidden()  # sent with it, then cleared
+    question = page.locator(".msg.user .body").inner_text()
+    assert "Attached file “list.html”" in question and "Milk and bread" in question
+    assert "<b>" not in question
+    page.wait_for_url("**/chat/*")
+    cid = page.url.rsplit("/", 1)[1]
+    with server.client("carol") as api:
+        wait_until(lambda: len(api.get(f"/conversations/{cid}").json()["messages"]) == 2, 10,
+                   "stored")
+        stored = api.get(f"/conversations/{cid}").json()["messages"][0]["content"]
+    assert stored.startswith("What is on this list?") and "Milk and bread" in stored
+    page.set_input_files("#attach", files=[{  # too long for one message: said, not cut
+        "name": "long.md", "mimeType": "text/markdown", "buffer": b"word " * 4000}])
+    page.wait_for_selector("#attached:has-text('long.md')")
+    page.fill("#message", "And this one?")
+    page.click("#send")
+    page.wait_for_selector("#chat-notice .notice.error:has-text('long.md')")
+    assert "too long" in page.locator("#chat-notice").inner_text()
+    tab.problems = [p for p in tab.problems if "status of 400" not in p]  # the browser's own
+    tab.close()

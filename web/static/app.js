@@ -43,6 +43,36 @@
       : fmt(n) + ' of ' + fmt(limit) + ' characters';
   }
 
+  // Attach: a text, Markdown or HTML file is read here in the browser (HTML as its text)
+  // and sent with the message; nothing is uploaded until Send.
+  var ATTACH_MAX_BYTES = 1024 * 1024;
+  function setAttachment(name, text) {
+    document.getElementById('attachment').value = text;
+    document.getElementById('attachment-name').value = name;
+    var shown = document.getElementById('attached');
+    shown.hidden = !name;
+    document.getElementById('attached-what').textContent = name
+      ? 'Attached: ' + name + ' (' + text.length.toLocaleString('en') + ' characters)' : '';
+  }
+  document.addEventListener('change', function (e) {
+    if (!e.target || e.target.id !== 'attach' || !e.target.files.length) { return; }
+    var file = e.target.files[0];
+    e.target.value = '';
+    if (file.size > ATTACH_MAX_BYTES) {
+      notice('That file is too large to attach (at most 1 MB of text).');
+      return;
+    }
+    file.text().then(function (raw) {
+      var html = /\.html?$/i.test(file.name) || file.type === 'text/html';
+      var text = html ? (new DOMParser().parseFromString(raw, 'text/html').body.textContent || '')
+        : raw;
+      setAttachment(file.name, text.replace(/\n{3,}/g, '\n\n').trim());
+    });
+  });
+  document.addEventListener('click', function (e) {
+    if (e.target && e.target.id === 'attached-remove') { setAttachment('', ''); }
+  });
+
   function updateSend() {
     var send = document.getElementById('send');
     if (send) { send.disabled = streaming() || overLimit(); }
@@ -162,6 +192,7 @@
     // keeps what was typed, to send again
     if (form && e.detail.elt === form && xhr.status >= 200 && xhr.status < 300) {
       document.getElementById('message').value = '';
+      if (document.getElementById('attachment')) { setAttachment('', ''); }
       updateCount();
     }
   });

@@ -253,6 +253,8 @@ def test_the_keys_table_has_no_empty_header_cell(
     assert last.text_content() == "Revoke"
     box = last.locator(".visually-hidden").bounding_box()  # read aloud, not shown
     assert box is not None and box["width"] <= 1
+    # and the hidden label stays inside the table's scroller: the page is no wider
+    assert page.evaluate("document.documentElement.scrollWidth") <= size["width"]
     _shot(tab, "keys", size)
     tab.close()
 

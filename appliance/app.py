@@ -157,6 +157,7 @@ def build_services(settings: Settings, engine: Engine, store: Store,
                         default_max_tokens=settings.engine.default_max_tokens,
                         max_batch_size=engine.config.scheduler.max_batch_size,
                         models_dir=settings.models_dir,
+                        shared_idle_s=settings.server.shared_device_idle_minutes * 60.0,
                         note_key_used=writer.submit_key_used if writer is not None else None,
                         writer=writer)
     attach_jobs(services, settings, writer)

@@ -65,6 +65,10 @@ class ServerSettings:
     trusted_proxies: str = _opt(
         "", "Comma-separated addresses or networks of reverse proxies whose X-Forwarded-For "
         "and X-Forwarded-Proto are believed (client address, https). Empty: nobody's.")
+    shared_device_idle_minutes: int = _opt(
+        10, "Minutes of inactivity after which a browser session logged in with 'Shared "
+        "device' (the kitchen tablet) ends; such a session's cookie also ends with the "
+        "browser.", lo=1, hi=24 * 60)
 
 
 @dataclass(slots=True)

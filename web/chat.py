@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -24,7 +23,6 @@ from litestar.response import Redirect, Template
 from markupsafe import escape
 from sqlalchemy.exc import DatabaseError
 
-from appliance.api.auth import Principal
 from appliance.api.errors import ApiError, bad_request
 from appliance.api.schemas import ChatMessage, SamplingFields
 from appliance.api.service import (
@@ -33,18 +31,18 @@ from appliance.api.service import (
     chat_prompt,
     check_prompt_size,
     off_loop,
-    quota_of,
     submit,
     user_chars,
 )
 from appliance.engine.request import Event, FinishEvent, TokenEvent
 from appliance.store import conversations as convs
-from appliance.store import preferences
+from appliance.store import preferences, versions
 from appliance.store.errors import NotFound
 from appliance.store.faults import storage_fault
 from appliance.vocab import FinishReason, Klass
 from web import sse
 from web.common import PAGE, base_context, form_fields, is_htmx, me, page, services, web_state
+from web.plain import plain_refusal, too_long
 from web.state import LiveAnswer, WebState
 
 log = logging.getLogger(__name__)
@@ -72,6 +70,8 @@ class MessageView:
     content: str
     finish_reason: str | None = None
     id: int = 0
+    place: versions.Place | None = None
+    """An answer with earlier versions: which one is shown, of how many."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +105,8 @@ def _load(svc: Services, user_id: int, cid: int | None
         c = convs.get_conversation(s, user_id, cid)
         if c is None:
             raise NotFound("conversation not found")
-        messages = [MessageView(m.role, m.content, m.finish_reason, m.id)
+        shown = versions.places(s, cid)
+        messages = [MessageView(m.role, m.content, m.finish_reason, m.id, shown.get(m.id))
                     for m in convs.list_messages(s, user_id, cid)]
         return listed, ConvView(c.id, c.title, c.updated_at), messages
 
@@ -184,6 +185,19 @@ def _save_question(svc: Services, user_id: int, cid: int | None, text: str,
         return cid, created
 
 
+def _with_attachment(fields: dict[str, str]) -> str:
+    """The message with an attached file's text (read in the browser) after it."""
+    text, attached = fields.get("message", "").strip(), fields.get("attachment", "").strip()
+    if not attached or not text:
+        return text
+    name = " ".join(fields.get("attachment_name", "").split())[:120] or "file"
+    if len(text) + len(attached) > MAX_MESSAGE_CHARS:
+        raise bad_request(f"The attached file “{name}” is too long: {len(attached):,} "
+                          f"characters, and a message with its file holds at most "
+                          f"{MAX_MESSAGE_CHARS:,}.", param="attachment")
+    return f"{text}\n\nAttached file “{name}”:\n\n{attached}"
+
+
 def _checked(text: str) -> str:
     text = text.strip()
     if not text:
@@ -196,19 +210,30 @@ def _checked(text: str) -> str:
 
 async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
                  before: list[MessageView], text: str, save: str,
-                 replace_from: int | None = None) -> tuple[str, int, bool]:
+                 replace_from: int | None = None, cont: MessageView | None = None,
+                 again: MessageView | None = None) -> tuple[str, int, bool]:
     """Submit ``before`` + the question ``text`` to the engine, then store what changed
-    (``save``: the question, or "" when it is stored already). Returns the answer's stream
-    id, the conversation and whether it was made now."""
+    (``save``: the question, or "" when it is stored already). With ``cont``, an answer
+    cut at its length limit, the model is given that answer's start to carry on from; with
+    ``again``, the new answer takes that one's place and keeps it as an earlier version.
+    Returns the answer's stream id, the conversation and whether it was made now."""
     svc, who = services(request), me(request)
     turns = model_turns(system, before, text)
-    check_prompt_size(svc.model, user_chars(t.content for t in turns if t.role == "user"))
-    prompt = await off_loop(svc, chat_prompt, svc.model.tokenizer, turns)
+    try:
+        check_prompt_size(svc.model, user_chars(t.content for t in turns if t.role == "user"))
+        prompt = await off_loop(svc, chat_prompt, svc.model.tokenizer, turns)
+        if cont is not None and cont.content:  # the answer so far, as the model's own words
+            prompt = prompt + list(await off_loop(svc, _encode, svc.model.tokenizer,
+                                                  cont.content))
+    except ApiError as exc:
+        raise too_long(exc, svc.model.ctx_limit) from None
     klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
     # submit() checks the user's quotas (429) and clamps the default max_tokens to them
     try:
         gen = await submit(svc, prompt, SamplingFields(), None, who, klass, ENDPOINT)
     except ApiError as exc:
+        if exc.status == 400:
+            raise too_long(exc, svc.model.ctx_limit) from None
         if exc.status != 429:
             raise
         raise await plain_refusal(svc, who, exc, len(prompt)) from None
@@ -218,14 +243,23 @@ async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
     except BaseException:
         gen.close()
         raise
-    return web_state(request).add_answer(LiveAnswer(gen, who.user_id, saved)), saved, created
+    live = LiveAnswer(gen, who.user_id, saved)
+    if cont is not None:
+        live.prefix, live.rewrite = cont.content, cont.id
+    elif again is not None:
+        live.rewrite, live.keep_old = again.id, True
+    return web_state(request).add_answer(live), saved, created
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
 
 
 @post("/chat/send")
 async def send(request: Request[Any, Any, Any]) -> Template:
     svc, who = services(request), me(request)
     fields = await form_fields(request)
-    text = _checked(fields.get("message", ""))
+    text = _checked(_with_attachment(fields))
     cid = int(fields["conversation"]) if fields.get("conversation", "").isdigit() else None
     system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
     sid, saved, created = await _start(request, cid, system, history, text, text)
@@ -248,11 +282,15 @@ def _last_question(history: list[MessageView]) -> int:
 
 @post("/chat/{cid:int}/regenerate")
 async def regenerate(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
-    """Answer the last question again: its old answer goes, a new one streams."""
+    """Answer the last question again: a new answer streams, and takes the old one's place
+    when it ends (the old one is kept as an earlier version, ``< 1/2 >``)."""
     svc, who = services(request), me(request)
     system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
     q = _last_question(history)
-    if q + 1 < len(history):
+    if q + 2 == len(history) and history[q + 1].role == "assistant":  # kept as a version
+        sid, _, _ = await _start(request, cid, system, history[:q], history[q].content, "",
+                                 again=history[q + 1])
+    elif q + 1 < len(history):
         sid, _, _ = await _start(request, cid, system, history[:q], history[q].content, "",
                                  replace_from=history[q + 1].id)
     else:
@@ -262,13 +300,54 @@ async def regenerate(request: Request[Any, Any, Any], cid: FromPath[int]) -> Tem
                 headers={"HX-Trigger-After-Settle": "conversations-changed"})
 
 
+@post("/chat/{cid:int}/continue")
+async def continue_answer(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
+    """Carry on an answer that stopped at its length limit: the model is given the answer
+    so far and writes on; the new text is appended to the same answer."""
+    svc, who = services(request), me(request)
+    system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
+    last = history[-1] if history else None
+    if last is None or last.role != "assistant" or last.finish_reason != FinishReason.LENGTH:
+        raise bad_request("Only an answer that stopped at its length limit can be continued.")
+    q = _last_question(history)
+    sid, _, _ = await _start(request, cid, system, history[:q], history[q].content, "",
+                             cont=last)
+    return page(request, "_continue.html", messages=history[:-1], prefix=last.content,
+                sid=sid, cid=cid, current=None)
+
+
+def _show(svc: Services, user_id: int, cid: int, mid: int, n: int) -> MessageView:
+    with svc.store.sessions.begin() as s:
+        m, place = versions.show_version(s, user_id, cid, mid, n)
+        return MessageView(m.role, m.content, m.finish_reason, m.id, place)
+
+
+@post("/chat/{cid:int}/answers/{mid:int}/show/{n:int}")
+async def show_version(request: Request[Any, Any, Any], cid: FromPath[int],
+                       mid: FromPath[int], n: FromPath[int]) -> Template:
+    """Flip an answer to its version ``n``: that one is shown, and later turns follow it."""
+    m = await anyio.to_thread.run_sync(_show, services(request), me(request).user_id, cid,
+                                       mid, n)
+    return page(request, "_answer.html", content=m.content, reason=m.finish_reason or "stop",
+                error=None, cid=cid, mid=m.id, place=m.place)
+
+
 @post("/chat/{cid:int}/edit")
 async def edit(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
-    """Send an edited version of the last question: it and its answer are replaced."""
+    """Send an edited version of a question (``message_id``; the last one when absent): it
+    and every later turn are replaced, and the question is answered again."""
     svc, who = services(request), me(request)
-    text = _checked((await form_fields(request)).get("message", ""))
+    fields = await form_fields(request)
+    text = _checked(fields.get("message", ""))
     system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
-    q = _last_question(history)
+    wanted = fields.get("message_id", "")
+    if wanted.isdigit():
+        q = next((i for i, m in enumerate(history)
+                  if m.id == int(wanted) and m.role == "user"), -1)
+        if q < 0:
+            raise NotFound("message not found")
+    else:
+        q = _last_question(history)
     sid, _, _ = await _start(request, cid, system, history[:q], text, text,
                              replace_from=history[q].id)
     return page(request, "_replay.html", messages=history[:q], question=text, sid=sid,
@@ -340,6 +419,7 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
                          ctx: dict[str, Any]) -> AsyncIterator[bytes]:
     parts: list[str] = []
     finish: FinishEvent | None = None
+    saved = False
     try:
         async for event in _relay(answer.gen, getattr(ws.services, "engine", None)):
             if isinstance(event, str):
@@ -351,37 +431,53 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
             else:
                 finish = event
                 parts.append(event.text)
+        # stored before the page hears it ended, so a reload right after shows it
+        with anyio.CancelScope(shield=True):
+            mid, place = await anyio.to_thread.run_sync(_save_answer, ws.services, answer,
+                                                        "".join(parts), finish)
+        saved = True
         html = templates.get_template("_answer.html").render(
-            **ctx, content="".join(parts),
+            **ctx, content=answer.prefix + "".join(parts), mid=mid, place=place,
             reason=finish.reason if finish else FinishReason.CANCELLED,
             error=finish.error if finish else None)
         yield sse.event("done", html)
     finally:
         ws.done(sid)
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(_save_answer, ws.services, answer,
-                                           "".join(parts), finish)
+        if not saved:  # the stream went away first: keep what was said all the same
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_save_answer, ws.services, answer,
+                                               "".join(parts), finish)
 
 
 NOTED = frozenset({FinishReason.CANCELLED, FinishReason.LENGTH, FinishReason.QUOTA})
 """Finish reasons whose note is kept with the answer (shown again after a reload)."""
 
 
-def _save_answer(svc: Services, answer: LiveAnswer, text: str,
-                 finish: FinishEvent | None) -> None:
+def _save_answer(svc: Services, answer: LiveAnswer, text: str, finish: FinishEvent | None
+                 ) -> tuple[int | None, versions.Place | None]:
     """Keep what was said, even when stopped (an answer stopped before its first word is
     kept empty, so the conversation still shows it was stopped); an answer that failed is
     not kept."""
     reason = finish.reason if finish is not None else FinishReason.CANCELLED
     if reason is FinishReason.ERROR or (not text and reason not in NOTED):
-        return
+        return None, None
     usage = finish.usage if finish is not None else None
+    text = answer.prefix + text
+    prompt = usage.prompt_tokens if usage else None
+    output = usage.completion_tokens if usage else None
+    noted = reason if reason in NOTED else None
     try:
         with svc.store.sessions.begin() as s:
-            convs.add_message(s, answer.user_id, answer.conversation_id, "assistant", text,
-                              prompt_tokens=usage.prompt_tokens if usage else None,
-                              output_tokens=usage.completion_tokens if usage else None,
-                              finish_reason=reason if reason in NOTED else None)
+            if answer.rewrite is not None:  # in the old one's place (kept, or grown)
+                m = versions.rewrite_answer(s, answer.user_id, answer.conversation_id,
+                                            answer.rewrite, text, keep_old=answer.keep_old,
+                                            finish_reason=noted, prompt_tokens=prompt,
+                                            output_tokens=output)
+            else:
+                m = convs.add_message(s, answer.user_id, answer.conversation_id,
+                                      "assistant", text, prompt_tokens=prompt,
+                                      output_tokens=output, finish_reason=noted)
+            return m.id, versions.places(s, answer.conversation_id).get(m.id)
     except NotFound:  # the conversation was deleted meanwhile
         pass
     except DatabaseError as exc:  # streamed already: nobody to answer 503; one line, no trace
@@ -390,6 +486,7 @@ def _save_answer(svc: Services, answer: LiveAnswer, text: str,
         log.warning("chat: answer in conversation %d (user_id=%d) not saved: the database "
                     "takes no writes (%s)", answer.conversation_id, answer.user_id,
                     storage_fault(exc))
+    return None, None
 
 
 @post("/chat/streams/{sid:str}/stop", status_code=204)
@@ -410,43 +507,6 @@ async def delete(request: Request[Any, Any, Any], cid: FromPath[int]) -> Respons
     if is_htmx(request):
         return Response(b"", headers={"HX-Redirect": "/chat"})
     return Redirect("/chat", status_code=303)
-
-
-# ---- quotas in plain words ----
-def _at(moment: float, now: float) -> str:
-    """A clock time a person can act on: "at 16:25", or "tomorrow at 16:25"."""
-    when, today = time.localtime(moment), time.localtime(now)
-    clock = time.strftime("%H:%M", when)
-    return f"at {clock}" if when.tm_yday == today.tm_yday else f"tomorrow at {clock}"
-
-
-async def plain_refusal(svc: Services, who: Principal, exc: ApiError,
-                        prompt_tokens: int) -> ApiError:
-    """The API's 429 reworded for a person: what was used, of what, and when it frees."""
-    now = time.time()
-    quota = await anyio.to_thread.run_sync(quota_of, svc.store, who.user_id)
-    wait = exc.headers.get("Retry-After", "")
-    reset = now + int(wait) if wait.isdigit() else None
-    if exc.code == "tokens_per_day" and quota.tokens_per_day is not None:
-        cap = quota.tokens_per_day
-        used = min(int(svc.engine.usage.total(str(who.user_id), now)), cap)
-        if reset is None:
-            message = (f"This conversation needs about {prompt_tokens:,} tokens, more than "
-                       f"your whole daily allowance of {cap:,}. Start a new chat, or ask an "
-                       "admin to raise your limit.")
-        else:
-            message = f"{used:,} of {cap:,} tokens used today — resets {_at(reset, now)}."
-            if used < cap:
-                message += (f" This message needs about {prompt_tokens:,}: try a shorter one "
-                            "or a new chat.")
-    elif exc.code == "max_concurrent":
-        message = "Another answer of yours is still being written. Wait for it to finish."
-    elif exc.code == "max_prompt_tokens" and quota.max_prompt_tokens is not None:
-        message = (f"This conversation is too long for your limit of "
-                   f"{quota.max_prompt_tokens:,} tokens per message. Start a new chat.")
-    else:
-        message = exc.message
-    return ApiError(429, message, exc.type, exc.code, headers=exc.headers)
 
 
 def _rename(svc: Services, user_id: int, cid: int, title: str) -> ConvView:
@@ -470,5 +530,5 @@ async def rename(request: Request[Any, Any, Any], cid: FromPath[int]) -> Respons
                 headers={"HX-Trigger-After-Settle": "conversations-changed"})
 
 
-ROUTES = [home, rename, regenerate, edit, chat_new, chat_page, chat_list, send, answer_stream,
-          stop, delete]
+ROUTES = [home, rename, regenerate, continue_answer, show_version, edit, chat_new, chat_page, chat_list,
+          send, answer_stream, stop, delete]

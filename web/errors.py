@@ -15,6 +15,7 @@ from litestar.exceptions import HTTPException, NotAuthorizedException
 from litestar.response import Redirect
 from sqlalchemy.exc import DatabaseError
 
+from appliance.api.auth import SESSION_COOKIE
 from appliance.api.errors import (
     ApiError,
     api_error_handler,
@@ -22,8 +23,9 @@ from appliance.api.errors import (
     http_error_handler,
     internal_error_handler,
 )
+from appliance.store import websessions
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
-from web.common import is_htmx, page
+from web.common import is_htmx, page, services
 
 TITLES = {400: "That did not work", 401: "Log in first", 403: "Not allowed",
           404: "Not found", 409: "Conflict", 429: "Over your quota", 500: "Something broke",
@@ -35,20 +37,30 @@ def _wants_html(request: Request[Any, Any, Any]) -> bool:
 
 
 def _html(request: Request[Any, Any, Any], status: int, message: str,
-          headers: dict[str, str] | None = None) -> Response[Any]:
+          headers: dict[str, str] | None = None, exact: str = "") -> Response[Any]:
     title = TITLES.get(status, "Error")
     template = "_notice.html" if is_htmx(request) else "error.html"
     return page(request, template, status_code=status, headers=headers, kind="error",
-                title=title, message=message, status=status)
+                title=title, message=message, status=status, exact=exact)
+
+
+def _login_url(request: Request[Any, Any, Any]) -> str:
+    """/login, with the reason when an admin disabled the account behind the cookie."""
+    token = request.cookies.get(SESSION_COOKIE)
+    if not token:
+        return "/login"
+    with services(request).store.read_sessions() as s:
+        disabled = websessions.of_disabled_user(s, token)
+    return "/login?reason=disabled" if disabled else "/login"
 
 
 def not_logged_in(request: Request[Any, Any, Any], exc: NotAuthorizedException) -> Response[Any]:
     handler = request.scope.get("route_handler")
     is_page = bool(handler and handler.opt.get("web_page"))
     if is_page and request.method == "GET" and not is_htmx(request):
-        return Redirect("/login", status_code=303)
+        return Redirect(_login_url(request), status_code=303)
     response = http_error_handler(request, exc)
-    response.headers["HX-Redirect"] = "/login"
+    response.headers["HX-Redirect"] = _login_url(request)
     return response
 
 
@@ -60,7 +72,8 @@ def http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[
 
 def api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[Any]:
     if _wants_html(request):
-        return _html(request, exc.status, exc.message, exc.headers)
+        return _html(request, exc.status, exc.message, exc.headers,
+                     getattr(exc, "exact", ""))
     return api_error_handler(request, exc)
 
 

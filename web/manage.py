@@ -138,8 +138,6 @@ def _change(svc: Services, uid: int, f: dict[str, str]) -> None:
             websessions.end_user_sessions(s, u.id)
         if f.get("status") in ("active", "disabled"):
             users.disable_user(s, u, f["status"] == "disabled")
-            if u.disabled:
-                websessions.end_user_sessions(s, u.id)
         if any(k in f for k in QUOTA_FIELDS):
             old = dataclasses.asdict(limits.get_quota(s, uid))
             new = {k: _limit(f[k], k) if k in f else old[k] for k in QUOTA_FIELDS}

@@ -26,6 +26,12 @@ class LiveAnswer:
     conversation_id: int
     created: float = field(default_factory=time.monotonic)
     connected: bool = False
+    prefix: str = ""
+    """A continued answer: what it said before; the new text is appended to it."""
+    rewrite: int | None = None
+    """The stored answer this one takes the place of when saved (Continue, Regenerate)."""
+    keep_old: bool = False
+    """Keep the replaced answer as an earlier version (Regenerate)."""
 
 
 class WebState:

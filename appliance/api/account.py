@@ -13,7 +13,7 @@ import anyio
 import msgspec
 from litestar import Request, Response, delete, get, patch, post
 from litestar.datastructures import Cookie, State
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.response import Redirect, Template
 
 from appliance.api.auth import SESSION_COOKIE, Principal, key_scope, new_key_class
@@ -77,9 +77,20 @@ def _conversation_json(c: Conversation, messages: list[Message] | None = None) -
 
 
 # ---- login / logout ----
+LOGGED_OUT_DISABLED = "This account is disabled; ask an admin."
+"""On the login page a browser is sent to when an admin disabled its account."""
+
+
 @get("/login", sync_to_thread=False)
-def login_page(request: Request) -> Template:
-    return Template("login.html", context={"error": None})
+def login_page(request: Request, reason: FromQuery[str] = "") -> Template:
+    return Template("login.html", context={
+        "error": LOGGED_OUT_DISABLED if reason == "disabled" else None,
+        "idle_minutes": _idle(request)})
+
+
+def _idle(request: Request) -> int:
+    """Minutes a 'Shared device' session lasts without use (said on the login form)."""
+    return int(request.app.state.services.shared_idle_s // 60)
 
 
 DISABLED = "This account is switched off. Ask an admin of the household to switch it on again."
@@ -96,14 +107,20 @@ def _login_too_long(body: LoginBody) -> str | None:
     return None
 
 
-def _check_password(store: Store, name: str, password: str) -> Any:
+def _check_password(store: Store, name: str, password: str,
+                    shared_idle_s: float | None = None) -> Any:
+    """The new session's details, or why not; ``shared_idle_s``: a 'Shared device' session
+    that ends after that long without a request."""
     with store.sessions.begin() as s:
         user = users.authenticate_password(s, name, password, allow_disabled=True)
         if user is None:
             return None
         if user.disabled:
             return DISABLED
-        token = websessions.start_session(s, user)
+        if shared_idle_s is None:
+            token = websessions.start_session(s, user)
+        else:
+            token = websessions.start_session(s, user, ttl_s=shared_idle_s, shared=True)
         theme = preferences.get_preferences(s, user.id).theme
         return user.id, user.name, user.role, token, theme
 
@@ -111,15 +128,19 @@ def _check_password(store: Store, name: str, password: str) -> Any:
 @post("/login", status_code=200)
 async def login(request: Request, state: State) -> Response[Any]:
     is_form = request.content_type[0] != "application/json"
+    shared = False
     if is_form:
         form = await request.form()
         body = LoginBody(name=str(form.get("name", "")), password=str(form.get("password", "")))
+        shared = form.get("shared") == "on"
     else:
         body = decode_body(await request.body(), LoginBody)
     too_long = _login_too_long(body)
     if too_long is not None:
         if is_form:
-            return Template("login.html", context={"error": too_long}, status_code=400)
+            return Template("login.html", context={"error": too_long,
+                                                   "idle_minutes": _idle(request)},
+                            status_code=400)
         raise bad_request(too_long, "too_long")
     services = state.services
     address = request.client.host if request.client else "?"
@@ -130,16 +151,20 @@ async def login(request: Request, state: State) -> Response[Any]:
                        "rate_limit_error", "login_throttled",
                        headers={"Retry-After": str(int(wait) + 1)})
     found = await anyio.to_thread.run_sync(_check_password, services.store, body.name,
-                                           body.password)
+                                           body.password,
+                                           services.shared_idle_s if shared else None)
     if found is None:
         services.throttle.failed(body.name, address, now)
         if is_form:
-            return Template("login.html", context={"error": "Wrong name or password."},
+            return Template("login.html", context={"error": "Wrong name or password.",
+                                                   "idle_minutes": _idle(request)},
                             status_code=401)
         raise ApiError(401, "Wrong name or password.", "authentication_error")
     if found == DISABLED:
         if is_form:
-            return Template("login.html", context={"error": DISABLED}, status_code=403)
+            return Template("login.html", context={"error": DISABLED,
+                                                   "idle_minutes": _idle(request)},
+                            status_code=403)
         raise ApiError(403, DISABLED, "permission_error", "account_disabled")
     services.throttle.succeeded(body.name, address)
     uid, name, role, token, theme = found
@@ -147,7 +172,7 @@ async def login(request: Request, state: State) -> Response[Any]:
     if old:  # the id rotates: whatever session the browser had is over
         await anyio.to_thread.run_sync(_end_session, services.store, old)
     # the theme follows the person: this browser takes the one saved in their settings
-    cookies = [session_cookie(request, token), theme_cookie(theme)]
+    cookies = [session_cookie(request, token, remember=not shared), theme_cookie(theme)]
     if is_form:
         return Redirect("/", status_code=303, cookies=cookies)
     return Response({"id": uid, "name": name, "role": role}, cookies=cookies)
@@ -162,10 +187,12 @@ def theme_cookie(theme: str) -> Cookie:
                   max_age=400 * 24 * 3600)
 
 
-def session_cookie(request: Request, token: str) -> Cookie:
-    """The browser's session cookie for a new session id."""
+def session_cookie(request: Request, token: str, remember: bool = True) -> Cookie:
+    """The browser's session cookie for a new session id; without ``remember`` (a shared
+    device) it ends with the browser."""
     return Cookie(key=SESSION_COOKIE, value=token, httponly=True, samesite="lax", path="/",
-                  max_age=int(websessions.SESSION_TTL_S), secure=_is_https(request))
+                  max_age=int(websessions.SESSION_TTL_S) if remember else None,
+                  secure=_is_https(request))
 
 
 def _is_https(request: Request) -> bool:

@@ -122,8 +122,6 @@ def _change_user(state: State, uid: int, data: UserPatch) -> dict[str, Any]:
             websessions.end_user_sessions(s, u.id)
         if data.disabled is not None:
             users.disable_user(s, u, data.disabled)
-            if data.disabled:
-                websessions.end_user_sessions(s, u.id)
         out = user_json(u)
     if data.weight is not None:
         state.services.policy_changed()  # after the commit: the scheduler re-reads weights

@@ -82,6 +82,11 @@ def principal_for_session(store: Store, token: str) -> Principal | None:
         return Principal(user.id, user.name, user.role, user.max_class)
 
 
+def _slide(store: Store, token: str, idle_s: float) -> None:
+    with store.sessions.begin() as s:
+        websessions.slide_shared(s, token, idle_s)
+
+
 class AuthMiddleware(AbstractAuthenticationMiddleware):
     async def authenticate_request(self, connection: ASGIConnection[Any, Any, Any, Any]
                                    ) -> AuthenticationResult:
@@ -108,6 +113,8 @@ class AuthMiddleware(AbstractAuthenticationMiddleware):
             by_session = await anyio.to_thread.run_sync(principal_for_session, store, token)
         if by_session is None:
             raise NotAuthorizedException("Log in first.")
+        if token and token.startswith(websessions.SHARED):  # the shared tablet is in use
+            await anyio.to_thread.run_sync(_slide, store, token, services.shared_idle_s)
         return AuthenticationResult(by_session, "session")
 
 

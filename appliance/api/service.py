@@ -101,6 +101,8 @@ class Services:
     """The background job scheduler (``appliance.jobs.runner.JobService``), when wired."""
     writer: StoreWriter | None = None
     """The store writer: its backlog decides whether model requests may start."""
+    shared_idle_s: float = 600.0
+    """A 'Shared device' browser session ends after this long without a request."""
     prompt_limiter: anyio.CapacityLimiter = field(
         default_factory=lambda: anyio.CapacityLimiter(PROMPT_THREADS))
 

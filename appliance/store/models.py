@@ -207,6 +207,23 @@ class Message(Base):
         return f"Message(id={self.id}, conversation_id={self.conversation_id}, role={self.role!r})"
 
 
+class AnswerVersion(Base):
+    """An answer's other versions (Regenerate keeps the earlier ones): the shown version is
+    the ``messages`` row itself; choosing another swaps its text into that row."""
+
+    __tablename__ = "answer_versions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    message_id: Mapped[int] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"),
+                                            index=True)
+    content: Mapped[str] = mapped_column(Text)
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+    def __repr__(self) -> str:
+        return f"AnswerVersion(id={self.id}, message_id={self.message_id})"
+
+
 class WebSession(Base):
     """A browser login. Only the SHA-256 of the cookie token is stored; a new token is made
     at every login (the id rotates) and logout deletes the row."""

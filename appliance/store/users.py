@@ -134,11 +134,14 @@ def set_password(
 
 
 def disable_user(session: Session, user: User, disabled: bool = True) -> None:
-    """Disable (or re-enable) a user: logins and their API keys stop working at once, and
-    their browser sessions are deleted, so re-enabling never brings an old session back."""
+    """Disable (or re-enable) a user: logins, browser sessions and API keys stop working at
+    once. The session rows stay while the user is disabled, so a browser can be told why it
+    was logged out (``websessions.of_disabled_user``); enabling deletes them, so it never
+    brings an old session back."""
     if disabled:
         _guard_last_admin(session, user)
-        _end_sessions(session, user.id)  # so enabling later has no old session to revive
+    elif user.disabled:
+        _end_sessions(session, user.id)
     user.disabled = disabled
 
 

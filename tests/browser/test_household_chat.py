@@ -240,8 +240,9 @@ def test_a_refusal_is_one_plain_notice_with_used_of_allowed_and_the_reset_time(
         notices = page.locator(".notice")
         assert notices.count() == 1
         text = notices.inner_text()
-        assert re.search(rf"{used:,} of {used:,} tokens used today — resets "
-                         r"(tomorrow )?at \d\d:\d\d\.", text), text
+        assert re.search(r"All of today's allowance \(about [\d,]+ words?\) is used — "
+                         r"resets (tomorrow )?at \d\d:\d\d\.", text), text
+        assert f"{used:,} of {used:,} tokens used today" in notices.get_attribute("title")
         assert "Over quota:" not in text and "24h" not in text
         assert page.input_value("#message") == "Once more"  # kept to send again later
     finally:

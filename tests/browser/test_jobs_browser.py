@@ -63,7 +63,7 @@ def test_a_member_creates_a_job_runs_it_watches_progress_and_reads_the_output(
     page.wait_for_function(f"() => {{ const t = document.querySelector("
                            f"'.job-progress .progress-text'); return !t || "
                            f"parseInt(t.textContent) > {first}; }}", timeout=120_000)
-    page.screenshot(path=str(shots / "jobs-desktop.png"), full_page=True)
+    page.screenshot(path=str(shots / "jobs-desktop.png"), full_page=True, caret="initial")
     page.click("article.job a:text('History')")
     page.wait_for_url("**/jobs/page/*")
     page.wait_for_selector("article.run[data-status=done]", timeout=180_000)
@@ -79,5 +79,5 @@ def test_a_member_creates_a_job_runs_it_watches_progress_and_reads_the_output(
     shown = page.locator("article.run[data-status=done] .output").first.inner_html()
     assert shown.strip() == str(render(stored)).strip()
     assert "requests" in page.locator("article.run[data-status=done]").first.inner_text()
-    page.screenshot(path=str(shots / "job-history-desktop.png"), full_page=True)
+    page.screenshot(path=str(shots / "job-history-desktop.png"), full_page=True, caret="initial")
     tab.close()

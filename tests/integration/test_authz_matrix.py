@@ -138,6 +138,8 @@ OWNED = {("GET", "/schema/{}"),  # probed by the /schema/openapi.yaml row above
          ("DELETE", "/me/keys/{}"), ("DELETE", "/admin/keys/{}"), ("POST", "/login"),
          # web/: tests/integration/test_web_pages.py::test_owned_web_routes_answer_each_caller
          ("GET", "/chat/{}"), ("POST", "/chat/{}/delete"), ("GET", "/chat/streams/{}"),
+         ("GET", "/chat/{}/export.md"), ("GET", "/chat/{}/export.json"),
+         ("POST", "/chat/{}/continue"), ("POST", "/chat/{}/answers/{}/show/{}"),
          ("POST", "/chat/streams/{}/stop"), ("GET", "/dashboard/stream"),
          ("POST", "/keys/{}/revoke"), ("GET", "/static/{}"),
          # tests/integration/test_web_household.py and tests/browser/test_household_chat.py

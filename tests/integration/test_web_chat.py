@@ -172,7 +172,10 @@ def test_hostile_model_output_is_escaped_token_by_token_and_in_the_final_answer(
 
     saved: list[str] = []
     original = chat._save_answer
-    chat._save_answer = lambda svc, a, text, finish: saved.append(text)  # type: ignore[assignment]
+    def save(svc: Any, a: Any, text: str, finish: Any) -> tuple[None, None]:
+        saved.append(text)
+        return None, None  # (the stored message's id, its versions): none here
+    chat._save_answer = save  # type: ignore[assignment]
     try:
         events = sse_events(b"".join(asyncio.run(collect())).decode())
     finally:

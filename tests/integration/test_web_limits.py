@@ -62,7 +62,9 @@ def test_over_the_daily_quota_answers_429_with_the_reason(server: LiveServer) ->
         with browser(server.url, "carol") as carol:
             r = carol.post("/chat/send", data={"message": "hello"})
         assert r.status_code == 429
-        assert "Over your quota" in r.text and "daily allowance of 5" in r.text
+        assert "Over your quota" in r.text and "daily allowance of about 4 words" in r.text
+        assert "tokens" not in r.text.split('">', 1)[1]  # words; the figures in the title
+        assert 'title="0 of 5 tokens used today; this message needs ' in r.text
         assert "Over quota:" not in r.text  # said once, in plain words
         assert 'role="alert"' in r.text
     finally:
@@ -122,6 +124,7 @@ def test_bad_messages_get_a_400_notice(server: LiveServer) -> None:
         r = carol.post("/chat/send", data={"message": "   "})
         assert r.status_code == 400 and "Type a message first" in r.text
         r = carol.post("/chat/send", data={"message": "many words " * 1400})
-        assert r.status_code == 400 and "maximum context length" in r.text
+        assert r.status_code == 400 and "too long for the model" in r.text
+        assert "maximum context length" in r.text  # the exact figures, as the tooltip
         r = carol.post("/chat/send", data={"message": "x", "conversation": "999999"})
         assert r.status_code == 404

@@ -93,6 +93,18 @@ def test_owned_web_routes_answer_each_caller(server: LiveServer) -> None:
         assert carol.get(f"/chat/{cid}").status_code == carol.get("/chat/999999").status_code
         assert anon.get(f"/chat/{cid}").status_code == 303
         assert anon.post(f"/chat/{cid}/delete").status_code == 401
+        for ext in ("md", "json"):  # the export is the owner's only
+            assert bob.get(f"/chat/{cid}/export.{ext}").status_code == 200
+            assert carol.get(f"/chat/{cid}/export.{ext}").status_code == 404
+            assert anon.get(f"/chat/{cid}/export.{ext}").status_code == 401
+        assert carol.post(f"/chat/{cid}/continue").status_code == 404
+        assert anon.post(f"/chat/{cid}/continue").status_code == 401
+        assert bob.post(f"/chat/{cid}/continue").status_code == 400  # nothing cut short
+        mid = bob.post(f"/conversations/{cid}/messages",
+                       json={"role": "assistant", "content": "an answer"}).json()["id"]
+        assert bob.post(f"/chat/{cid}/answers/{mid}/show/1").status_code == 200
+        assert carol.post(f"/chat/{cid}/answers/{mid}/show/1").status_code == 404
+        assert anon.post(f"/chat/{cid}/answers/{mid}/show/1").status_code == 401
         assert carol.post(f"/chat/{cid}/delete").status_code == 404
         r = bob.post(f"/chat/{cid}/delete")
         assert r.status_code == 200 and r.headers["hx-redirect"] == "/chat"

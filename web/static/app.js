@@ -20,10 +20,66 @@
     if (e.target === messages()) { following = atEnd(e.target); }
   }, true);
 
+  // The message box's length: a counter from 80 % of the limit, and above it a plain
+  // "too long" with Send off, rather than the browser cutting a paste short unseen.
+  var COUNT_FROM = 0.8;
+  function overLimit() {
+    var box = document.getElementById('message');
+    var limit = box ? parseInt(box.getAttribute('data-limit') || '0', 10) : 0;
+    return limit > 0 && box.value.length > limit;
+  }
+  function updateCount() {
+    var box = document.getElementById('message');
+    var out = document.getElementById('message-count');
+    if (!box || !out) { return; }
+    var limit = parseInt(box.getAttribute('data-limit') || '0', 10);
+    var n = box.value.length;
+    var fmt = function (x) { return x.toLocaleString('en'); };
+    out.hidden = !(limit > 0 && n >= limit * COUNT_FROM);
+    out.classList.toggle('over', n > limit);
+    out.textContent = n > limit
+      ? 'Too long to send: ' + fmt(n) + ' characters, ' + fmt(n - limit) +
+        ' over the limit of ' + fmt(limit) + '. Shorten it, or split it into two messages.'
+      : fmt(n) + ' of ' + fmt(limit) + ' characters';
+  }
+
+  // Attach: a text, Markdown or HTML file is read here in the browser (HTML as its text)
+  // and sent with the message; nothing is uploaded until Send.
+  var ATTACH_MAX_BYTES = 1024 * 1024;
+  function setAttachment(name, text) {
+    document.getElementById('attachment').value = text;
+    document.getElementById('attachment-name').value = name;
+    var shown = document.getElementById('attached');
+    shown.hidden = !name;
+    document.getElementById('attached-what').textContent = name
+      ? 'Attached: ' + name + ' (' + text.length.toLocaleString('en') + ' characters)' : '';
+  }
+  document.addEventListener('change', function (e) {
+    if (!e.target || e.target.id !== 'attach' || !e.target.files.length) { return; }
+    var file = e.target.files[0];
+    e.target.value = '';
+    if (file.size > ATTACH_MAX_BYTES) {
+      notice('That file is too large to attach (at most 1 MB of text).');
+      return;
+    }
+    file.text().then(function (raw) {
+      var html = /\.html?$/i.test(file.name) || file.type === 'text/html';
+      var text = html ? (new DOMParser().parseFromString(raw, 'text/html').body.textContent || '')
+        : raw;
+      setAttachment(file.name, text.replace(/\n{3,}/g, '\n\n').trim());
+    });
+  });
+  document.addEventListener('click', function (e) {
+    if (e.target && e.target.id === 'attached-remove') { setAttachment('', ''); }
+  });
+
   function updateSend() {
     var send = document.getElementById('send');
-    if (send) { send.disabled = streaming(); }
+    if (send) { send.disabled = streaming() || overLimit(); }
   }
+  document.addEventListener('input', function (e) {
+    if (e.target && e.target.id === 'message') { updateCount(); updateSend(); }
+  });
 
   // One notice at a time: a new one replaces the last, and a message that goes through
   // clears it.
@@ -67,12 +123,63 @@
     }
   });
 
+  // Delete sends the page to /chat: replace the deleted conversation's history entry, so
+  // that neither the address bar nor Back leads to a conversation that is gone.
+  document.addEventListener('htmx:beforeOnLoad', function (e) {
+    var xhr = e.detail.xhr;
+    var to = xhr && xhr.getResponseHeader('HX-Redirect');
+    if (to && e.detail.elt && e.detail.elt.hasAttribute('data-replace-url')) {
+      e.preventDefault();
+      window.location.replace(to);
+    }
+  });
+
+  // A form the browser refuses (a weight below its minimum) is never sent: replace its
+  // last status ("Saved.") with what is wrong, rather than leave the old one standing.
+  function formNotice(form, kind, text) {
+    var old = form.querySelector('.notice');
+    var div = document.createElement('div');
+    div.className = 'notice ' + kind;
+    div.setAttribute('role', kind === 'error' ? 'alert' : 'status');
+    div.textContent = text;
+    var head = form.querySelector('h2');
+    if (old) { old.replaceWith(div); } else if (head) { head.after(div); } else { form.prepend(div); }
+    return div;
+  }
+  document.addEventListener('invalid', function (e) {  // each refused field, before submit
+    var field = e.target;
+    var form = field.form;
+    if (!form || form.id === 'composer') { return; }
+    var label = field.closest('label');
+    var name = label && label.firstChild ? label.firstChild.textContent.trim() : '';
+    var text = (name ? name + ': ' : '') + field.validationMessage;
+    var said = form.querySelector('.notice[data-local]');
+    if (said && form.getAttribute('data-checking')) {  // another field of the same try
+      said.textContent += ' ' + text;
+      return;
+    }
+    formNotice(form, 'error', 'Not saved. ' + text).setAttribute('data-local', '');
+    form.setAttribute('data-checking', '1');
+    window.setTimeout(function () { form.removeAttribute('data-checking'); }, 0);
+  }, true);
+  document.addEventListener('submit', function (e) {  // a new try: the old reasons go
+    var old = e.target.querySelector && e.target.querySelector('.notice[data-local]');
+    if (old) { old.remove(); }
+  }, true);
+  document.addEventListener('input', function (e) {  // an edit makes "Saved." stale
+    var form = e.target && e.target.closest && e.target.closest('form');
+    var ok = form && form.querySelector('.notice.ok');
+    if (ok) { ok.remove(); }
+  });
+
   document.addEventListener('keydown', function (e) {
     if (e.target && e.target.id === 'message' && e.key === 'Enter' && !e.shiftKey &&
         !e.isComposing) {
       e.preventDefault();
       var form = document.getElementById('composer');
-      if (form && !streaming() && e.target.value.trim() !== '') { form.requestSubmit(); }
+      if (form && !streaming() && !overLimit() && e.target.value.trim() !== '') {
+        form.requestSubmit();
+      }
     }
   });
 
@@ -85,13 +192,23 @@
     // keeps what was typed, to send again
     if (form && e.detail.elt === form && xhr.status >= 200 && xhr.status < 300) {
       document.getElementById('message').value = '';
+      if (document.getElementById('attachment')) { setAttachment('', ''); }
+      updateCount();
     }
   });
   document.addEventListener('htmx:afterSwap', function (e) {
     updateSend();
     var form = document.getElementById('composer');
-    if (form && e.detail.requestConfig && e.detail.requestConfig.elt === form) {
+    var elt = e.detail.requestConfig && e.detail.requestConfig.elt;
+    if (form && elt === form) {
       scrollDown(true);  // the question just sent and its answer: in view
+    }
+    // Regenerate, Continue and Edit replace the messages, and the button that had focus with them:
+    // keyboard focus goes to the message box rather than falling to the page.
+    if (elt && elt.closest && elt.closest('.regen, .continue, .edit-form') && !elt.isConnected) {
+      var box = document.getElementById('message');
+      if (box) { box.focus(); }
+      scrollDown(true);
     }
   });
   document.addEventListener('htmx:afterSettle', function () { updateSend(); scrollDown(false); });

@@ -5,7 +5,7 @@
 // with the rows as if each were a separate product: a decode step of 8 rows cost 8 of one.
 // Here the packed weights are streamed once per call: each block of 16 words (one cache
 // line) is unpacked in registers, dequantized (w = s * q + b per group) and multiplied into
-// up to RMAX rows' accumulators at once, so more rows add only their multiply-adds.
+// up to 8 rows' accumulators at once, so more rows add only their multiply-adds.
 //
 // Layout (MLX's): w is uint32 [N, K * bits / 32], element k of a row in word k / (32 / bits)
 // at bit bits * (k % (32 / bits)); scales and biases are [N, K / group]. A block of 16 words
@@ -81,12 +81,48 @@ QINLINE float to_f32(uint16_t h, F16) {  // F16C's conversion where the variant 
   return static_cast<float>(v);
 }
 
-// The 16 lanes' values from one scale per LPG lanes (LPG 4, 8 or 16).
+// The first C (1, 2 or 4) scales from p as floats, the rest of the 4 lanes unused.
+template <int C>
+QINLINE f4 scales4(const float* p, F32) {
+  f4 v = {};
+  std::memcpy(&v, p, C * sizeof(float));
+  return v;
+}
+template <int C>
+QINLINE f4 scales4(const uint16_t* p, F16) {
+  typedef _Float16 h4 __attribute__((vector_size(4 * sizeof(_Float16))));
+  h4 v = {};
+  std::memcpy(&v, p, C * sizeof(uint16_t));
+  return __builtin_convertvector(v, f4);
+}
+template <int C>
+QINLINE f4 scales4(const uint16_t* p, BF16) {
+  typedef uint32_t u4 __attribute__((vector_size(4 * sizeof(uint32_t))));
+  typedef uint16_t s4 __attribute__((vector_size(4 * sizeof(uint16_t))));
+  s4 v = {};
+  std::memcpy(&v, p, C * sizeof(uint16_t));
+  const u4 bits = __builtin_convertvector(v, u4) << 16;
+  f4 f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// The 16 lanes' values from one scale per LPG lanes (LPG 4, 8 or 16), by broadcasts and
+// blends in registers (a shuffle of the 4-lane vector went through memory).
 template <int LPG>
 QINLINE vf spread(f4 v) {
-  if constexpr (LPG == 16) return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  else if constexpr (LPG == 8) return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  else return __builtin_shufflevector(v, v, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  if constexpr (LPG == 16) {
+    return vf{} + v[0];
+  } else {
+    const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    if constexpr (LPG == 8) {
+      return lane < 8 ? vf{} + v[0] : vf{} + v[1];
+    } else {
+      vf r = lane < 12 ? vf{} + v[2] : vf{} + v[3];
+      r = lane < 8 ? vf{} + v[1] : r;
+      return lane < 4 ? vf{} + v[0] : r;
+    }
+  }
 }
 
 struct QArgs {
@@ -97,6 +133,7 @@ struct QArgs {
   const void* scales;
   const void* biases;
   int64_t groups, group;   // groups per row, elements per group
+  int group_log2;          // the group's size is a power of 2: no division per block
   float* y;                // [m, n]
 };
 
@@ -121,10 +158,15 @@ QINLINE void column_rows(const QArgs& a, int64_t n, int64_t r0) {
       std::memcpy(buf, wr + b * LANES, (a.k - b * E) / PER * sizeof(uint32_t));
       std::memcpy(&v, buf, sizeof(v));
     }
-    const int64_t g0 = b * E / a.group;
-    f4 s4 = {}, b4 = {};
-    for (int c = 0; c < LANES / LPG; c++) {
-      if (g0 + c < a.groups) {
+    const int64_t g0 = (b * E) >> a.group_log2;
+    f4 s4, b4;
+    if (g0 + LANES / LPG <= a.groups) {  // a vector load: element inserts stalled the loop
+      s4 = scales4<LANES / LPG>(sr + g0, S{});
+      b4 = scales4<LANES / LPG>(br + g0, S{});
+    } else {
+      s4 = f4{};
+      b4 = f4{};
+      for (int c = 0; g0 + c < a.groups; c++) {
         s4[c] = to_f32(sr[g0 + c], S{});
         b4[c] = to_f32(br[g0 + c], S{});
       }
@@ -146,6 +188,17 @@ QINLINE void column_rows(const QArgs& a, int64_t n, int64_t r0) {
   }
 }
 
+// column_rows for `rows` (1..R) rows, R known when compiled.
+template <int BITS, int LPG, class S, int R>
+QINLINE void rows_of(const QArgs& a, int64_t n, int64_t r0, int64_t rows) {
+  if constexpr (R == 1) {
+    column_rows<BITS, LPG, S, 1>(a, n, r0);
+  } else {
+    if (rows == R) column_rows<BITS, LPG, S, R>(a, n, r0);
+    else rows_of<BITS, LPG, S, R - 1>(a, n, r0, rows);
+  }
+}
+
 template <int BITS, int LPG, class S, int RMAX>
 QINLINE void columns_body(const QArgs& a, int64_t n0, int64_t n1) {
   typedef typename S::raw raw;
@@ -159,18 +212,15 @@ QINLINE void columns_body(const QArgs& a, int64_t n0, int64_t n1) {
     }
     for (int64_t r0 = 0; r0 < a.m; r0 += RMAX) {
       const int64_t rows = std::min<int64_t>(RMAX, a.m - r0);
-      if (rows == RMAX) column_rows<BITS, LPG, S, RMAX>(a, n, r0);
-      else if (rows == 3) column_rows<BITS, LPG, S, 3>(a, n, r0);
-      else if (rows == 2) column_rows<BITS, LPG, S, 2>(a, n, r0);
-      else column_rows<BITS, LPG, S, 1>(a, n, r0);
+      rows_of<BITS, LPG, S, RMAX>(a, n, r0, rows);
     }
   }
 }
 
 typedef void (*columns_fn)(const QArgs&, int64_t, int64_t);
 
-// Rows held in registers at once: AVX-512's 32 registers hold 4 rows' accumulators beside
-// the weights; AVX2's 16 (two per 16-lane vector) hold 2.
+// Rows held in registers at once: AVX-512's 32 registers hold 8 rows' accumulators beside
+// the weights; AVX2's 16 (two per 16-lane vector) hold 4 with a little spilling.
 template <int BITS, int LPG, class S>
 void columns_portable(const QArgs& a, int64_t n0, int64_t n1) {
   columns_body<BITS, LPG, S, 2>(a, n0, n1);
@@ -178,12 +228,12 @@ void columns_portable(const QArgs& a, int64_t n0, int64_t n1) {
 #if defined(__x86_64__)
 template <int BITS, int LPG, class S>
 __attribute__((target("avx2,fma,f16c"))) void columns_avx2(const QArgs& a, int64_t n0, int64_t n1) {
-  columns_body<BITS, LPG, S, 2>(a, n0, n1);
+  columns_body<BITS, LPG, S, 4>(a, n0, n1);
 }
 template <int BITS, int LPG, class S>
 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
 void columns_avx512(const QArgs& a, int64_t n0, int64_t n1) {
-  columns_body<BITS, LPG, S, 4>(a, n0, n1);
+  columns_body<BITS, LPG, S, 8>(a, n0, n1);
 }
 #endif
 
@@ -447,7 +497,7 @@ class QuantMatmul : public mx::UnaryPrimitive {
     std::vector<float> xp(static_cast<size_t>(m * kp));
     to_block_order(x.data<float>(), xp.data(), m, k, kp, bits);
     QArgs a{xp.data(), m, kp, k, n, w.data<uint32_t>(), words, in[2].data<void>(),
-            in[3].data<void>(), in[2].shape(1), group, out.data<float>()};
+            in[3].data<void>(), in[2].shape(1), group, __builtin_ctz(group), out.data<float>()};
     columns_fn fn = pick(bits, group, in[2].dtype());
     auto& pool = QuantPool::get();
     // Rows in slices that stay in the cache while every column passes them (a prefill's

@@ -196,3 +196,18 @@ def test_the_imported_4_bit_model_answers_with_mlx_own_greedy_tokens(smollm2: Pa
                                atol=1e-3 * np.abs(their_logits).max())
     assert ours == theirs
     assert "Paris" in tokenizer.decode(ours)
+
+
+def test_the_backend_reports_the_kernel_and_native_off_leaves_mlx_alone() -> None:
+    from appliance.backend import start
+
+    own = mx.quantized_matmul
+    try:
+        on = start(native=True)
+        assert on.quant in ("avx512", "avx2", "portable") and on.describe()["quant"] == on.quant
+        assert mx.quantized_matmul is not own
+        off = start(native=False)
+        assert off.quant is None and mx.quantized_matmul is own
+    finally:
+        quant.uninstall()
+        fast_ops.uninstall()

@@ -45,10 +45,9 @@ def _tidy(text: str) -> str:
 def _open(data: bytes, name: str) -> PdfReader:
     try:
         reader = PdfReader(io.BytesIO(data), strict=False)
-        if reader.is_encrypted:
-            # many PDFs are "encrypted" with an empty password only to forbid printing
-            if not reader.decrypt(""):
-                raise FileNotDecryptedError("a password is needed")
+        # many PDFs are "encrypted" with an empty password only to forbid printing
+        if reader.is_encrypted and not reader.decrypt(""):
+            raise FileNotDecryptedError("a password is needed")
         return reader
     except (FileNotDecryptedError, DependencyError):
         raise Unreadable(f"“{name}” is protected with a password, so its text cannot be "

@@ -217,7 +217,8 @@ async def _ask(svc: Services, who: Principal, text: str, max_tokens: int) -> str
 
 
 # ---- routes ----
-@post("/chat/attachments", request_max_body_size=pdftext.MAX_PDF_BYTES + 64 * 1024)
+@post("/chat/attachments", status_code=200,
+      request_max_body_size=pdftext.MAX_PDF_BYTES + 64 * 1024)
 async def attach_pdf(request: Request[Any, Any, Any]) -> Response[Any]:
     """A PDF's text (JSON: name, text, pages), or a 400 saying plainly why not."""
     form = await request.form()

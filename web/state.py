@@ -59,7 +59,7 @@ class Reading:
     @property
     def status(self) -> str:
         """Where the reading stands, in words: "Reading part 2 of 5 of “notes.pdf”…"."""
-        if self.total == 0:
+        if self.total == 0 or self.parts == 1:  # not begun, or short enough to read whole
             return f"Reading “{self.name}”…"
         if self.done < self.parts:
             return f"Reading part {self.done + 1} of {self.parts} of “{self.name}”…"

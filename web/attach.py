@@ -96,9 +96,11 @@ async def start(request: Request[Any, Any, Any], question: str, fields: dict[str
         raise ApiError(429, "A file of yours is being read already. Wait for it to finish, "
                        "or stop it, before attaching another.", "rate_limit_error",
                        "max_concurrent")
-    cid, created = await save(f"{question}\n\n{_label(name, len(document))}: too long to "
-                              "read at once, so it is read in parts first.")
+    cid, created = await save(question)  # the conversation is named after the question
     reading = Reading(who.user_id, cid, name, len(document))
+    await anyio.to_thread.run_sync(_store, services(request), reading, (
+        f"{question}\n\n{_label(name, len(document))}: too long to read at once, so it is "
+        "read in parts first."), False)
     rid = ws.add_reading(reading)
     reading.task = asyncio.get_running_loop().create_task(
         _run(services(request), who, reading, question, document, answer))
@@ -123,7 +125,8 @@ async def _run(svc: Services, who: Principal, r: Reading, question: str, documen
         r.touch()
 
     def noted(why: str) -> str:
-        read = "".join(f"\n\nPart {i}: {n}" for i, n in enumerate(notes, 1))
+        read = "".join(f"\n\nPart {i}: {n or '(nothing noted)'}"
+                       for i, n in enumerate(notes, 1))
         return (f"{question}\n\n{label}: {why} after {len(notes)} of {r.parts or '?'} "
                 f"parts." + (f" Notes on the parts read:{read}" if read else ""))
 
@@ -136,7 +139,7 @@ async def _run(svc: Services, who: Principal, r: Reading, question: str, documen
             min(SUMMARY_TOKENS, svc.model.ctx_limit // 4), ask, progress)
         parts = f"read in {r.parts} parts" if r.parts > 1 else "read first"
         await anyio.to_thread.run_sync(_store, svc, r, f"{question}\n\n{label}, {parts}; "
-                                       f"what it says, in short:\n\n{summary.strip()}", False)
+                                       f"what it says, in short:\n\n{summary.strip() or '(nothing noted)'}", False)
         summarised = True
         r.sid, r.state = await answer(r.conversation_id), "answering"
     except asyncio.CancelledError:

@@ -143,6 +143,7 @@ def test_a_long_file_is_read_in_parts_with_progress_then_answered_and_kept(
     assert f"Attached file “history.md” ({len(doc):,} characters), read in {parts} parts" \
         in question
     assert doc[:200] not in question  # the summary took the file's place
+    assert page.locator("#chat-title").inner_text() == "Which rooms does this talk about?"
     assert page.locator(".msg.assistant").count() == 1
     assert page.locator(".msg.reading").count() == 0
     with server.client("carol") as api:

@@ -38,8 +38,12 @@ def q4_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: int = 256,
-               layers: int = 2, seed: int = 0) -> Path:
-    """A tiny model: ``quant`` is Q8_0, Q4_0 or Q4_K for its matrices (norms stay F32)."""
+               layers: int = 2, seed: int = 0, rope_freqs: np.ndarray | None = None) -> Path:
+    """A tiny model: ``quant`` is Q8_0, Q4_0 or Q4_K for its matrices (norms stay F32,
+    random around 1 as a trained model's are). ``arch`` llama, qwen3, gemma3 (its four norms
+    per block, query and key norms, sliding window of 8, every second layer global: the file
+    says so) or phi3 (fused ``attn_qkv`` and ``ffn_up``, its own output matrix);
+    ``rope_freqs``: Llama 3.x's per-frequency RoPE factors, as llama.cpp stores them."""
     import gguf
     from gguf import GGMLQuantizationType as T
 
@@ -67,6 +71,10 @@ def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: 
     w.add_bos_token_id(0)
     w.add_eos_token_id(2)
     w.add_chat_template(TEMPLATE)
+    if arch == "gemma3":
+        w.add_sliding_window(8)
+        w.add_sliding_window_pattern(2)
+        w.add_value_length(head_dim)
 
     def matrix(name: str, rows: int, cols: int) -> None:
         if quant == "Q4_K":
@@ -77,23 +85,37 @@ def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: 
         w.add_tensor(name, gguf.quants.quantize(x, kind), raw_dtype=kind)
 
     def norm(name: str, size: int) -> None:
-        w.add_tensor(name, np.ones(size, np.float32))
+        w.add_tensor(name, (1 + 0.1 * rng.standard_normal(size)).astype(np.float32))
 
     matrix("token_embd.weight", len(tokens), hidden)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
+    kv = kv_heads * head_dim
     for i in range(layers):
         norm(f"blk.{i}.attn_norm.weight", hidden)
-        matrix(f"blk.{i}.attn_q.weight", hidden, hidden)
-        matrix(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden)
-        matrix(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden)
+        if arch == "phi3":
+            matrix(f"blk.{i}.attn_qkv.weight", hidden + 2 * kv, hidden)
+        else:
+            matrix(f"blk.{i}.attn_q.weight", hidden, hidden)
+            matrix(f"blk.{i}.attn_k.weight", kv, hidden)
+            matrix(f"blk.{i}.attn_v.weight", kv, hidden)
         matrix(f"blk.{i}.attn_output.weight", hidden, hidden)
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             norm(f"blk.{i}.attn_q_norm.weight", head_dim)
             norm(f"blk.{i}.attn_k_norm.weight", head_dim)
+        if arch == "gemma3":
+            norm(f"blk.{i}.post_attention_norm.weight", hidden)
+            norm(f"blk.{i}.post_ffw_norm.weight", hidden)
         norm(f"blk.{i}.ffn_norm.weight", hidden)
-        matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
-        matrix(f"blk.{i}.ffn_up.weight", ffn, hidden)
+        if arch == "phi3":
+            matrix(f"blk.{i}.ffn_up.weight", 2 * ffn, hidden)
+        else:
+            matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
+            matrix(f"blk.{i}.ffn_up.weight", ffn, hidden)
         matrix(f"blk.{i}.ffn_down.weight", hidden, ffn)
     norm("output_norm.weight", hidden)
+    if arch == "phi3":
+        matrix("output.weight", len(tokens), hidden)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -92,6 +92,21 @@ def test_each_part_of_a_mixed_forward_gets_its_own_forwards_numbers(
     assert mx.allclose(mixed.step([1, 2, 3]), own.step([1, 2, 3]), atol=ATOL).item()
 
 
+@pytest.mark.parametrize(("arch", "bits"), [c for c in CASES if c.values[0] in RIDES_IN_ENGINE])
+def test_a_decode_step_has_the_bits_of_the_models_own_forward(
+        models: dict[str, Path], arch: str, bits: int) -> None:
+    """The plain decode step of a model that rides runs mixed_step: the same bits as
+    mlx-lm's model call, with left-padded rows."""
+    model = _load(models, arch, bits).model
+    lean, own = _batch(model, [40, 23, 57], lean=True), _batch(model, [40, 23, 57], lean=False)
+    assert lean.lean and not own.lean
+    inputs = [11, 12, 13]
+    for _ in range(3):
+        ours, theirs = lean.step(inputs), own.step(inputs)
+        assert mx.array_equal(ours, theirs).item()
+        inputs = ours.argmax(-1).tolist()
+
+
 def _reference(model: Any, prompt: list[int], n: int) -> list[int]:
     """mlx-lm's own greedy generation of ``prompt`` alone."""
     steps = generate_step(mx.array(prompt), model, max_tokens=n,

@@ -38,20 +38,31 @@ def q4_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: int = 256,
-               layers: int = 2, seed: int = 0, rope_freqs: np.ndarray | None = None) -> Path:
+               layers: int = 2, seed: int = 0, rope_freqs: np.ndarray | None = None,
+               vocab: str = "gpt2") -> Path:
     """A tiny model: ``quant`` is Q8_0, Q4_0 or Q4_K for its matrices (norms stay F32,
     random around 1 as a trained model's are). ``arch`` llama, qwen3, gemma3 (its four norms
     per block, query and key norms, sliding window of 8, every second layer global: the file
     says so) or phi3 (fused ``attn_qkv`` and ``ffn_up``, its own output matrix);
-    ``rope_freqs``: Llama 3.x's per-frequency RoPE factors, as llama.cpp stores them."""
+    ``rope_freqs``: Llama 3.x's per-frequency RoPE factors, as llama.cpp stores them.
+    ``vocab``: ``gpt2`` (byte-level BPE) or ``llama`` (SentencePiece: byte fallback tokens,
+    scores, no merges, as Gemma's and Phi-3's files have it)."""
     import gguf
     from gguf import GGMLQuantizationType as T
 
     rng = np.random.default_rng(seed)
     heads, kv_heads, ffn = 4, 2, 2 * hidden
     head_dim = hidden // heads
-    tokens = [*SPECIALS, *byte_chars(), "Ġt", "he"]
-    merges = ["Ġ t", "h e"]
+    if vocab == "llama":
+        specials = ["<unk>", "<s>", "</s>", "<pad>", "<mask>", "<start_of_turn>",
+                    "<end_of_turn>"]
+        pieces = ["\u2581", "t", "h", "e", "a", "\u2581t", "he", "\u2581the", "\u2581a"]
+        tokens = [*specials, *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+        types = [2] + [3] * (len(specials) - 1) + [6] * 256 + [1] * len(pieces)
+        scores = [0.0] * (len(specials) + 256) + [-float(i) for i in range(1, len(pieces) + 1)]
+    else:
+        tokens = [*SPECIALS, *byte_chars(), "Ġt", "he"]
+        types = [3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS))
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny {arch}")
     w.add_context_length(512)
@@ -64,12 +75,20 @@ def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: 
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(head_dim)
     w.add_key_length(head_dim)
-    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_model(vocab)
     w.add_token_list(tokens)
-    w.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
+    w.add_token_types(types)
+    if vocab == "llama":
+        w.add_token_scores(scores)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_pad_token_id(3)
+        w.add_add_space_prefix(arch != "gemma3")
+    else:
+        w.add_token_merges(["Ġ t", "h e"])
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(2)
     w.add_chat_template(TEMPLATE)
     if arch == "gemma3":
         w.add_sliding_window(8)

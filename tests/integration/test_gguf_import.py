@@ -259,6 +259,26 @@ def test_a_llama3_files_rope_freqs_become_its_rope_scaling(tmp_path: Path) -> No
     assert not (tmp_path / "odd").exists()
 
 
+@pytest.mark.parametrize(("arch", "pieces"), [("gemma3", ["t", "he", "\u2581a"]),
+                                              ("phi3", ["\u2581the", "\u2581a"])])
+def test_a_sentencepiece_vocabulary_is_built_as_its_architecture_spells_it(
+        tmp_path: Path, arch: str, pieces: list[str]) -> None:
+    """Gemma's and Phi-3's files carry SentencePiece vocabularies (scores, byte fallback,
+    no merges): Gemma puts no space before the text, Phi-3 does."""
+    out = tmp_path / f"sp-{arch}"
+    done = run_import(str(write_gguf(tmp_path / "sp.gguf", arch=arch, vocab="llama")), out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    from mlx_lm import load
+
+    _, tok = load(str(out))
+    ids = tok.encode("the a", add_special_tokens=False)
+    assert tok.convert_ids_to_tokens(ids) == pieces
+    assert tok.decode(ids) == "the a"
+    assert tok.decode(tok.encode("\u00e9t\u00e9", add_special_tokens=False)) == "\u00e9t\u00e9"
+    assert tok.eos_token == "</s>" and tok.bos_token == "<s>"
+    assert isinstance(loads_and_generates(out), str)
+
+
 def test_an_ollama_model_is_found_in_its_store(tmp_path: Path) -> None:
     """manifest -> the model layer's blob, as Ollama keeps them under ~/.ollama/models."""
     store = tmp_path / "ollama"

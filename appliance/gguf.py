@@ -59,6 +59,10 @@ GEMMA3_SWA_PATTERN = 6
 a file may say otherwise in ``gemma3.attention.sliding_window_pattern``)."""
 GEMMA3_LOCAL_THETA = 10000.0
 """RoPE base of Gemma 3's sliding layers (fixed by llama.cpp and Hugging Face alike)."""
+VISION_PREFIXES = ("v", "mm")
+"""llama.cpp's and Ollama's names of a vision tower and its projector (``v.blk.0...``,
+``mm.input_projection``), which some files (Ollama's Gemma 3) carry beside the text model:
+dropped, the appliance serves text."""
 ROPE_TENSORS = {"rope_freqs", "rope_factors_long", "rope_factors_short"}
 """Tensors that are RoPE settings, not weights: they go into config.json."""
 GGUF_GROUP = 32
@@ -168,6 +172,11 @@ def convert_weights(tensors: dict[str, Any], other: set[str], say: Callable[[str
 
     out: dict[str, Any] = {}
     bits_of: dict[str, int] = {}
+    vision = {name for name in tensors if name.split(".")[0] in VISION_PREFIXES}
+    if vision:
+        say(f"{len(vision)} vision tensors were left out (the appliance serves text)")
+        tensors = {k: v for k, v in tensors.items() if k not in vision}
+        other = other - vision
     for name, value in tensors.items():
         if name.split(".")[0] in ROPE_TENSORS:
             out[name] = value

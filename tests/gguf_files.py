@@ -39,14 +39,15 @@ def q4_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
 
 def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: int = 256,
                layers: int = 2, seed: int = 0, rope_freqs: np.ndarray | None = None,
-               vocab: str = "gpt2") -> Path:
+               vocab: str = "gpt2", vision: bool = False) -> Path:
     """A tiny model: ``quant`` is Q8_0, Q4_0 or Q4_K for its matrices (norms stay F32,
     random around 1 as a trained model's are). ``arch`` llama, qwen3, gemma3 (its four norms
     per block, query and key norms, sliding window of 8, every second layer global: the file
     says so) or phi3 (fused ``attn_qkv`` and ``ffn_up``, its own output matrix);
     ``rope_freqs``: Llama 3.x's per-frequency RoPE factors, as llama.cpp stores them.
     ``vocab``: ``gpt2`` (byte-level BPE) or ``llama`` (SentencePiece: byte fallback tokens,
-    scores, no merges, as Gemma's and Phi-3's files have it)."""
+    scores, no merges, as Gemma's and Phi-3's files have it). ``vision``: a vision tower's
+    and projector's tensors beside the text model, as Ollama's Gemma 3 file has them."""
     import gguf
     from gguf import GGMLQuantizationType as T
 
@@ -133,6 +134,9 @@ def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: 
             matrix(f"blk.{i}.ffn_up.weight", ffn, hidden)
         matrix(f"blk.{i}.ffn_down.weight", hidden, ffn)
     norm("output_norm.weight", hidden)
+    if vision:
+        w.add_tensor("v.blk.0.attn_q.weight", np.zeros((64, 64), np.float16))
+        w.add_tensor("mm.input_projection.weight", np.zeros((64, hidden), np.float32))
     if arch == "phi3":
         matrix("output.weight", len(tokens), hidden)
     w.write_header_to_file()

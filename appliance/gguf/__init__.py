@@ -27,12 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                 "gemma3": "gemma3_text", "phi3": "phi3"}
-"""GGUF ``general.architecture`` -> mlx-lm ``model_type``."""
-PERMUTED_QK = {"llama", "mistral"}
-"""Architectures whose query and key rows llama.cpp's converter permutes for interleaved
-RoPE (the others it keeps in the halves order mlx-lm computes)."""
+from appliance.gguf.config import ARCHITECTURES, check_architecture, model_config
+from appliance.gguf.meta import ImportRefused
+from appliance.gguf.meta import meta_value as _meta
+from appliance.gguf.vocab import tokenizer_files
+
+__all__ = ["ARCHITECTURES", "ImportRefused", "Imported", "convert_weights", "import_gguf",
+           "mlx_name", "model_config", "ollama_blob", "read_gguf", "tokenizer_files"]
 
 LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -54,11 +55,6 @@ TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
 SHIFTED_NORMS = {"gemma3"}
 """Architectures whose norms compute ``x * (1 + w)``: llama.cpp's converter stores ``1 + w``,
 mlx-lm's module wants ``w``."""
-GEMMA3_SWA_PATTERN = 6
-"""Every sixth Gemma 3 layer is global, the rest slide (llama.cpp fixes it so for gemma3;
-a file may say otherwise in ``gemma3.attention.sliding_window_pattern``)."""
-GEMMA3_LOCAL_THETA = 10000.0
-"""RoPE base of Gemma 3's sliding layers (fixed by llama.cpp and Hugging Face alike)."""
 VISION_PREFIXES = ("v", "mm")
 """llama.cpp's and Ollama's names of a vision tower and its projector (``v.blk.0...``,
 ``mm.input_projection``), which some files (Ollama's Gemma 3) carry beside the text model:
@@ -69,12 +65,6 @@ GGUF_GROUP = 32
 """Weights per block of GGUF's Q4_0, Q4_1 and Q8_0, which MLX reads as its group size."""
 REQUANT_BITS = 4
 """Bits of the affine quantization other types are converted to (MLX's own 4-bit)."""
-CONTROL = 3
-"""GGUF token type of control tokens (special tokens the tokenizer never splits)."""
-
-
-class ImportRefused(ValueError):
-    """The file cannot be imported; the message says what is missing or wrong."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,15 +75,6 @@ class Imported:
     """Tensors kept in the file's own quantization."""
     requantized: int
     """Tensors that came as floats (other GGUF types) and were quantized again."""
-
-
-def _meta(meta: dict[str, Any], key: str, default: Any = None) -> Any:
-    value = meta.get(key, default)
-    if value is None:
-        raise ImportRefused(f"the file's metadata has no {key}")
-    if hasattr(value, "item") and getattr(value, "size", 2) == 1:
-        return value.item()
-    return value
 
 
 def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Any], set[str]]:
@@ -219,233 +200,6 @@ def convert_weights(tensors: dict[str, Any], other: set[str], say: Callable[[str
         if bits != main:
             quant[base] = {"group_size": GGUF_GROUP, "bits": bits}
     return out, quant, kept, again
-
-
-def check_architecture(meta: dict[str, Any]) -> str:
-    """The file's GGUF architecture, or :class:`ImportRefused` naming it."""
-    arch = str(_meta(meta, "general.architecture"))
-    if arch not in ARCHITECTURES:
-        raise ImportRefused(f"architecture {arch!r} is not supported by the importer (it maps "
-                            f"{', '.join(sorted(ARCHITECTURES))})")
-    return arch
-
-
-def model_config(meta: dict[str, Any], weights: dict[str, Any],
-                 quant: dict[str, Any]) -> dict[str, Any]:
-    """config.json from the file's metadata; takes the RoPE tensors out of ``weights``."""
-    arch = check_architecture(meta)
-    heads = int(_meta(meta, f"{arch}.attention.head_count"))
-    hidden = int(_meta(meta, f"{arch}.embedding_length"))
-    config: dict[str, Any] = {
-        "model_type": ARCHITECTURES[arch],
-        "hidden_size": hidden,
-        "num_hidden_layers": int(_meta(meta, f"{arch}.block_count")),
-        "intermediate_size": int(_meta(meta, f"{arch}.feed_forward_length")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(_meta(meta, f"{arch}.attention.head_count_kv", heads)),
-        "rms_norm_eps": float(_meta(meta, f"{arch}.attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(_meta(meta, f"{arch}.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(_meta(meta, f"{arch}.context_length")),
-        "vocab_size": len(_meta(meta, "tokenizer.ggml.tokens")),
-        "tie_word_embeddings": "lm_head.weight" not in weights,
-        "head_dim": int(_meta(meta, f"{arch}.attention.key_length", hidden // heads)),
-        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in weights,
-    }
-    if arch in PERMUTED_QK:
-        config["rope_traditional"] = True
-    if arch == "gemma3":
-        config.update(_gemma3(meta, config))
-    elif arch == "phi3":
-        config.update(_phi3(meta, weights, config))
-    scaling = _linear_rope(meta, arch)
-    if scaling and "rope_scaling" not in config:
-        config["rope_scaling"] = scaling
-    if "rope_freqs.weight" in weights:
-        config["rope_scaling"] = llama3_scaling(weights.pop("rope_freqs.weight"), config)
-    if quant:
-        config["quantization"] = quant
-        config["quantization_config"] = quant
-    return config
-
-
-def _linear_rope(meta: dict[str, Any], arch: str) -> dict[str, Any] | None:
-    kind = meta.get(f"{arch}.rope.scaling.type")
-    if kind is None or str(kind) == "none":
-        return None
-    if str(kind) != "linear":
-        raise ImportRefused(f"RoPE scaling {str(kind)!r} is not supported by the importer")
-    return {"rope_type": "linear", "factor": float(_meta(meta, f"{arch}.rope.scaling.factor"))}
-
-
-def _gemma3(meta: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """Gemma 3's sliding-window layout and attention scale, as llama.cpp reads them."""
-    pattern: Any = meta.get("gemma3.attention.sliding_window_pattern")
-    if pattern is None:
-        every = GEMMA3_SWA_PATTERN
-    elif getattr(pattern, "size", 1) == 1:
-        every = int(pattern.item() if hasattr(pattern, "item") else pattern)
-    else:  # one flag per layer (sliding or not): the period of the first global layer
-        flags = [bool(f) for f in pattern.tolist()]
-        every = flags.index(False) + 1 if False in flags else len(flags) + 1
-        if flags != [(i + 1) % every != 0 for i in range(len(flags))]:
-            raise ImportRefused("the file's Gemma 3 sliding-window layers have no fixed period")
-    # llama.cpp scales queries by 1/sqrt(head_dim), but by 1/sqrt(hidden / heads) for the
-    # 27B model (62 layers), as Hugging Face's query_pre_attn_scalar says.
-    scalar = (config["hidden_size"] // config["num_attention_heads"]
-              if config["num_hidden_layers"] == 62 else config["head_dim"])
-    return {"sliding_window": int(_meta(meta, "gemma3.attention.sliding_window")),
-            "sliding_window_pattern": every, "query_pre_attn_scalar": scalar,
-            "rope_local_base_freq": GEMMA3_LOCAL_THETA}
-
-
-def _phi3(meta: dict[str, Any], weights: dict[str, Any], config: dict[str, Any]
-          ) -> dict[str, Any]:
-    """Phi-3's partial rotary dimension and its long-context RoPE factors (stored as
-    tensors by llama.cpp, as lists in a config)."""
-    head_dim = config["head_dim"]
-    rotary = int(_meta(meta, "phi3.rope.dimension_count", head_dim))
-    out: dict[str, Any] = {"partial_rotary_factor": rotary / head_dim}
-    original = meta.get("phi3.rope.scaling.original_context_length")
-    if original is not None:
-        out["original_max_position_embeddings"] = int(original.item())
-    if "rope_factors_long.weight" in weights:
-        long = weights.pop("rope_factors_long.weight")
-        short = weights.pop("rope_factors_short.weight", long)
-        out["rope_scaling"] = {"type": "longrope", "long_factor": long.tolist(),
-                               "short_factor": short.tolist()}
-    return out
-
-
-LLAMA3_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": 8192}
-"""Llama 3.1-3.3's RoPE scaling besides its factor: GGUF keeps only the factors it computes
-from them (``rope_freqs``), so these are checked against it, not read."""
-
-
-def llama3_scaling(freqs: Any, config: dict[str, Any]) -> dict[str, Any]:
-    """Llama 3.x's ``rope_scaling`` whose per-frequency factors are the file's
-    ``rope_freqs`` (llama.cpp divides each rotary frequency by its factor)."""
-    import numpy as np
-
-    factors = np.asarray(freqs, np.float32).reshape(-1)
-    scaling = {"rope_type": "llama3", "factor": float(factors.max()), **LLAMA3_DEFAULTS}
-    want = _llama3_factors(config["head_dim"], config["rope_theta"], scaling)
-    if want.shape != factors.shape or not np.allclose(want, factors, rtol=1e-3):
-        raise ImportRefused("the file's rope_freqs are not Llama 3.x's RoPE scaling with "
-                            "low/high frequency factors 1 and 4 over 8192 positions")
-    return scaling
-
-
-def _llama3_factors(head_dim: int, theta: float, scaling: dict[str, Any]) -> Any:
-    """llama.cpp's converter's ``rope_freqs`` for a Llama 3 ``rope_scaling``."""
-    import numpy as np
-
-    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    old = scaling["original_max_position_embeddings"]
-    low, high = old / scaling["low_freq_factor"], old / scaling["high_freq_factor"]
-    out = []
-    for freq in freqs:
-        wavelen = 2 * np.pi / freq
-        if wavelen < high:
-            out.append(1.0)
-        elif wavelen > low:
-            out.append(scaling["factor"])
-        else:
-            smooth = (old / wavelen - scaling["low_freq_factor"]) / (
-                scaling["high_freq_factor"] - scaling["low_freq_factor"])
-            out.append(1 / ((1 - smooth) / scaling["factor"] + smooth))
-    return np.asarray(out, np.float32)
-
-
-def _merge(line: str) -> tuple[str, str]:
-    left, sep, right = line.partition(" ")
-    if not sep:
-        raise ImportRefused(f"the file's merges have an entry without two parts: {line!r}")
-    return left, right
-
-
-def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(tokenizer.json, tokenizer_config.json) for a byte-level BPE vocabulary (built here)
-    or a SentencePiece one (built by transformers' GGUF tokenizer builders)."""
-    kind = str(_meta(meta, "tokenizer.ggml.model"))
-    if kind == "gpt2":
-        tokenizer = _byte_level(meta)
-    elif kind == "llama":
-        tokenizer = _sentencepiece(meta)
-    else:
-        raise ImportRefused(f"tokenizer model {kind!r} is not supported by the importer "
-                            "(it builds byte-level BPE, 'gpt2', and SentencePiece, 'llama', "
-                            "vocabularies)")
-    tokens = meta["tokenizer.ggml.tokens"]
-
-    def token(key: str) -> str | None:
-        value = meta.get(key)
-        return None if value is None else str(tokens[int(value.item())])
-
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": token("tokenizer.ggml.bos_token_id"),
-        "eos_token": token("tokenizer.ggml.eos_token_id"),
-        "pad_token": token("tokenizer.ggml.padding_token_id"),
-        "unk_token": token("tokenizer.ggml.unknown_token_id"),
-        # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise
-        "add_bos_token": bool(meta["tokenizer.ggml.add_bos_token"].item())
-        if "tokenizer.ggml.add_bos_token" in meta else kind == "llama",
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": int(1 << 30),
-    }
-    if "tokenizer.chat_template" in meta:
-        config["chat_template"] = str(meta["tokenizer.chat_template"])
-    return tokenizer, config
-
-
-def _byte_level(meta: dict[str, Any]) -> dict[str, Any]:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    tokens = [str(t) for t in _meta(meta, "tokenizer.ggml.tokens")]
-    merges = [_merge(str(m)) for m in _meta(meta, "tokenizer.ggml.merges")]
-    types = meta.get("tokenizer.ggml.token_type")
-    kinds = types.tolist() if types is not None else [1] * len(tokens)
-    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                     ignore_merges=False)
-    tok = Tokenizer(bpe)
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, k in zip(tokens, kinds, strict=True) if k == CONTROL])
-    return dict(json.loads(tok.to_str()))
-
-
-def _sentencepiece(meta: dict[str, Any]) -> dict[str, Any]:
-    """transformers' reading of a GGUF SentencePiece vocabulary (Llama 2, Gemma and Phi-3
-    each have their own spaces and merges rules there), from the metadata MLX read."""
-    try:
-        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-            convert_gguf_tokenizer,
-        )
-    except ImportError:
-        raise ImportRefused("this file has a SentencePiece vocabulary ('llama'), and the "
-                            "installed transformers cannot build one from a GGUF file "
-                            "(it needs transformers 5)") from None
-    tokens = [str(t) for t in _meta(meta, "tokenizer.ggml.tokens")]
-    spec: dict[str, Any] = {"tokenizer_type": "llama", "tokens": tokens}
-    for key, name in (("scores", "scores"), ("token_type", "token_type"), ("merges", "merges"),
-                      ("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                      ("unknown_token_id", "unk_token_id"),
-                      ("padding_token_id", "pad_token_id"),
-                      ("add_space_prefix", "add_prefix_space")):
-        value = meta.get(f"tokenizer.ggml.{key}")
-        if value is not None:
-            spec[name] = value.tolist() if hasattr(value, "tolist") else value
-    if "scores" not in spec and "merges" not in spec:
-        raise ImportRefused("the file's SentencePiece vocabulary has neither scores nor "
-                            "merges (tokenizer.ggml.scores)")
-    try:
-        backend, _ = convert_gguf_tokenizer(str(_meta(meta, "general.architecture")), spec)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ImportRefused(f"the file's SentencePiece vocabulary cannot be built: {exc}"
-                            ) from None
-    return dict(json.loads(backend.to_str()))
 
 
 def as_float32(weights: dict[str, Any], quant: dict[str, Any]) -> dict[str, Any]:

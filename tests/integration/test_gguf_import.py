@@ -1,4 +1,4 @@
-"""`appliance model import` (appliance/gguf.py): GGUF files into MLX model directories that
+"""`appliance model import` (appliance/gguf/): GGUF files into MLX model directories that
 mlx_lm.load reads, through the real command; bad files get one clear line and leave nothing."""
 
 from __future__ import annotations

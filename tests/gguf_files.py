@@ -39,7 +39,7 @@ def q4_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
 
 def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: int = 256,
                layers: int = 2, seed: int = 0, rope_freqs: np.ndarray | None = None,
-               vocab: str = "gpt2", vision: bool = False) -> Path:
+               vocab: str = "gpt2", vision: bool = False, pre: str | None = None) -> Path:
     """A tiny model: ``quant`` is Q8_0, Q4_0 or Q4_K for its matrices (norms stay F32,
     random around 1 as a trained model's are). ``arch`` llama, qwen3, gemma3 (its four norms
     per block, query and key norms, sliding window of 8, every second layer global: the file
@@ -47,7 +47,9 @@ def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: 
     ``rope_freqs``: Llama 3.x's per-frequency RoPE factors, as llama.cpp stores them.
     ``vocab``: ``gpt2`` (byte-level BPE) or ``llama`` (SentencePiece: byte fallback tokens,
     scores, no merges, as Gemma's and Phi-3's files have it). ``vision``: a vision tower's
-    and projector's tensors beside the text model, as Ollama's Gemma 3 file has them."""
+    and projector's tensors beside the text model, as Ollama's Gemma 3 file has them.
+    ``pre``: ``tokenizer.ggml.pre`` (how text is split before the merges), with two digit
+    merges that tell the splits apart ("3 4" before "1 2")."""
     import gguf
     from gguf import GGMLQuantizationType as T
 
@@ -62,7 +64,7 @@ def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: 
         types = [2] + [3] * (len(specials) - 1) + [6] * 256 + [1] * len(pieces)
         scores = [0.0] * (len(specials) + 256) + [-float(i) for i in range(1, len(pieces) + 1)]
     else:
-        tokens = [*SPECIALS, *byte_chars(), "Ġt", "he"]
+        tokens = [*SPECIALS, *byte_chars(), "Ġt", "he", *(["34", "12"] if pre else [])]
         types = [3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS))
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny {arch}")
@@ -87,7 +89,9 @@ def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: 
         w.add_pad_token_id(3)
         w.add_add_space_prefix(arch != "gemma3")
     else:
-        w.add_token_merges(["Ġ t", "h e"])
+        w.add_token_merges(["Ġ t", "h e", *(["3 4", "1 2"] if pre else [])])
+        if pre:
+            w.add_tokenizer_pre(pre)
         w.add_bos_token_id(0)
         w.add_eos_token_id(2)
     w.add_chat_template(TEMPLATE)

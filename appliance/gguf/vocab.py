@@ -20,8 +20,9 @@ def _merge(line: str) -> tuple[str, str]:
 
 
 def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(tokenizer.json, tokenizer_config.json) for a byte-level BPE vocabulary (built here)
-    or a SentencePiece one (built by transformers' GGUF tokenizer builders)."""
+    """(tokenizer.json, tokenizer_config.json) for a byte-level BPE or a SentencePiece
+    vocabulary, built by transformers' GGUF tokenizer builders (a byte-level one here where
+    transformers has none)."""
     kind = str(_meta(meta, "tokenizer.ggml.model"))
     if kind == "gpt2":
         tokenizer = _byte_level(meta)
@@ -55,6 +56,14 @@ def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
 
 
 def _byte_level(meta: dict[str, Any]) -> dict[str, Any]:
+    """transformers' byte-level BPE builder where it is installed: it splits text before the
+    merges as the file's ``tokenizer.ggml.pre`` says (Llama 3 and Qwen group digits by three,
+    GPT-2 does not); else GPT-2's split, built here."""
+    convert = _gguf_builders()
+    if convert is not None:
+        spec = _spec(meta, "gpt2")
+        spec["merges"] = [str(m) for m in _meta(meta, "tokenizer.ggml.merges")]
+        return _build(convert, meta, spec)
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     tokens = [str(t) for t in _meta(meta, "tokenizer.ggml.tokens")]
@@ -71,33 +80,53 @@ def _byte_level(meta: dict[str, Any]) -> dict[str, Any]:
     return dict(json.loads(tok.to_str()))
 
 
-def _sentencepiece(meta: dict[str, Any]) -> dict[str, Any]:
-    """transformers' reading of a GGUF SentencePiece vocabulary (Llama 2, Gemma and Phi-3
-    each have their own spaces and merges rules there), from the metadata MLX read."""
+def _gguf_builders() -> Any:
+    """transformers' ``convert_gguf_tokenizer`` (transformers 5), or None."""
     try:
         from transformers.integrations.gguf.gguf_tokenizer_mapping import (
             convert_gguf_tokenizer,
         )
     except ImportError:
-        raise ImportRefused("this file has a SentencePiece vocabulary ('llama'), and the "
-                            "installed transformers cannot build one from a GGUF file "
-                            "(it needs transformers 5)") from None
-    tokens = [str(t) for t in _meta(meta, "tokenizer.ggml.tokens")]
-    spec: dict[str, Any] = {"tokenizer_type": "llama", "tokens": tokens}
-    for key, name in (("scores", "scores"), ("token_type", "token_type"), ("merges", "merges"),
-                      ("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                      ("unknown_token_id", "unk_token_id"),
+        return None
+    return convert_gguf_tokenizer
+
+
+def _spec(meta: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The metadata MLX read, under the names transformers' builders take (their own GGUF
+    reader needs torch)."""
+    spec: dict[str, Any] = {"tokenizer_type": kind,
+                            "tokens": [str(t) for t in _meta(meta, "tokenizer.ggml.tokens")]}
+    for key, name in (("pre", "pre_tokenizer_type"), ("scores", "scores"),
+                      ("token_type", "token_type"), ("bos_token_id", "bos_token_id"),
+                      ("eos_token_id", "eos_token_id"), ("unknown_token_id", "unk_token_id"),
                       ("padding_token_id", "pad_token_id"),
                       ("add_space_prefix", "add_prefix_space")):
         value = meta.get(f"tokenizer.ggml.{key}")
         if value is not None:
-            spec[name] = value.tolist() if hasattr(value, "tolist") else value
+            spec[name] = value.tolist() if hasattr(value, "tolist") else str(value)
+    return spec
+
+
+def _build(convert: Any, meta: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    try:
+        backend, _ = convert(str(_meta(meta, "general.architecture")), spec)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ImportRefused(f"the file's vocabulary cannot be built: {exc}") from None
+    return dict(json.loads(backend.to_str()))
+
+
+def _sentencepiece(meta: dict[str, Any]) -> dict[str, Any]:
+    """transformers' reading of a GGUF SentencePiece vocabulary (Llama 2, Gemma and Phi-3
+    each have their own spaces and merges rules there)."""
+    convert = _gguf_builders()
+    if convert is None:
+        raise ImportRefused("this file has a SentencePiece vocabulary ('llama'), and the "
+                            "installed transformers cannot build one from a GGUF file "
+                            "(it needs transformers 5)")
+    spec = _spec(meta, "llama")
+    if "tokenizer.ggml.merges" in meta:
+        spec["merges"] = [str(m) for m in meta["tokenizer.ggml.merges"]]
     if "scores" not in spec and "merges" not in spec:
         raise ImportRefused("the file's SentencePiece vocabulary has neither scores nor "
                             "merges (tokenizer.ggml.scores)")
-    try:
-        backend, _ = convert_gguf_tokenizer(str(_meta(meta, "general.architecture")), spec)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ImportRefused(f"the file's SentencePiece vocabulary cannot be built: {exc}"
-                            ) from None
-    return dict(json.loads(backend.to_str()))
+    return _build(convert, meta, spec)

@@ -282,6 +282,23 @@ def test_a_sentencepiece_vocabulary_is_built_as_its_architecture_spells_it(
     assert isinstance(loads_and_generates(out), str)
 
 
+@pytest.mark.parametrize(("pre", "pieces"), [("llama-bpe", ["12", "3", "4", "5"]),
+                                             ("qwen2", ["1", "2", "3", "4", "5"]),
+                                             ("smollm", ["12", "34", "5"])])
+def test_a_byte_level_vocabulary_splits_text_as_its_file_says(
+        tmp_path: Path, pre: str, pieces: list[str]) -> None:
+    """Llama 3 groups digits by three before the merges, Qwen one by one, GPT-2 (and SmolLM)
+    not at all: the merge "3 4" applies only where the split leaves 3 and 4 together."""
+    out = tmp_path / f"pre-{pre}"
+    done = run_import(str(write_gguf(tmp_path / "pre.gguf", pre=pre)), out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    from mlx_lm import load
+
+    _, tok = load(str(out))
+    ids = tok.encode("12345", add_special_tokens=False)
+    assert tok.convert_ids_to_tokens(ids) == pieces and tok.decode(ids) == "12345"
+
+
 def test_an_ollama_model_is_found_in_its_store(tmp_path: Path) -> None:
     """manifest -> the model layer's blob, as Ollama keeps them under ~/.ollama/models."""
     store = tmp_path / "ollama"

@@ -17,11 +17,8 @@ the ITL max goal (3 times the p50, about one step) less the cost model's error
 
 WHOLE_RIDING = 1.2
 """A fresh prompt riding in the decode step is read whole, not split, when it costs at most
-this many times what the tick has left (split, its first token waits a tick for the stub).
-With 1.5, ticks planned at 2.5 decode steps ran past the ITL max goal (3 times the ITL
-p50) at C = 8 in three runs of three (3.1-3.7x); with 1.2, 2.0-2.8x, TTFT p95 about the
-same (0.87-1.64 s against 1.23-1.64 s; ``python -m appliance.bench.serve --concurrency 8
---servers ours``)."""
+this many times what the tick has left: split, its first token waits a tick for the stub;
+more than this, the overrun breaks the ITL max goal (docs/decisions.md, "Riding ticks")."""
 
 
 def even_chunk(remaining: int, n: int) -> int:
@@ -136,10 +133,7 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     decodes and the tick may ``ride``, chunks pay no forward's fixed cost: the floor is then
     ``prefill_floor`` times a ``min_chunk`` chunk's riding time, and work that can wait gets
     at least that chunk, and at least ``prefill_floor`` times a riding chunk's own fixed
-    cost (so at least half its time reads tokens): on the demo model, reading a chat turn
-    alone takes about a decode step, and the 8-token chunks that left spent 1.5 ms of 2.2
-    on that fixed cost (a heavy user's documents beside a light user's streams: 10 prompt
-    tokens per riding tick; with the floor, 15; BENCHMARKS Run 17)."""
+    cost, so at least half its time reads tokens (docs/decisions.md, "Riding ticks")."""
     riding = costs.rides and decode_rows > 0 and ride
     decode_s = costs.decode(decode_rows, kv_len + 1)
     bound = objectives.ttft_target_s / 2
@@ -202,7 +196,7 @@ class PrefillAllowance:
     def _rides(self, remaining: int, computed: int, n: int) -> bool:
         """A whole fresh prompt joins the batched forward of the fresh prompts before it
         (the engine reads those together), so it pays no fixed cost of its own. (Riding in
-        the decode step, every chunk pays its own small one, ``d6`` of the cost model.)"""
+        the decode step, every chunk pays its own small one, ``d5`` of the cost model.)"""
         return self._fresh_forward and computed == 0 and n >= remaining and not self.riding
 
     def size(self, remaining: int, computed: int, *, grant: bool = False,
@@ -216,12 +210,11 @@ class PrefillAllowance:
         the decode step, where there is no forward's fixed cost to spread: an even share
         of what is left, :func:`even_chunk`); the first chunk of a tick (or a grant) reads
         at least ``min_chunk`` tokens, and a fresh prompt that does not fit whole when it is
-        short (:meth:`_whole`). A later chunk of fewer than
-        ``min_chunk`` tokens that leaves its prompt unfinished is not read (0): two tokens
-        of a fresh prompt, read with what an even chunk left, made it a prompt in pieces,
-        read next tick in a forward of its own after the others were read together, and
-        their streams waited out that forward between their first and second tokens (a
-        gap of 335 ms at an ITL p50 of 57, serving run s40)."""
+        short (:meth:`_whole`). A later chunk of fewer than ``min_chunk`` tokens that
+        leaves its prompt unfinished (a *crumb*) is not read (0): it would make the prompt
+        one read in pieces, in a forward of its own next tick, which the streams of the
+        prompts read whole beside it would wait out between their first and second tokens
+        (docs/decisions.md, "Riding ticks")."""
         if not self.timed:
             cap = self.full_tokens if grant else self.tokens
             return remaining if cap is None else min(remaining, cap)

@@ -23,12 +23,8 @@ more than this, the overrun breaks the ITL max goal (docs/decisions.md, "Riding 
 
 def even_chunk(remaining: int, n: int) -> int:
     """The chunk that reads ``remaining`` tokens in as many equal pieces as chunks of at
-    most ``n`` take: riding in the decode step, a prompt read greedily (24, 24 and 7 tokens
-    of a 55-token chat turn) makes full ticks of the ITL target and a stub, and the
-    streams' ITL tail is the full ticks; read evenly (19, 18, 18), the ticks are as many
-    (the prompt's first token comes no later) and the longest is shorter. What it leaves of
-    the tick goes to the next prompt waiting, if that is at least a ``min_chunk`` chunk
-    (:meth:`PrefillAllowance.size`)."""
+    most ``n`` take: as many ticks as a greedy split, the first token no later, and no stub
+    (see the glossary in appliance/sched/__init__.py, and docs/decisions.md)."""
     pieces = -(-remaining // n)
     return -(-remaining // pieces)
 
@@ -105,35 +101,21 @@ class TickBudget:
 def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
                 kv_len: int, *, present: bool = True, overdue: bool = False,
                 ride: bool = True) -> TickBudget:
-    """The tick target of a tick that prefills: the ITL objective while a batch decodes,
-    capped by the TTFT bound (half the TTFT objective) either way. ``overdue``: a prompt
-    someone waits on has already waited that bound unread (a burst of arrivals, read one a
-    tick, would leave the last waiting several ticks past its objective), or nothing
-    decodes and several such prompts wait (see ``Scheduler._allowance``), so the tick may
-    last the whole TTFT objective: the burst's prompts share one forward (one fixed cost)
-    and the running streams see one gap of at most that length. Riding in the decode step,
-    the chunks have no forward's fixed cost to share (each has a small one of its own), so
-    such a tick lasts at most :data:`BURST_STEPS` decode steps (and at least the ITL
-    objective): enough to pay a profile's step to wider products
-    and read the burst in big chunks.
+    """The budget of a tick that prefills.
 
-    When that leaves prefill less than its floor (``prefill_floor`` forward fixed costs),
-    the objectives cannot be met on this machine at all, and the tick gets the time of the
-    most efficient chunk on top of the decode step, so a slow or busy machine at least
-    reads prompts at its best pace, several fresh ones per forward.
-
-    While the household is ``present`` (voice or interactive work about), work that can
-    wait (a chunk of a long document, a background prompt) gets no more than keeps the
-    tick within the time of reading one arrival (``arrival_tokens``) alone, and never less
-    than a ``min_chunk`` chunk: the next chat turn or voice command waits one short tick,
-    not a big chunk of someone's document (on a CPU with long contexts, seconds). Prompts
-    read to their end (chat turns arriving together) may use the whole share.
-
-    When the engine reads chunks in the decode step's forward (``costs.rides``), a batch
-    decodes and the tick may ``ride``, chunks pay no forward's fixed cost: the floor is then
-    ``prefill_floor`` times a ``min_chunk`` chunk's riding time, and work that can wait gets
-    at least that chunk, and at least ``prefill_floor`` times a riding chunk's own fixed
-    cost, so at least half its time reads tokens (docs/decisions.md, "Riding ticks")."""
+    * Target: the ITL objective while a batch decodes, never more than half the TTFT
+      objective. ``overdue`` (a burst waits unread, see ``Scheduler._allowance``): the
+      whole TTFT objective, so the burst shares one forward; riding, at most
+      :data:`BURST_STEPS` decode steps (and at least the ITL objective).
+    * Floor: when that leaves prefill less than ``prefill_floor`` forward fixed costs the
+      objectives cannot be met here, and the tick gets the most efficient chunk on top of
+      the decode step, so a slow machine reads prompts at its best pace. Riding, the floor
+      is ``prefill_floor`` times a ``min_chunk`` chunk's riding time.
+    * Patient share: while someone is ``present``, work that can wait gets no more than
+      keeps the tick within reading one arrival (``arrival_tokens``) alone, and at least a
+      ``min_chunk`` chunk (riding, also at least ``prefill_floor`` times a riding chunk's
+      own fixed cost, so half its time reads tokens). Prompts read to their end may use the
+      whole share (docs/decisions.md, "Riding ticks")."""
     riding = costs.rides and decode_rows > 0 and ride
     decode_s = costs.decode(decode_rows, kv_len + 1)
     bound = objectives.ttft_target_s / 2

@@ -82,12 +82,21 @@ def test_pausing_stops_the_schedule_and_resuming_starts_it_again(server: LiveSer
         assert paused["paused"] and paused["schedule"]["next_runs"] == []
         wait_until(lambda: _services(server).jobs.next_run(job["id"]) is None, 10,
                    "the schedule to go")
-        time.sleep(0.5)  # a run that had started when we paused finishes
-        count = len(runs(bob, job["id"]))
-        time.sleep(3.5)  # three slots go by
-        assert len(runs(bob, job["id"])) == count
+        paused_at = time.time()
+        # The paused job's slots had their chance: a witness on the same 1-second interval,
+        # fired by the same scheduler, finishes two runs of slots after the pause (a run
+        # row is written when its slot fires, before any generation).
+        witness = make_job(bob, source="text", text="Feed the cat.", schedule="interval",
+                           interval_s=1)
+        wait_until(lambda: len([r for r in runs(bob, witness["id"])
+                                if r["scheduled_for"] > paused_at
+                                and r["status"] == "done"]) >= 2, 30,
+                   "two witness runs after the pause")
+        assert bob.delete(f"/jobs/{witness['id']}").status_code == 204
+        assert [r for r in runs(bob, job["id"]) if r["scheduled_for"] > paused_at] == []
         bob.patch(f"/jobs/{job['id']}", json={"paused": False})
-        wait_until(lambda: len(runs(bob, job["id"])) > count, 30, "runs after resuming")
+        wait_until(lambda: any(r["scheduled_for"] > paused_at for r in runs(bob, job["id"])),
+                   30, "runs after resuming")
         assert bob.delete(f"/jobs/{job['id']}").status_code == 204
 
 

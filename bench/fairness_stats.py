@@ -1,4 +1,4 @@
-"""The pure half of `appliance bench fairness`: what the client saw of each request, and
+"""The pure half of `python -m bench.fairness`: what the client saw of each request, and
 the figures and goals made from it (no servers, no I/O; unit-tested). The Markdown made
 from them: fairness_report.py."""
 
@@ -11,10 +11,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance.bench.client import RequestTiming
-from appliance.bench.report import safe_ratio
 from appliance.percentiles import percentile
 from appliance.sched.simulator import SimResult
+from bench.client import RequestTiming
+from bench.report import safe_ratio
 
 HEAVY = "alice"
 LIGHT = "bob"

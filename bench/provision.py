@@ -3,7 +3,7 @@ throwaway data directory with the benchmark's users and their API keys, made by 
 ``appliance`` admin commands themselves (``migrate``, ``user add``, ``key create``), so a
 benchmark never writes into the household's real database.
 
-``appliance bench serve`` makes one ``bench`` user; ``appliance bench fairness`` its
+``python -m bench.serve`` makes one ``bench`` user; ``python -m bench.fairness`` its
 personas (heavy, light, background, voice); the voice benchmark a Home Assistant user.
 Benchmarks that serve the daemon in their own process (``build_daemon``) add their users
 with :func:`add_users` instead.

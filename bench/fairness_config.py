@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from appliance.bench.chat_load import QUESTIONS
-from appliance.bench.fairness_stats import (
+from appliance.sched.types import DEFAULT_W_IN, DEFAULT_W_OUT
+from appliance.vocab import Klass
+from bench.chat_load import QUESTIONS
+from bench.fairness_stats import (
     BACKGROUND,
     BACKLOGGED,
     HEAVY,
@@ -33,16 +35,14 @@ from appliance.bench.fairness_stats import (
     WEIGHTED_USER,
     PhaseWindow,
 )
-from appliance.bench.process import (
+from bench.process import (
     OPENBLAS_PATH,
     default_blas,
 )
-from appliance.bench.provision import BenchUser
-from appliance.bench.serve import resolve_model
-from appliance.sched.types import DEFAULT_W_IN, DEFAULT_W_OUT
-from appliance.vocab import Klass
+from bench.provision import BenchUser
+from bench.serve import resolve_model
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_MODEL_DIR = REPO_ROOT / "appliance" / "demo_model"
 DEFAULT_OUTPUT_ROOT = Path(".bench/fairness")
 POLICIES = ("fcfs", "fair")
@@ -275,7 +275,7 @@ def token_range(text: str) -> tuple[int, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="appliance bench fairness",
+        prog="python -m bench.fairness",
         description="Our server under --policy fcfs and --policy fair on the same load: "
         "light-user and voice TTFT against solo, service difference, throughput.")
     p.add_argument("--model", default="demo",

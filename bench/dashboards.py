@@ -1,6 +1,6 @@
 """Benchmark: the engine's aggregate throughput with open dashboards versus none, same run.
 
-    python -m appliance.bench.dashboards [--model DIR|tiny] [--dashboards 5] [--clients 8]
+    python -m bench.dashboards [--model DIR|tiny] [--dashboards 5] [--clients 8]
                                    [--rounds 10] [--phase-s 6] [--stream] [--out FILE.json]
 
 One server in this process (engine thread + event loop, as the daemon runs). A load process
@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from appliance.bench.provision import BenchUser, add_users
+from bench.provision import BenchUser, add_users
 
 SETTLE_S = 1.5
 """After opening or closing the dashboards, wait this long before measuring."""
@@ -100,9 +100,9 @@ def _server(model: Path, batch: int) -> tuple[Any, Any, dict[str, str], str, Any
 
 
 def _spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "appliance.bench.dashboards", *args],
+    return subprocess.Popen([sys.executable, "-m", "bench.dashboards", *args],
                             stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parents[2])
+                            cwd=Path(__file__).resolve().parents[1])
 
 
 def _hub_busy(app: Any) -> float:
@@ -239,13 +239,13 @@ def _openblas(argv: list[str]) -> None:
     from appliance.backend.blas import preload_env
     env = preload_env("auto", True)
     if env is not None:
-        os.execve(sys.executable, [sys.executable, "-m", "appliance.bench.dashboards", *argv],
+        os.execve(sys.executable, [sys.executable, "-m", "bench.dashboards", *argv],
                   env)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m appliance.bench.dashboards", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.dashboards", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="", help="model directory, 'tiny', or empty: the demo")
     p.add_argument("--dashboards", type=int, default=5)

@@ -1,4 +1,4 @@
-"""The Markdown of `appliance bench fairness`: the table of each policy's figures and the
+"""The Markdown of `python -m bench.fairness`: the table of each policy's figures and the
 goals (fairness_stats.py computes them), and the report around it (pure)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from appliance.bench.fairness_stats import (
+from bench.fairness_stats import (
     GOAL_LIGHT,
     GOAL_SD_AVG,
     GOAL_SD_MAX,
@@ -29,8 +29,8 @@ from appliance.bench.fairness_stats import (
     ServiceDifference,
     TtftStats,
 )
-from appliance.bench.report import run_facts
-from appliance.bench.serve_stats import fmt_ms, fmt_rate
+from bench.report import run_facts
+from bench.serve_stats import fmt_ms, fmt_rate
 
 # --------------------------------------------------------------------------------------
 # rendering (pure)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.bench.goodput_stats import (
+from appliance.percentiles import percentile
+from bench.goodput_stats import (
     CLASSES,
     MIX,
     Outcome,
@@ -15,7 +16,6 @@ from appliance.bench.goodput_stats import (
     schedule,
     summarize_rate,
 )
-from appliance.percentiles import percentile
 
 
 def test_the_schedule_is_seeded_and_poisson_at_the_rate() -> None:

@@ -1,6 +1,6 @@
 """The voice hook beside a background backlog: its time to first token against solo.
 
-    python -m appliance.bench.voice --model appliance/demo_model --out bench-out/voice
+    python -m bench.voice --model appliance/demo_model --out bench-out/voice
 
 Starts ``appliance serve`` as a child process (its own data folder; a ``ha`` user whose key
 has the default class ``voice``, and ``bob``), then alternates blocks of ``POST
@@ -24,11 +24,11 @@ from typing import Any
 
 import httpx
 
-from appliance.bench.process import ServerProcess, free_port, running, wait_ready
-from appliance.bench.provision import DATA_DIR_ENV, BenchUser, provision
-from appliance.bench.report import safe_ratio
 from appliance.percentiles import percentile
 from appliance.vocab import FinishReason, Klass
+from bench.process import ServerProcess, free_port, running, wait_ready
+from bench.provision import DATA_DIR_ENV, BenchUser, provision
+from bench.report import safe_ratio
 
 QUESTIONS = ["turn on the kitchen light", "is the front door locked", "what time is it",
              "dim the living room lamp", "good night"]
@@ -103,7 +103,7 @@ def _markdown(rows: list[dict[str, Any]], ratio: float | None, argv: list[str]) 
                      f"{fmt(r['total_p95_ms'])} | {r['deadline_misses']} |")
     lines.append("")
     lines.append(f"TTFT p95 backlog/solo: {'-' if ratio is None else f'{ratio:.2f}'}x")
-    lines.append(f"command: `python -m appliance.bench.voice {' '.join(argv)}`")
+    lines.append(f"command: `python -m bench.voice {' '.join(argv)}`")
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,5 @@
 """The serving benchmark's pure parts: per-level statistics, ours/mlx_lm ratios and the
-Markdown report (``appliance bench serve`` runs the servers, :mod:`appliance.bench.serve`)."""
+Markdown report (``python -m bench.serve`` runs the servers, :mod:`bench.serve`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.bench.client import RequestTiming
-from appliance.bench.report import mean, run_facts, safe_ratio
 from appliance.percentiles import percentile
+from bench.client import RequestTiming
+from bench.report import mean, run_facts, safe_ratio
 
 OURS = "ours"
 MLX_LM = "mlx_lm"

@@ -1,7 +1,7 @@
-"""`python -m appliance.bench.prefill`: prompt reading, the prompt cache and B = 1 decode,
+"""`python -m bench.prefill`: prompt reading, the prompt cache and B = 1 decode,
 ours against `mlx_lm.server` on the same model, same run (issue 10, part 4).
 
-Each server is started alone, exactly as `appliance bench serve` starts it (same
+Each server is started alone, exactly as `python -m bench.serve` starts it (same
 environment, same helpers), warmed up, then measured in three parts:
 
 1. **Cold prefill**: single requests with distinct prompts of about each ``--lengths``
@@ -34,11 +34,12 @@ from typing import Any
 
 import httpx
 
-from appliance.bench import chat_load, serve
-from appliance.bench import report as rep
-from appliance.bench.client import RequestTiming, stream_chat
-from appliance.bench.fairness_config import PromptMaker, eos_token_ids, token_counter
-from appliance.bench.process import (
+from appliance.percentiles import percentile
+from bench import chat_load, serve
+from bench import report as rep
+from bench.client import RequestTiming, stream_chat
+from bench.fairness_config import PromptMaker, eos_token_ids, token_counter
+from bench.process import (
     ServerStartError,
     blas_facts,
     default_blas,
@@ -46,8 +47,7 @@ from appliance.bench.process import (
     run_guarded,
     wait_ready,
 )
-from appliance.bench.serve_stats import time_per_output_token
-from appliance.percentiles import percentile
+from bench.serve_stats import time_per_output_token
 
 Messages = list[dict[str, str]]
 COLD_GOAL, CACHE_GOAL, ROOFLINE_GOAL = 1.0, 0.3, 0.5
@@ -331,7 +331,7 @@ def parse_lengths(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m appliance.bench.prefill",
+    p = argparse.ArgumentParser(prog="python -m bench.prefill",
                                 description=(__doc__ or "").split("\n")[0])
     p.add_argument("--model", type=Path, default=None,
                    help=f"model directory (default: {serve.DEFAULT_MODEL_DIR}, built once)")
@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run it; print the Markdown report; 0 when every server ran without errors."""
-    prog = "python -m appliance.bench.prefill" if argv is None else "appliance bench prefill"
+    prog = "python -m bench.prefill"
     args_list = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(args_list)
     if min(args.repeats, args.turns, args.turn_tokens, args.answer_tokens,

@@ -6,23 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from appliance.bench.mixed import main, report
+from bench.mixed import main, report
 
 
 def test_the_report_gives_the_chunks_cost_apart_and_riding() -> None:
     result = {"8,32": {"step": 100.0, "apart": 274.0, "mixed": 221.0},
               "1,8": {"step": 50.0, "apart": 60.0, "mixed": 49.0}}
-    text = report(Path("models/m"), result, "python -m appliance.bench.mixed", "a machine")
+    text = report(Path("models/m"), result, "python -m bench.mixed", "a machine")
     assert "| 8 | 32 | 100 | 274 | 221 | 174 / 121 ms: 1.44x |" in text
     assert "| 1 | 8 | 50 | 60 | 49 | 10 / -1 ms: - |" in text  # riding cost nothing: no ratio
     assert "`models/m`" in text and "/work" not in text
-
-
-def test_cli_knows_the_mixed_benchmark() -> None:
-    from appliance.cli import build_parser
-
-    args, rest = build_parser().parse_known_args(["bench", "mixed", "--rows", "8"])
-    assert args.bench_cmd == "mixed" and rest == ["--rows", "8"]
 
 
 @pytest.mark.parametrize("flag,value", [("--chunks", "0,8"), ("--rows", "4,x"), ("--rows", "")])

@@ -1,4 +1,4 @@
-"""`appliance bench fairness`: our server under `--policy fcfs` and `--policy fair`, same run.
+"""`python -m bench.fairness`: our server under `--policy fcfs` and `--policy fair`, same run.
 
 For each policy a fresh server (the real MLX engine, on 127.0.0.1, with its own copy of a
 throwaway data dir holding the personas' users and keys) runs these phases one after another:
@@ -22,7 +22,7 @@ prompt tokens computed (``prompt_tokens - cached_tokens`` of the usage chunk) at
 text chunk, output tokens spread over the text chunks; a user is backlogged at a moment when
 one of their requests was sent and has not produced its first text chunk yet.
 
-Run: ``appliance bench fairness [--model DIR|demo|smollm-135m] [--json PATH]``.
+Run: ``python -m bench.fairness [--model DIR|demo|smollm-135m] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -45,9 +45,10 @@ from typing import Any
 
 import httpx
 
-from appliance.bench.chat_load import Target, Workload, chat_payload, discover_model, warm_up
-from appliance.bench.client import stream_chat
-from appliance.bench.fairness_config import (
+from appliance.vocab import Klass
+from bench.chat_load import Target, Workload, chat_payload, discover_model, warm_up
+from bench.client import stream_chat
+from bench.fairness_config import (
     PERSONAS,
     REPO_ROOT,
     Config,
@@ -62,8 +63,8 @@ from appliance.bench.fairness_config import (
     run_order,
     token_counter,
 )
-from appliance.bench.fairness_report import render_report
-from appliance.bench.fairness_stats import (
+from bench.fairness_report import render_report
+from bench.fairness_stats import (
     BACKGROUND,
     HEAVY,
     VOICE,
@@ -74,7 +75,7 @@ from appliance.bench.fairness_stats import (
     pool_solo,
     summarize_policy,
 )
-from appliance.bench.process import (
+from bench.process import (
     ServerProcess,
     ServerStartError,
     blas_facts,
@@ -85,16 +86,15 @@ from appliance.bench.process import (
     server_env,
     wait_ready,
 )
-from appliance.bench.provision import DATA_DIR_ENV, provision
-from appliance.bench.report import (
+from bench.provision import DATA_DIR_ENV, provision
+from bench.report import (
     display_command,
     git_commit,
     model_facts,
     relative,
     write_report,
 )
-from appliance.bench.serve import package_versions
-from appliance.vocab import Klass
+from bench.serve import package_versions
 
 HOST = "127.0.0.1"
 CLASS_HEADER = "x-appliance-class"
@@ -318,7 +318,7 @@ async def bench_all(cfg: Config, keys: Mapping[str, str], template: Path
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the Markdown report; 0 when every server ran cleanly."""
-    prog = "python -m appliance.bench.fairness" if argv is None else "appliance bench fairness"
+    prog = "python -m bench.fairness"
     args_list = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(args_list)
     started = dt.datetime.now(dt.UTC)

@@ -1,6 +1,6 @@
 """Fairness while a background job map-reduces a long document.
 
-``python -m appliance.bench.jobs_fairness [--requests N] [--doc-tokens T]``: the daemon
+``python -m bench.jobs_fairness [--requests N] [--doc-tokens T]``: the daemon
 (assembled as ``appliance serve`` does, on a loopback port, demo model) first measures the
 time to first token of a voice user and of an interactive user alone (``N`` streamed
 requests each, taking turns), then starts another user's job that summarises a document of
@@ -26,12 +26,12 @@ from typing import Any
 
 import httpx
 
-from appliance.bench.client import chunk_text
-from appliance.bench.provision import BenchUser, add_users
 from appliance.percentiles import percentile
 from appliance.vocab import Klass
+from bench.client import chunk_text
+from bench.provision import BenchUser, add_users
 
-CORPUS = Path(__file__).resolve().parents[1] / "demo" / "corpus.txt"
+CORPUS = Path(__file__).resolve().parents[1] / "appliance" / "demo" / "corpus.txt"
 """The demo model's training text: a long document of the demo model's own words."""
 
 QUESTIONS = ("Turn on the kitchen lights.", "What is the weather like?",

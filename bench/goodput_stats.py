@@ -1,4 +1,4 @@
-"""The pure part of `appliance bench goodput`: the household mix, its seeded open-loop
+"""The pure part of `python -m bench.goodput`: the household mix, its seeded open-loop
 arrival schedule, the per-class SLOs, attainment per rate, goodput and the frontier.
 
 The mix (shares of arrivals; lengths uniform in the stated ranges, prompts in words, which

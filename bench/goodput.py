@@ -1,16 +1,16 @@
-"""`appliance bench goodput`: open-loop Poisson arrivals of a household mix at increasing
+"""`python -m bench.goodput`: open-loop Poisson arrivals of a household mix at increasing
 rates against OpenAI-compatible servers; per rate the share of requests meeting their
 class's SLO, and the goodput (the highest rate at which >= 90 % meet it).
 
 By default it starts ours and `mlx_lm.server` on the same model (both kept running, driven
 one after the other at each rate, the order alternating from rate to rate) exactly as
-`appliance bench serve` does; ``--url NAME=URL`` drives any server already running instead.
+`python -m bench.serve` does; ``--url NAME=URL`` drives any server already running instead.
 The mix, its seeded length distributions and the SLOs are in goodput_stats.py. Our server
 is told each request's class (``x-appliance-class``); other servers ignore the header.
 Plots (PNG, matplotlib when installed): SLO attainment against rate, and the batch the
 server held (mean requests in flight) against TTFT p95 and ITL p95 (the frontier).
 
-Run: ``appliance bench goodput [--rates 0.05,0.1,0.2] [--duration 60] [--seed 1]``.
+Run: ``python -m bench.goodput [--rates 0.05,0.1,0.2] [--duration 60] [--seed 1]``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from typing import Any
 
 import httpx
 
-from appliance.bench import chat_load, serve
-from appliance.bench.client import stream_chat
-from appliance.bench.goodput_stats import (
+from appliance.vocab import Klass
+from bench import chat_load, serve
+from bench.client import stream_chat
+from bench.goodput_stats import (
     CLASSES,
     MIX,
     Arrival,
@@ -41,8 +42,8 @@ from appliance.bench.goodput_stats import (
     schedule,
     summarize_rate,
 )
-from appliance.bench.process import blas_facts, default_blas, free_port, run_guarded, wait_ready
-from appliance.bench.report import (
+from bench.process import blas_facts, default_blas, free_port, run_guarded, wait_ready
+from bench.report import (
     describe_model,
     display_command,
     git_commit,
@@ -50,7 +51,6 @@ from appliance.bench.report import (
     relative,
     write_report,
 )
-from appliance.vocab import Klass
 
 WORDS = ["kitchen", "light", "garden", "window", "heating", "water", "bread", "table", "evening", "morning", "door", "radio", "garage", "kettle", "winter", "dinner", "school", "bicycle", "laundry", "battery", "market", "letter", "music", "rain", "shelf", "clock", "pillow", "tomato", "basket", "candle", "ladder", "blanket", "stairs", "meeting"]
 
@@ -226,7 +226,7 @@ def parse_url(text: str) -> tuple[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="appliance bench goodput", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.goodput", description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, default=None,
                    help=f"model directory (default: {serve.DEFAULT_MODEL_DIR}, built once)")
     p.add_argument("--servers", default=f"{serve.OURS},{serve.MLX_LM}",
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {name: [RateResult(**r) for r in rows] for name, rows in got["results"].items()}
     report: dict[str, Any] = {
         "meta": {"date": started.isoformat(timespec="seconds"),
-                 "command": "appliance bench goodput " + shlex.join(argv or sys.argv[1:]),
+                 "command": "python -m bench.goodput " + shlex.join(argv or sys.argv[1:]),
                  "model": model_facts(model), "git_commit": git_commit(serve.REPO_ROOT),
                  "machine": serve.machine_description(), "rates": cfg.rates,
                  "duration_s": cfg.duration, "seed": cfg.seed, "slo_scale": cfg.slo_scale},

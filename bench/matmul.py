@@ -1,4 +1,4 @@
-"""`python -m appliance.bench.matmul`: decode steps and their matrix products with and
+"""`python -m bench.matmul`: decode steps and their matrix products with and
 without the skinny_matmul kernel (appliance/backend/native/skinny_matmul.c), on one model.
 
 Two child processes load the model through ``mlx_lm.load``, one with Debian's OpenBLAS
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.backend.blas import blas_env, openblas_lib, skinny_matmul_lib
-from appliance.bench.report import git_commit, relative
+from bench.report import git_commit, relative
 
 CHILD = textwrap.dedent("""
     import json, statistics, sys, time
@@ -103,7 +103,7 @@ def report(model: Path, plain: dict[str, Any], skinny: dict[str, Any], command: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m appliance.bench.matmul", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.matmul", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=".bench/models/smollm-135m")
     p.add_argument("--rows", default="1,4,8", help="batch sizes (rows of each product)")
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(args.model)
     plain = measure(model, [blas], args.rows, args.context, args.repeats)
     skinny = measure(model, [kernel, blas], args.rows, args.context, args.repeats)
-    emit(report(model, plain, skinny, command_line("appliance.bench.matmul", argv),
+    emit(report(model, plain, skinny, command_line("bench.matmul", argv),
                 facts_line()), args.output)
     return 0
 

@@ -3,7 +3,6 @@ personas, the configuration and its phases."""
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import random
@@ -11,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.bench.fairness import server_argv, user_targets
-from appliance.bench.fairness_config import (
+from bench.fairness import server_argv, user_targets
+from bench.fairness_config import (
     PERSONAS,
     Config,
     PromptMaker,
@@ -21,7 +20,7 @@ from appliance.bench.fairness_config import (
     eos_token_ids,
     phase_specs,
 )
-from appliance.bench.fairness_stats import (
+from bench.fairness_stats import (
     BACKGROUND,
     BACKLOGGED,
     HEAVY,
@@ -35,7 +34,7 @@ from appliance.bench.fairness_stats import (
     WEIGHTED_USER,
     PhaseWindow,
 )
-from appliance.bench.provision import admin_steps
+from bench.provision import admin_steps
 
 
 def test_prompt_maker_hits_the_target_and_never_repeats() -> None:
@@ -87,7 +86,7 @@ def test_user_targets_send_the_class_header() -> None:
 
 def config(*argv: str) -> Config:
     args = build_parser().parse_args(list(argv))
-    return config_from_args(args, "appliance bench fairness",
+    return config_from_args(args, "python -m bench.fairness",
                             dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
 
 
@@ -128,14 +127,6 @@ def test_phase_specs_run_solo_first_and_size_the_backlogged_phase_by_windows() -
     assert heavy.concurrency == cfg.heavy_backlog > cfg.max_batch_size
     voice = next(lane for lane in specs[4].lanes if lane.user == VOICE)
     assert voice.klass == "voice" and voice.concurrency == 1
-
-
-def test_cli_knows_the_fairness_benchmark() -> None:
-    from appliance.cli import build_parser as cli_parser
-
-    args, rest = cli_parser().parse_known_args(["bench", "fairness", "--json", "x.json"])
-    assert isinstance(args, argparse.Namespace)
-    assert args.bench_cmd == "fairness" and rest == ["--json", "x.json"]
 
 
 def test_the_weighted_phase_keeps_two_users_backlogged_for_its_seconds() -> None:

@@ -1,7 +1,7 @@
 """The closed-loop streaming chat clients the serving benchmarks drive a server with: the
 household questions, one distinct prompt per request, the request body, a level of C clients
 sending N requests each (optionally staggered), the warm-up, and the model id a server
-lists. `appliance bench serve` (:mod:`appliance.bench.serve`) runs them against both servers;
+lists. `python -m bench.serve` (:mod:`bench.serve`) runs them against both servers;
 the fairness, goodput and prefill benchmarks reuse the target, payload and warm-up."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from appliance.bench.client import RequestTiming, stream_chat
-from appliance.bench.serve_stats import LevelStats, summarize_level
+from bench.client import RequestTiming, stream_chat
+from bench.serve_stats import LevelStats, summarize_level
 
 # Short household questions; each request prefixes a serial number so that no two requests
 # of a run share a full prompt (neither server's prompt cache can replay an earlier answer).

@@ -1,4 +1,4 @@
-"""`python -m appliance.bench.mixed`: a tick's decode step with a prompt chunk read in a
+"""`python -m bench.mixed`: a tick's decode step with a prompt chunk read in a
 forward of its own, against the chunk read in the decode step's forward
 (appliance/engine/mixed.py), on one model.
 
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from appliance.backend.blas import wanted_preload
-from appliance.bench.matmul import command_line, emit, facts_line, run_child
-from appliance.bench.report import relative
-from appliance.bench.serve import positive_ints
+from bench.matmul import command_line, emit, facts_line, run_child
+from bench.report import relative
+from bench.serve import positive_ints
 
 CHILD = textwrap.dedent("""
     import json, statistics, sys, time
@@ -102,7 +102,7 @@ def sizes(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m appliance.bench.mixed", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.mixed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=".bench/models/smollm-135m")
     p.add_argument("--rows", type=sizes, default="1,4,8", help="decode batch sizes")
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(args.model)
     result = run_child(CHILD, [str(model), args.rows, args.chunks, str(args.context),
                                str(args.repeats)], wanted_preload("auto", True))
-    emit(report(model, result, command_line("appliance.bench.mixed", argv),
+    emit(report(model, result, command_line("bench.mixed", argv),
                 f"{facts_line()}; skinny_matmul and OpenBLAS preloaded, fast CPU ops"),
          args.output)
     return 0

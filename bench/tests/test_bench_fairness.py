@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from appliance.bench.client import RequestTiming
-from appliance.bench.fairness import report_json, summarize_all
-from appliance.bench.fairness_config import run_order
-from appliance.bench.fairness_report import render_report, render_table
-from appliance.bench.fairness_stats import (
+from bench.client import RequestTiming
+from bench.fairness import report_json, summarize_all
+from bench.fairness_config import run_order
+from bench.fairness_report import render_report, render_table
+from bench.fairness_stats import (
     BACKGROUND,
     BACKLOGGED,
     GOAL_LIGHT,
@@ -49,7 +49,7 @@ from appliance.bench.fairness_stats import (
     summarize_policy,
     ttft_stats,
 )
-from tests.unit.test_bench_fairness_config import config
+from bench.tests.test_bench_fairness_config import config
 
 
 def rec(user: str, sent: float, chunks: list[float], *, usage: int | None = None,
@@ -388,7 +388,7 @@ def test_render_table_marks_unknown_goals() -> None:
 
 def meta() -> dict[str, object]:
     return {
-        "date": "2026-01-01T00:00:00+00:00", "command": "appliance bench fairness",
+        "date": "2026-01-01T00:00:00+00:00", "command": "python -m bench.fairness",
         "model": {"path": "/m", "model_type": "llama", "num_hidden_layers": 4},
         "blas_report": "OpenBLAS", "git_commit": "abc", "versions": {"python": "3.11"},
         "machine": "Linux x86_64, 2 CPUs", "max_batch_size": 8, "w_in": 1.0, "w_out": 2.0,
@@ -402,7 +402,7 @@ def test_render_report_carries_the_facts_and_failures() -> None:
     servers = {p: {"command": f"appliance serve --policy {p}", "log": f"{p}.log"}
                for p in summaries}
     text = render_report(meta(), summaries, evaluate_goals(summaries), servers)
-    assert "- command: `appliance bench fairness`" in text
+    assert "- command: `python -m bench.fairness`" in text
     assert "llama, layers 4" in text and "- BLAS: OpenBLAS" in text
     assert "`appliance serve --policy fair` (log `fair.log`)" in text
     assert "- fair FAILED: fair exited with code 2" in text

@@ -13,17 +13,18 @@ from typing import Any
 import httpx
 import pytest
 
-from appliance.bench.chat_load import Workload, level_serials, prompt_for
-from appliance.bench.client import (
+from appliance.percentiles import percentile
+from bench.chat_load import Workload, level_serials, prompt_for
+from bench.client import (
     RequestTiming,
     chunk_text,
     sse_data,
     stream_chat,
     usage_completion_tokens,
 )
-from appliance.bench.provision import last_line
-from appliance.bench.report import describe_model, safe_ratio
-from appliance.bench.serve import (
+from bench.provision import last_line
+from bench.report import describe_model, safe_ratio
+from bench.serve import (
     Config,
     LevelRun,
     combine_flags,
@@ -32,7 +33,7 @@ from appliance.bench.serve import (
     round_order,
     stagger_comparison,
 )
-from appliance.bench.serve_stats import (
+from bench.serve_stats import (
     LevelRatio,
     LevelStats,
     compute_ratios,
@@ -42,7 +43,6 @@ from appliance.bench.serve_stats import (
     time_per_output_token,
     token_source,
 )
-from appliance.percentiles import percentile
 
 
 def timing(
@@ -274,7 +274,7 @@ def test_render_report_mentions_run_facts() -> None:
     report = {
         "meta": {
             "date": "2025-01-01T00:00:00+00:00",
-            "command": "appliance bench serve -n 1",
+            "command": "python -m bench.serve -n 1",
             "model": {"path": "/m", "model_type": "llama", "num_hidden_layers": 30},
             "blas_report": "OpenBLAS via LD_PRELOAD",
             "git_commit": "abc123",
@@ -292,7 +292,7 @@ def test_render_report_mentions_run_facts() -> None:
     }
     text = render_report(report)
     for needle in (
-        "appliance bench serve -n 1",
+        "python -m bench.serve -n 1",
         "abc123",
         "OpenBLAS",
         "llama, layers 30",

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from appliance.bench.client import RequestTiming
-from appliance.bench.prefill import (
+from bench.client import RequestTiming
+from bench.prefill import (
     best_bandwidth,
     build_parser,
     cold_ratios,
@@ -145,7 +145,7 @@ def test_report_names_commands_and_no_machine_paths() -> None:
     ratios = cold_ratios(servers["ours"]["cold"], servers["mlx_lm"]["cold"])
     report = {
         "meta": {"date": "2026-12-01T00:00:00+00:00", "command": "python -m "
-                 "appliance.bench.prefill --lengths 512", "model": {"path": "m",
+                 "bench.prefill --lengths 512", "model": {"path": "m",
                  "model_type": "llama", "parameter_bytes": 4_000_000},
                  "git_commit": "abc", "machine": "Linux x86_64, 2 CPUs", "blas": "openblas",
                  "max_batch_size": 8, "lengths": [512], "repeats": 1, "turns": 2,

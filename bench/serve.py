@@ -1,4 +1,5 @@
-"""`python -m bench.serve`: our server against `mlx_lm.server` on the same model, same run.
+"""`python -m bench.serve`: our server against `mlx_lm.server` on the same model directory
+and llama.cpp's `llama-server` on the same GGUF file, same run.
 
 Each server is started alone (one at a time) on a free 127.0.0.1 port with the same
 environment (OpenBLAS preloaded by default on Linux), warmed up, then driven by C = 1, 2, 4, 8
@@ -9,7 +10,9 @@ machine is shared and noisy, so only the ratios measured in the same run mean mu
 ``--stagger-ms MS`` every level runs a second time with its clients starting MS ms apart,
 and the report sets the running streams' ITL p95 then against the steady run's.
 
-Run: ``python -m bench.serve [--model DIR] [--requests-per-client N] [--json PATH]``.
+Run: ``python -m bench.serve [--model DIR] [--requests-per-client N] [--json PATH]``;
+``--servers ours,mlx_lm,llama_cpp --gguf FILE`` adds llama-server (built by
+``bench/peers/build-llama-server.sh``) with one slot per client of the highest level.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ import httpx
 from appliance.vocab import Klass
 from bench.chat_load import Target, Workload, discover_model, run_level, warm_up
 from bench.client import RequestTiming
+from bench.peers import llama_cpp
 from bench.process import (
     OPENBLAS_PATH,
     ServerProcess,
@@ -54,6 +58,7 @@ from bench.report import (
     write_report,
 )
 from bench.serve_stats import (
+    LLAMA_CPP,
     MLX_LM,
     OURS,
     LevelStats,
@@ -64,7 +69,7 @@ from bench.serve_stats import (
     summarize_level,
 )
 
-SERVER_NAMES = (OURS, MLX_LM)
+SERVER_NAMES = (OURS, MLX_LM, LLAMA_CPP)
 HOST = "127.0.0.1"
 DEFAULT_MODEL_SHAPE = "smollm-135m"
 DEFAULT_MODEL_DIR = Path(".bench/models") / DEFAULT_MODEL_SHAPE
@@ -78,7 +83,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass
 class Config:
-    model_dir: Path
+    model_dir: Path | None
+    """The MLX model directory of ours and mlx_lm (None when only llama_cpp runs)."""
     servers: list[str]
     workload: Workload
     max_batch_size: int
@@ -92,10 +98,19 @@ class Config:
     command: str
     rounds: int = 1
     auth: str = "none"
+    gguf: Path | None = None
+    """The GGUF file llama_cpp serves (the same weights as model_dir, as a household has them)."""
+    llama_cmd: list[str] = field(default_factory=list)
+    llama_threads: int = 2
 
 
 def server_argv(name: str, cfg: Config, port: int) -> list[str]:
     """The full command line of one server under test."""
+    if name == LLAMA_CPP:
+        assert cfg.gguf is not None
+        return llama_cpp.argv(cfg.llama_cmd, cfg.gguf, HOST, port, cfg.max_batch_size,
+                              cfg.llama_threads, cfg.workload.prompt_words,
+                              cfg.workload.max_tokens)
     common = ["--model", str(cfg.model_dir), "--host", HOST, "--port", str(port)]
     if name == OURS:
         return [*cfg.our_cmd, *common, "--max-batch-size", str(cfg.max_batch_size)]
@@ -326,10 +341,12 @@ def build_report(
 ) -> dict[str, Any]:
     stats = {name: [LevelStats(**lv) for lv in s["levels"]] for name, s in servers.items()}
     ratios = compute_ratios(stats[OURS], stats[MLX_LM]) if OURS in stats and MLX_LM in stats else []
+    llama = compute_ratios(stats[OURS], stats[LLAMA_CPP]) if {OURS, LLAMA_CPP} <= set(stats) else []
     meta = {
         "date": started.isoformat(timespec="seconds"),
         "command": cfg.command,
-        "model": model_facts(cfg.model_dir),
+        "model": model_facts(cfg.model_dir) if cfg.model_dir else {"path": str(cfg.gguf)},
+        "gguf": str(cfg.gguf) if cfg.gguf else None,
         "blas": cfg.blas,
         "blas_report": blas_report(cfg.blas, servers),
         "git_commit": git_commit(REPO_ROOT),
@@ -348,7 +365,8 @@ def build_report(
         "output_dir": str(cfg.output_dir),
         "duration_s": round((dt.datetime.now(dt.UTC) - started).total_seconds(), 1),
     }
-    return {"meta": meta, "servers": servers, "ratios": [asdict(r) for r in ratios]}
+    return {"meta": meta, "servers": servers, "ratios": [asdict(r) for r in ratios],
+            f"ratios_{LLAMA_CPP}": [asdict(r) for r in llama]}
 
 
 def machine_description() -> str:
@@ -394,7 +412,8 @@ def parse_env(items: Sequence[str]) -> dict[str, str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench.serve",
-        description="Benchmark our server against mlx_lm.server on the same model, same run.",
+        description="Benchmark our server against mlx_lm.server on the same model and "
+        "llama.cpp's server on the same GGUF, same run.",
     )
     p.add_argument(
         "--model",
@@ -406,7 +425,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--servers",
         default=f"{OURS},{MLX_LM}",
-        help="comma-separated servers to run, in order (default: ours,mlx_lm)",
+        help="comma-separated servers to run, in order: ours, mlx_lm, llama_cpp "
+        "(default: ours,mlx_lm)",
+    )
+    p.add_argument(
+        "--gguf", type=Path, default=None,
+        help="the GGUF file llama_cpp serves (the one --model was imported from)",
+    )
+    p.add_argument(
+        "--llama-cmd", default=None,
+        help="command of llama.cpp's server; -m/--host/--port/-np/-t/-c are appended "
+        f"(default: ${llama_cpp.BINARY_ENV}, else what bench/peers/build-llama-server.sh built)",
+    )
+    p.add_argument(
+        "--llama-threads", type=int, default=2,
+        help="llama-server's -t (default: 2)",
     )
     p.add_argument(
         "--concurrency",
@@ -444,7 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-batch-size",
         type=int,
         default=None,
-        help="our --max-batch-size and mlx_lm's --decode/--prompt-concurrency "
+        help="our --max-batch-size, mlx_lm's --decode/--prompt-concurrency and "
+        "llama-server's -np "
         "(default: the highest concurrency level)",
     )
     p.add_argument(
@@ -543,8 +577,9 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
             f"--blas openblas: {OPENBLAS_PATH} not found (apt-get install libopenblas0-pthread)"
         )
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    gguf, llama_cmd = llama_from_args(args, servers)
     return Config(
-        model_dir=resolve_model(args.model),
+        model_dir=resolve_model(args.model) if {OURS, MLX_LM} & set(servers) else None,
         servers=servers,
         workload=Workload(
             concurrency=args.concurrency,
@@ -567,7 +602,25 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
         command=command,
         rounds=args.rounds,
         auth="--api-key" if args.api_key else "none",
+        gguf=gguf,
+        llama_cmd=llama_cmd,
+        llama_threads=args.llama_threads,
     )
+
+
+def llama_from_args(args: argparse.Namespace, servers: Sequence[str]
+                    ) -> tuple[Path | None, list[str]]:
+    """The GGUF file and llama-server command, checked before anything starts."""
+    if LLAMA_CPP not in servers:
+        return None, []
+    if args.gguf is None or not args.gguf.is_file():
+        raise SystemExit(f"--servers {LLAMA_CPP} needs --gguf FILE (got {args.gguf})")
+    if args.llama_cmd:
+        return args.gguf.resolve(), shlex.split(args.llama_cmd)
+    binary = llama_cpp.default_binary()
+    if not binary.exists():
+        raise SystemExit(llama_cpp.missing_binary_message(binary))
+    return args.gguf.resolve(), [str(binary)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ from bench.report import mean, run_facts, safe_ratio
 
 OURS = "ours"
 MLX_LM = "mlx_lm"
+LLAMA_CPP = "llama_cpp"
 
 
 # --------------------------------------------------------------------------------------
@@ -170,16 +171,18 @@ def ratio_row(label: str, ratio: LevelRatio) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def render_table(results: Mapping[str, Sequence[LevelStats]], ratios: Sequence[LevelRatio]) -> str:
-    """Markdown: one row per (level, server), then the ours/mlx_lm ratio row of that level."""
+def render_table(results: Mapping[str, Sequence[LevelStats]], ratios: Sequence[LevelRatio],
+                 more: Mapping[str, Sequence[LevelRatio]] | None = None) -> str:
+    """Markdown: one row per (level, server), then the ours/mlx_lm ratio row of that level
+    and ours/NAME for each other reference in `more`."""
     levels = sorted({s.concurrency for stats in results.values() for s in stats})
-    ratio_by_level = {r.concurrency: r for r in ratios}
+    by_reference = {MLX_LM: ratios, **(more or {})}
     lines = list(TABLE_HEADER)
     for level in levels:
         for name, stats in results.items():
             lines += [level_row(name, s) for s in stats if s.concurrency == level]
-        if level in ratio_by_level:
-            lines.append(ratio_row(f"{OURS}/{MLX_LM}", ratio_by_level[level]))
+        for reference, refs in by_reference.items():
+            lines += [ratio_row(f"{OURS}/{reference}", r) for r in refs if r.concurrency == level]
     return "\n".join(lines)
 
 
@@ -206,6 +209,8 @@ def render_report(report: Mapping[str, Any]) -> str:
         for name, server in report["servers"].items()
     }
     ratios = [LevelRatio(**r) for r in report["ratios"]]
+    more = {LLAMA_CPP: [LevelRatio(**r) for r in report[f"ratios_{LLAMA_CPP}"]]
+            } if report.get(f"ratios_{LLAMA_CPP}") else None
     lines = [
         f"### Serving benchmark: {', '.join(report['servers'])} ({meta['date']})",
         "",
@@ -219,12 +224,12 @@ def render_report(report: Mapping[str, Any]) -> str:
     ]
     for name, server in report["servers"].items():
         lines.append(f"- {name}: `{server['command']}` (log `{server['log']}`)")
-    lines += ["", render_table(results, ratios), ""]
+    lines += ["", render_table(results, ratios, more), ""]
     if meta.get("stagger_ms"):
         lines += [render_stagger(report, meta["stagger_ms"]), ""]
     lines += [
         "tok/s: output tokens of all clients / wall time of the level. TTFT: request sent → "
-        "first text chunk. ITL: gaps between text chunks. Ratios are ours/mlx_lm: above 1 is "
+        "first text chunk. ITL: gaps between text chunks. Ratios are ours/reference: above 1 is "
         "better for tok/s, below 1 is better for TTFT and ITL.",
     ]
     for name, server in report["servers"].items():

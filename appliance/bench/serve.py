@@ -18,7 +18,7 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -137,6 +137,12 @@ def body(plan: Plan, serial: int, max_tokens: int) -> dict[str, Any]:
     return out
 
 
+def text_in(choice: dict[str, Any]) -> bool:
+    """Whether a streamed choice carries generated text (an answer's or its thinking's)."""
+    delta = choice.get("delta") or {}
+    return bool(delta.get("content") or delta.get("reasoning_content"))
+
+
 async def one_request(client: httpx.AsyncClient, plan: Plan, payload: dict[str, Any]
                       ) -> Timing:
     timing = Timing()
@@ -154,7 +160,7 @@ async def one_request(client: httpx.AsyncClient, plan: Plan, payload: dict[str, 
                 if chunk.get("error"):
                     timing.error = str(chunk["error"])[:200]
                     return timing
-                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                if any(text_in(c) for c in chunk.get("choices") or []):
                     timing.chunk_times.append(time.perf_counter() - sent)
                 usage = chunk.get("usage")
                 if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
@@ -206,7 +212,7 @@ async def measure(plan: Plan, warmup: bool) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=plan.url, headers=plan.headers, timeout=timeout,
                                  limits=limits) as client:
         health, model = await check_daemon(client, plan)
-        plan = Plan(**{**asdict(plan), "model": model})
+        plan = replace(plan, model=model)
         if warmup:  # absorbs lazy work (first compile, first allocation); not measured
             first = await one_request(client, plan, body(plan, 10_000, min(8, plan.max_tokens)))
             if first.error is not None:

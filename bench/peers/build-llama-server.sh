@@ -5,8 +5,9 @@
 #   bench/peers/build-llama-server.sh            build once; prints the binary's path
 #   LLAMA_SERVER_DIR=DIR bench/peers/build-llama-server.sh
 # The cache lives outside the repository (default ~/.cache/appliance-bench/llama-server).
-# About 10 minutes on a 2-core machine. GGML_NATIVE stays OFF: a processor that advertises
-# AMX inside a virtual machine that traps it dies with SIGILL on a -march=native build.
+# About 10 minutes on a quiet 2-core machine (50 at nice 19 beside other work).
+# GGML_NATIVE stays OFF: a processor that advertises AMX inside a virtual machine that traps
+# it dies with SIGILL on a -march=native build.
 set -euo pipefail
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 DIR=${LLAMA_SERVER_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/appliance-bench/llama-server}

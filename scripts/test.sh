@@ -51,8 +51,8 @@ if [ -n "$PRELOAD" ]; then
   export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-$("$VENV/bin/python" -c "from appliance.backend.blas import SPIN_EXPONENT; print(SPIN_EXPONENT)")}
 fi
 
-"$VENV/bin/ruff" check appliance web migrations tests
-"$VENV/bin/mypy" --no-error-summary appliance web migrations
+"$VENV/bin/ruff" check appliance web migrations tests bench
+"$VENV/bin/mypy" --no-error-summary appliance web migrations bench
 "$VENV/bin/python" scripts/layers.py >/dev/null || { "$VENV/bin/python" scripts/layers.py; exit 1; }
 "$VENV/bin/python" -m pytest -q --durations=25 "$@"
 if [ $# -eq 0 ]; then

@@ -25,14 +25,13 @@ from appliance.api import (
     admin,
     embeddings,
     hooks,
-    jobs,
     metrics,
     monitoring,
     ollama,
     openai,
 )
+from appliance.api import jobs as job_routes
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
-from appliance.api.chat_format import longest_token_chars
 from appliance.api.errors import (
     LIMIT_ERROR_HANDLERS,
     ApiError,
@@ -40,17 +39,21 @@ from appliance.api.errors import (
     database_error_handler,
     http_error_handler,
     internal_error_handler,
+    service_error_handler,
     store_error_handler,
 )
 from appliance.api.headers import HtmlSecurityHeaders
 from appliance.api.root import ollama_root
-from appliance.api.service import ModelInfo, Services
 from appliance.engine.core import Engine, EngineConfig
 from appliance.engine.model import resolve_model_path
 from appliance.engine.request import FaultHook, Finished
 from appliance.engine.supervisor import Supervisor
+from appliance.jobs.runner import JobService
 from appliance.sched.budget import TickObjectives
 from appliance.sched.types import SchedulerConfig
+from appliance.service.chat_format import longest_token_chars
+from appliance.service.errors import ServiceError
+from appliance.service.services import ModelInfo, Services
 from appliance.settings import Settings, parse_bytes
 from appliance.store import fairness
 from appliance.store.db import Store
@@ -160,27 +163,26 @@ def build_services(settings: Settings, engine: Engine, store: Store,
                         shared_idle_s=settings.server.shared_device_idle_minutes * 60.0,
                         note_key_used=writer.submit_key_used if writer is not None else None,
                         writer=writer)
-    attach_jobs(services, settings, writer)
     return services
 
 
-def attach_jobs(services: Services, settings: Settings, writer: StoreWriter | None) -> None:
+def build_jobs(services: Services, settings: Settings, writer: StoreWriter | None
+               ) -> JobService:
     """The background job scheduler; ``create_app`` starts it in the lifespan."""
-    from appliance.jobs.runner import JobService
-
     flush = None if writer is None else (lambda: writer.flush(10))
-    services.jobs = JobService(services, settings.jobs, flush_ledger=flush)
+    return JobService(services, settings.jobs, flush_ledger=flush)
 
 
 def create_app(services: Services, secret: str,
-               on_shutdown: Sequence[Callable[[], Any]] = ()) -> Litestar:
+               on_shutdown: Sequence[Callable[[], Any]] = (),
+               jobs: JobService | None = None) -> Litestar:
     csrf = CSRFConfig(secret=secret, exclude=CSRF_EXEMPT, cookie_samesite="strict")
     app = Litestar(
         route_handlers=[*openai.ROUTES, *ollama.ROUTES, *embeddings.ROUTES, *hooks.ROUTES,
                         *monitoring.ROUTES,
-                        *metrics.ROUTES, *account.ROUTES, admin.router, *jobs.ROUTES,
+                        *metrics.ROUTES, *account.ROUTES, admin.router, *job_routes.ROUTES,
                         *web_routes()],
-        state=State({"services": services}),
+        state=State({"services": services, "jobs": jobs}),
         # Outermost first: who is asking (401) before whether the form is genuine (403).
         middleware=[HtmlSecurityHeaders,
                     # OPTIONS too: an unauthenticated OPTIONS reached the admin guard (500)
@@ -191,6 +193,7 @@ def create_app(services: Services, secret: str,
         template_config=TemplateConfig(directory=TEMPLATES, engine=JinjaTemplateEngine),
         exception_handlers={
             ApiError: api_error_handler,
+            ServiceError: service_error_handler,
             HTTPException: http_error_handler,
             NotFound: store_error_handler(404),
             AlreadyExists: store_error_handler(409),
@@ -203,9 +206,8 @@ def create_app(services: Services, secret: str,
         # APScheduler's AsyncIOScheduler needs the running loop: started here; stopped
         # before anything else shuts down (before the engine drains). Litestar runs the
         # shutdown hooks last to first, so the jobs' hook goes at the end of the list.
-        on_startup=[services.jobs.start] if services.jobs is not None else [],
-        on_shutdown=[*on_shutdown,
-                     *([services.jobs.stop] if services.jobs is not None else [])],
+        on_startup=[jobs.start] if jobs is not None else [],
+        on_shutdown=[*on_shutdown, *([jobs.stop] if jobs is not None else [])],
         request_max_body_size=MAX_BODY_BYTES,
         logging_config=None,
         # JSON only: Litestar's Swagger/ReDoc pages load scripts from CDNs (offline here)

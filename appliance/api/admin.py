@@ -16,8 +16,8 @@ from litestar.params import FromPath, JSONBody
 
 from appliance.api.account import key_json, usage_json
 from appliance.api.auth import admin_only, key_scope, new_key_class
+from appliance.api.common import decode_body
 from appliance.api.db import threaded
-from appliance.api.service import decode_body
 from appliance.store import keys as store_keys
 from appliance.store import ledger, limits, users, websessions
 from appliance.store.db import Store

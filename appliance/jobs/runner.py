@@ -34,20 +34,24 @@ from apscheduler.executors.asyncio import AsyncIOExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy.exc import DatabaseError
 
-from appliance.api.errors import ApiError
-from appliance.api.latency import JOB_ENDPOINT
-from appliance.api.schemas import ChatMessage, SamplingFields
+from appliance.engine.request import GenerationRequest
 from appliance.jobs import fetch, mapreduce, sources
 from appliance.jobs.definition import Limits
 from appliance.jobs.netguard import Guard, Refused, parse_allow_list
 from appliance.jobs.schedule import household_zone, in_words, latest_slot, make_trigger
+from appliance.service.chat_format import Turn, text_prompt
+from appliance.service.checks import DEFAULTS
+from appliance.service.errors import AtConcurrencyLimit, OverQuota, ServiceError, Unavailable
+from appliance.service.generation import submit
+from appliance.service.identity import Principal
+from appliance.service.latency import JOB_ENDPOINT
 from appliance.store import jobs as store_jobs
 from appliance.store.faults import storage_fault
 from appliance.store.models import Job, User
 from appliance.vocab import DAY_S, FinishReason, Klass
 
 if TYPE_CHECKING:
-    from appliance.api.service import Services
+    from appliance.service.services import Services
     from appliance.settings import JobsSettings
 
 log = logging.getLogger(__name__)
@@ -118,9 +122,9 @@ def step_key(model: str, max_tokens: int, prompt: str) -> str:
     return hashlib.sha256(f"{model}\0{max_tokens}\0{prompt}".encode()).hexdigest()
 
 
-def ledger_request_id(request: Any) -> str:
-    """The id the ledger stores for a request (what ``app.ledger_record`` writes)."""
-    return str(getattr(request, "request_id", None) or request.rid)
+def ledger_request_id(request: GenerationRequest) -> str:
+    """The id the ledger stores for a request."""
+    return request.request_id
 
 
 class JobService:
@@ -469,8 +473,6 @@ class JobService:
 
     async def _summarise(self, job: Job, owner: User, text: str, live: Live,
                          tally: Tally) -> str:
-        from appliance.api.auth import Principal
-
         principal = Principal(owner.id, owner.name, owner.role, owner.max_class)
         model = self.services.model
         finished = await anyio.to_thread.run_sync(self._done_steps, live.run_id)
@@ -514,24 +516,24 @@ class JobService:
         with self.services.store.sessions.begin() as s:
             store_jobs.record_request(s, run_id, request_id)
 
-    async def _ask(self, principal: Any, run_id: int, text: str, max_tokens: int,
+    async def _ask(self, principal: Principal, run_id: int, text: str, max_tokens: int,
                    tally: Tally) -> str:
-        """One stage: the owner's ``background`` request through the HTTP service path."""
-        from appliance.api.service import chat_prompt, submit
-
-        prompt = chat_prompt(self.services.model.tokenizer,
-                             [ChatMessage(role="user", content=text)])
+        """One stage: the owner's ``background`` request through the service, like any
+        HTTP request."""
+        prompt = text_prompt(self.services.model.tokenizer, [Turn("user", text)])
         for wait in (*BUSY_WAIT_S, None):
             try:
-                gen = await submit(self.services, prompt, SamplingFields(), max_tokens,
+                gen = await submit(self.services, prompt, DEFAULTS, max_tokens,
                                    principal, Klass.BACKGROUND, JOB_ENDPOINT)
                 break
-            except ApiError as exc:
-                if exc.status == 429 and exc.code != "max_concurrent":
-                    raise JobFailed("quota", exc.message) from None
-                if exc.status not in (429, 503) or wait is None:
+            except (AtConcurrencyLimit, Unavailable) as exc:
+                if wait is None:
                     raise JobFailed("error", exc.message) from None
                 await asyncio.sleep(wait)  # busy or at the concurrency limit: wait a turn
+            except OverQuota as exc:
+                raise JobFailed("quota", exc.message) from None
+            except ServiceError as exc:
+                raise JobFailed("error", exc.message) from None
         request_id = ledger_request_id(gen.handle.request)
         tally.ids.append(request_id)
         await anyio.to_thread.run_sync(self._record, run_id, request_id)

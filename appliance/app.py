@@ -1,4 +1,11 @@
-"""``create_app``: the one place where everything is wired together."""
+"""The parts the daemon is assembled from: the engine thread (``start_engine``), what the
+handlers share (``build_services``), the job scheduler (``build_jobs``) and the Litestar app
+over them (``create_app``: routes, middleware, error mapping).
+
+``appliance.daemon.build_daemon`` is the one assembly: it calls these in order, with the
+store and its writer, and nothing else wires a running daemon. Engine tests call
+``start_engine`` alone.
+"""
 
 from __future__ import annotations
 
@@ -46,7 +53,7 @@ from appliance.api.headers import HtmlSecurityHeaders
 from appliance.api.root import ollama_root
 from appliance.engine.core import Engine, EngineConfig
 from appliance.engine.model import resolve_model_path
-from appliance.engine.request import FaultHook, Finished
+from appliance.engine.request import FaultHook
 from appliance.engine.supervisor import Supervisor
 from appliance.jobs.runner import JobService
 from appliance.sched.budget import TickObjectives
@@ -58,7 +65,6 @@ from appliance.settings import Settings, parse_bytes
 from appliance.store import fairness
 from appliance.store.db import Store
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
-from appliance.store.ledger import LedgerRecord
 from appliance.store.writer import StoreWriter
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "web" / "templates"
@@ -106,14 +112,13 @@ def start_engine(settings: Settings, fault: FaultHook | None = None,
     """Start the engine thread, wait until it has loaded the model, and give it the
     persisted fairness state (counters, weights, the last day's usage) when there is a
     store."""
-    on_finish = on_counters = None
+    on_counters = None
     if writer is not None:
-        def on_finish(f: Finished) -> None:
-            writer.submit_ledger(ledger_record(f))
-
         def on_counters(values: dict[str, float]) -> None:
             writer.submit_counters({int(k): v for k, v in values.items() if k.isdigit()})
-    engine = Engine(engine_config(settings), fault=fault, on_finish=on_finish,
+    # the engine's record of each finished request is the ledger's row, as it is
+    engine = Engine(engine_config(settings), fault=fault,
+                    on_finish=writer.submit_ledger if writer is not None else None,
                     on_counters=on_counters)
     if store is not None:
         with store.read_sessions() as s:
@@ -130,17 +135,6 @@ def supervise(engine: Engine, on_down: Callable[[str], None] | None = None,
               interval_s: float = 1.0) -> Supervisor:
     """Watch the engine thread (see :mod:`appliance.engine.supervisor`)."""
     return Supervisor(engine, on_down, interval_s).start()
-
-
-def ledger_record(f: Finished) -> LedgerRecord:
-    r = f.request
-    return LedgerRecord(
-        request_id=r.request_id, user_id=r.user_id, api_key_id=r.api_key_id,
-        klass=r.klass.label, endpoint=r.endpoint, model="", prompt_tokens=f.usage.prompt_tokens,
-        cached_tokens=f.usage.cached_tokens, output_tokens=f.usage.completion_tokens,
-        queued_at=f.queued_at, admitted_at=f.admitted_at, first_token_at=f.first_token_at,
-        finished_at=f.finished_at, finish_reason=f.reason, preemptions=f.preemptions,
-        ttft_ms=f.ttft_ms, itl_mean_ms=f.itl_mean_ms, itl_p95_ms=f.itl_p95_ms)
 
 
 def build_services(settings: Settings, engine: Engine, store: Store,

@@ -22,11 +22,12 @@ from appliance.api import jobs as api_jobs
 from appliance.jobs.phrases import parse_schedule
 from appliance.jobs.runner import JobService
 from appliance.jobs.schedule import describe, in_words, make_trigger, next_times
+from appliance.service.identity import Principal
 from appliance.store.errors import AlreadyExists, NotFound
 from web.common import PAGE, form_fields, is_htmx, me, page, services
 
 
-def _list(jobs: JobService, who: Any) -> list[dict[str, Any]]:
+def _list(jobs: JobService, who: Principal) -> list[dict[str, Any]]:
     return api_jobs._list(jobs, who)
 
 
@@ -166,7 +167,7 @@ async def cancel_from_page(request: Request[Any, Any, Any], job_id: FromPath[int
     return await _history(request, job_id)
 
 
-def _detail(jobs: JobService, who: Any, job_id: int
+def _detail(jobs: JobService, who: Principal, job_id: int
             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     job = api_jobs._get(jobs, who, job_id)
     with jobs.services.store.read_sessions() as s:

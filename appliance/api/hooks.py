@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,7 +207,7 @@ def _sse_event(name: str, data: dict[str, Any]) -> bytes:
 
 
 def _sse(gen: Generation, answer: Answer, deadline: float, cid: str,
-         remember: Any) -> Stream:
+         remember: Callable[[], None]) -> Stream:
     async def body() -> AsyncIterator[bytes]:
         split = SentenceSplitter()
         try:

@@ -23,6 +23,7 @@ from appliance.api.errors import ApiError
 from appliance.jobs import definition
 from appliance.jobs.runner import JobService
 from appliance.jobs.schedule import describe, in_words, make_trigger, next_times
+from appliance.service.identity import Principal
 from appliance.service.services import Services
 from appliance.store import jobs as store_jobs
 from appliance.store.errors import NotFound
@@ -119,7 +120,7 @@ def job_json(svc: JobService, job: Job, owner: str, last: JobRun | None = None
 
 
 # ---- blocking parts (worker threads) ----
-def _list(jobs: JobService, viewer: Any) -> list[dict[str, Any]]:
+def _list(jobs: JobService, viewer: Principal) -> list[dict[str, Any]]:
     with jobs.services.store.read_sessions() as s:
         names = store_jobs.owner_names(s)
         found = store_jobs.list_jobs(s, None if viewer.is_admin else viewer.user_id)
@@ -127,7 +128,7 @@ def _list(jobs: JobService, viewer: Any) -> list[dict[str, Any]]:
     return [job_json(jobs, j, names.get(j.user_id, "?"), lasts[j.id]) for j in found]
 
 
-def _get(jobs: JobService, viewer: Any, job_id: int) -> dict[str, Any]:
+def _get(jobs: JobService, viewer: Principal, job_id: int) -> dict[str, Any]:
     with jobs.services.store.read_sessions() as s:
         job = store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
         owner = s.get(User, job.user_id)
@@ -135,7 +136,7 @@ def _get(jobs: JobService, viewer: Any, job_id: int) -> dict[str, Any]:
     return job_json(jobs, job, owner.name if owner else "?", last)
 
 
-def create(jobs: JobService, viewer: Any, fields: dict[str, Any]) -> dict[str, Any]:
+def create(jobs: JobService, viewer: Principal, fields: dict[str, Any]) -> dict[str, Any]:
     now = time.time()
     clean = validate_for(jobs, fields, viewer.is_admin, now)
     with jobs.services.store.sessions.begin() as s:
@@ -143,7 +144,7 @@ def create(jobs: JobService, viewer: Any, fields: dict[str, Any]) -> dict[str, A
     return job_json(jobs, job, viewer.name)
 
 
-def edit(jobs: JobService, viewer: Any, job_id: int, changes: dict[str, Any]
+def edit(jobs: JobService, viewer: Principal, job_id: int, changes: dict[str, Any]
          ) -> dict[str, Any]:
     with jobs.services.store.sessions.begin() as s:
         job = store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
@@ -161,19 +162,19 @@ def edit(jobs: JobService, viewer: Any, job_id: int, changes: dict[str, Any]
     return job_json(jobs, job, name)
 
 
-def _delete(services: Services, viewer: Any, job_id: int) -> None:
+def _delete(services: Services, viewer: Principal, job_id: int) -> None:
     with services.store.sessions.begin() as s:
         job = store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
         store_jobs.delete_job(s, job)
 
 
-def _runs(services: Services, viewer: Any, job_id: int) -> list[dict[str, Any]]:
+def _runs(services: Services, viewer: Principal, job_id: int) -> list[dict[str, Any]]:
     with services.store.read_sessions() as s:
         store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
         return [run_json(r) for r in store_jobs.list_runs(s, job_id, limit=RUNS_LIMIT)]
 
 
-def _run(services: Services, viewer: Any, job_id: int, run_id: int) -> dict[str, Any]:
+def _run(services: Services, viewer: Principal, job_id: int, run_id: int) -> dict[str, Any]:
     with services.store.read_sessions() as s:
         store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
         run = store_jobs.get_run(s, run_id)
@@ -182,7 +183,7 @@ def _run(services: Services, viewer: Any, job_id: int, run_id: int) -> dict[str,
         return run_json(run, output=True)
 
 
-def _check(services: Services, viewer: Any, job_id: int) -> None:
+def _check(services: Services, viewer: Principal, job_id: int) -> None:
     with services.store.read_sessions() as s:
         store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
 

@@ -29,6 +29,7 @@ from appliance.service.chat_format import Delta, OutputParser
 from appliance.service.checks import check_prompt_size, user_chars
 from appliance.service.generation import Generation, off_loop, submit
 from appliance.service.services import Services
+from appliance.service.structured import Constraint
 from appliance.vocab import FinishReason
 
 CLASS_HEADER = "x-appliance-class"
@@ -168,7 +169,7 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 async def _respond(request: Request, services: Services,
                    body: ChatCompletionRequest | CompletionRequest, prompt: list[int],
                    max_tokens: int | None, kind: str, parser: OutputParser | None = None,
-                   constraint: Any = None, grammar: str | None = None) -> Any:
+                   constraint: Constraint | None = None, grammar: str | None = None) -> Any:
     """Queue the request, then stream it (SSE) or answer with the whole text."""
     endpoint = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
     gen = await submit(services, prompt, body, max_tokens, request.user,

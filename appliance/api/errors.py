@@ -18,7 +18,6 @@ from appliance.service.errors import (
     ShuttingDown,
     StorageUnavailable,
     Unavailable,
-    UnknownModel,
 )
 from appliance.store.faults import driver_message, is_busy, storage_fault
 
@@ -49,7 +48,6 @@ def bad_request(message: str, code: str = "invalid_value", param: str | None = N
 # wins, so subclasses come before their bases.
 _SERVICE_WIRE: tuple[tuple[type[ServiceError], int, str], ...] = (
     (InvalidRequest, 400, "invalid_request_error"),
-    (UnknownModel, 404, "invalid_request_error"),
     (OverQuota, 429, "rate_limit_error"),
     (Busy, 503, "overloaded"),
     (ShuttingDown, 503, "overloaded"),

@@ -29,12 +29,6 @@ class InvalidRequest(ServiceError):
     default_code = "invalid_value"
 
 
-class UnknownModel(ServiceError):
-    """The request names a model this server does not serve."""
-
-    default_code = "model_not_found"
-
-
 class OverQuota(ServiceError):
     """The user's quota refuses the request (``code`` names the limit)."""
 

@@ -35,9 +35,9 @@ from appliance.store import preferences, versions
 from appliance.store.errors import NotFound
 from appliance.store.faults import storage_fault
 from appliance.vocab import FinishReason, Klass
-from web import sse
+from web import attach, sse
 from web.common import PAGE, base_context, form_fields, is_htmx, me, page, services, web_state
-from web.plain import plain_refusal, too_long
+from web.plain import PlainRefusal, plain_refusal, too_long
 from web.state import LiveAnswer, WebState
 
 log = logging.getLogger(__name__)
@@ -122,8 +122,9 @@ async def chat_new(request: Request[Any, Any, Any]) -> Template:
 async def chat_page(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
     listed, current, messages = await anyio.to_thread.run_sync(
         _load, services(request), me(request).user_id, cid)
+    rid, r = web_state(request).reading_in(cid, me(request).user_id) or (None, None)
     return page(request, "chat.html", listing=listed, current=current,
-                messages=messages)
+                messages=messages, rid=rid, r=r)
 
 
 @get("/chat/list")
@@ -252,16 +253,47 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 async def send(request: Request[Any, Any, Any]) -> Template:
     svc, who = services(request), me(request)
     fields = await form_fields(request)
-    text = _checked(_with_attachment(fields))
     cid = int(fields["conversation"]) if fields.get("conversation", "").isdigit() else None
+    if attach.needs_reading(fields, MAX_MESSAGE_CHARS):
+        return await _read_first(request, fields, cid)
+    text = _checked(_with_attachment(fields))
     system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
-    sid, saved, created = await _start(request, cid, system, history, text, text)
+    try:
+        sid, saved, created = await _start(request, cid, system, history, text, text)
+    except PlainRefusal as exc:  # too long for the model with its file: read that first
+        if exc.code != "context_length_exceeded" or not fields.get("attachment", "").strip():
+            raise
+        return await _read_first(request, fields, cid)
     # the list shows this conversation first now (newest activity first)
     headers = {"HX-Trigger-After-Settle": "conversations-changed"}
     if created:
         headers["HX-Push-Url"] = f"/chat/{saved}"
     title = " ".join(text.split())[:TITLE_CHARS]
     return page(request, "_exchange.html", headers=headers, question=text, sid=sid,
+                cid=saved, current=ConvView(saved, title) if created else None)
+
+
+async def _read_first(request: Request[Any, Any, Any], fields: dict[str, str],
+                      cid: int | None) -> Template:
+    """A question whose attached file is too long to send with it: the file is read in
+    parts first (``web.attach``), then the question is answered from what was read."""
+    svc, uid = services(request), me(request).user_id
+    question = _checked(fields.get("message", ""))
+
+    async def save(text: str) -> tuple[int, bool]:
+        return await anyio.to_thread.run_sync(_save_question, svc, uid, cid, text)
+
+    async def answer(saved: int) -> str:
+        system, history = await anyio.to_thread.run_sync(_history, svc, uid, saved)
+        q = _last_question(history)
+        return (await _start(request, saved, system, history[:q], history[q].content, ""))[0]
+
+    rid, r, saved, created = await attach.start(request, question, fields, save, answer)
+    headers = {"HX-Trigger-After-Settle": "conversations-changed"}
+    if created:
+        headers["HX-Push-Url"] = f"/chat/{saved}"
+    title = " ".join(question.split())[:TITLE_CHARS]
+    return page(request, "_exchange.html", headers=headers, question=question, rid=rid, r=r,
                 cid=saved, current=ConvView(saved, title) if created else None)
 
 
@@ -522,4 +554,4 @@ async def rename(request: Request[Any, Any, Any], cid: FromPath[int]) -> Respons
 
 
 ROUTES = [home, rename, regenerate, continue_answer, show_version, edit, chat_new, chat_page, chat_list,
-          send, answer_stream, stop, delete]
+          send, answer_stream, stop, delete, *attach.ROUTES]

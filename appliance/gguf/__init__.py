@@ -3,7 +3,7 @@
 ``appliance model import FILE.gguf | ollama:NAME[:TAG]`` writes a directory that
 ``mlx_lm.load`` reads: ``model.safetensors`` with mlx-lm's parameter names, ``config.json``
 from the file's metadata, and ``tokenizer.json`` / ``tokenizer_config.json`` built from the
-file's own vocabulary, merges, token types and chat template.
+file's own vocabulary, merges (or SentencePiece scores), token types and chat template.
 
 Weights: MLX reads Q4_0, Q4_1 and Q8_0 blocks as its own affine quantization (group size 32,
 scales and biases), so they stay as they are. Every other quantized type (the K-quants most
@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-"""GGUF ``general.architecture`` -> mlx-lm ``model_type``."""
-PERMUTED_QK = {"llama", "mistral"}
-"""Architectures whose query and key rows llama.cpp's converter permutes for interleaved
-RoPE (the others it keeps in the halves order mlx-lm computes)."""
+from appliance.gguf.config import ARCHITECTURES, check_architecture, model_config
+from appliance.gguf.meta import ImportRefused
+from appliance.gguf.meta import meta_value as _meta
+from appliance.gguf.vocab import tokenizer_files
+
+__all__ = ["ARCHITECTURES", "ImportRefused", "Imported", "convert_weights", "import_gguf",
+           "mlx_name", "model_config", "ollama_blob", "read_gguf", "tokenizer_files"]
 
 LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -40,18 +42,29 @@ LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+ARCH_LAYER_NAMES = {
+    "gemma3": {"post_attention_norm": "post_attention_layernorm",
+               "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
+"""Where an architecture's blocks differ from :data:`LAYER_NAMES`: Gemma 3's four norms, and
+Phi-3's fused projections (``ffn_up`` holds the gate's rows, then the up projection's)."""
 TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
              "output": "lm_head"}
+SHIFTED_NORMS = {"gemma3"}
+"""Architectures whose norms compute ``x * (1 + w)``: llama.cpp's converter stores ``1 + w``,
+mlx-lm's module wants ``w``."""
+VISION_PREFIXES = ("v", "mm")
+"""llama.cpp's and Ollama's names of a vision tower and its projector (``v.blk.0...``,
+``mm.input_projection``), which some files (Ollama's Gemma 3) carry beside the text model:
+dropped, the appliance serves text."""
+ROPE_TENSORS = {"rope_freqs", "rope_factors_long", "rope_factors_short"}
+"""Tensors that are RoPE settings, not weights: they go into config.json."""
 GGUF_GROUP = 32
 """Weights per block of GGUF's Q4_0, Q4_1 and Q8_0, which MLX reads as its group size."""
 REQUANT_BITS = 4
 """Bits of the affine quantization other types are converted to (MLX's own 4-bit)."""
-CONTROL = 3
-"""GGUF token type of control tokens (special tokens the tokenizer never splits)."""
-
-
-class ImportRefused(ValueError):
-    """The file cannot be imported; the message says what is missing or wrong."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,15 +75,6 @@ class Imported:
     """Tensors kept in the file's own quantization."""
     requantized: int
     """Tensors that came as floats (other GGUF types) and were quantized again."""
-
-
-def _meta(meta: dict[str, Any], key: str, default: Any = None) -> Any:
-    value = meta.get(key, default)
-    if value is None:
-        raise ImportRefused(f"the file's metadata has no {key}")
-    if hasattr(value, "item") and getattr(value, "size", 2) == 1:
-        return value.item()
-    return value
 
 
 def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Any], set[str]]:
@@ -121,11 +125,12 @@ def _reference_dequantized(path: Path) -> dict[str, Any]:
     return out
 
 
-def mlx_name(name: str) -> str:
+def mlx_name(name: str, arch: str = "llama") -> str:
     """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``."""
     parts = name.split(".")
-    if parts[0] == "blk" and len(parts) >= 4 and parts[2] in LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{'.'.join(parts[3:])}"
+    layer_names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(arch, {})}
+    if parts[0] == "blk" and len(parts) >= 4 and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{'.'.join(parts[3:])}"
     if parts[0] in TOP_NAMES and len(parts) >= 2:
         return f"{TOP_NAMES[parts[0]]}.{'.'.join(parts[1:])}"
     raise ImportRefused(f"the file has a tensor this importer does not map: {name}")
@@ -137,17 +142,29 @@ def _bits(weight: Any, scales: Any) -> int:
     return int(weight.shape[-1] * 32 // columns)
 
 
-def convert_weights(tensors: dict[str, Any], other: set[str], say: Callable[[str], None]
-                    ) -> tuple[dict[str, Any], dict[str, Any], int, int]:
+def convert_weights(tensors: dict[str, Any], other: set[str], say: Callable[[str], None],
+                    arch: str = "llama") -> tuple[dict[str, Any], dict[str, Any], int, int]:
     """mlx-lm's names and quantization (``other``: GGUF names of tensors dequantized from
     types MLX does not keep, to quantize again); returns (weights, quantization config,
-    tensors kept quantized, tensors quantized again)."""
+    tensors kept quantized, tensors quantized again). Tensors that are settings rather than
+    weights (Llama 3.x's ``rope_freqs``, Phi-3's ``rope_factors_*``) stay under their GGUF
+    names for :func:`model_config`, which takes them out."""
     import mlx.core as mx
 
     out: dict[str, Any] = {}
     bits_of: dict[str, int] = {}
+    vision = {name for name in tensors if name.split(".")[0] in VISION_PREFIXES}
+    if vision:
+        say(f"{len(vision)} vision tensors were left out (the appliance serves text)")
+        tensors = {k: v for k, v in tensors.items() if k not in vision}
+        other = other - vision
     for name, value in tensors.items():
-        out[mlx_name(name)] = value
+        if name.split(".")[0] in ROPE_TENSORS:
+            out[name] = value
+            continue
+        if arch in SHIFTED_NORMS and name.endswith("norm.weight"):
+            value = value.astype(mx.float32) - 1.0
+        out[mlx_name(name, arch)] = value
     for name in list(out):
         if name.endswith(".scales"):
             base = name[:-len(".scales")]
@@ -155,7 +172,9 @@ def convert_weights(tensors: dict[str, Any], other: set[str], say: Callable[[str
     kept = len(bits_of)
     again = 0
     for name in sorted(other):
-        target = mlx_name(name)
+        if name.split(".")[0] in ROPE_TENSORS:
+            continue
+        target = mlx_name(name, arch)
         base, _, leaf = target.rpartition(".")
         value = out[target]
         if leaf == "weight" and value.ndim == 2 and value.shape[-1] % GGUF_GROUP == 0:
@@ -181,86 +200,6 @@ def convert_weights(tensors: dict[str, Any], other: set[str], say: Callable[[str
         if bits != main:
             quant[base] = {"group_size": GGUF_GROUP, "bits": bits}
     return out, quant, kept, again
-
-
-def model_config(meta: dict[str, Any], weights: dict[str, Any],
-                 quant: dict[str, Any]) -> dict[str, Any]:
-    arch = str(_meta(meta, "general.architecture"))
-    if arch not in ARCHITECTURES:
-        raise ImportRefused(f"architecture {arch!r} is not supported by the importer (it maps "
-                            f"{', '.join(sorted(ARCHITECTURES))})")
-    heads = int(_meta(meta, f"{arch}.attention.head_count"))
-    hidden = int(_meta(meta, f"{arch}.embedding_length"))
-    config: dict[str, Any] = {
-        "model_type": ARCHITECTURES[arch],
-        "hidden_size": hidden,
-        "num_hidden_layers": int(_meta(meta, f"{arch}.block_count")),
-        "intermediate_size": int(_meta(meta, f"{arch}.feed_forward_length")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(_meta(meta, f"{arch}.attention.head_count_kv", heads)),
-        "rms_norm_eps": float(_meta(meta, f"{arch}.attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(_meta(meta, f"{arch}.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(_meta(meta, f"{arch}.context_length")),
-        "vocab_size": len(_meta(meta, "tokenizer.ggml.tokens")),
-        "tie_word_embeddings": "lm_head.weight" not in weights,
-        "head_dim": int(_meta(meta, f"{arch}.attention.key_length", hidden // heads)),
-        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in weights,
-    }
-    if arch in PERMUTED_QK:
-        config["rope_traditional"] = True
-    if quant:
-        config["quantization"] = quant
-        config["quantization_config"] = quant
-    return config
-
-
-def _merge(line: str) -> tuple[str, str]:
-    left, sep, right = line.partition(" ")
-    if not sep:
-        raise ImportRefused(f"the file's merges have an entry without two parts: {line!r}")
-    return left, right
-
-
-def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(tokenizer.json, tokenizer_config.json) for a byte-level BPE vocabulary."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    kind = str(_meta(meta, "tokenizer.ggml.model"))
-    if kind != "gpt2":
-        raise ImportRefused(f"tokenizer model {kind!r} is not supported by the importer "
-                            "(it builds byte-level BPE vocabularies, 'gpt2')")
-    tokens = [str(t) for t in _meta(meta, "tokenizer.ggml.tokens")]
-    merges = [_merge(str(m)) for m in _meta(meta, "tokenizer.ggml.merges")]
-    types = meta.get("tokenizer.ggml.token_type")
-    kinds = types.tolist() if types is not None else [1] * len(tokens)
-    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                     ignore_merges=False)
-    tok = Tokenizer(bpe)
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    from tokenizers import AddedToken
-
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, k in zip(tokens, kinds, strict=True) if k == CONTROL])
-
-    def token(key: str) -> str | None:
-        value = meta.get(key)
-        return None if value is None else tokens[int(value.item())]
-
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": token("tokenizer.ggml.bos_token_id"),
-        "eos_token": token("tokenizer.ggml.eos_token_id"),
-        "pad_token": token("tokenizer.ggml.padding_token_id"),
-        "unk_token": token("tokenizer.ggml.unknown_token_id"),
-        "add_bos_token": bool(meta["tokenizer.ggml.add_bos_token"].item())
-        if "tokenizer.ggml.add_bos_token" in meta else False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": int(1 << 30),
-    }
-    if "tokenizer.chat_template" in meta:
-        config["chat_template"] = str(meta["tokenizer.chat_template"])
-    return json.loads(tok.to_str()), config
 
 
 def as_float32(weights: dict[str, Any], quant: dict[str, Any]) -> dict[str, Any]:
@@ -290,7 +229,8 @@ def import_gguf(path: Path, out: Path, say: Callable[[str], None] = print, *,
     if out.exists():
         raise ImportRefused(f"{out} exists already; remove it or choose another --out")
     tensors, meta, other = read_gguf(path)
-    weights, quant, kept, again = convert_weights(tensors, other, say)
+    arch = check_architecture(meta)
+    weights, quant, kept, again = convert_weights(tensors, other, say, arch)
     if float32:
         weights, quant = as_float32(weights, quant), {}
     config = model_config(meta, weights, quant)

@@ -88,8 +88,6 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     """One prompt through the same engine path as the server (same greedy output)."""
     import queue
 
-    from appliance.api.schemas import ChatMessage
-    from appliance.api.service import chat_prompt
     from appliance.app import start_engine
     from appliance.engine.request import (
         FinishEvent,
@@ -97,12 +95,13 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
         SamplingParams,
         blocking_sink,
     )
+    from appliance.service.chat_format import Turn, text_prompt
 
     engine = start_engine(settings)
     try:
         loaded = engine.loaded
         assert loaded is not None
-        prompt = chat_prompt(loaded.tokenizer, [ChatMessage(role="user", content=args.prompt)])
+        prompt = text_prompt(loaded.tokenizer, [Turn("user", args.prompt)])
         events: queue.SimpleQueue = queue.SimpleQueue()
         request = GenerationRequest(
             prompt=tuple(prompt), max_tokens=args.max_tokens or settings.engine.default_max_tokens,

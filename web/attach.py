@@ -24,11 +24,14 @@ from litestar import Request, Response, get, post
 from litestar.datastructures import UploadFile
 from litestar.params import FromPath
 
-from appliance.api.auth import Principal
 from appliance.api.errors import ApiError, bad_request
-from appliance.api.schemas import ChatMessage, SamplingFields
-from appliance.api.service import Generation, Services, chat_prompt, off_loop, submit
 from appliance.jobs import mapreduce
+from appliance.service.chat_format import Turn, text_prompt
+from appliance.service.checks import DEFAULTS
+from appliance.service.errors import AtConcurrencyLimit, OverQuota, ServiceError, Unavailable
+from appliance.service.generation import Generation, off_loop, submit
+from appliance.service.identity import Principal
+from appliance.service.services import Services
 from appliance.store import conversations as convs
 from appliance.store.errors import NotFound
 from appliance.vocab import FinishReason, Klass
@@ -148,9 +151,9 @@ async def _run(svc: Services, who: Principal, r: Reading, question: str, documen
             task.uncancel()  # Stop: the reading ends here, and what it did is kept
         r.state = "stopped"
         await _finish(svc, r, None if summarised else noted("reading stopped"), stopped=True)
-    except (ReadingFailed, ApiError, ValueError) as exc:
+    except (ReadingFailed, ApiError, ServiceError, ValueError) as exc:
         r.state = "failed"
-        r.error = exc.message if isinstance(exc, ApiError) else str(exc)
+        r.error = exc.message if isinstance(exc, ApiError | ServiceError) else str(exc)
         await _finish(svc, r, None if summarised else noted(f"reading failed ({r.error})"),
                       stopped=False)
     except Exception as exc:
@@ -194,21 +197,21 @@ def _store(svc: Services, r: Reading, content: str | None, stopped: bool) -> Non
 
 async def _ask(svc: Services, who: Principal, text: str, max_tokens: int) -> str:
     """One stage of the reading: the person's ``background`` request."""
-    prompt = await off_loop(svc, chat_prompt, svc.model.tokenizer,
-                            [ChatMessage(role="user", content=text)])
+    prompt = await off_loop(svc, text_prompt, svc.model.tokenizer, [Turn("user", text)])
     gen: Generation | None = None
     for wait in (*BUSY_WAITS_S, None):
         try:
-            gen = await submit(svc, prompt, SamplingFields(), max_tokens, who,
+            gen = await submit(svc, prompt, DEFAULTS, max_tokens, who,
                                Klass.BACKGROUND, READ_ENDPOINT)
             break
-        except ApiError as exc:
-            busy = exc.status == 503 or exc.code == "max_concurrent"
-            if busy and wait is not None:
-                await asyncio.sleep(wait)
-                continue
-            if exc.status == 429:
-                exc = await plain_refusal(svc, who, exc, len(prompt))
+        except (AtConcurrencyLimit, Unavailable) as exc:
+            if wait is None:
+                raise ReadingFailed(exc.message) from None
+            await asyncio.sleep(wait)
+        except OverQuota as exc:
+            refusal = await plain_refusal(svc, who, exc, len(prompt))
+            raise ReadingFailed(refusal.message) from None
+        except ServiceError as exc:
             raise ReadingFailed(exc.message) from None
     assert gen is not None
     said, finish = await gen.text()

@@ -11,7 +11,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance.api.service import Generation, Services
+from appliance.jobs.runner import JobService
+from appliance.service.generation import Generation
+from appliance.service.services import Services
 from web.live import Hub
 
 CONNECT_WITHIN_S = 60.0
@@ -75,11 +77,12 @@ READING_KEPT_S = 120.0
 
 
 class WebState:
-    def __init__(self, services: Services, templates: Any) -> None:
+    def __init__(self, services: Services, templates: Any, jobs: JobService | None = None
+                 ) -> None:
         self.services = services
         self.answers: dict[str, LiveAnswer] = {}
         self.readings: dict[str, Reading] = {}
-        self.hub = Hub(services, templates)
+        self.hub = Hub(services, templates, jobs)
 
     def add_answer(self, answer: LiveAnswer) -> str:
         self._expire(time.monotonic())

@@ -12,13 +12,13 @@ import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from appliance.api.chat_format import (
+from appliance.service.chat_format import (
     Delta,
     OutputParser,
     render_prompt,
     supports_thinking,
 )
-from appliance.api.errors import ApiError
+from appliance.service.errors import InvalidRequest
 from appliance.vocab import FinishReason
 
 DEMO = Path(__file__).resolve().parents[2] / "appliance" / "demo_model"
@@ -220,9 +220,9 @@ def test_render_prompt_puts_tools_and_object_arguments_through_the_template(
 
 def test_think_true_on_a_model_without_thinking_is_a_400(hermes: Any) -> None:
     assert not supports_thinking(hermes)
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(InvalidRequest) as err:
         render_prompt(hermes, [{"role": "user", "content": "hi"}], None, True)
-    assert err.value.status == 400
+    assert err.value.param == "think"
     render_prompt(hermes, [{"role": "user", "content": "hi"}], None, False)  # fine
 
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from appliance.api.chat_format import longest_token_chars
-from appliance.api.errors import ApiError
-from appliance.api.service import ModelInfo, check_prompt_size, user_chars
+from appliance.service.chat_format import longest_token_chars
+from appliance.service.checks import check_prompt_size, user_chars
+from appliance.service.errors import InvalidRequest
+from appliance.service.services import ModelInfo
 
 
 class Vocab:
@@ -29,7 +30,7 @@ def model(longest: int, ctx: int = 100) -> ModelInfo:
 def test_the_bound_refuses_only_what_cannot_fit() -> None:
     assert longest_token_chars(Vocab(["a", "abcd", "<0x41>"])) == 6
     check_prompt_size(model(6), 6 * 100 - 1)  # at least 99 tokens: it may fit
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(InvalidRequest) as err:
         check_prompt_size(model(6), 6 * 100, "prompt")  # at least 100: it cannot
     assert err.value.code == "context_length_exceeded" and err.value.param == "prompt"
     check_prompt_size(model(0), 10**9)  # no vocabulary: no bound

@@ -20,7 +20,7 @@ from typing import Any
 
 import llguidance
 
-from appliance.api.errors import bad_request
+from appliance.service.errors import InvalidRequest
 
 Constraint = dict[str, Any]
 """A JSON schema, or ``{"type": "json_object"}`` for any JSON object."""
@@ -98,18 +98,18 @@ def _bound_numbers(schema: dict[str, Any], fraction: bool) -> None:
 def grammar_for(constraint: Constraint, param: str = "response_format") -> str:
     """The llguidance grammar for a constraint; a 400 when it cannot be compiled."""
     if not isinstance(constraint, dict):
-        raise bad_request("A JSON schema must be a JSON object.", param=param)
+        raise InvalidRequest("A JSON schema must be a JSON object.", param=param)
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps(bounded(schema_of(constraint))),
             defaults=_OPTIONS)  # type: ignore[arg-type]
     except (ValueError, TypeError) as exc:
-        raise bad_request(f"Invalid JSON schema: {exc}", param=param) from None
+        raise InvalidRequest(f"Invalid JSON schema: {exc}", param=param) from None
     except RecursionError:
-        raise bad_request("The JSON schema is nested too deeply.", param=param) from None
+        raise InvalidRequest("The JSON schema is nested too deeply.", param=param) from None
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
-        raise bad_request(f"This JSON schema is not supported: {error}", param=param)
+        raise InvalidRequest(f"This JSON schema is not supported: {error}", param=param)
     return grammar
 
 
@@ -140,22 +140,22 @@ def tool_call_grammar(tools: list[dict[str, Any]], names: list[str] | None = Non
         try:
             params = bounded(fn.get("parameters") or {"type": "object"})
         except RecursionError:
-            raise bad_request("A tool's parameters are nested too deeply.",
+            raise InvalidRequest("A tool's parameters are nested too deeply.",
                               param="tools") from None
         options.append({"type": "object", "properties": {
             "name": {"const": name}, arguments_key: params},
             "required": ["name", arguments_key], "additionalProperties": False})
     if not options:
-        raise bad_request("tool_choice names a function that is not in 'tools'.",
+        raise InvalidRequest("tool_choice names a function that is not in 'tools'.",
                           param="tool_choice")
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     try:
         body = json.dumps({**schema, "x-guidance": _OPTIONS})
     except (ValueError, TypeError, RecursionError):
-        raise bad_request("A tool's parameters are not a JSON schema.", param="tools") from None
+        raise InvalidRequest("A tool's parameters are not a JSON schema.", param="tools") from None
     lark = f"start: {' '.join([*start, 'call', *end])}\ncall: %json {body}\n"
     grammar = llguidance.LLMatcher.grammar_from_lark(lark)
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
-        raise bad_request(f"These tools cannot be forced: {error}", param="tools")
+        raise InvalidRequest(f"These tools cannot be forced: {error}", param="tools")
     return grammar

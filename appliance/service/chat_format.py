@@ -29,7 +29,7 @@ from typing import Any
 
 import jinja2
 
-from appliance.api.errors import bad_request
+from appliance.service.errors import InvalidRequest
 
 PYTHON_TAG = "<|python_tag|>"
 """Llama 3.x's marker before a tool call in some answers (bare JSON follows)."""
@@ -113,13 +113,13 @@ def _template_turn(turn: dict[str, Any]) -> dict[str, Any]:
             try:
                 args = json.loads(args) if args.strip() else {}
             except json.JSONDecodeError:
-                raise bad_request("A tool call's 'function.arguments' is not valid JSON.",
+                raise InvalidRequest("A tool call's 'function.arguments' is not valid JSON.",
                                   param="messages") from None
         if not isinstance(args, dict):
-            raise bad_request("A tool call's 'function.arguments' must be a JSON object.",
+            raise InvalidRequest("A tool call's 'function.arguments' must be a JSON object.",
                               param="messages")
         if not isinstance(fn.get("name"), str):
-            raise bad_request("A tool call needs 'function.name'.", param="messages")
+            raise InvalidRequest("A tool call needs 'function.name'.", param="messages")
         fn["arguments"] = args
         calls.append({"id": call.get("id") or new_call_id(), "type": "function",
                       "function": fn})
@@ -139,10 +139,10 @@ def render_prompt(tokenizer: Any, turns: list[dict[str, Any]],
     """
     thinking = supports_thinking(tokenizer)
     if think and not thinking:
-        raise bad_request("This model does not support thinking; send think: false or "
+        raise InvalidRequest("This model does not support thinking; send think: false or "
                           "leave it out.", "unsupported_value", "think")
     if not turns:
-        raise bad_request("'messages' must hold at least one message.", param="messages")
+        raise InvalidRequest("'messages' must hold at least one message.", param="messages")
     kwargs: dict[str, Any] = {"add_generation_prompt": True}
     if tools:
         kwargs["tools"] = tools
@@ -151,7 +151,7 @@ def render_prompt(tokenizer: Any, turns: list[dict[str, Any]],
     try:
         ids = tokenizer.apply_chat_template([_template_turn(t) for t in turns], **kwargs)
     except jinja2.TemplateError as exc:
-        raise bad_request(f"The model's chat template rejected these messages: {exc}",
+        raise InvalidRequest(f"The model's chat template rejected these messages: {exc}",
                           param="messages") from None
     return [int(i) for i in ids]
 
@@ -387,3 +387,17 @@ class OutputParser:
         if not isinstance(name, str) or name not in self._names or not isinstance(args, dict):
             return None
         return ToolCall(name=name, arguments=args, id=new_call_id())
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One plain-text turn of a conversation (the web chat's and the jobs' prompts)."""
+
+    role: str
+    content: str
+
+
+def text_prompt(tokenizer: Any, turns: Sequence[Turn]) -> list[int]:
+    """Prompt token ids for plain-text turns, no tools, the template's default thinking."""
+    return render_prompt(tokenizer, [{"role": t.role, "content": t.content} for t in turns],
+                         None, None)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.api.chat_format import longest_token_chars
+from appliance.service.chat_format import longest_token_chars
 
 DEMO = Path(__file__).resolve().parents[2] / "appliance" / "demo_model" / "tokenizer.json"
 

@@ -42,7 +42,8 @@ def mlx_fast() -> Extension | None:
     mlx_dir = mlx.__path__[0]
     return Extension(
         "appliance.backend._mlx_fast",
-        [f"{BACKEND}/native/mlx_fast.cpp", f"{BACKEND}/native/nanobind_runtime.cpp"],
+        [f"{BACKEND}/native/mlx_fast.cpp", f"{BACKEND}/native/quant_matmul.cpp",
+         f"{BACKEND}/native/nanobind_runtime.cpp"],
         include_dirs=[os.path.join(nb, "include"), os.path.join(nb, "ext", "robin_map", "include"),
                       os.path.join(nb, "src"), os.path.join(mlx_dir, "include")],
         library_dirs=[os.path.join(mlx_dir, "lib")], libraries=["mlx"],

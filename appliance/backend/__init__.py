@@ -3,7 +3,8 @@
 - :mod:`~appliance.backend.process`: before MLX loads, the CPU backend's process set-up on
   Linux (Debian's OpenBLAS and the skinny_matmul kernel preloaded, OpenBLAS's spin).
 - :func:`start`, on the engine thread when the model loads: the fast CPU operations
-  (:mod:`~appliance.backend.fast_ops`), malloc's thresholds (:mod:`~appliance.backend.heap`)
+  (:mod:`~appliance.backend.fast_ops`), the quantized matrix product
+  (:mod:`~appliance.backend.quant`), malloc's thresholds (:mod:`~appliance.backend.heap`)
   and the cost profile the scheduler reads (:mod:`~appliance.backend.profile`).
 
 The kind of backend is read once from the installed MLX, without importing it (the
@@ -60,6 +61,8 @@ class Backend:
     """The skinny_matmul kernel's instruction set when it is loaded, else None."""
     fast_ops: bool
     """The fast CPU operations are installed in mlx-lm's model modules."""
+    quant: str | None
+    """The quantized matmul kernel's instruction set when it replaces MLX's, else None."""
     heap: str
     """What malloc's tuning did ("kept", or why not)."""
     profile: CostProfile
@@ -76,7 +79,7 @@ def start(*, native: bool = True, fast_cpu_ops: bool = True) -> Backend:
     Logs one line saying what runs."""
     import mlx.core as mx
 
-    from appliance.backend import fast_ops, heap, process
+    from appliance.backend import fast_ops, heap, process, quant
     from appliance.backend.profile import profile_for
 
     on_cpu = fast_ops.on_cpu()
@@ -84,8 +87,11 @@ def start(*, native: bool = True, fast_cpu_ops: bool = True) -> Backend:
     fast = False
     if not (native and fast_cpu_ops):
         fast_ops.uninstall()
+        quant.uninstall()
     elif (why := fast_ops.install()) is None:
         fast = True
+        if (why := quant.install()) is not None:
+            log.warning("the quantized matmul kernel cannot be used: %s", why)
     else:
         log.warning("fast CPU ops are on but cannot be used: %s; prefill runs 1.7-2.3x "
                     "slower (install a C++ compiler and reinstall, or set --no-fast-cpu-ops)",
@@ -94,8 +100,10 @@ def start(*, native: bool = True, fast_cpu_ops: bool = True) -> Backend:
     kernel = process.kernel_in_use() if on_cpu else None
     backend = Backend(kind=installed_kind() if not on_cpu else "cpu",
                       device=str(mx.default_device()), native=native, kernel=kernel,
-                      fast_ops=fast, heap=kept, profile=profile_for(kernel is not None))
-    log.info("backend: kind=%s device=%s native=%s kernel=%s fast_ops=%s heap=%s profile=%s",
-             backend.kind, backend.device, backend.native, backend.kernel or "none",
-             backend.fast_ops, backend.heap, backend.profile.name)
+                      fast_ops=fast, quant=quant.simd(), heap=kept,
+                      profile=profile_for(kernel is not None))
+    log.info("backend: kind=%s device=%s native=%s kernel=%s fast_ops=%s quant=%s heap=%s "
+             "profile=%s", backend.kind, backend.device, backend.native,
+             backend.kernel or "none", backend.fast_ops, backend.quant or "none", backend.heap,
+             backend.profile.name)
     return backend

@@ -495,6 +495,8 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
 
 }  // namespace
 
+void define_quant(nb::module_& m);  // quant_matmul.cpp
+
 NB_MODULE(_mlx_fast, m) {
   m.doc() = "Vectorised softmax, SwiGLU gate, RoPE and RMSNorm for MLX on the CPU (appliance/backend/native/mlx_fast.cpp)";
   m.def("softmax", &softmax, nb::arg("x"), nb::arg("causal") = 0,
@@ -506,5 +508,6 @@ NB_MODULE(_mlx_fast, m) {
         "mx.fast.rope's arithmetic (float32; offset an int32 array: one, or one per batch row).");
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("weight").none(), nb::arg("eps"),
         "mx.fast.rms_norm's arithmetic over the last axis (float32).");
+  define_quant(m);
   m.attr("mlx_version") = std::string(mx::version());
 }

@@ -1,0 +1,101 @@
+"""MLX's affine-quantized matrix product on the CPU, from the kernel of
+appliance/backend/native/quant_matmul.cpp (see its header for why: MLX's own CPU kernel
+unpacks the weights once per row, so a decode step of 8 rows costs 8 of one).
+
+:func:`install` puts :func:`quantized_matmul` in place of ``mlx.core.quantized_matmul``,
+which ``nn.QuantizedLinear`` and ``nn.QuantizedEmbedding.as_linear`` look up at each call,
+when MLX's default device is the CPU: a switch for the whole process, which
+:func:`uninstall` turns back. Anything the kernel does not take (another mode, no biases,
+``transpose=False``, activations that are not float32, other bit widths or group sizes, an
+explicit stream) goes to MLX's own function unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+import appliance.backend.fast_ops as fast_ops
+
+BITS = (4, 8)
+GROUP_SIZES = (32, 64, 128)
+SCALE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
+_original: list[Any] = []
+
+
+def available() -> str | None:
+    """None when the kernel can be used here, else why not (it ships in the fast ops'
+    extension and is refused with it)."""
+    why = fast_ops.available()
+    if why is not None:
+        return why
+    if not hasattr(fast_ops._extension(), "quantized_matmul"):
+        return "appliance.backend._mlx_fast has no quantized kernel (reinstall the appliance)"
+    return None
+
+
+def installed() -> bool:
+    return bool(_original)
+
+
+def simd() -> str | None:
+    """The instruction set the kernel runs when it is installed, else None."""
+    return str(fast_ops._extension().quant_simd()) if _original else None
+
+
+def install() -> str | None:
+    """Use the kernel for MLX's quantized products; None when done, else why not."""
+    if _original:
+        return None
+    why = available()
+    if why is not None:
+        return why
+    _original.append(mx.quantized_matmul)
+    mx.quantized_matmul = _quantized_matmul_with(mx.quantized_matmul)
+    return None
+
+
+def uninstall() -> None:
+    """Put MLX's own function back."""
+    if _original:
+        mx.quantized_matmul = _original.pop()
+
+
+def mlx_own() -> Any:
+    """MLX's own ``mx.quantized_matmul`` (the one the switch passes on to, or in place)."""
+    return _original[0] if _original else mx.quantized_matmul
+
+
+def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
+                     group_size: int, bits: int) -> mx.array:
+    """``x @ mx.dequantize(w, scales, biases, group_size, bits).T`` for a float32 ``x``,
+    each output summed in a fixed order whatever the rows beside it."""
+    ext = fast_ops._extension()
+    assert ext is not None
+    return ext.quantized_matmul(x, w, scales, biases, group_size, bits)
+
+
+def takes(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None,
+          transpose: bool, group_size: int | None, bits: int | None, mode: str) -> bool:
+    """Whether the kernel computes this product (else MLX's own function does)."""
+    return (mode == "affine" and transpose and biases is not None and bits in BITS
+            and group_size in GROUP_SIZES and x.dtype == mx.float32 and w.dtype == mx.uint32
+            and w.ndim == 2 and x.ndim >= 1 and scales.dtype in SCALE_DTYPES
+            and biases.dtype == scales.dtype and x.shape[-1] * bits == w.shape[1] * 32
+            and tuple(scales.shape) == (w.shape[0], x.shape[-1] // group_size)
+            and tuple(biases.shape) == tuple(scales.shape))
+
+
+def _quantized_matmul_with(fallback: Any) -> Any:
+    def fast_quantized_matmul(x: mx.array, w: mx.array, /, scales: mx.array,
+                              biases: mx.array | None = None, transpose: bool = True,
+                              group_size: int | None = None, bits: int | None = None,
+                              mode: str = "affine", *, stream: Any = None) -> mx.array:
+        if stream is None and takes(x, w, scales, biases, transpose, group_size, bits, mode):
+            assert biases is not None and group_size is not None and bits is not None
+            return quantized_matmul(x, w, scales, biases, group_size, bits)
+        return fallback(x, w, scales=scales, biases=biases, transpose=transpose,
+                        group_size=group_size, bits=bits, mode=mode, stream=stream)
+    return fast_quantized_matmul

@@ -1,0 +1,213 @@
+"""The quantized matmul kernel (appliance/backend/native/quant_matmul.cpp, appliance/backend/quant.py):
+MLX's affine 4- and 8-bit products against float64 for every group size and a spread of rows, the
+same bits for a row alone and in a batch, each SIMD variant (forced in a subprocess) agreeing with
+the others, what it does not take going to MLX unchanged, and the imported 4-bit SmolLM2 answering
+with MLX's own greedy tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from appliance.backend import fast_ops, quant
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 31, 33, 40, 96)  # decode sizes, a slice's edge, a prefill
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    why = quant.available()
+    if why is not None:
+        pytest.fail(f"quantized kernel unavailable: {why} (scripts/test.sh builds it with g++)")
+
+
+@pytest.fixture
+def installed() -> Iterator[None]:
+    quant.install()
+    yield
+    quant.uninstall()
+
+
+def packed(n: int, k: int, bits: int, group: int, scale_dtype: mx.Dtype = mx.float16,
+           seed: int = 0) -> tuple[mx.array, mx.array, mx.array, np.ndarray]:
+    """Random weights quantized as MLX does, and their dequantized values in float64."""
+    rng = np.random.default_rng(seed)
+    w, s, b = mx.quantize(mx.array(rng.standard_normal((n, k)).astype(np.float32)),
+                          group_size=group, bits=bits)
+    s, b = s.astype(scale_dtype), b.astype(scale_dtype)
+    dense = mx.dequantize(w, s.astype(mx.float32), b.astype(mx.float32), group_size=group,
+                          bits=bits)
+    return w, s, b, np.array(dense).astype(np.float64)
+
+
+def rows(m: int, k: int, seed: int = 1) -> mx.array:
+    return mx.array(np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32))
+
+
+@pytest.mark.parametrize("bits", quant.BITS)
+@pytest.mark.parametrize("group", quant.GROUP_SIZES)
+def test_it_matches_float64_for_every_width_group_and_row_count(bits: int, group: int) -> None:
+    k = 576 if 576 % group == 0 else 640  # 576: a partial last block of 16 words
+    w, s, b, dense = packed(97, k, bits, group)
+    for m in ROWS:
+        x = rows(m, k)
+        got = np.array(quant.quantized_matmul(x, w, s, b, group, bits))
+        want = np.array(x).astype(np.float64) @ dense.T
+        assert got.shape == (m, 97)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_it_reads_scales_of_each_float_type(scale_dtype: mx.Dtype) -> None:
+    w, s, b, dense = packed(40, 256, 4, 64, scale_dtype)
+    x = rows(3, 256)
+    got = np.array(quant.quantized_matmul(x, w, s, b, 64, 4))
+    want = np.array(x).astype(np.float64) @ dense.T
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("bits", quant.BITS)
+def test_a_row_gets_the_same_bits_alone_and_in_a_batch(bits: int) -> None:
+    # 2000 columns: big enough to be shared with the pool's helpers
+    w, s, b, _ = packed(2000, 576, bits, 32)
+    x = rows(40, 576)
+    batch = np.array(quant.quantized_matmul(x, w, s, b, 32, bits))
+    for m in (1, 3, 8, 33):
+        part = np.array(quant.quantized_matmul(x[:m], w, s, b, 32, bits))
+        assert np.array_equal(part, batch[:m])
+    for r in (0, 5, 39):
+        alone = np.array(quant.quantized_matmul(x[r:r + 1], w, s, b, 32, bits))
+        assert np.array_equal(alone[0], batch[r])
+
+
+def test_batch_axes_are_kept(installed: None) -> None:
+    w, s, b, dense = packed(64, 128, 8, 64)
+    x = mx.array(np.random.default_rng(2).standard_normal((2, 3, 128)).astype(np.float32))
+    got = mx.quantized_matmul(x, w, scales=s, biases=b, group_size=64, bits=8)
+    assert got.shape == (2, 3, 64) and got.dtype == mx.float32
+    want = np.array(x).astype(np.float64) @ dense.T
+    np.testing.assert_allclose(np.array(got), want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+def test_what_it_does_not_take_goes_to_mlx_unchanged(installed: None) -> None:
+    own = quant.mlx_own()
+    w, s, b, _ = packed(64, 128, 4, 32, mx.float32)
+    x = rows(2, 128)
+    cases = [
+        dict(x=x.astype(mx.float16), transpose=True, group_size=32, bits=4),  # half activations
+        dict(x=rows(2, 64), transpose=False, group_size=32, bits=4),  # x @ W
+    ]
+    for case in cases:
+        xc = case.pop("x")
+        assert not quant.takes(xc, w, s, b, case["transpose"], case["group_size"], case["bits"],
+                               "affine")
+        got = mx.quantized_matmul(xc, w, scales=s, biases=b, **case)
+        want = own(xc, w, scales=s, biases=b, **case)
+        assert got.dtype == want.dtype and np.array_equal(np.array(got), np.array(want))
+
+
+def test_uninstall_puts_mlx_back() -> None:
+    own = mx.quantized_matmul
+    assert quant.install() is None and quant.installed() and mx.quantized_matmul is not own
+    assert quant.simd() in ("avx512", "avx2", "portable")
+    quant.uninstall()
+    assert mx.quantized_matmul is own and quant.simd() is None
+
+
+VARIANT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import mlx.core as mx
+    from appliance.backend import quant
+    out = {"simd": quant.fast_ops._extension().quant_simd()}
+    rng = np.random.default_rng(0)
+    for bits, group, k in ((4, 32, 576), (8, 32, 576), (4, 128, 640), (8, 64, 576)):
+        w, s, b = mx.quantize(mx.array(rng.standard_normal((300, k)).astype(np.float32)),
+                              group_size=group, bits=bits)
+        s, b = s.astype(mx.float16), b.astype(mx.float16)
+        x = mx.array(rng.standard_normal((9, k)).astype(np.float32))
+        out[f"{bits}/{group}"] = np.array(quant.quantized_matmul(x, w, s, b, group, bits)).tolist()
+    print(json.dumps(out))
+""")
+
+
+def test_each_simd_variant_agrees_with_the_others() -> None:
+    results = {}
+    for want in ("portable", "avx2", "avx512"):
+        env = {**os.environ, "APPLIANCE_SIMD": want}
+        done = subprocess.run([sys.executable, "-c", VARIANT], env=env, capture_output=True,
+                              text=True, timeout=300, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        got = json.loads(done.stdout)
+        if got["simd"] != want:  # this processor lacks it: it must fall back, never SIGILL
+            assert want != "portable"
+            continue
+        results[want] = got
+    assert "portable" in results
+    base = results["portable"]
+    for name, got in results.items():
+        for key in base:
+            if key == "simd":
+                continue
+            a, b = np.array(got[key]), np.array(base[key])
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max(), err_msg=name)
+
+
+def test_the_imported_4_bit_model_answers_with_mlx_own_greedy_tokens(smollm2: Path) -> None:
+    from mlx_lm import load
+    from mlx_lm.models.cache import make_prompt_cache
+
+    if not fast_ops.on_cpu():
+        pytest.skip("the kernel replaces MLX's only on the CPU")
+    model, tokenizer = load(str(smollm2))
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True)
+
+    def greedy(n: int) -> tuple[list[int], np.ndarray]:
+        cache = make_prompt_cache(model)
+        logits = model(mx.array([prompt]), cache=cache)[:, -1]
+        first = np.array(logits[0])
+        tokens = []
+        for _ in range(n):
+            token = int(mx.argmax(logits, axis=-1).item())
+            tokens.append(token)
+            logits = model(mx.array([[token]]), cache=cache)[:, -1]
+        return tokens, first
+
+    theirs, their_logits = greedy(16)
+    quant.install()
+    try:
+        ours, our_logits = greedy(16)
+    finally:
+        quant.uninstall()
+    # Sums run in another order than MLX's, so logits differ by float32 rounding only.
+    np.testing.assert_allclose(our_logits, their_logits, rtol=0,
+                               atol=1e-3 * np.abs(their_logits).max())
+    assert ours == theirs
+    assert "Paris" in tokenizer.decode(ours)
+
+
+def test_the_backend_reports_the_kernel_and_native_off_leaves_mlx_alone() -> None:
+    from appliance.backend import start
+
+    own = mx.quantized_matmul
+    try:
+        on = start(native=True)
+        assert on.quant in ("avx512", "avx2", "portable") and on.describe()["quant"] == on.quant
+        assert mx.quantized_matmul is not own
+        off = start(native=False)
+        assert off.quant is None and mx.quantized_matmul is own
+    finally:
+        quant.uninstall()
+        fast_ops.uninstall()

@@ -14,9 +14,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.engine.batch import DecodeBatch, plain_kv, prefill, prefill_batch
+import mlx.core as mx
+
+from appliance.engine.batch import Ahead, DecodeBatch, plain_kv, prefill, prefill_batch
 from appliance.engine.request import FaultHook
-from appliance.engine.sampling import sample_batch
+from appliance.engine.sampling import read_tokens, sample_batch, sample_lazy
 from appliance.engine.seq import Seq
 from appliance.engine.ticks import TickTiming
 
@@ -60,7 +62,7 @@ class Forwards:
     """The model side of a tick: the decode batch and the forwards over it."""
 
     def __init__(self, model: Any, max_rows: int, timing: TickTiming,
-                 fault: FaultHook | None) -> None:
+                 fault: FaultHook | None, look_ahead: bool = True) -> None:
         self.model = model
         self.max_rows = max_rows
         self.timing = timing
@@ -69,18 +71,32 @@ class Forwards:
         self.batch = self.new_batch()
         self.mixed_forwards = 0
         """Decode steps that read prompt chunks in their forward."""
+        self.look_ahead = look_ahead
+        """Build each decode step's successor while it computes (:meth:`decode`)."""
+        self._ahead: Ahead | None = None
+        self.steps_ahead = 0
+        """Decode steps that ran the graph built ahead."""
 
     def new_batch(self) -> DecodeBatch:
         return DecodeBatch(self.model, self.max_rows)
 
     def reset(self) -> None:
         """Start from an empty batch (after a tick failed as a whole)."""
+        self._ahead = None
         self.batch = self.new_batch()
 
     # ---- decode ----
     def decode(self, rows: list[Seq]) -> list[Outcome]:
         """One decode step of the batch, whose rows are ``rows``: each row's token or
-        failure. A batched step that raises is retried one row at a time."""
+        failure. A batched step that raises is retried one row at a time.
+
+        With ``look_ahead``, the next step's graph is built while this one computes (on
+        its tokens, still lazy), as mlx-lm's generator does: the host's graph building,
+        some 4 ms of a C = 8 step on the SmolLM-135M shape, then hides behind the device.
+        The next tick runs it only if nothing changed the batch in between (a row that
+        finished, joined or was preempted; a mixed forward); else it is dropped unrun, and
+        the batch was never touched by it."""
+        ahead, self._ahead = self._ahead, None
         failed = self._decode_faults(rows)
         start = self.timing.timer()
         kv_len = self.batch.padded_len + 1
@@ -88,13 +104,38 @@ class Forwards:
             if self.fault:
                 for s in rows:
                     self.fault(s.handle.request, "batch")
-            logits = self.batch.step([s.next_token for s in rows])
-            tokens = _sample_rows(logits, rows, failed)
+            logits = None if ahead is None else self.batch.launch(ahead)
+            ahead = None  # unrun, it would hold the buffers the step below writes
+            if logits is None:
+                logits = self.batch.step([s.next_token for s in rows])
+            else:
+                self.steps_ahead += 1
+            lazy, live = sample_lazy(logits, [s.sampler for s in rows], [s.tokens for s in rows],
+                                     on_row_error=lambda i, e: failed.setdefault(rows[i].rid,
+                                                                                 repr(e)))
+            if lazy is not None:
+                began = self.timing.timer()
+                mx.async_eval(lazy)  # on MLX's CPU backend: back when ~100 ops are left
+                self.timing.waited(began)
+                if self.look_ahead and self.batch.lean and len(live) == len(rows):
+                    self._ahead = self._build_ahead(lazy)
+                began = self.timing.timer()
+                mx.eval(lazy)
+                self.timing.waited(began)
+            tokens = read_tokens(lazy, live, len(rows))
             self.timing.forward("decode", len(rows), 1, kv_len, start)
         except Exception:
             log.exception("batched decode step failed; retrying its %d rows alone", len(rows))
+            self._ahead = None
             tokens = self._decode_alone(rows, failed)
         return _outcomes(rows, tokens, failed)
+
+    def _build_ahead(self, tokens: mx.array) -> Ahead | None:
+        try:
+            return self.batch.step_ahead(tokens)
+        except Exception:  # the next step is built the ordinary way, and fails there if it must
+            log.exception("building the next decode step ahead failed")
+            return None
 
     def _decode_faults(self, rows: list[Seq]) -> dict[int, str]:
         failed: dict[int, str] = {}
@@ -109,6 +150,7 @@ class Forwards:
     def _decode_alone(self, rows: list[Seq], failed: dict[int, str]) -> list[int | None]:
         """After a failed batched step, step each row on its own: a row that fails alone
         fails, the others go on in a rebuilt batch."""
+        self._ahead = None
         caches = {s.rid: self.batch.extract(s.rid) for s in rows}
         self.batch = self.new_batch()
         tokens: list[int | None] = []
@@ -132,6 +174,7 @@ class Forwards:
         the chunks' reads. None, with every cache as it was, when that forward (or a
         fault hook on the way) raised: the caller then reads the chunks and steps the
         batch one forward each, whose own handling blames only the culprit."""
+        self._ahead = None  # the step reads chunks: not the one built ahead
         start = self.timing.timer()
         kv_len = self.batch.padded_len + 1
         riding = [(n, s.computed) for s, n in chunks]
@@ -177,6 +220,8 @@ class Forwards:
         at a time."""
         whole: list[Seq] = []
         parts: list[tuple[Seq, int]] = []
+        if chunks:
+            self._ahead = None  # its buffers may be written: a prompt read into the batch
         for s, n in chunks:
             if self.plain_kv and s.computed == 0 and n == len(s.tokens):
                 whole.append(s)

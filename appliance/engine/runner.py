@@ -61,7 +61,8 @@ class Runner:
                  on_done: Callable[[RequestHandle], None] | None = None,
                  on_counters: Callable[[dict[str, float]], None] | None = None,
                  prompt_cache_entries: int = 0, timer: Callable[[], float] = time.perf_counter,
-                 meter: Meter | None = None, mixed: bool = True) -> None:
+                 meter: Meter | None = None, mixed: bool = True,
+                 look_ahead: bool = True) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.scheduler = scheduler
@@ -86,7 +87,7 @@ class Runner:
         """Prefill and decode time, fitted from this engine's own forwards."""
         self.timing = TickTiming(self.costs, timer, meter)
         self.forwards = Forwards(self.model, scheduler.config.max_batch_size, self.timing,
-                                 fault)
+                                 fault, look_ahead)
         self._left_queue = 0
         self.completed = 0
         self.ticks = 0

@@ -114,14 +114,12 @@ class Forwards:
                                      on_row_error=lambda i, e: failed.setdefault(rows[i].rid,
                                                                                  repr(e)))
             if lazy is not None:
-                began = self.timing.timer()
+                launched = self.timing.timer()
                 mx.async_eval(lazy)  # on MLX's CPU backend: back when ~100 ops are left
-                self.timing.waited(began)
                 if self.look_ahead and self.batch.lean and len(live) == len(rows):
                     self._ahead = self._build_ahead(lazy)
-                began = self.timing.timer()
                 mx.eval(lazy)
-                self.timing.waited(began)
+                self.timing.waited(launched)
             tokens = read_tokens(lazy, live, len(rows))
             self.timing.forward("decode", len(rows), 1, kv_len, start)
         except Exception:

@@ -35,9 +35,10 @@ class TickRecord:
     decode_rows: int
     prefill_tokens: int
     wait_s: float = 0.0
-    """Time the engine thread spent in MLX's evaluation of a decode step (dispatching its
-    operations, waiting for its tokens): ``wall_s - wait_s`` is the rest of the host's
-    work in the tick (the plan, building graphs, sampling, text and events)."""
+    """A decode step's span on the device, from its launch (``mx.async_eval``) until its
+    tokens were ready. The engine thread built the next step inside it, overlapping the
+    device; ``wall_s - wait_s`` is the host work the device waited for (the plan, the
+    step's graph when it was not built ahead, text and events)."""
     wall_s: float = 0.0
     """The whole tick by the engine's timer: its forwards and everything between them
     (rows joining and leaving the batch, prompt-cache copies, the plan). Where it is well
@@ -68,7 +69,7 @@ class TickTiming:
         self._began = self.timer()
 
     def waited(self, since: float) -> None:
-        """The engine thread waited for the device from ``since`` until now."""
+        """A decode step ran on the device from ``since`` until now."""
         self._waited += self.timer() - since
 
     def forward(self, kind: str, rows: int, tokens: int, offset: int, start: float,

@@ -115,7 +115,7 @@ class Forwards:
                                                                                  repr(e)))
             if lazy is not None:
                 launched = self.timing.timer()
-                mx.async_eval(lazy)  # on MLX's CPU backend: back when ~100 ops are left
+                mx.async_eval(lazy)  # on the CPU it returns only near the step's end
                 if self.look_ahead and self.batch.lean and len(live) == len(rows):
                     self._ahead = self._build_ahead(lazy)
                 mx.eval(lazy)

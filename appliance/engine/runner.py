@@ -21,7 +21,6 @@ from appliance.engine.model import LoadedModel
 from appliance.engine.prompt_cache import PromptCache
 from appliance.engine.request import (
     FaultHook,
-    Finished,
     FinishEvent,
     GenerationRequest,
     RequestHandle,
@@ -40,6 +39,7 @@ from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import RequestState, finish_state
 from appliance.sched.types import Plan, SeqView
 from appliance.sched.usage import RollingUsage
+from appliance.store.records import LedgerRecord
 from appliance.vocab import FinishReason
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class Runner:
 
     def __init__(self, loaded: LoadedModel, scheduler: Scheduler,
                  clock: Callable[[], float], fault: FaultHook | None,
-                 on_finish: Callable[[Finished], None] | None = None, *,
+                 on_finish: Callable[[LedgerRecord], None] | None = None, *,
                  usage: RollingUsage | None = None,
                  on_done: Callable[[RequestHandle], None] | None = None,
                  on_counters: Callable[[dict[str, float]], None] | None = None,
@@ -461,8 +461,8 @@ class Runner:
                  usage.completion_tokens, "-" if ttft is None else f"{ttft * 1000:.1f}",
                  s.preemptions)
 
-    def _record(self, s: Seq, reason: FinishReason, usage: Usage) -> Finished:
-        """Monotonic engine times turned into wall-clock times for the ledger."""
+    def _record(self, s: Seq, reason: FinishReason, usage: Usage) -> LedgerRecord:
+        """The ledger's record of ``s``: monotonic engine times as wall-clock times."""
         now = self.clock()
         wall_now = time.time()
 
@@ -470,11 +470,15 @@ class Runner:
             return None if t is None else wall_now - (now - t)
 
         itl, p95 = s.itl, percentile(s.itl, 95)
-        return Finished(
-            request=s.handle.request, reason=reason, usage=usage,
-            queued_at=wall_now - (now - s.arrival), admitted_at=wall(s.admitted_at),
-            first_token_at=wall(s.first_token_at), finished_at=wall_now,
-            preemptions=s.preemptions,
+        r = s.handle.request
+        return LedgerRecord(
+            request_id=r.request_id, user_id=r.user_id, api_key_id=r.api_key_id,
+            klass=r.klass.label, endpoint=r.endpoint, model="",
+            prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+            output_tokens=usage.completion_tokens, queued_at=wall_now - (now - s.arrival),
+            admitted_at=wall(s.admitted_at), first_token_at=wall(s.first_token_at),
+            finished_at=wall_now, finish_reason=reason, preemptions=s.preemptions,
+            ttft_ms=None if s.first_token_at is None else (s.first_token_at - s.arrival) * 1e3,
             itl_mean_ms=sum(itl) / len(itl) * 1000.0 if itl else None,
             itl_p95_ms=None if p95 is None else p95 * 1000.0)
 

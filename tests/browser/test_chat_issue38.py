@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import SIZES, Tab
-from tests.browser.support import slow_fault
+from tests.browser.support import add_conversation, slow_fault
 from tests.helpers import LiveServer, live_server, make_settings
 
 pytestmark = pytest.mark.browser
@@ -29,14 +29,6 @@ def server(tiny_model: Path) -> Iterator[LiveServer]:
         yield s
 
 
-def _conversation(server: LiveServer, who: str, title: str,
-                  turns: list[tuple[str, str]]) -> int:
-    with server.client(who) as api:
-        cid = int(api.post("/conversations", json={"title": title}).json()["id"])
-        for role, text in turns:
-            r = api.post(f"/conversations/{cid}/messages", json={"role": role, "content": text})
-            assert r.status_code == 201, r.text
-    return cid
 
 
 def _shot(tab: Tab, name: str, size: dict[str, int]) -> None:
@@ -51,7 +43,7 @@ FOCUSED = "() => { const a = document.activeElement; return a ? (a.id || a.tagNa
 @SIZES
 def test_after_regenerate_by_keyboard_focus_is_on_the_message_box_not_the_page(
         chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
-    cid = _conversation(server, "carol", "Focus", [("user", "Say hi"), ("assistant", "Hi!")])
+    cid = add_conversation(server, "carol", "Focus", [("user", "Say hi"), ("assistant", "Hi!")])
     tab = Tab(chromium, server, "carol", size)
     page = tab.page
     tab.goto(f"/chat/{cid}")
@@ -167,7 +159,7 @@ LANDMARKS = """() => Array.from(document.querySelectorAll(
 def test_one_tab_and_enter_reach_the_message_box_past_three_conversations(
         chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
     for i in range(3):
-        _conversation(server, "bob", f"Talk {i}", [("user", f"Q{i}"), ("assistant", "A")])
+        add_conversation(server, "bob", f"Talk {i}", [("user", f"Q{i}"), ("assistant", "A")])
     tab = Tab(chromium, server, "bob", size)
     page = tab.page
     first = page.evaluate("""() => Array.from(document.querySelectorAll(
@@ -327,7 +319,7 @@ def test_a_conversation_downloads_as_markdown_and_json_for_its_owner_only(
     import json
 
     from tests.browser.support import browser
-    cid = _conversation(server, "carol", "Soup plans", [
+    cid = add_conversation(server, "carol", "Soup plans", [
         ("user", "What soup tonight?"), ("assistant", "Leek and **potato**.")])
     tab = Tab(chromium, server, "carol", size)
     page = tab.page
@@ -415,7 +407,7 @@ def test_a_stopped_answer_keeps_its_words_and_its_note_after_a_reload(
 @SIZES
 def test_regenerate_keeps_the_earlier_answer_to_flip_back_to(
         chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
-    cid = _conversation(server, "carol", "Versions", [
+    cid = add_conversation(server, "carol", "Versions", [
         ("user", "Name a colour"), ("assistant", "First answer: teal.")])
     tab = Tab(chromium, server, "carol", size)
     page = tab.page
@@ -448,7 +440,7 @@ def test_regenerate_keeps_the_earlier_answer_to_flip_back_to(
 def test_editing_an_earlier_question_drops_the_later_turns_and_answers_again(
         chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
     from tests.helpers import wait_until
-    cid = _conversation(server, "carol", "Two turns", [
+    cid = add_conversation(server, "carol", "Two turns", [
         ("user", "First question"), ("assistant", "First answer"),
         ("user", "Second question"), ("assistant", "Second answer")])
     tab = Tab(chromium, server, "carol", size)

@@ -7,22 +7,17 @@ not be attached at all, and a file longer than one message was refused as "too l
 
 from __future__ import annotations
 
-import os
 import random
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.browser.conftest import SIZES, Tab
-from tests.browser.support import slow_fault
-from tests.helpers import LiveServer, live_server, make_settings, wait_until
+from tests.browser.conftest import SIZES, Tab, shot
+from tests.helpers import LiveServer, wait_until
 from tests.pdfs import locked_pdf, scanned_pdf, text_pdf
 
 pytestmark = pytest.mark.browser
 
-SHOTS = os.environ.get("APPLIANCE_SHOTS")
 
 WORDS = ["kettle", "garden", "window", "ledger", "oven", "basket", "river", "pencil",
          "lantern", "carpet", "orchard", "mirror", "blanket", "harbour", "violin", "meadow",
@@ -42,20 +37,17 @@ def _document(chars: int, seed: int = 7) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[LiveServer]:
-    settings = make_settings(tiny_model, max_batch_size=2, default_max_tokens=40)
-    with live_server(settings, fault=slow_fault) as s:
-        yield s
+def server(chat_server: LiveServer) -> LiveServer:
+    return chat_server
 
 
-def _shot(tab: Tab, name: str, size: dict[str, int]) -> None:
-    if SHOTS:
-        tab.page.screenshot(path=f"{SHOTS}/{name}-{size['width']}.png", caret="initial")
 
 
-WATCH = """() => { window.__said = [];
+WATCH = """() => { window.__said = []; window.__sendOff = [];
     new MutationObserver(() => document.querySelectorAll('.msg.reading .waiting')
-        .forEach(p => { if (!window.__said.includes(p.textContent)) window.__said.push(p.textContent); }))
+        .forEach(p => { if (!window.__said.includes(p.textContent)) {
+            window.__said.push(p.textContent);
+            window.__sendOff.push(document.getElementById('send').disabled); } }))
       .observe(document.getElementById('messages'), {subtree: true, childList: true,
                                                      characterData: true}); }"""
 
@@ -76,7 +68,7 @@ def test_a_pdf_is_attached_as_its_text_and_unreadable_ones_are_refused_plainly(
     page.set_input_files("#attach", files=[{"name": "minutes.pdf",
                                             "mimeType": "application/pdf", "buffer": pdf}])
     page.wait_for_selector("#attached:has-text('minutes.pdf (2 pages')")
-    _shot(tab, "pdf-attached", size)
+    shot(tab, "pdf-attached", size)
     page.fill("#message", "What is the budget?")
     page.click("#send")
     page.wait_for_selector("#messages .msg.assistant:not(.streaming)")
@@ -95,7 +87,7 @@ def test_a_pdf_is_attached_as_its_text_and_unreadable_ones_are_refused_plainly(
         assert said in notice.inner_text(), (name, notice.inner_text())
         assert page.locator("#attached").is_hidden()  # nothing half-attached
         assert page.locator("#attachment").input_value() == ""
-    _shot(tab, "pdf-refused", size)
+    shot(tab, "pdf-refused", size)
     tab.problems = [p for p in tab.problems if "status of 400" not in p]  # the refusals
     tab.close()
 
@@ -127,12 +119,16 @@ def test_a_long_file_is_read_in_parts_with_progress_then_answered_and_kept(
     page.fill("#message", "Which rooms does this talk about?")
     page.click("#send")
     page.wait_for_selector(".msg.reading .waiting")
-    _shot(tab, "reading", size)
-    assert page.locator("#send").is_disabled()  # one thing at a time
+    shot(tab, "reading", size)
     page.wait_for_selector("#messages .msg.assistant:not(.streaming):not(.reading)",
                            timeout=120_000)
     said = page.evaluate("window.__said")
     assert any(s.startswith("Reading part 2 of ") for s in said), said
+    # one thing at a time: Send was off at every later step of the reading, as the observer
+    # saw it (a look after the fact could be outrun by a fast reading; at the first step the
+    # page turns Send off just after the reading's first words are swapped in)
+    off = page.evaluate("window.__sendOff")
+    assert len(off) > 1 and all(off[1:]), off
     parts = int(next(s for s in said if s.startswith("Reading part 1 of ")).split()[4])
     assert parts >= 3, said
     assert not page.locator("#chat-notice .notice").count()
@@ -149,7 +145,7 @@ def test_a_long_file_is_read_in_parts_with_progress_then_answered_and_kept(
     with server.client("carol") as api:
         stored = api.get(f"/conversations/{cid}").json()["messages"]
     assert [m["role"] for m in stored] == ["user", "assistant"]
-    _shot(tab, "read-answered", size)
+    shot(tab, "read-answered", size)
     tab.close()
 
 
@@ -172,7 +168,7 @@ def test_a_reading_survives_a_reload_and_stop_keeps_the_parts_read(
     page.wait_for_selector(".msg.reading .waiting:has-text('Reading part 2 of')",
                            timeout=60_000)
     assert page.locator(".msg.reading .stop").is_visible()
-    _shot(tab, "reading-after-reload", size)
+    shot(tab, "reading-after-reload", size)
     page.click(".msg.reading .stop")
     page.wait_for_selector(".msg.assistant.cancelled:has-text('Stopped after reading')")
     assert page.locator(".msg.reading").count() == 0
@@ -190,5 +186,5 @@ def test_a_reading_survives_a_reload_and_stop_keeps_the_parts_read(
         stored = api.get(f"/conversations/{cid}").json()["messages"]
     assert [m["role"] for m in stored] == ["user", "assistant"]
     assert stored[1]["content"] == "" and "Part 1:" in stored[0]["content"]
-    _shot(tab, "reading-stopped", size)
+    shot(tab, "reading-stopped", size)
     tab.close()

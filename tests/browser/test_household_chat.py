@@ -6,23 +6,20 @@ Each test names the defect it guards against; every one ran red before its fix.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.browser.conftest import SIZES, Tab
-from tests.browser.support import add_conversation, slow_fault
-from tests.helpers import LiveServer, live_server, make_settings
+from tests.browser.support import add_conversation
+from tests.helpers import LiveServer
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[LiveServer]:
-    settings = make_settings(tiny_model, max_batch_size=2, default_max_tokens=40)
-    with live_server(settings, fault=slow_fault) as s:
-        yield s
+def server(chat_server: LiveServer) -> LiveServer:
+    return chat_server
 
 
 

@@ -32,7 +32,6 @@ from appliance.engine.seq import Seq
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
 from appliance.engine.ticks import Meter, TickTiming
-from appliance.percentiles import percentile
 from appliance.sched.cost import CostModel
 from appliance.sched.memory import held, reservation
 from appliance.sched.scheduler import Scheduler
@@ -448,7 +447,7 @@ class Runner:
         queued = None if s.admitted_at is None else s.admitted_at - s.arrival
         if self.on_finish is not None:  # queued before the caller hears: its row is there
             try:
-                self.on_finish(self._record(s, reason, usage))
+                self.on_finish(s.ledger_record(reason, usage, self.clock()))
             except Exception:
                 log.exception("ledger hand-off failed rid=%d id=%s", s.rid,
                               s.handle.request.request_id)
@@ -460,27 +459,6 @@ class Runner:
                  usage.prompt_tokens,
                  usage.completion_tokens, "-" if ttft is None else f"{ttft * 1000:.1f}",
                  s.preemptions)
-
-    def _record(self, s: Seq, reason: FinishReason, usage: Usage) -> LedgerRecord:
-        """The ledger's record of ``s``: monotonic engine times as wall-clock times."""
-        now = self.clock()
-        wall_now = time.time()
-
-        def wall(t: float | None) -> float | None:
-            return None if t is None else wall_now - (now - t)
-
-        itl, p95 = s.itl, percentile(s.itl, 95)
-        r = s.handle.request
-        return LedgerRecord(
-            request_id=r.request_id, user_id=r.user_id, api_key_id=r.api_key_id,
-            klass=r.klass.label, endpoint=r.endpoint, model="",
-            prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
-            output_tokens=usage.completion_tokens, queued_at=wall_now - (now - s.arrival),
-            admitted_at=wall(s.admitted_at), first_token_at=wall(s.first_token_at),
-            finished_at=wall_now, finish_reason=reason, preemptions=s.preemptions,
-            ttft_ms=None if s.first_token_at is None else (s.first_token_at - s.arrival) * 1e3,
-            itl_mean_ms=sum(itl) / len(itl) * 1000.0 if itl else None,
-            itl_p95_ms=None if p95 is None else p95 * 1000.0)
 
     def _preempt(self, s: Seq, keep_kv: bool = False) -> None:
         """Back to the queue with its tokens kept. Its KV is freed and rebuilt on
@@ -527,15 +505,7 @@ class Runner:
         slots: list[SlotInfo] = []
         waiting: list[SlotInfo] = []
         for s in self.seqs.values():
-            r = s.handle.request
-            info = SlotInfo(rid=s.rid, user_id=r.user_id, user=r.user, klass=r.klass.label,
-                            state=s.state.value,
-                            prompt_tokens=s.n_prompt, prefilled=min(s.computed, s.n_prompt)
-                            if s.state is RequestState.PREFILLING else s.n_prompt
-                            if s.state is RequestState.DECODING else 0,
-                            generated=s.generated, max_tokens=s.max_tokens,
-                            waited_s=now - s.arrival)
-            (waiting if s.state is RequestState.QUEUED else slots).append(info)
+            (waiting if s.state is RequestState.QUEUED else slots).append(s.slot_info(now))
         if len(waiting) > 1:  # in the order the scheduler will admit them
             rank = {rid: i for i, rid in enumerate(self.scheduler.queue_order(now, self._views()))}
             waiting.sort(key=lambda q: rank.get(q.rid, len(rank)))

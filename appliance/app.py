@@ -1,4 +1,11 @@
-"""``create_app``: the one place where everything is wired together."""
+"""The parts the daemon is assembled from: the engine thread (``start_engine``), what the
+handlers share (``build_services``), the job scheduler (``build_jobs``) and the Litestar app
+over them (``create_app``: routes, middleware, error mapping).
+
+``appliance.daemon.build_daemon`` is the one assembly: it calls these in order, with the
+store and its writer, and nothing else wires a running daemon. Engine tests call
+``start_engine`` alone.
+"""
 
 from __future__ import annotations
 
@@ -25,14 +32,13 @@ from appliance.api import (
     admin,
     embeddings,
     hooks,
-    jobs,
     metrics,
     monitoring,
     ollama,
     openai,
 )
+from appliance.api import jobs as job_routes
 from appliance.api.auth import PUBLIC_PATHS, AuthMiddleware, CsrfUnlessBearer
-from appliance.api.chat_format import longest_token_chars
 from appliance.api.errors import (
     LIMIT_ERROR_HANDLERS,
     ApiError,
@@ -40,22 +46,25 @@ from appliance.api.errors import (
     database_error_handler,
     http_error_handler,
     internal_error_handler,
+    service_error_handler,
     store_error_handler,
 )
 from appliance.api.headers import HtmlSecurityHeaders
 from appliance.api.root import ollama_root
-from appliance.api.service import ModelInfo, Services
 from appliance.engine.core import Engine, EngineConfig
 from appliance.engine.model import resolve_model_path
-from appliance.engine.request import FaultHook, Finished
+from appliance.engine.request import FaultHook
 from appliance.engine.supervisor import Supervisor
+from appliance.jobs.runner import JobService
 from appliance.sched.budget import TickObjectives
 from appliance.sched.types import SchedulerConfig
+from appliance.service.chat_format import longest_token_chars
+from appliance.service.errors import ServiceError
+from appliance.service.services import ModelInfo, Services
 from appliance.settings import Settings, parse_bytes
 from appliance.store import fairness
 from appliance.store.db import Store
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
-from appliance.store.ledger import LedgerRecord
 from appliance.store.writer import StoreWriter
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "web" / "templates"
@@ -103,14 +112,13 @@ def start_engine(settings: Settings, fault: FaultHook | None = None,
     """Start the engine thread, wait until it has loaded the model, and give it the
     persisted fairness state (counters, weights, the last day's usage) when there is a
     store."""
-    on_finish = on_counters = None
+    on_counters = None
     if writer is not None:
-        def on_finish(f: Finished) -> None:
-            writer.submit_ledger(ledger_record(f))
-
         def on_counters(values: dict[str, float]) -> None:
             writer.submit_counters({int(k): v for k, v in values.items() if k.isdigit()})
-    engine = Engine(engine_config(settings), fault=fault, on_finish=on_finish,
+    # the engine's record of each finished request is the ledger's row, as it is
+    engine = Engine(engine_config(settings), fault=fault,
+                    on_finish=writer.submit_ledger if writer is not None else None,
                     on_counters=on_counters)
     if store is not None:
         with store.read_sessions() as s:
@@ -127,17 +135,6 @@ def supervise(engine: Engine, on_down: Callable[[str], None] | None = None,
               interval_s: float = 1.0) -> Supervisor:
     """Watch the engine thread (see :mod:`appliance.engine.supervisor`)."""
     return Supervisor(engine, on_down, interval_s).start()
-
-
-def ledger_record(f: Finished) -> LedgerRecord:
-    r = f.request
-    return LedgerRecord(
-        request_id=r.request_id, user_id=r.user_id, api_key_id=r.api_key_id,
-        klass=r.klass.label, endpoint=r.endpoint, model="", prompt_tokens=f.usage.prompt_tokens,
-        cached_tokens=f.usage.cached_tokens, output_tokens=f.usage.completion_tokens,
-        queued_at=f.queued_at, admitted_at=f.admitted_at, first_token_at=f.first_token_at,
-        finished_at=f.finished_at, finish_reason=f.reason, preemptions=f.preemptions,
-        ttft_ms=f.ttft_ms, itl_mean_ms=f.itl_mean_ms, itl_p95_ms=f.itl_p95_ms)
 
 
 def build_services(settings: Settings, engine: Engine, store: Store,
@@ -160,27 +157,26 @@ def build_services(settings: Settings, engine: Engine, store: Store,
                         shared_idle_s=settings.server.shared_device_idle_minutes * 60.0,
                         note_key_used=writer.submit_key_used if writer is not None else None,
                         writer=writer)
-    attach_jobs(services, settings, writer)
     return services
 
 
-def attach_jobs(services: Services, settings: Settings, writer: StoreWriter | None) -> None:
+def build_jobs(services: Services, settings: Settings, writer: StoreWriter | None
+               ) -> JobService:
     """The background job scheduler; ``create_app`` starts it in the lifespan."""
-    from appliance.jobs.runner import JobService
-
     flush = None if writer is None else (lambda: writer.flush(10))
-    services.jobs = JobService(services, settings.jobs, flush_ledger=flush)
+    return JobService(services, settings.jobs, flush_ledger=flush)
 
 
 def create_app(services: Services, secret: str,
-               on_shutdown: Sequence[Callable[[], Any]] = ()) -> Litestar:
+               on_shutdown: Sequence[Callable[[], Any]] = (),
+               jobs: JobService | None = None) -> Litestar:
     csrf = CSRFConfig(secret=secret, exclude=CSRF_EXEMPT, cookie_samesite="strict")
     app = Litestar(
         route_handlers=[*openai.ROUTES, *ollama.ROUTES, *embeddings.ROUTES, *hooks.ROUTES,
                         *monitoring.ROUTES,
-                        *metrics.ROUTES, *account.ROUTES, admin.router, *jobs.ROUTES,
+                        *metrics.ROUTES, *account.ROUTES, admin.router, *job_routes.ROUTES,
                         *web_routes()],
-        state=State({"services": services}),
+        state=State({"services": services, "jobs": jobs}),
         # Outermost first: who is asking (401) before whether the form is genuine (403).
         middleware=[HtmlSecurityHeaders,
                     # OPTIONS too: an unauthenticated OPTIONS reached the admin guard (500)
@@ -191,6 +187,7 @@ def create_app(services: Services, secret: str,
         template_config=TemplateConfig(directory=TEMPLATES, engine=JinjaTemplateEngine),
         exception_handlers={
             ApiError: api_error_handler,
+            ServiceError: service_error_handler,
             HTTPException: http_error_handler,
             NotFound: store_error_handler(404),
             AlreadyExists: store_error_handler(409),
@@ -203,9 +200,8 @@ def create_app(services: Services, secret: str,
         # APScheduler's AsyncIOScheduler needs the running loop: started here; stopped
         # before anything else shuts down (before the engine drains). Litestar runs the
         # shutdown hooks last to first, so the jobs' hook goes at the end of the list.
-        on_startup=[services.jobs.start] if services.jobs is not None else [],
-        on_shutdown=[*on_shutdown,
-                     *([services.jobs.stop] if services.jobs is not None else [])],
+        on_startup=[jobs.start] if jobs is not None else [],
+        on_shutdown=[*on_shutdown, *([jobs.stop] if jobs is not None else [])],
         request_max_body_size=MAX_BODY_BYTES,
         logging_config=None,
         # JSON only: Litestar's Swagger/ReDoc pages load scripts from CDNs (offline here)

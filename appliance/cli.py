@@ -88,8 +88,6 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     """One prompt through the same engine path as the server (same greedy output)."""
     import queue
 
-    from appliance.api.schemas import ChatMessage
-    from appliance.api.service import chat_prompt
     from appliance.app import start_engine
     from appliance.engine.request import (
         FinishEvent,
@@ -97,12 +95,13 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
         SamplingParams,
         blocking_sink,
     )
+    from appliance.service.chat_format import Turn, text_prompt
 
     engine = start_engine(settings)
     try:
         loaded = engine.loaded
         assert loaded is not None
-        prompt = chat_prompt(loaded.tokenizer, [ChatMessage(role="user", content=args.prompt)])
+        prompt = text_prompt(loaded.tokenizer, [Turn("user", args.prompt)])
         events: queue.SimpleQueue = queue.SimpleQueue()
         request = GenerationRequest(
             prompt=tuple(prompt), max_tokens=args.max_tokens or settings.engine.default_max_tokens,
@@ -142,29 +141,10 @@ def cmd_model(settings: Settings, args: argparse.Namespace) -> int:
     raise AssertionError(args.model_cmd)
 
 
-def cmd_bench(settings: Settings, args: argparse.Namespace, rest: list[str]) -> int:
-    if args.bench_cmd == "serve":
-        from appliance.bench.serve import main as bench_serve
-        return bench_serve(rest)
-    if args.bench_cmd == "goodput":
-        from appliance.bench.goodput import main as bench_goodput
-        return bench_goodput(rest)
-    if args.bench_cmd == "fairness":
-        from appliance.bench.fairness import main as bench_fairness
-        return bench_fairness(rest)
-    if args.bench_cmd == "dashboards":
-        from appliance.bench.dashboards import main as bench_dashboards
-        return bench_dashboards(rest)
-    if args.bench_cmd == "prefill":
-        from appliance.bench.prefill import main as bench_prefill
-        return bench_prefill(rest)
-    if args.bench_cmd == "matmul":
-        from appliance.bench.matmul import main as bench_matmul
-        return bench_matmul(rest)
-    if args.bench_cmd == "mixed":
-        from appliance.bench.mixed import main as bench_mixed
-        return bench_mixed(rest)
-    raise AssertionError(args.bench_cmd)
+def cmd_bench(settings: Settings, args: argparse.Namespace) -> int:
+    from appliance.bench.serve import run
+
+    return run(settings, args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,19 +188,17 @@ def build_parser() -> argparse.ArgumentParser:
     cli_admin.add_parsers(sub)
     cli_jobs.add_parsers(sub)
 
-    bench = sub.add_parser("bench", help="benchmarks (see docs/BENCHMARKS.md)")
-    bench.add_argument("bench_cmd",
-                       choices=("serve", "fairness", "goodput", "dashboards", "prefill", "matmul",
-                                "mixed"))
+    from appliance.bench.args import add_arguments as bench_arguments
+    bench = sub.add_parser("bench", help="this machine's figures against the running daemon "
+                           "(docs/PERFORMANCE.md)")
+    bench_arguments(bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
-    if args.cmd != "bench" and rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = parser.parse_args(argv)
     try:
         settings = settings_mod.load(args if args.cmd != "bench" else None)
     except ValueError as exc:
@@ -255,4 +233,4 @@ def main(argv: list[str] | None = None) -> int:
         # restarting cannot mend a file.
         print(exc, file=sys.stderr)
         exit_now(DATABASE_DAMAGED_EXIT)
-    return cmd_bench(settings, args, rest)
+    return cmd_bench(settings, args)

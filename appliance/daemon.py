@@ -23,9 +23,9 @@ from typing import Any
 
 from litestar import Litestar
 
-from appliance.api.service import Services
 from appliance.app import (
     app_secret,
+    build_jobs,
     build_services,
     create_app,
     shutdown_engine,
@@ -36,7 +36,9 @@ from appliance.engine.core import Engine
 from appliance.engine.request import FaultHook
 from appliance.engine.supervisor import Supervisor
 from appliance.jobs.netguard import parse_allow_list
+from appliance.jobs.runner import JobService
 from appliance.jobs.schedule import household_zone
+from appliance.service.services import Services
 from appliance.settings import Settings
 from appliance.store import migrate
 from appliance.store.db import Store, db_file, open_store
@@ -52,6 +54,8 @@ class Daemon:
     writer: StoreWriter
     engine: Engine
     services: Services
+    jobs: JobService
+    """The background job scheduler (started and stopped by the app's lifespan)."""
     drain_timeout: float
     """Seconds the engine's drain waits for running requests before cancelling them."""
     app: Litestar = field(init=False)
@@ -101,11 +105,12 @@ def build_daemon(settings: Settings, *, fault: FaultHook | None = None,
         store.close()
         raise
     services = build_services(settings, engine, store, writer)
-    daemon = Daemon(settings, store, writer, engine, services,
+    jobs = build_jobs(services, settings, writer)
+    daemon = Daemon(settings, store, writer, engine, services, jobs,
                     settings.server.shutdown_timeout if drain_timeout is None else drain_timeout)
     if secret is None:
         secret = app_secret(Path(settings.store.data_dir).expanduser())
-    daemon.app = create_app(services, secret, on_shutdown=[daemon.close])
+    daemon.app = create_app(services, secret, on_shutdown=[daemon.close], jobs=jobs)
 
     def engine_down(reason: str) -> None:
         for hook in list(daemon.on_engine_down):

@@ -1,5 +1,5 @@
 """Models on disk: the bundled demo model, the ones pulled from the Hugging Face hub and the
-ones imported from GGUF files (appliance/gguf.py)."""
+ones imported from GGUF files (appliance/gguf/)."""
 
 from __future__ import annotations
 

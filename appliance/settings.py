@@ -2,7 +2,8 @@
 
 Precedence: defaults < TOML config file < ``APPLIANCE_*`` environment < command-line flags.
 Every field carries its documentation, its bounds and its flag in ``field(metadata=...)``;
-the CLI flags and the README table are derived from (and tested against) these fields.
+the CLI flags and the table in docs/configuration.md are derived from (and tested against)
+these fields.
 Nothing here reads the environment at import time: :func:`load` is called once in ``main()``.
 """
 

@@ -3,22 +3,31 @@
     python3 scripts/layers.py        # prints the table; exits 1 on a cycle or a layer breach
 
 Every import counts: at module level, under ``TYPE_CHECKING`` and inside functions (a
-function-level import that closes a loop still ties the two modules together). The layers,
-top to bottom; a package imports only from its own layer or those below it:
+function-level import that closes a loop still ties the two modules together). Two rules,
+with no exceptions list:
 
-    entry     cli, cli_admin, __main__, bench
-    assembly  daemon
-    app       app
-    web       web
-    api       api, jobs (background summaries through the same services)
-    engine    engine, models (model files: pull, import, list), gguf (GGUF import),
-              demo (the demo-model builder)
-    backend   backend (what is device-specific: BLAS preload, native kernels, malloc,
-              fast ops, the cost profile)
-    sched     sched (pure: imports no device-specific module at all, see PURE)
-    store     store
-    base      appliance (the version), settings, vocab (shared words), percentiles,
-              httpserver
+- no cycle, between modules or between packages (``appliance.api`` -> ``appliance.jobs``
+  -> ``appliance.api`` is a cycle even when no single module closes it);
+- imports only go down the layers (a package imports from its own layer or below).
+
+The layers, top to bottom (docs/architecture.md says why):
+
+    entry      cli, cli_admin, cli_jobs, __main__, bench
+    assembly   daemon
+    app        app
+    web        web (pages; may use the API's HTTP plumbing: auth, error shapes, SSE)
+    api        api (OpenAI, Ollama, hooks, admin JSON)
+    jobs       jobs (background summaries through the same service)
+    service    service (transport-free: submission, checks, the generation handle,
+               domain errors)
+    engine     engine, models (model files: pull, import, list), gguf (GGUF import),
+               demo (the demo-model builder)
+    backend    backend (what is device-specific: BLAS preload, native kernels, malloc,
+               fast ops, the cost profile)
+    sched      sched (pure: imports no device-specific module at all, see PURE)
+    store      store
+    base       appliance (the version), settings, vocab (shared words), percentiles,
+               httpserver, logfilter
 """
 
 from __future__ import annotations
@@ -36,15 +45,15 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("assembly", ("appliance.daemon",)),
     ("app", ("appliance.app",)),
     ("web", ("web",)),
-    ("api", ("appliance.api", "appliance.jobs")),
+    ("api", ("appliance.api",)),
+    ("jobs", ("appliance.jobs",)),
+    ("service", ("appliance.service",)),
     ("engine", ("appliance.engine", "appliance.models", "appliance.gguf", "appliance.demo")),
     ("backend", ("appliance.backend",)),
     ("sched", ("appliance.sched",)),
     ("store", ("appliance.store",)),
-    ("base", ("appliance", "appliance.settings", "appliance.backend.blas", "appliance.backend.fast_ops",
-              "appliance.demo",
-              "appliance.vocab", "appliance.percentiles", "appliance.httpserver",
-              "appliance.logfilter")),
+    ("base", ("appliance", "appliance.settings", "appliance.vocab", "appliance.percentiles",
+              "appliance.httpserver", "appliance.logfilter")),
 )
 
 PURE = ("appliance.sched",)
@@ -154,6 +163,12 @@ def packages(g: dict[str, set[str]]) -> dict[str, set[str]]:
     return out
 
 
+def package_cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Groups of packages that import each other (:func:`cycles` over :func:`packages`):
+    modules may avoid a loop one by one while their packages still form one."""
+    return cycles(packages(g))
+
+
 def breaches(g: dict[str, set[str]]) -> list[str]:
     """Imports that go up a layer (module -> module)."""
     return [f"{m} ({LAYERS[layer_of(package_of(m))][0]}) imports {d} "
@@ -184,8 +199,9 @@ def main() -> int:
         for pkg in members:
             if pkg in pkgs:
                 print(f"  {pkg:22} -> {', '.join(sorted(pkgs[pkg])) or '-'}")
-    problems = ([f"cycle: {' <-> '.join(c)}" for c in cycles(g)] + breaches(g)
-                + device_imports())
+    problems = ([f"cycle: {' <-> '.join(c)}" for c in cycles(g)]
+                + [f"package cycle: {' <-> '.join(c)}" for c in package_cycles(g)]
+                + breaches(g) + device_imports())
     for line in problems:
         print(line)
     print(f"{len(g)} modules, {sum(len(d) for d in g.values())} imports, "

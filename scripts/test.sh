@@ -51,15 +51,15 @@ if [ -n "$PRELOAD" ]; then
   export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-$("$VENV/bin/python" -c "from appliance.backend.blas import SPIN_EXPONENT; print(SPIN_EXPONENT)")}
 fi
 
-"$VENV/bin/ruff" check appliance web migrations tests
-"$VENV/bin/mypy" --no-error-summary appliance web migrations
+"$VENV/bin/ruff" check appliance web migrations tests bench
+"$VENV/bin/mypy" --no-error-summary appliance web migrations bench
 "$VENV/bin/python" scripts/layers.py >/dev/null || { "$VENV/bin/python" scripts/layers.py; exit 1; }
-"$VENV/bin/python" -m pytest -q "$@"
+"$VENV/bin/python" -m pytest -q --durations=25 "$@"
 if [ $# -eq 0 ]; then
   echo "== the engine and API tests again with the native code off (APPLIANCE_NATIVE=off)"
   PURE=$(preload False)
   LD_PRELOAD="$PURE${OTHER_PRELOAD:+:$OTHER_PRELOAD}" APPLIANCE_NATIVE=off \
-    "$VENV/bin/python" -m pytest -q tests/engine tests/integration/test_daemon.py \
+    "$VENV/bin/python" -m pytest -q --durations=25 tests/engine tests/integration/test_daemon.py \
     tests/integration/test_openai_api.py tests/integration/test_ollama_api.py \
     tests/integration/test_openai_tools.py tests/integration/test_home_assistant.py \
     tests/integration/test_backend_health.py \

@@ -38,16 +38,34 @@ def q4_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: int = 256,
-               layers: int = 2, seed: int = 0) -> Path:
-    """A tiny model: ``quant`` is Q8_0, Q4_0 or Q4_K for its matrices (norms stay F32)."""
+               layers: int = 2, seed: int = 0, rope_freqs: np.ndarray | None = None,
+               vocab: str = "gpt2", vision: bool = False, pre: str | None = None) -> Path:
+    """A tiny model: ``quant`` is Q8_0, Q4_0 or Q4_K for its matrices (norms stay F32,
+    random around 1 as a trained model's are). ``arch`` llama, qwen3, gemma3 (its four norms
+    per block, query and key norms, sliding window of 8, every second layer global: the file
+    says so) or phi3 (fused ``attn_qkv`` and ``ffn_up``, its own output matrix);
+    ``rope_freqs``: Llama 3.x's per-frequency RoPE factors, as llama.cpp stores them.
+    ``vocab``: ``gpt2`` (byte-level BPE) or ``llama`` (SentencePiece: byte fallback tokens,
+    scores, no merges, as Gemma's and Phi-3's files have it). ``vision``: a vision tower's
+    and projector's tensors beside the text model, as Ollama's Gemma 3 file has them.
+    ``pre``: ``tokenizer.ggml.pre`` (how text is split before the merges), with two digit
+    merges that tell the splits apart ("3 4" before "1 2")."""
     import gguf
     from gguf import GGMLQuantizationType as T
 
     rng = np.random.default_rng(seed)
     heads, kv_heads, ffn = 4, 2, 2 * hidden
     head_dim = hidden // heads
-    tokens = [*SPECIALS, *byte_chars(), "Ġt", "he"]
-    merges = ["Ġ t", "h e"]
+    if vocab == "llama":
+        specials = ["<unk>", "<s>", "</s>", "<pad>", "<mask>", "<start_of_turn>",
+                    "<end_of_turn>"]
+        pieces = ["\u2581", "t", "h", "e", "a", "\u2581t", "he", "\u2581the", "\u2581a"]
+        tokens = [*specials, *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+        types = [2] + [3] * (len(specials) - 1) + [6] * 256 + [1] * len(pieces)
+        scores = [0.0] * (len(specials) + 256) + [-float(i) for i in range(1, len(pieces) + 1)]
+    else:
+        tokens = [*SPECIALS, *byte_chars(), "Ġt", "he", *(["34", "12"] if pre else [])]
+        types = [3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS))
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny {arch}")
     w.add_context_length(512)
@@ -60,13 +78,27 @@ def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: 
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(head_dim)
     w.add_key_length(head_dim)
-    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_model(vocab)
     w.add_token_list(tokens)
-    w.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
+    w.add_token_types(types)
+    if vocab == "llama":
+        w.add_token_scores(scores)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_pad_token_id(3)
+        w.add_add_space_prefix(arch != "gemma3")
+    else:
+        w.add_token_merges(["Ġ t", "h e", *(["3 4", "1 2"] if pre else [])])
+        if pre:
+            w.add_tokenizer_pre(pre)
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(2)
     w.add_chat_template(TEMPLATE)
+    if arch == "gemma3":
+        w.add_sliding_window(8)
+        w.add_sliding_window_pattern(2)
+        w.add_value_length(head_dim)
 
     def matrix(name: str, rows: int, cols: int) -> None:
         if quant == "Q4_K":
@@ -77,23 +109,40 @@ def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: 
         w.add_tensor(name, gguf.quants.quantize(x, kind), raw_dtype=kind)
 
     def norm(name: str, size: int) -> None:
-        w.add_tensor(name, np.ones(size, np.float32))
+        w.add_tensor(name, (1 + 0.1 * rng.standard_normal(size)).astype(np.float32))
 
     matrix("token_embd.weight", len(tokens), hidden)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
+    kv = kv_heads * head_dim
     for i in range(layers):
         norm(f"blk.{i}.attn_norm.weight", hidden)
-        matrix(f"blk.{i}.attn_q.weight", hidden, hidden)
-        matrix(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden)
-        matrix(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden)
+        if arch == "phi3":
+            matrix(f"blk.{i}.attn_qkv.weight", hidden + 2 * kv, hidden)
+        else:
+            matrix(f"blk.{i}.attn_q.weight", hidden, hidden)
+            matrix(f"blk.{i}.attn_k.weight", kv, hidden)
+            matrix(f"blk.{i}.attn_v.weight", kv, hidden)
         matrix(f"blk.{i}.attn_output.weight", hidden, hidden)
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             norm(f"blk.{i}.attn_q_norm.weight", head_dim)
             norm(f"blk.{i}.attn_k_norm.weight", head_dim)
+        if arch == "gemma3":
+            norm(f"blk.{i}.post_attention_norm.weight", hidden)
+            norm(f"blk.{i}.post_ffw_norm.weight", hidden)
         norm(f"blk.{i}.ffn_norm.weight", hidden)
-        matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
-        matrix(f"blk.{i}.ffn_up.weight", ffn, hidden)
+        if arch == "phi3":
+            matrix(f"blk.{i}.ffn_up.weight", 2 * ffn, hidden)
+        else:
+            matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
+            matrix(f"blk.{i}.ffn_up.weight", ffn, hidden)
         matrix(f"blk.{i}.ffn_down.weight", hidden, ffn)
     norm("output_norm.weight", hidden)
+    if vision:
+        w.add_tensor("v.blk.0.attn_q.weight", np.zeros((64, 64), np.float16))
+        w.add_tensor("mm.input_projection.weight", np.zeros((64, hidden), np.float32))
+    if arch == "phi3":
+        matrix("output.weight", len(tokens), hidden)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

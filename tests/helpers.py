@@ -74,8 +74,13 @@ class LiveServer:
 
     @property
     def services(self) -> Any:
-        """The app's ``Services`` (jobs tests reach the job scheduler through it)."""
+        """The app's ``Services``."""
         return self.daemon.services
+
+    @property
+    def jobs(self) -> Any:
+        """The job scheduler (``JobService``) the jobs tests reach into."""
+        return self.daemon.jobs
 
     def client(self, who: str | None = None, **kw: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.keys[who]}"} if who else {}

@@ -23,26 +23,21 @@ from litestar.response import Redirect, Template
 from markupsafe import escape
 from sqlalchemy.exc import DatabaseError
 
-from appliance.api.errors import ApiError, bad_request
-from appliance.api.schemas import ChatMessage, SamplingFields
-from appliance.api.service import (
-    Generation,
-    Services,
-    chat_prompt,
-    check_prompt_size,
-    off_loop,
-    submit,
-    user_chars,
-)
+from appliance.api.errors import bad_request
 from appliance.engine.request import Event, FinishEvent, TokenEvent
+from appliance.service.chat_format import Turn, text_prompt
+from appliance.service.checks import DEFAULTS, check_prompt_size, user_chars
+from appliance.service.errors import InvalidRequest, OverQuota
+from appliance.service.generation import Generation, off_loop, submit
+from appliance.service.services import Services
 from appliance.store import conversations as convs
 from appliance.store import preferences, versions
 from appliance.store.errors import NotFound
 from appliance.store.faults import storage_fault
 from appliance.vocab import FinishReason, Klass
-from web import sse
+from web import attach, sse
 from web.common import PAGE, base_context, form_fields, is_htmx, me, page, services, web_state
-from web.plain import plain_refusal, too_long
+from web.plain import PlainRefusal, plain_refusal, too_long
 from web.state import LiveAnswer, WebState
 
 log = logging.getLogger(__name__)
@@ -127,8 +122,9 @@ async def chat_new(request: Request[Any, Any, Any]) -> Template:
 async def chat_page(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
     listed, current, messages = await anyio.to_thread.run_sync(
         _load, services(request), me(request).user_id, cid)
+    rid, r = web_state(request).reading_in(cid, me(request).user_id) or (None, None)
     return page(request, "chat.html", listing=listed, current=current,
-                messages=messages)
+                messages=messages, rid=rid, r=r)
 
 
 @get("/chat/list")
@@ -154,18 +150,18 @@ def _history(svc: Services, user_id: int, cid: int | None
     return system, ([] if cid is None else _load(svc, user_id, cid)[2])
 
 
-def model_turns(system: str, history: list[MessageView], text: str) -> list[ChatMessage]:
+def model_turns(system: str, history: list[MessageView], text: str) -> list[Turn]:
     """What the model is sent: the system prompt, then strictly alternating turns. An
     answer stopped before its first word is left out, and a question left without an
     answer is joined to the next one, so two user turns never follow each other."""
-    turns = [ChatMessage(role="system", content=system)] if system else []
+    turns = [Turn("system", system)] if system else []
     for m in [*history, MessageView("user", text)]:
         if m.role == "assistant" and not m.content:
             continue
         if turns and turns[-1].role == m.role == "user":
-            turns[-1] = ChatMessage(role="user", content=f"{turns[-1].content}\n\n{m.content}")
+            turns[-1] = Turn("user", f"{turns[-1].content}\n\n{m.content}")
             continue
-        turns.append(ChatMessage(role=m.role, content=m.content))
+        turns.append(Turn(m.role, m.content))
     return turns
 
 
@@ -221,21 +217,19 @@ async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
     turns = model_turns(system, before, text)
     try:
         check_prompt_size(svc.model, user_chars(t.content for t in turns if t.role == "user"))
-        prompt = await off_loop(svc, chat_prompt, svc.model.tokenizer, turns)
+        prompt = await off_loop(svc, text_prompt, svc.model.tokenizer, turns)
         if cont is not None and cont.content:  # the answer so far, as the model's own words
             prompt = prompt + list(await off_loop(svc, _encode, svc.model.tokenizer,
                                                   cont.content))
-    except ApiError as exc:
+    except InvalidRequest as exc:
         raise too_long(exc, svc.model.ctx_limit) from None
     klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
     # submit() checks the user's quotas (429) and clamps the default max_tokens to them
     try:
-        gen = await submit(svc, prompt, SamplingFields(), None, who, klass, ENDPOINT)
-    except ApiError as exc:
-        if exc.status == 400:
-            raise too_long(exc, svc.model.ctx_limit) from None
-        if exc.status != 429:
-            raise
+        gen = await submit(svc, prompt, DEFAULTS, None, who, klass, ENDPOINT)
+    except InvalidRequest as exc:
+        raise too_long(exc, svc.model.ctx_limit) from None
+    except OverQuota as exc:
         raise await plain_refusal(svc, who, exc, len(prompt)) from None
     try:
         saved, created = await anyio.to_thread.run_sync(_save_question, svc, who.user_id, cid,
@@ -259,16 +253,47 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 async def send(request: Request[Any, Any, Any]) -> Template:
     svc, who = services(request), me(request)
     fields = await form_fields(request)
-    text = _checked(_with_attachment(fields))
     cid = int(fields["conversation"]) if fields.get("conversation", "").isdigit() else None
+    if attach.needs_reading(fields, MAX_MESSAGE_CHARS):
+        return await _read_first(request, fields, cid)
+    text = _checked(_with_attachment(fields))
     system, history = await anyio.to_thread.run_sync(_history, svc, who.user_id, cid)
-    sid, saved, created = await _start(request, cid, system, history, text, text)
+    try:
+        sid, saved, created = await _start(request, cid, system, history, text, text)
+    except PlainRefusal as exc:  # too long for the model with its file: read that first
+        if exc.code != "context_length_exceeded" or not fields.get("attachment", "").strip():
+            raise
+        return await _read_first(request, fields, cid)
     # the list shows this conversation first now (newest activity first)
     headers = {"HX-Trigger-After-Settle": "conversations-changed"}
     if created:
         headers["HX-Push-Url"] = f"/chat/{saved}"
     title = " ".join(text.split())[:TITLE_CHARS]
     return page(request, "_exchange.html", headers=headers, question=text, sid=sid,
+                cid=saved, current=ConvView(saved, title) if created else None)
+
+
+async def _read_first(request: Request[Any, Any, Any], fields: dict[str, str],
+                      cid: int | None) -> Template:
+    """A question whose attached file is too long to send with it: the file is read in
+    parts first (``web.attach``), then the question is answered from what was read."""
+    svc, uid = services(request), me(request).user_id
+    question = _checked(fields.get("message", ""))
+
+    async def save(text: str) -> tuple[int, bool]:
+        return await anyio.to_thread.run_sync(_save_question, svc, uid, cid, text)
+
+    async def answer(saved: int) -> str:
+        system, history = await anyio.to_thread.run_sync(_history, svc, uid, saved)
+        q = _last_question(history)
+        return (await _start(request, saved, system, history[:q], history[q].content, ""))[0]
+
+    rid, r, saved, created = await attach.start(request, question, fields, save, answer)
+    headers = {"HX-Trigger-After-Settle": "conversations-changed"}
+    if created:
+        headers["HX-Push-Url"] = f"/chat/{saved}"
+    title = " ".join(question.split())[:TITLE_CHARS]
+    return page(request, "_exchange.html", headers=headers, question=question, rid=rid, r=r,
                 cid=saved, current=ConvView(saved, title) if created else None)
 
 
@@ -379,12 +404,10 @@ def waiting_text(ahead: int | None) -> str:
     return f"{ahead} request{'s' if ahead != 1 else ''} ahead of you…"
 
 
-async def _relay(gen: Generation, engine: Any) -> AsyncIterator[Event | str]:
+async def _relay(gen: Generation) -> AsyncIterator[Event | str]:
     """The answer's events; before the first token, also its place in the queue as text
     (a new line whenever the place changes)."""
     events = cast(AsyncGenerator[Event, None], gen.events())
-    handle = getattr(gen, "handle", None)
-    rid = handle.rid if handle is not None else -1
     told: str | None = None
     pending: asyncio.Task[Event] | None = None
     started = False
@@ -397,7 +420,7 @@ async def _relay(gen: Generation, engine: Any) -> AsyncIterator[Event | str]:
             else:
                 await asyncio.wait({pending}, timeout=WAIT_POLL_S)
             if not pending.done():
-                text = waiting_text(engine.snapshot.ahead_of(rid) if engine else None)
+                text = waiting_text(gen.ahead())
                 if text != told:
                     told = text
                     yield text
@@ -421,7 +444,7 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
     finish: FinishEvent | None = None
     saved = False
     try:
-        async for event in _relay(answer.gen, getattr(ws.services, "engine", None)):
+        async for event in _relay(answer.gen):
             if isinstance(event, str):
                 yield sse.event("wait", str(escape(event)))
             elif isinstance(event, TokenEvent):
@@ -531,4 +554,4 @@ async def rename(request: Request[Any, Any, Any], cid: FromPath[int]) -> Respons
 
 
 ROUTES = [home, rename, regenerate, continue_answer, show_version, edit, chat_new, chat_page, chat_list,
-          send, answer_stream, stop, delete]
+          send, answer_stream, stop, delete, *attach.ROUTES]

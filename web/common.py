@@ -11,7 +11,7 @@ from litestar.response import Template
 
 from appliance.api.auth import Principal
 from appliance.api.headers import CSP as CSP  # re-exported for the pages
-from appliance.api.service import Services
+from appliance.service.services import Services
 from appliance.vocab import CLASS_LABELS
 from web.assets import vendor_scripts
 from web.format import HELPERS

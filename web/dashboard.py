@@ -21,6 +21,7 @@ from litestar.params import Parameter
 from litestar.response import Template
 from markupsafe import Markup
 
+from appliance.service.services import Services
 from appliance.vocab import DAY_S, HOUR_S
 from web import charts, sse, stats
 from web.common import PAGE, me, page, services, web_state
@@ -71,7 +72,7 @@ async def _events(hub: Hub, audience: Audience, frames: int) -> AsyncIterator[by
         await asyncio.sleep(INTERVAL_S - time.monotonic() % INTERVAL_S + 0.005)
 
 
-def _history(svc: Any, audience: Audience) -> list[stats.UsageHistory]:
+def _history(svc: Services, audience: Audience) -> list[stats.UsageHistory]:
     with svc.store.read_sessions() as s:
         return stats.usage_history(s, time.time(),
                                    None if audience.admin else audience.user_id)

@@ -19,10 +19,12 @@ from appliance.api.auth import SESSION_COOKIE
 from appliance.api.errors import (
     ApiError,
     api_error_handler,
+    as_api_error,
     database_error,
     http_error_handler,
     internal_error_handler,
 )
+from appliance.service.errors import ServiceError
 from appliance.store import websessions
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
 from web.common import is_htmx, page, services
@@ -77,6 +79,11 @@ def api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[Any]:
     return api_error_handler(request, exc)
 
 
+def service_error(request: Request[Any, Any, Any], exc: ServiceError) -> Response[Any]:
+    """The service's refusals with the API's status and body, as a page or notice."""
+    return api_error(request, as_api_error(exc))
+
+
 def store_error(status: int) -> Any:
     def handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
         return api_error(request, ApiError(status, str(exc), "invalid_request_error"))
@@ -95,6 +102,7 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     NotAuthorizedException: not_logged_in,
     HTTPException: http_error,
     ApiError: api_error,
+    ServiceError: service_error,
     NotFound: store_error(404),
     AlreadyExists: store_error(409),
     LastAdmin: store_error(409),

@@ -12,7 +12,7 @@ import anyio
 from litestar import Request, Response, get
 from litestar.params import FromPath
 
-from appliance.api.service import Services
+from appliance.service.services import Services
 from appliance.store import conversations as convs
 from appliance.store.errors import NotFound
 from web.common import me, services

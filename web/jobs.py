@@ -19,15 +19,20 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
 from appliance.api import jobs as api_jobs
-from appliance.api.service import Services
 from appliance.jobs.phrases import parse_schedule
+from appliance.jobs.runner import JobService
 from appliance.jobs.schedule import describe, in_words, make_trigger, next_times
+from appliance.service.identity import Principal
 from appliance.store.errors import AlreadyExists, NotFound
 from web.common import PAGE, form_fields, is_htmx, me, page, services
 
 
-def _list(svc: Services, who: Any) -> list[dict[str, Any]]:
-    return api_jobs._list(svc, who)
+def _list(jobs: JobService, who: Principal) -> list[dict[str, Any]]:
+    return api_jobs._list(jobs, who)
+
+
+def _jobs(request: Request[Any, Any, Any]) -> JobService:
+    return api_jobs.job_service(request.app.state)
 
 
 def _int(f: dict[str, str], key: str) -> int | None:
@@ -66,13 +71,13 @@ def fields_from_form(f: dict[str, str]) -> dict[str, Any]:
 
 @get("/jobs/page", opt=PAGE)
 async def jobs_page(request: Request[Any, Any, Any]) -> Template:
-    jobs = await anyio.to_thread.run_sync(_list, services(request), me(request))
+    jobs = await anyio.to_thread.run_sync(_list, _jobs(request), me(request))
     return page(request, "jobs.html", nav="jobs", jobs=jobs, notice=None, form={})
 
 
 @get("/jobs/page/list")
 async def jobs_list(request: Request[Any, Any, Any]) -> Template:
-    jobs = await anyio.to_thread.run_sync(_list, services(request), me(request))
+    jobs = await anyio.to_thread.run_sync(_list, _jobs(request), me(request))
     return page(request, "_jobs_list.html", jobs=jobs, notice=None)
 
 
@@ -81,7 +86,7 @@ async def schedule_preview(request: Request[Any, Any, Any], schedule: FromQuery[
                            cron: FromQuery[str] = "",
                            interval_min: FromQuery[str] = "") -> Template:
     """The schedule in words and its next three runs, or what is wrong with it."""
-    svc = services(request).jobs
+    svc = _jobs(request)
     now = datetime.now(svc.zone)
     try:
         minutes = int(interval_min) if interval_min.strip() else None
@@ -100,12 +105,13 @@ async def schedule_preview(request: Request[Any, Any, Any], schedule: FromQuery[
 
 @post("/jobs/page", status_code=201)
 async def create_from_form(request: Request[Any, Any, Any]) -> Response[Any]:
-    svc, who = services(request), me(request)
+    who = me(request)
     f = await form_fields(request)
     status = 201
     try:
-        made = await anyio.to_thread.run_sync(api_jobs.create, svc, who, fields_from_form(f))
-        svc.jobs.reschedule()
+        made = await anyio.to_thread.run_sync(api_jobs.create, _jobs(request), who,
+                                              fields_from_form(f))
+        _jobs(request).reschedule()
         notice = ("ok", f"Job “{made['name']}” created.")
         form: dict[str, str] = {}
     except (ValueError, AlreadyExists) as exc:
@@ -113,7 +119,7 @@ async def create_from_form(request: Request[Any, Any, Any]) -> Response[Any]:
         notice, form = ("error", f"Could not create the job: {exc}"), f
     if not is_htmx(request) and status == 201:
         return Redirect("/jobs/page", status_code=303)
-    jobs = await anyio.to_thread.run_sync(_list, svc, who)
+    jobs = await anyio.to_thread.run_sync(_list, _jobs(request), who)
     return page(request, "_jobs_panel.html", status_code=status, jobs=jobs, notice=notice,
                 form=form)
 
@@ -124,7 +130,7 @@ async def _after(request: Request[Any, Any, Any], notice: tuple[str, str],
         return Redirect(f"/jobs/page/{job_id}" if job_id else "/jobs/page", status_code=303)
     if job_id is not None and request.headers.get("hx-target") == "history":
         return await _history(request, job_id)
-    jobs = await anyio.to_thread.run_sync(_list, services(request), me(request))
+    jobs = await anyio.to_thread.run_sync(_list, _jobs(request), me(request))
     return page(request, "_jobs_list.html", jobs=jobs, notice=notice)
 
 
@@ -132,7 +138,7 @@ async def _after(request: Request[Any, Any, Any], notice: tuple[str, str],
 async def run_from_page(request: Request[Any, Any, Any], job_id: FromPath[int]) -> Response[Any]:
     svc, who = services(request), me(request)
     await anyio.to_thread.run_sync(api_jobs._check, svc, who, job_id)  # another's: 404
-    run_id = await svc.jobs.run_now(job_id)
+    run_id = await _jobs(request).run_now(job_id)
     return await _after(request, ("ok", f"Run {run_id} started."), job_id)
 
 
@@ -141,13 +147,13 @@ async def change_from_page(request: Request[Any, Any, Any], job_id: FromPath[int
                            action: FromPath[str]) -> Response[Any]:
     svc, who = services(request), me(request)
     if action in ("pause", "resume"):
-        await anyio.to_thread.run_sync(api_jobs.edit, svc, who, job_id,
+        await anyio.to_thread.run_sync(api_jobs.edit, _jobs(request), who, job_id,
                                        {"paused": action == "pause"})
-        svc.jobs.reschedule()
+        _jobs(request).reschedule()
         return await _after(request, ("ok", f"Job {action}d."))
     if action == "delete":
         await anyio.to_thread.run_sync(api_jobs._delete, svc, who, job_id)
-        svc.jobs.forget(job_id)
+        _jobs(request).forget(job_id)
         return await _after(request, ("ok", "Job deleted."))
     raise NotFound("no such action")
 
@@ -157,13 +163,14 @@ async def cancel_from_page(request: Request[Any, Any, Any], job_id: FromPath[int
                            run_id: FromPath[int]) -> Response[Any]:
     svc, who = services(request), me(request)
     await anyio.to_thread.run_sync(api_jobs._run, svc, who, job_id, run_id)
-    await svc.jobs.cancel(run_id)
+    await _jobs(request).cancel(run_id)
     return await _history(request, job_id)
 
 
-def _detail(svc: Services, who: Any, job_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    job = api_jobs._get(svc, who, job_id)
-    with svc.store.read_sessions() as s:
+def _detail(jobs: JobService, who: Principal, job_id: int
+            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    job = api_jobs._get(jobs, who, job_id)
+    with jobs.services.store.read_sessions() as s:
         from appliance.store import jobs as store_jobs
 
         runs = [api_jobs.run_json(r, output=True)
@@ -173,7 +180,7 @@ def _detail(svc: Services, who: Any, job_id: int) -> tuple[dict[str, Any], list[
 
 @get("/jobs/page/{job_id:int}", opt=PAGE)
 async def job_page(request: Request[Any, Any, Any], job_id: FromPath[int]) -> Template:
-    job, runs = await anyio.to_thread.run_sync(_detail, services(request), me(request), job_id)
+    job, runs = await anyio.to_thread.run_sync(_detail, _jobs(request), me(request), job_id)
     return page(request, "job.html", nav="jobs", job=job, runs=runs,
                 headers_json=json.dumps(job["source"]["headers"]))
 
@@ -184,7 +191,7 @@ async def history(request: Request[Any, Any, Any], job_id: FromPath[int]) -> Tem
 
 
 async def _history(request: Request[Any, Any, Any], job_id: int) -> Template:
-    job, runs = await anyio.to_thread.run_sync(_detail, services(request), me(request), job_id)
+    job, runs = await anyio.to_thread.run_sync(_detail, _jobs(request), me(request), job_id)
     return page(request, "_job_history.html", job=job, runs=runs)
 
 

@@ -15,7 +15,7 @@ from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
 from appliance.api.auth import Principal, key_scope, new_key_class
-from appliance.api.service import Services
+from appliance.service.services import Services
 from appliance.store import keys as store_keys
 from appliance.store import users
 from appliance.store.errors import NotFound

@@ -19,8 +19,9 @@ from typing import Any
 
 import anyio
 
-from appliance.api.service import Services
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
+from appliance.jobs.runner import JobService
+from appliance.service.services import Services
 from appliance.vocab import CLASS_LABELS
 from web import charts, stats
 from web.format import HELPERS
@@ -53,8 +54,10 @@ class KvView:
 
 
 class Hub:
-    def __init__(self, services: Services, templates: Any) -> None:
+    def __init__(self, services: Services, templates: Any, jobs: JobService | None = None
+                 ) -> None:
         self._services = services
+        self._jobs = jobs
         self._templates = templates
         self._frames: dict[tuple[str, int], tuple[int, dict[str, str]]] = {}
         self._samples: deque[tuple[float, int]] = deque(maxlen=int(HISTORY_S / INTERVAL_S) + 1)
@@ -138,7 +141,7 @@ class Hub:
             "users": table if audience.admin else
             [u for u in table if u.user_id == audience.user_id],
             "spark": charts.spark, "updated": time.strftime("%H:%M:%S"),
-            "jobs": jobs_view(self._services, None if audience.admin else audience.user_id),
+            "jobs": jobs_view(self._jobs, None if audience.admin else audience.user_id),
         }
         names = ("summary", "slots", "queue", "kv", "throughput", "users", "jobs")
         return {name: self._templates.get_template(f"_dash_{name}.html").render(**ctx)
@@ -192,9 +195,8 @@ class JobsView:
     """(job name, next run in words), soonest first."""
 
 
-def jobs_view(services: Services, only_user: int | None, limit: int = 5) -> JobsView:
+def jobs_view(jobs: JobService | None, only_user: int | None, limit: int = 5) -> JobsView:
     """Running and next background jobs, from the job scheduler's memory (no query)."""
-    svc = getattr(services, "jobs", None)
-    if svc is None:
+    if jobs is None:
         return JobsView([], [])
-    return JobsView(*svc.overview(only_user, limit))
+    return JobsView(*jobs.overview(only_user, limit))

@@ -17,7 +17,7 @@ from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
 from appliance.api.auth import admin_only
-from appliance.api.service import Services
+from appliance.service.services import Services
 from appliance.store import limits, users, websessions
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
 from appliance.store.models import User

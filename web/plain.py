@@ -10,9 +10,11 @@ import time
 
 import anyio
 
-from appliance.api.auth import Principal
-from appliance.api.errors import ApiError
-from appliance.api.service import Services, quota_of
+from appliance.api.errors import ApiError, as_api_error
+from appliance.service.checks import quota_of
+from appliance.service.errors import OverQuota, ServiceError
+from appliance.service.identity import Principal
+from appliance.service.services import Services
 
 WORDS_PER_TOKEN = 0.75
 """English text runs at about three words to four tokens with the common tokenizers."""
@@ -42,22 +44,22 @@ def _at(moment: float, now: float) -> str:
     return f"at {clock}" if when.tm_yday == today.tm_yday else f"tomorrow at {clock}"
 
 
-def too_long(exc: ApiError, ctx_limit: int) -> ApiError:
+def too_long(exc: ServiceError, ctx_limit: int) -> Exception:
     """The model's context refusal (400 context_length_exceeded) in words."""
     if exc.code != "context_length_exceeded":
         return exc
     message = (f"This conversation is too long for the model, which reads {words(ctx_limit)}"
                " at most, its answer included. Start a new chat, or send a shorter message.")
-    return PlainRefusal(exc, message, exc.message)
+    return PlainRefusal(as_api_error(exc), message, exc.message)
 
 
-async def plain_refusal(svc: Services, who: Principal, exc: ApiError,
+async def plain_refusal(svc: Services, who: Principal, exc: OverQuota,
                         prompt_tokens: int) -> ApiError:
     """The API's 429 reworded for a person: what was used, of what, and when it frees."""
     now = time.time()
     quota = await anyio.to_thread.run_sync(quota_of, svc.store, who.user_id)
-    wait = exc.headers.get("Retry-After", "")
-    reset = now + int(wait) if wait.isdigit() else None
+    wait = exc.retry_after_s
+    reset = now + wait if wait is not None and wait >= 0 else None
     exact = exc.message
     if exc.code == "tokens_per_day" and quota.tokens_per_day is not None:
         cap = quota.tokens_per_day
@@ -83,5 +85,4 @@ async def plain_refusal(svc: Services, who: Principal, exc: ApiError,
                    f"{words(quota.max_prompt_tokens)} per message. Start a new chat.")
     else:
         message = exc.message
-    return PlainRefusal(ApiError(429, exc.message, exc.type, exc.code, headers=exc.headers),
-                        message, exact if exact != message else "")
+    return PlainRefusal(as_api_error(exc), message, exact if exact != message else "")

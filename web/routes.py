@@ -37,4 +37,4 @@ ROUTES = [pages, static]
 
 def setup(app: Litestar) -> None:
     """Build the web UI's state once, with the app (live answers, the dashboard hub)."""
-    app.state.web = WebState(app.state.services, app.template_engine)
+    app.state.web = WebState(app.state.services, app.template_engine, app.state.get("jobs"))

@@ -18,7 +18,7 @@ from litestar.response import Redirect, Template
 
 from appliance.api.account import session_cookie, theme_cookie
 from appliance.api.auth import Principal
-from appliance.api.service import Services
+from appliance.service.services import Services
 from appliance.store import auth, preferences, users, websessions
 from appliance.store.models import THEMES
 from web.common import PAGE, form_fields, is_htmx, me, page, services

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from appliance.api.openai import EventStream
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+from appliance.api.streams import SSE_HEADERS, EventStream
 
 
 def event(name: str, data: str) -> bytes:

@@ -5,12 +5,15 @@ Lives on the event loop only (no locks): handlers and SSE generators all run the
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance.api.service import Generation, Services
+from appliance.jobs.runner import JobService
+from appliance.service.generation import Generation
+from appliance.service.services import Services
 from web.live import Hub
 
 CONNECT_WITHIN_S = 60.0
@@ -34,11 +37,52 @@ class LiveAnswer:
     """Keep the replaced answer as an earlier version (Regenerate)."""
 
 
+@dataclass(slots=True)
+class Reading:
+    """A long attached file being read in parts before its question is answered
+    (``web.attach``). It lives on the server, not in a tab: a reload finds it again."""
+
+    user_id: int
+    conversation_id: int
+    name: str
+    chars: int
+    state: str = "reading"
+    """reading | answering (the answer ``sid`` is ready) | stopped | failed"""
+    done: int = 0
+    total: int = 0
+    parts: int = 0
+    sid: str | None = None
+    error: str = ""
+    finished_at: float | None = None
+    task: asyncio.Task[None] | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set (and replaced) at every change, to wake the pages that watch."""
+
+    @property
+    def status(self) -> str:
+        """Where the reading stands, in words: "Reading part 2 of 5 of “notes.pdf”…"."""
+        if self.total == 0 or self.parts == 1:  # not begun, or short enough to read whole
+            return f"Reading “{self.name}”…"
+        if self.done < self.parts:
+            return f"Reading part {self.done + 1} of {self.parts} of “{self.name}”…"
+        return f"Putting the notes on {self.parts} parts of “{self.name}” together…"
+
+    def touch(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+READING_KEPT_S = 120.0
+"""A finished reading is forgotten this long after its end (its result is stored)."""
+
+
 class WebState:
-    def __init__(self, services: Services, templates: Any) -> None:
+    def __init__(self, services: Services, templates: Any, jobs: JobService | None = None
+                 ) -> None:
         self.services = services
         self.answers: dict[str, LiveAnswer] = {}
-        self.hub = Hub(services, templates)
+        self.readings: dict[str, Reading] = {}
+        self.hub = Hub(services, templates, jobs)
 
     def add_answer(self, answer: LiveAnswer) -> str:
         self._expire(time.monotonic())
@@ -64,6 +108,26 @@ class WebState:
 
     def done(self, sid: str) -> None:
         self.answers.pop(sid, None)
+
+    def add_reading(self, reading: Reading) -> str:
+        now = time.monotonic()
+        for rid, r in list(self.readings.items()):
+            if r.finished_at is not None and now - r.finished_at > READING_KEPT_S:
+                del self.readings[rid]
+        rid = secrets.token_urlsafe(12)
+        self.readings[rid] = reading
+        return rid
+
+    def reading_in(self, conversation_id: int, user_id: int) -> tuple[str, Reading] | None:
+        """The reading a reloaded page shows: one still reading, or whose answer is ready
+        and not yet watched."""
+        for rid, r in self.readings.items():
+            if r.conversation_id != conversation_id or r.user_id != user_id:
+                continue
+            answer = self.answers.get(r.sid or "")
+            if r.state == "reading" or (answer is not None and not answer.connected):
+                return rid, r
+        return None
 
     def _expire(self, now: float) -> None:
         for sid, answer in list(self.answers.items()):

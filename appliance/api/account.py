@@ -17,10 +17,10 @@ from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.response import Redirect, Template
 
 from appliance.api.auth import SESSION_COOKIE, Principal, key_scope, new_key_class
+from appliance.api.common import decode_body
 from appliance.api.db import threaded
 from appliance.api.errors import ApiError, bad_request
-from appliance.api.service import decode_body
-from appliance.api.throttle import MAX_NAME_LENGTH, MAX_PASSWORD_LENGTH
+from appliance.service.throttle import MAX_NAME_LENGTH, MAX_PASSWORD_LENGTH
 from appliance.store import conversations as convs
 from appliance.store import keys as store_keys
 from appliance.store import ledger, preferences, users, websessions

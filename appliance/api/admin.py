@@ -13,11 +13,12 @@ import msgspec
 from litestar import Request, Router, delete, get, patch, post, put
 from litestar.datastructures import State
 from litestar.params import FromPath, JSONBody
+from sqlalchemy.orm import Session
 
 from appliance.api.account import key_json, usage_json
 from appliance.api.auth import admin_only, key_scope, new_key_class
+from appliance.api.common import decode_body
 from appliance.api.db import threaded
-from appliance.api.service import decode_body
 from appliance.store import keys as store_keys
 from appliance.store import ledger, limits, users, websessions
 from appliance.store.db import Store
@@ -69,7 +70,7 @@ def user_json(u: User) -> dict[str, Any]:
             "max_class": u.max_class, "weight": u.weight, "created_at": u.created_at}
 
 
-def _user(s: Any, uid: FromPath[int]) -> User:
+def _user(s: Session, uid: FromPath[int]) -> User:
     u = users.get_user(s, uid)
     if u is None:
         raise NotFound("no such user")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -27,6 +26,7 @@ from litestar.middleware.csrf import CSRFMiddleware
 from litestar.types import Receive, Scope, Send
 
 from appliance.api.errors import InvalidApiKey
+from appliance.service.identity import Principal
 from appliance.store import keys as store_keys
 from appliance.store import websessions
 from appliance.store.db import Store
@@ -35,27 +35,6 @@ from appliance.vocab import CLASS_LABELS, Klass
 SESSION_COOKIE = "appliance_session"
 API_PREFIXES = ("/v1/", "/v1", "/api/", "/hooks/")
 PUBLIC_PATHS = ("^/health$", "^/login$", "^/static/")
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    user_id: int
-    name: str
-    role: str
-    max_class: str
-    """The highest class this principal may use (user's and key's maximum combined)."""
-    key_id: int | None = None
-    default_class: str | None = None
-    """The class of a request that asks for none (a key's ``default_class``, capped);
-    None means ``max_class``."""
-
-    @property
-    def is_admin(self) -> bool:
-        return self.role == "admin"
-
-    @property
-    def klass(self) -> Klass:
-        return Klass.parse(self.max_class)
 
 
 def principal_for_key(store: Store, token: str, now: float | None = None

@@ -25,6 +25,7 @@ import msgspec
 from litestar import Request, post
 from litestar.datastructures import State
 
+from appliance.api.common import check_model, decode_body
 from appliance.api.errors import (
     ApiError,
     bad_request,
@@ -34,10 +35,11 @@ from appliance.api.errors import (
 )
 from appliance.api.ollama_models import ollama_name, require_model
 from appliance.api.ollama_options import parse_keep_alive
-from appliance.api.service import Services, check_model, decode_body, quota_error, quota_of
 from appliance.engine.core import EngineDown, EngineStopping
 from appliance.engine.request import new_request_id
 from appliance.sched.quota import check_admission
+from appliance.service.checks import over_quota, quota_of
+from appliance.service.services import Services
 from appliance.store.ledger import LedgerRecord
 from appliance.vocab import DAY_S, FinishReason, Klass
 
@@ -111,7 +113,7 @@ async def _admit(services: Services, principal: Principal, tokens: int) -> None:
     verdict = check_admission(quota, usage.total(key, now), 0, tokens, 0, Klass.BACKGROUND,
                               principal.klass, now, now - DAY_S, usage.events(key, now))
     if verdict is not None:
-        raise quota_error(verdict)
+        raise over_quota(verdict)
 
 
 def _account(services: Services, principal: Principal, endpoint: str, tokens: int,

@@ -1,4 +1,5 @@
-"""OpenAI-shaped errors: ``{"error": {"message", "type", "code"}}`` for every failure."""
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "code"}}`` for every failure, and
+the service's domain errors mapped to them (Ollama's ``{"error": "..."}`` under ``/api/``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,19 @@ from typing import Any
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, NotAuthorizedException
 
+from appliance.service.errors import (
+    Busy,
+    EngineUnavailable,
+    InvalidRequest,
+    OverQuota,
+    ServiceError,
+    ShuttingDown,
+    StorageUnavailable,
+    Unavailable,
+)
 from appliance.store.faults import driver_message, is_busy, storage_fault
 
 log = logging.getLogger(__name__)
-
-RETRY_AFTER_BUSY_S = 2
-
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
@@ -36,21 +44,40 @@ def bad_request(message: str, code: str = "invalid_value", param: str | None = N
     return ApiError(400, message, "invalid_request_error", code, param=param)
 
 
+# The service's refusals on the wire: (status, OpenAI type); the first class that matches
+# wins, so subclasses come before their bases.
+_SERVICE_WIRE: tuple[tuple[type[ServiceError], int, str], ...] = (
+    (InvalidRequest, 400, "invalid_request_error"),
+    (OverQuota, 429, "rate_limit_error"),
+    (Busy, 503, "overloaded"),
+    (ShuttingDown, 503, "overloaded"),
+    (Unavailable, 503, "server_error"),
+)
+
+
+def as_api_error(exc: ServiceError) -> ApiError:
+    """A domain error as the API's error (status, body, ``Retry-After``)."""
+    status, type_ = next(((status, type_) for kind, status, type_ in _SERVICE_WIRE
+                          if isinstance(exc, kind)), (500, "server_error"))
+    headers = {} if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
+    return ApiError(status, exc.message, type_, exc.code, headers=headers, param=exc.param)
+
+
+def service_error_handler(request: Request, exc: ServiceError) -> Response:
+    return api_error_handler(request, as_api_error(exc))
+
+
 def busy() -> ApiError:
-    return ApiError(503, "Server is busy. Retry later.", "overloaded", "overloaded",
-                    headers={"Retry-After": str(RETRY_AFTER_BUSY_S)})
+    return as_api_error(Busy())
 
 
 def shutting_down() -> ApiError:
-    return ApiError(503, "The server is shutting down. Retry later.", "overloaded",
-                    "shutting_down", headers={"Retry-After": "10"})
+    return as_api_error(ShuttingDown())
 
 
 def engine_down(reason: str | None) -> ApiError:
     """The engine stopped serving (dead or stalled thread); the daemon is restarting."""
-    return ApiError(503, f"The inference engine is not serving ({reason or 'unknown'}); the "
-                    "server is restarting. Retry later.", "server_error", "engine_unavailable",
-                    headers={"Retry-After": "10"})
+    return as_api_error(EngineUnavailable(reason))
 
 
 def backend_error(message: str | None = None) -> ApiError:
@@ -130,14 +157,11 @@ LIMIT_ERROR_HANDLERS: dict[int | type[Exception], Any] = {
 
 
 RETRY_AFTER_DB_BUSY_S = 5
-RETRY_AFTER_STORAGE_S = 10
 
 
 def storage_unavailable(reason: str) -> ApiError:
     """The database takes no writes (disk full, read-only file, I/O error)."""
-    return ApiError(503, f"The server cannot save anything right now ({reason}); nothing was "
-                    "changed. Retry later.", "server_error", "storage_unavailable",
-                    headers={"Retry-After": str(RETRY_AFTER_STORAGE_S)})
+    return as_api_error(StorageUnavailable(reason))
 
 
 def database_error(request: Request, exc: Exception) -> ApiError | None:

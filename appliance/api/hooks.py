@@ -10,7 +10,7 @@ far are the answer. Only what may be spoken is sent: a tool call's markup never 
 model that asks for a tool gets a plain sentence said instead (the hook runs no tools; see
 :mod:`appliance.api.voice_text`). ``stream: true`` sends Server-Sent Events: one ``sentence`` event per
 finished sentence (to start speaking early), then ``done`` with the answer object.
-Conversations are remembered server-side (:mod:`appliance.api.voice_memory`).
+Conversations are remembered server-side (:mod:`appliance.service.voice_memory`).
 Errors use the OpenAI shape of ``/v1``.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,14 +28,16 @@ from litestar import Request, post
 from litestar.datastructures import State
 from litestar.response import Stream
 
+from appliance.api.common import decode_body
 from appliance.api.errors import ApiError, bad_request
 from appliance.api.ollama_stream import finish_error
-from appliance.api.openai import EventStream
 from appliance.api.schemas import SamplingFields
-from appliance.api.service import Generation, Services, decode_body, submit
-from appliance.api.voice_memory import SentenceSplitter
+from appliance.api.streams import EventStream
 from appliance.api.voice_text import CANNOT_ACT, SpokenText
 from appliance.engine.request import FinishEvent, RequestHandle, TokenEvent
+from appliance.service.generation import Generation, submit
+from appliance.service.services import Services
+from appliance.service.voice_memory import SentenceSplitter
 from appliance.vocab import FinishReason
 
 ENDPOINT = "/hooks/voice"
@@ -205,7 +207,7 @@ def _sse_event(name: str, data: dict[str, Any]) -> bytes:
 
 
 def _sse(gen: Generation, answer: Answer, deadline: float, cid: str,
-         remember: Any) -> Stream:
+         remember: Callable[[], None]) -> Stream:
     async def body() -> AsyncIterator[bytes]:
         split = SentenceSplitter()
         try:

@@ -18,10 +18,13 @@ from litestar import Request, Response, delete, get, patch, post
 from litestar.datastructures import State
 from litestar.params import FromPath
 
+from appliance.api.common import decode_body
 from appliance.api.errors import ApiError
-from appliance.api.service import Services, decode_body
 from appliance.jobs import definition
+from appliance.jobs.runner import JobService
 from appliance.jobs.schedule import describe, in_words, make_trigger, next_times
+from appliance.service.identity import Principal
+from appliance.service.services import Services
 from appliance.store import jobs as store_jobs
 from appliance.store.errors import NotFound
 from appliance.store.models import Job, JobRun, User
@@ -66,13 +69,12 @@ def job_fields(job: Job) -> dict[str, Any]:
 SCHEDULE_FIELDS = ("schedule_kind", "cron", "interval_s")
 
 
-def validate_for(services: Services, fields: dict[str, Any], owner_is_admin: bool,
+def validate_for(jobs: JobService, fields: dict[str, Any], owner_is_admin: bool,
                  now: float | None = None, *, floor: bool = True) -> dict[str, Any]:
     """``floor``: check the owner's shortest schedule (an edit that leaves the schedule as
     it was skips it, so a job stored before the rule can still be paused or renamed)."""
-    svc = services.jobs
-    return definition.validate(fields, svc.limits, svc.guard(owner_is_admin), now=now,
-                               min_interval_s=svc.min_interval(owner_is_admin) if floor else 0)
+    return definition.validate(fields, jobs.limits, jobs.guard(owner_is_admin), now=now,
+                               min_interval_s=jobs.min_interval(owner_is_admin) if floor else 0)
 
 
 def run_json(run: JobRun, *, output: bool = False) -> dict[str, Any]:
@@ -92,9 +94,8 @@ def run_json(run: JobRun, *, output: bool = False) -> dict[str, Any]:
     return out
 
 
-def job_json(services: Services, job: Job, owner: str, last: JobRun | None = None
+def job_json(svc: JobService, job: Job, owner: str, last: JobRun | None = None
              ) -> dict[str, Any]:
-    svc = services.jobs
     now = datetime.now(svc.zone)
     trigger = make_trigger(job.schedule_kind, job.cron, job.interval_s, job.created_at, svc.zone)
     upcoming = [] if job.paused else next_times(trigger, now, 3)
@@ -119,33 +120,33 @@ def job_json(services: Services, job: Job, owner: str, last: JobRun | None = Non
 
 
 # ---- blocking parts (worker threads) ----
-def _list(services: Services, viewer: Any) -> list[dict[str, Any]]:
-    with services.store.read_sessions() as s:
+def _list(jobs: JobService, viewer: Principal) -> list[dict[str, Any]]:
+    with jobs.services.store.read_sessions() as s:
         names = store_jobs.owner_names(s)
-        jobs = store_jobs.list_jobs(s, None if viewer.is_admin else viewer.user_id)
-        lasts = {j.id: next(iter(store_jobs.list_runs(s, j.id, limit=1)), None) for j in jobs}
-    return [job_json(services, j, names.get(j.user_id, "?"), lasts[j.id]) for j in jobs]
+        found = store_jobs.list_jobs(s, None if viewer.is_admin else viewer.user_id)
+        lasts = {j.id: next(iter(store_jobs.list_runs(s, j.id, limit=1)), None) for j in found}
+    return [job_json(jobs, j, names.get(j.user_id, "?"), lasts[j.id]) for j in found]
 
 
-def _get(services: Services, viewer: Any, job_id: int) -> dict[str, Any]:
-    with services.store.read_sessions() as s:
+def _get(jobs: JobService, viewer: Principal, job_id: int) -> dict[str, Any]:
+    with jobs.services.store.read_sessions() as s:
         job = store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
         owner = s.get(User, job.user_id)
         last = next(iter(store_jobs.list_runs(s, job.id, limit=1)), None)
-    return job_json(services, job, owner.name if owner else "?", last)
+    return job_json(jobs, job, owner.name if owner else "?", last)
 
 
-def create(services: Services, viewer: Any, fields: dict[str, Any]) -> dict[str, Any]:
+def create(jobs: JobService, viewer: Principal, fields: dict[str, Any]) -> dict[str, Any]:
     now = time.time()
-    clean = validate_for(services, fields, viewer.is_admin, now)
-    with services.store.sessions.begin() as s:
+    clean = validate_for(jobs, fields, viewer.is_admin, now)
+    with jobs.services.store.sessions.begin() as s:
         job = store_jobs.create_job(s, viewer.user_id, clean, now=now)
-    return job_json(services, job, viewer.name)
+    return job_json(jobs, job, viewer.name)
 
 
-def edit(services: Services, viewer: Any, job_id: int, changes: dict[str, Any]
+def edit(jobs: JobService, viewer: Principal, job_id: int, changes: dict[str, Any]
          ) -> dict[str, Any]:
-    with services.store.sessions.begin() as s:
+    with jobs.services.store.sessions.begin() as s:
         job = store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
         owner = s.get(User, job.user_id)
         assert owner is not None
@@ -154,26 +155,26 @@ def edit(services: Services, viewer: Any, job_id: int, changes: dict[str, Any]
             merged["headers"] = json.loads(job.headers)
         if changes.get("source_kind", job.source_kind) != job.source_kind:
             merged.setdefault("source_text", None)
-        clean = validate_for(services, merged, owner.role == "admin", job.created_at,
+        clean = validate_for(jobs, merged, owner.role == "admin", job.created_at,
                              floor=any(k in changes for k in SCHEDULE_FIELDS))
         store_jobs.update_job(s, job, clean)
         name = owner.name
-    return job_json(services, job, name)
+    return job_json(jobs, job, name)
 
 
-def _delete(services: Services, viewer: Any, job_id: int) -> None:
+def _delete(services: Services, viewer: Principal, job_id: int) -> None:
     with services.store.sessions.begin() as s:
         job = store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
         store_jobs.delete_job(s, job)
 
 
-def _runs(services: Services, viewer: Any, job_id: int) -> list[dict[str, Any]]:
+def _runs(services: Services, viewer: Principal, job_id: int) -> list[dict[str, Any]]:
     with services.store.read_sessions() as s:
         store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
         return [run_json(r) for r in store_jobs.list_runs(s, job_id, limit=RUNS_LIMIT)]
 
 
-def _run(services: Services, viewer: Any, job_id: int, run_id: int) -> dict[str, Any]:
+def _run(services: Services, viewer: Principal, job_id: int, run_id: int) -> dict[str, Any]:
     with services.store.read_sessions() as s:
         store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
         run = store_jobs.get_run(s, run_id)
@@ -182,51 +183,47 @@ def _run(services: Services, viewer: Any, job_id: int, run_id: int) -> dict[str,
         return run_json(run, output=True)
 
 
-def _check(services: Services, viewer: Any, job_id: int) -> None:
+def _check(services: Services, viewer: Principal, job_id: int) -> None:
     with services.store.read_sessions() as s:
         store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
 
 
-def _require_jobs(services: Services) -> Any:
-    if services.jobs is None:
+def job_service(state: State) -> JobService:
+    """The job scheduler (``create_app``'s ``jobs``); a 503 where this process has none."""
+    jobs: JobService | None = state.get("jobs")
+    if jobs is None:
         raise ApiError(503, "Jobs are not available in this process.", "overloaded")
-    return services.jobs
+    return jobs
 
 
 # ---- handlers ----
 @get("/jobs")
 async def list_jobs(request: Request, state: State) -> list[dict[str, Any]]:
-    services = _services(state)
-    _require_jobs(services)
-    return await anyio.to_thread.run_sync(_list, services, request.user)
+    return await anyio.to_thread.run_sync(_list, job_service(state), request.user)
 
 
 @post("/jobs", status_code=201)
 async def create_job(request: Request, state: State) -> dict[str, Any]:
-    services = _services(state)
-    svc = _require_jobs(services)
+    svc = job_service(state)
     fields = body_fields(decode_body(await request.body(), JobBody))
-    made = await anyio.to_thread.run_sync(create, services, request.user, fields)
+    made = await anyio.to_thread.run_sync(create, svc, request.user, fields)
     svc.reschedule()
     return made
 
 
 @get("/jobs/{job_id:int}")
 async def get_job(request: Request, state: State, job_id: FromPath[int]) -> dict[str, Any]:
-    services = _services(state)
-    _require_jobs(services)
-    return await anyio.to_thread.run_sync(_get, services, request.user, job_id)
+    return await anyio.to_thread.run_sync(_get, job_service(state), request.user, job_id)
 
 
 @patch("/jobs/{job_id:int}")
 async def edit_job(request: Request, state: State, job_id: FromPath[int]) -> dict[str, Any]:
-    services = _services(state)
-    svc = _require_jobs(services)
+    svc = job_service(state)
     changes = body_fields(decode_body(await request.body(), JobBody))
     if not changes:
         raise ApiError(400, "Nothing to change: send at least one field.",
                        code="invalid_value")
-    done = await anyio.to_thread.run_sync(edit, services, request.user, job_id, changes)
+    done = await anyio.to_thread.run_sync(edit, svc, request.user, job_id, changes)
     svc.reschedule()
     return done
 
@@ -234,7 +231,7 @@ async def edit_job(request: Request, state: State, job_id: FromPath[int]) -> dic
 @delete("/jobs/{job_id:int}", status_code=204)
 async def delete_job(request: Request, state: State, job_id: FromPath[int]) -> None:
     services = _services(state)
-    svc = _require_jobs(services)
+    svc = job_service(state)
     await anyio.to_thread.run_sync(_delete, services, request.user, job_id)
     svc.forget(job_id)
 
@@ -242,7 +239,7 @@ async def delete_job(request: Request, state: State, job_id: FromPath[int]) -> N
 @post("/jobs/{job_id:int}/run", status_code=202)
 async def run_job(request: Request, state: State, job_id: FromPath[int]) -> dict[str, Any]:
     services = _services(state)
-    svc = _require_jobs(services)
+    svc = job_service(state)
     await anyio.to_thread.run_sync(_check, services, request.user, job_id)
     run_id = await svc.run_now(job_id)
     return await anyio.to_thread.run_sync(_run, services, request.user, job_id, run_id)
@@ -266,7 +263,7 @@ async def get_run(request: Request, state: State, job_id: FromPath[int],
 async def cancel_run(request: Request, state: State, job_id: FromPath[int],
                      run_id: FromPath[int]) -> Response[dict[str, Any]]:
     services = _services(state)
-    svc = _require_jobs(services)
+    svc = job_service(state)
     await anyio.to_thread.run_sync(_run, services, request.user, job_id, run_id)
     cancelled = await svc.cancel(run_id)
     if not cancelled:

@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from appliance.api.auth import admin_only
-from appliance.api.service import Services
+from appliance.service.services import Services
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -10,7 +10,7 @@ from litestar import Response, get
 from litestar.datastructures import State
 
 from appliance.api.auth import admin_only
-from appliance.api.service import Services
+from appliance.service.services import Services
 
 
 @get("/health", sync_to_thread=False)

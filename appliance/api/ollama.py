@@ -1,6 +1,6 @@
 """The Ollama-compatible API under ``/api``: what Home Assistant and the ``ollama`` client call.
 
-Thin handlers over :mod:`appliance.api.service`, like the OpenAI ones: same quotas, classes,
+Thin handlers over :mod:`appliance.service`, like the OpenAI ones: same quotas, classes,
 fairness and ledger. Streams are NDJSON (:mod:`appliance.api.ollama_stream`); errors are
 Ollama's ``{"error": "..."}`` (``errors.api_error_handler`` picks the shape by path).
 ``/api/tags``, ``/api/ps``, ``/api/show`` and ``/api/version`` read cached facts and the
@@ -17,9 +17,8 @@ from litestar import Request, get, head, post
 from litestar.datastructures import State
 
 from appliance import __version__
-from appliance.api import chat_format
 from appliance.api.auth import request_class
-from appliance.api.chat_format import Delta, OutputParser
+from appliance.api.common import decode_body
 from appliance.api.errors import bad_request
 from appliance.api.ollama_fit import answer_reserve, fit_context, fit_turns
 from appliance.api.ollama_models import (
@@ -42,16 +41,11 @@ from appliance.api.ollama_stream import (
     stream_response,
 )
 from appliance.api.openai import CLASS_HEADER
-from appliance.api.service import (
-    Generation,
-    Services,
-    check_context,
-    check_prompt_size,
-    decode_body,
-    off_loop,
-    submit,
-    user_chars,
-)
+from appliance.service import chat_format
+from appliance.service.chat_format import Delta, OutputParser
+from appliance.service.checks import check_context, check_prompt_size, user_chars
+from appliance.service.generation import Generation, off_loop, submit
+from appliance.service.services import Services
 from appliance.vocab import FinishReason
 
 OLLAMA_API_VERSION = "0.12.0"

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from appliance.api.service import check_context
+from appliance.service.checks import check_context
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.api.errors import ApiError
-from appliance.api.service import ModelInfo
+from appliance.service.services import ModelInfo
 
 LATEST = ":latest"
 

@@ -22,8 +22,8 @@ from appliance.api.errors import ApiError, bad_request
 from appliance.api.ollama_models import matches, model_facts, ollama_name
 from appliance.api.ollama_schemas import ModelBody
 from appliance.api.ollama_stream import line, stream_response
-from appliance.api.service import Services
 from appliance.models import PULL_PATTERNS
+from appliance.service.services import Services
 
 
 def _served(services: Services) -> list[dict[str, Any]]:

@@ -18,9 +18,10 @@ from typing import Any
 from litestar.response import Stream
 from litestar.types import Receive
 
+from appliance.api.common import while_connected
 from appliance.api.errors import ApiError, backend_error, engine_down
-from appliance.api.service import Generation
 from appliance.engine.request import FinishEvent, TokenEvent
+from appliance.service.generation import Generation
 
 NDJSON = "application/x-ndjson"
 
@@ -109,8 +110,8 @@ async def ndjson(gen: Generation, clock: Clock, pieces: Pieces,
 async def collect(gen: Generation, clock: Clock, pieces: Pieces, receive: Receive
                   ) -> tuple[dict[str, Any], FinishEvent]:
     """The whole answer's fields (``stream: false``); a client that leaves first cancels
-    the request (:meth:`Generation.while_connected`)."""
-    return await gen.while_connected(receive, _collect(gen, clock, pieces))
+    the request (:func:`appliance.api.common.while_connected`)."""
+    return await while_connected(gen, receive, _collect(gen, clock, pieces))
 
 
 def finish_error(finish: FinishEvent) -> ApiError:
@@ -134,7 +135,7 @@ async def _collect(gen: Generation, clock: Clock, pieces: Pieces
 
 
 class NdjsonStream(Stream):
-    """A Stream whose own media type wins over the route's (as ``openai.EventStream``)."""
+    """A Stream whose own media type wins over the route's (as ``streams.EventStream``)."""
 
     def to_asgi_response(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["media_type"] = self.media_type

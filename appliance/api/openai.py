@@ -1,4 +1,4 @@
-"""OpenAI-compatible endpoints: thin handlers over :mod:`appliance.api.service`."""
+"""OpenAI-compatible endpoints: thin handlers over :mod:`appliance.service`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from appliance.api.auth import request_class
-from appliance.api.chat_format import Delta, OutputParser
+from appliance.api.common import check_model, decode_body, text_while_connected
 from appliance.api.errors import ApiError, backend_error, bad_request, engine_down
 from appliance.api.openai_chat import (
     finish_reason,
@@ -23,17 +23,13 @@ from appliance.api.openai_chat import (
     stream_deltas,
 )
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
-from appliance.api.service import (
-    Generation,
-    Services,
-    check_model,
-    check_prompt_size,
-    decode_body,
-    off_loop,
-    submit,
-    user_chars,
-)
+from appliance.api.streams import SSE_HEADERS, EventStream
 from appliance.engine.request import FinishEvent, TokenEvent
+from appliance.service.chat_format import Delta, OutputParser
+from appliance.service.checks import check_prompt_size, user_chars
+from appliance.service.generation import Generation, off_loop, submit
+from appliance.service.services import Services
+from appliance.service.structured import Constraint
 from appliance.vocab import FinishReason
 
 CLASS_HEADER = "x-appliance-class"
@@ -119,19 +115,10 @@ async def _stream(gen: Generation, kind: str, rid: str, model: str,
         gen.close()
 
 
-class EventStream(Stream):
-    """A Stream whose own media type wins over the route's (Litestar 2.25 prefers the route's)."""
-
-    def to_asgi_response(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs["media_type"] = self.media_type
-        return super().to_asgi_response(*args, **kwargs)
-
-
 def _stream_response(gen: Generation, kind: str, rid: str, model: str,
                      include_usage: bool, parser: OutputParser | None = None) -> Stream:
     return EventStream(_stream(gen, kind, rid, model, include_usage, parser),
-                  media_type="text/event-stream",
-                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                       media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -182,7 +169,7 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 async def _respond(request: Request, services: Services,
                    body: ChatCompletionRequest | CompletionRequest, prompt: list[int],
                    max_tokens: int | None, kind: str, parser: OutputParser | None = None,
-                   constraint: Any = None, grammar: str | None = None) -> Any:
+                   constraint: Constraint | None = None, grammar: str | None = None) -> Any:
     """Queue the request, then stream it (SSE) or answer with the whole text."""
     endpoint = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
     gen = await submit(services, prompt, body, max_tokens, request.user,
@@ -192,7 +179,7 @@ async def _respond(request: Request, services: Services,
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return _stream_response(gen, kind, rid, services.model.name, include_usage, parser)
-    text, finish = await gen.text_while_connected(request.receive)
+    text, finish = await text_while_connected(gen, request.receive)
     if finish.reason is FinishReason.ERROR:
         raise engine_down(finish.error) if finish.unavailable else backend_error(finish.error)
     if kind == "chat" and parser is not None:

@@ -16,7 +16,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.api.chat_format import (
+from appliance.api.common import chat_turns
+from appliance.api.errors import bad_request
+from appliance.api.schemas import ChatCompletionRequest
+from appliance.service.chat_format import (
     Delta,
     OutputParser,
     ToolCall,
@@ -24,10 +27,7 @@ from appliance.api.chat_format import (
     supports_thinking,
     tool_names,
 )
-from appliance.api.errors import bad_request
-from appliance.api.schemas import ChatCompletionRequest
-from appliance.api.service import chat_turns
-from appliance.api.structured import JSON_OBJECT, Constraint, tag_term, tool_call_grammar
+from appliance.service.structured import JSON_OBJECT, Constraint, tag_term, tool_call_grammar
 from appliance.vocab import FinishReason
 
 JSON_TOOL_PARSERS = {"json_tools"}

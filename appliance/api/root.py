@@ -15,6 +15,7 @@ import anyio
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from appliance.api.auth import SESSION_COOKIE, principal_for_key
+from appliance.service.services import Services
 
 RUNNING = b"Ollama is running"
 
@@ -58,7 +59,7 @@ def ollama_root(app: ASGIApp) -> ASGIApp:
         head = scope.get("method") == "HEAD"
         header = _header(scope, b"authorization")
         if header[:7].lower() == "bearer ":
-            services: Any = scope["app"].state.services
+            services: Services = scope["app"].state.services
             who = await anyio.to_thread.run_sync(principal_for_key, services.store,
                                                  header[7:].strip())
             if who is None:

@@ -1,8 +1,8 @@
-"""Benchmarks that run beside `mlx_lm.server` on the same model and report ratios.
+"""`appliance bench`: this machine's figures, measured against the running daemon.
 
-`appliance.bench.serve` is the serving benchmark (`appliance bench serve`; its statistics and
-report in `serve_stats`). Shared parts: `chat_load` (the closed-loop chat clients, the
-request body, the warm-up), `client` (one streamed request, timed), `process` (servers under test as child processes),
-`provision` (a throwaway data dir with the benchmark's users and keys) and `report` (model
-facts, ratios, where the report is kept); percentiles are `appliance.percentiles`.
+A thin client, like vLLM's ``vllm bench serve``: streamed chat completions through the
+OpenAI API at a few concurrencies, then throughput, TTFT and inter-token latency per level
+as a small table (and JSON with ``--json``). It starts nothing and imports no MLX. The lab
+that compares the appliance with other servers lives in the repository's ``bench/``
+(docs/PERFORMANCE.md), not in the installed package.
 """

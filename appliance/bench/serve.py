@@ -1,595 +1,267 @@
-"""`appliance bench serve`: our server against `mlx_lm.server` on the same model, same run.
+"""Closed-loop streaming clients against a running daemon, and their figures.
 
-Each server is started alone (one at a time) on a free 127.0.0.1 port with the same
-environment (OpenBLAS preloaded by default on Linux), warmed up, then driven by C = 1, 2, 4, 8
-concurrent streaming chat clients; each client sends N requests back to back. For every level
-we report aggregate output tokens/s, TTFT p50/p95 (request sent → first text chunk) and
-inter-token latency p50/p95 (gaps between text chunks), and the ratios ours/mlx_lm. The
-machine is shared and noisy, so only the ratios measured in the same run mean much. With
-``--stagger-ms MS`` every level runs a second time with its clients starting MS ms apart,
-and the report sets the running streams' ITL p95 then against the steady run's.
-
-Run: ``python -m appliance.bench.serve [--model DIR] [--requests-per-client N] [--json PATH]``.
+At each concurrency C, C clients each send ``--requests`` streamed chat completions back to
+back (greedy, a distinct prompt each, so no prompt-cache hit replays an answer). Per level:
+output tokens per second over the level's wall time, TTFT p50/p95 (request sent → first
+text chunk) and inter-token latency p50/p95 (gaps between text chunks). Token counts are the
+server's ``usage`` (``stream_options.include_usage``), else the number of text chunks.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
+import json
 import os
 import platform
-import shlex
-import subprocess
 import sys
+import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import httpx
 
-from appliance.bench.chat_load import Target, Workload, discover_model, run_level, warm_up
-from appliance.bench.client import RequestTiming
-from appliance.bench.process import (
-    OPENBLAS_PATH,
-    ServerProcess,
-    ServerStartError,
-    blas_facts,
-    blas_report,
-    default_blas,
-    free_port,
-    run_guarded,
-    running,
-    server_env,
-    wait_ready,
+from appliance.bench.args import API_KEY_ENV
+from appliance.percentiles import percentile
+from appliance.settings import Settings
+
+QUESTIONS = (
+    "What is a simple way to keep fresh herbs from wilting in the kitchen for a week?",
+    "Our radiator knocks every morning when the heating comes on. What usually causes that?",
+    "Suggest three quick vegetarian dinners a ten year old would enjoy.",
+    "How often should I clean the filter of a dishwasher?",
+    "Explain why the sky is blue during the day and red at sunset, as if to a child.",
+    "What should a family pack in a small emergency kit for a two-day power cut in winter?",
+    "How do I remove a day-old red wine stain from a light cotton tablecloth?",
+    "Give me a fair weekly chore rota for two adults and two teenagers.",
 )
-from appliance.bench.provision import DATA_DIR_ENV, BenchUser, provision
-from appliance.bench.report import (
-    display_command,
-    git_commit,
-    model_facts,
-    relative,
-    safe_ratio,
-    write_report,
-)
-from appliance.bench.serve_stats import (
-    MLX_LM,
-    OURS,
-    LevelStats,
-    compute_ratios,
-    fmt_ms,
-    fmt_rate,
-    render_report,
-    summarize_level,
-)
-from appliance.vocab import Klass
-
-SERVER_NAMES = (OURS, MLX_LM)
-HOST = "127.0.0.1"
-DEFAULT_MODEL_SHAPE = "smollm-135m"
-DEFAULT_MODEL_DIR = Path(".bench/models") / DEFAULT_MODEL_SHAPE
-DEFAULT_OUTPUT_ROOT = Path(".bench/serve")
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-# --------------------------------------------------------------------------------------
-# servers
-# --------------------------------------------------------------------------------------
+class BenchError(Exception):
+    """Why the benchmark cannot run (no daemon, a refused key): one line for the user."""
 
 
-@dataclass
-class Config:
-    model_dir: Path
-    servers: list[str]
-    workload: Workload
-    max_batch_size: int
-    blas: str
-    api_key: str | None
-    our_cmd: list[str]
-    our_env: dict[str, str]
-    mlx_cmd: list[str]
-    output_dir: Path
-    ready_timeout_s: float
-    command: str
-    rounds: int = 1
-    auth: str = "none"
+@dataclass(slots=True)
+class Timing:
+    """What the client saw of one streamed request; times in seconds since it was sent."""
+
+    chunk_times: list[float] = field(default_factory=list)
+    usage_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.usage_tokens if self.usage_tokens is not None else len(self.chunk_times)
+
+    @property
+    def gaps(self) -> list[float]:
+        times = self.chunk_times
+        return [b - a for a, b in zip(times, times[1:], strict=False)]
 
 
-def server_argv(name: str, cfg: Config, port: int) -> list[str]:
-    """The full command line of one server under test."""
-    common = ["--model", str(cfg.model_dir), "--host", HOST, "--port", str(port)]
-    if name == OURS:
-        return [*cfg.our_cmd, *common, "--max-batch-size", str(cfg.max_batch_size)]
-    # mlx_lm batches up to --decode-concurrency sequences (default 32) and prefills up to
-    # --prompt-concurrency prompts together (default 8): cap both at our max batch size.
-    batch = str(cfg.max_batch_size)
-    return [*cfg.mlx_cmd, *common, "--decode-concurrency", batch, "--prompt-concurrency", batch]
-
-
-def make_server(name: str, cfg: Config, port: int, log: Path) -> ServerProcess:
-    env = server_env(cfg.blas)
-    if name == OURS:
-        # Our CLI preloads OpenBLAS by itself unless told otherwise: keep both servers on
-        # the same BLAS.
-        env["APPLIANCE_BLAS"] = cfg.blas
-        env.update(cfg.our_env)
-    return ServerProcess(
-        name=name,
-        argv=server_argv(name, cfg, port),
-        env=env,
-        log_path=log,
-    )
-
-
-def needs_provisioning(cfg: Config) -> bool:
-    """Our server needs an API key and the user gave neither a key nor a data directory."""
-    return OURS in cfg.servers and cfg.api_key is None and DATA_DIR_ENV not in cfg.our_env
-
-
-def apply_provisioning(cfg: Config, max_class: Klass = Klass.INTERACTIVE) -> None:
-    """Give our server a throwaway data dir (in the output directory) with one ``bench``
-    user and its key, when the user did not bring their own."""
-    if not needs_provisioning(cfg):
-        return
-    data_dir = (cfg.output_dir / "ours-data").resolve()
-    try:
-        key = provision(data_dir, [BenchUser("bench", max_class=max_class)],
-                        {**server_env(cfg.blas), **cfg.our_env})["bench"]
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        print(
-            f"[bench] could not provision an API key for ours ({exc}); pass --api-key "
-            f"and --our-env {DATA_DIR_ENV}=DIR",
-            file=sys.stderr,
-            flush=True,
-        )
-        return
-    cfg.api_key = key
-    cfg.auth = f"a throwaway 'bench' user and API key in {relative(data_dir)}"
-    cfg.our_env[DATA_DIR_ENV] = str(data_dir)
-    print(f"[bench] ours: bench user and API key in {data_dir}", file=sys.stderr, flush=True)
-
-
-@dataclass
-class LevelRun:
-    """Raw outcome of one concurrency level on one server start."""
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One concurrency level's figures (seconds; None where nothing was measured)."""
 
     concurrency: int
+    requests: int
+    errors: int
+    output_tokens: int
     wall_s: float
-    timings: list[RequestTiming]
-    staggered: bool = False
+    tokens_per_s: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    itl_p50_s: float | None
+    itl_p95_s: float | None
+    first_error: str | None = None
 
 
-def pool_runs(runs: Sequence[LevelRun], staggered: bool = False) -> list[LevelStats]:
-    """Per level (in first-seen order), every round's requests together; tok/s over the
-    summed wall time of that level's rounds. Steady runs only, or staggered ones only."""
-    by_level: dict[int, list[LevelRun]] = {}
-    for run in runs:
-        if run.staggered == staggered:
-            by_level.setdefault(run.concurrency, []).append(run)
-    return [
-        summarize_level(
-            level, [t for run in group for t in run.timings], sum(run.wall_s for run in group)
-        )
-        for level, group in by_level.items()
-    ]
+def summarize(concurrency: int, timings: Sequence[Timing], wall_s: float) -> Level:
+    ok = [t for t in timings if t.error is None]
+    tokens = sum(t.tokens for t in ok)
+    ttfts = [t.chunk_times[0] for t in ok if t.chunk_times]
+    gaps = [g for t in ok for g in t.gaps]
+    first_error = next((t.error for t in timings if t.error is not None), None)
+    return Level(concurrency=concurrency, requests=len(timings), errors=len(timings) - len(ok),
+                 output_tokens=tokens, wall_s=wall_s,
+                 tokens_per_s=tokens / wall_s if ok and wall_s > 0 else None,
+                 ttft_p50_s=percentile(ttfts, 50, "linear"),
+                 ttft_p95_s=percentile(ttfts, 95, "linear"),
+                 itl_p50_s=percentile(gaps, 50, "linear"),
+                 itl_p95_s=percentile(gaps, 95, "linear"), first_error=first_error)
 
 
-def stagger_comparison(runs: Sequence[LevelRun]) -> list[dict[str, Any]]:
-    """Per level run both ways: running streams' ITL p95 with clients all at once (steady)
-    and staggered, and staggered/steady (the goal: at most 1.5)."""
-    steady = {s.concurrency: s for s in pool_runs(runs)}
-    rows = []
-    for s in pool_runs(runs, staggered=True):
-        base = steady.get(s.concurrency)
-        rows.append({"concurrency": s.concurrency,
-                     "itl_p95_steady_s": base.itl_p95_s if base else None,
-                     "itl_p95_staggered_s": s.itl_p95_s, "itl_max_staggered_s": s.itl_max_s,
-                     "ratio": safe_ratio(s.itl_p95_s, base.itl_p95_s if base else None),
-                     "errors": s.errors})
-    return rows
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:,.0f}"
 
 
-def round_order(servers: Sequence[str], round_index: int) -> list[str]:
-    """A B, then B A, ...: drift on a noisy machine hits both servers alike over 2 rounds."""
-    return list(servers) if round_index % 2 == 0 else list(reversed(servers))
+def render_table(levels: Sequence[Level]) -> str:
+    """A Markdown table, one row per level."""
+    rows = ["| C | requests | errors | tok/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms "
+            "| ITL p95 ms |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for lv in levels:
+        rate = "-" if lv.tokens_per_s is None else f"{lv.tokens_per_s:,.1f}"
+        rows.append(f"| {lv.concurrency} | {lv.requests} | {lv.errors} | {rate} "
+                    f"| {_ms(lv.ttft_p50_s)} | {_ms(lv.ttft_p95_s)} | {_ms(lv.itl_p50_s)} "
+                    f"| {_ms(lv.itl_p95_s)} |")
+    return "\n".join(rows)
 
 
-def combine_flags(values: Sequence[bool | None]) -> bool | None:
-    """All true → True; any false → False; otherwise (unchecked somewhere) None."""
-    if any(v is False for v in values):
-        return False
-    return True if values and all(v is True for v in values) else None
+def prompt(serial: int, words: int) -> str:
+    text = f"(Question {serial}) {QUESTIONS[serial % len(QUESTIONS)]}"
+    if words > 0:
+        filler = QUESTIONS[(serial + 1) % len(QUESTIONS)].split()
+        text += " Context: " + " ".join(filler[i % len(filler)] for i in range(words))
+    return text
 
 
-def log_path(cfg: Config, name: str, round_index: int) -> Path:
-    suffix = "" if cfg.rounds == 1 else f"-round{round_index + 1}"
-    return cfg.output_dir / f"{name}{suffix}.log"
+@dataclass(frozen=True, slots=True)
+class Plan:
+    url: str
+    headers: dict[str, str]
+    model: str | None
+    concurrency: list[int]
+    requests: int
+    max_tokens: int
+    prompt_words: int
+    timeout_s: float
 
 
-async def bench_one_server(
-    name: str, cfg: Config, round_index: int, runs: list[LevelRun]
-) -> dict[str, Any]:
-    """Start one server, warm it up, run every level (appending to `runs`), stop it."""
-    port = free_port(HOST)
-    server = make_server(name, cfg, port, log_path(cfg, name, round_index))
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    info: dict[str, Any] = {
-        "round": round_index + 1,
-        "command": display_command(server.argv),
-        "log": relative(server.log_path),
-        "env_overrides": {k: v for k, v in sorted(server.env.items()) if os.environ.get(k) != v},
-        "error": None,
-    }
-    print(f"[bench] starting {name}: {info['command']}", file=sys.stderr, flush=True)
+def body(plan: Plan, serial: int, max_tokens: int) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "messages": [{"role": "user", "content": prompt(serial, plan.prompt_words)}],
+        "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+        "stream_options": {"include_usage": True}}
+    if plan.model is not None:
+        out["model"] = plan.model
+    return out
+
+
+def text_in(choice: dict[str, Any]) -> bool:
+    """Whether a streamed choice carries generated text (an answer's or its thinking's)."""
+    delta = choice.get("delta") or {}
+    return bool(delta.get("content") or delta.get("reasoning_content"))
+
+
+async def one_request(client: httpx.AsyncClient, plan: Plan, payload: dict[str, Any]
+                      ) -> Timing:
+    timing = Timing()
+    sent = time.perf_counter()
     try:
-        with running(server):
-            await drive_server(name, cfg, server, port, headers, info, runs)
-    except (ServerStartError, RuntimeError, httpx.HTTPError, OSError) as exc:
-        print(f"[bench] {name} failed: {exc}", file=sys.stderr, flush=True)
-        info["error"] = str(exc)
-    info["exit_code"] = server.proc.returncode if server.proc else None
-    return info
+        async with client.stream("POST", "/v1/chat/completions", json=payload) as resp:
+            if resp.status_code != 200:
+                detail = (await resp.aread()).decode(errors="replace")[:200]
+                timing.error = f"HTTP {resp.status_code}: {detail}"
+                return timing
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if chunk.get("error"):
+                    timing.error = str(chunk["error"])[:200]
+                    return timing
+                if any(text_in(c) for c in chunk.get("choices") or []):
+                    timing.chunk_times.append(time.perf_counter() - sent)
+                usage = chunk.get("usage")
+                if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                    timing.usage_tokens = usage["completion_tokens"]
+    except (httpx.HTTPError, ValueError) as exc:
+        timing.error = f"{type(exc).__name__}: {exc}"[:200]
+    return timing
 
 
-async def drive_server(
-    name: str,
-    cfg: Config,
-    server: ServerProcess,
-    port: int,
-    headers: dict[str, str],
-    info: dict[str, Any],
-    runs: list[LevelRun],
-) -> None:
-    base_url = f"http://{HOST}:{port}"
-    info["health"] = await wait_ready(server, base_url, headers, cfg.ready_timeout_s)
-    info["pid"] = server.pid
-    info.update(blas_facts(server))
-    # mlx_lm loads another model when "model" names anything but the one it was started
-    # with; "default_model" is its own name for that one.
-    model = (
-        "default_model"
-        if name == MLX_LM
-        else await discover_model(Target(name, base_url, headers, None))
-    )
-    info["request_model"] = model
-    target = Target(name=name, base_url=base_url, headers=headers, model=model)
-    if cfg.workload.warmup:
-        await warm_up(target, cfg.workload)
-    offset = 0
-    for concurrency in cfg.workload.concurrency:
-        stats, timings = await run_level(target, cfg.workload, concurrency, offset)
-        offset += concurrency * cfg.workload.requests_per_client
-        runs.append(LevelRun(concurrency, stats.wall_s, timings))
-        if cfg.workload.stagger_ms > 0 and concurrency > 1:
-            stats, timings = await run_level(target, cfg.workload, concurrency, offset,
-                                             cfg.workload.stagger_ms / 1000)
-            offset += concurrency * cfg.workload.requests_per_client
-            runs.append(LevelRun(concurrency, stats.wall_s, timings, staggered=True))
-        print(
-            f"[bench] {name} C={concurrency}: {fmt_rate(stats.tokens_per_s)} tok/s, "
-            f"TTFT p95 {fmt_ms(stats.ttft_p95_s)} ms, ITL p95 {fmt_ms(stats.itl_p95_s)} ms, "
-            f"{stats.errors} errors",
-            file=sys.stderr,
-            flush=True,
-        )
+async def run_level(client: httpx.AsyncClient, plan: Plan, concurrency: int, first: int
+                    ) -> Level:
+    async def one_client(c: int) -> list[Timing]:
+        serials = range(first + c * plan.requests, first + (c + 1) * plan.requests)
+        return [await one_request(client, plan, body(plan, s, plan.max_tokens))
+                for s in serials]
+
+    start = time.perf_counter()
+    per_client = await asyncio.gather(*(one_client(c) for c in range(concurrency)))
+    wall = time.perf_counter() - start
+    return summarize(concurrency, [t for ts in per_client for t in ts], wall)
 
 
-def server_result(starts: Sequence[dict[str, Any]], runs: Sequence[LevelRun]) -> dict[str, Any]:
-    """One server's JSON: pooled levels, per-start facts, per-request summaries."""
-    errors = [s["error"] for s in starts if s["error"]]
-    return {
-        "command": starts[0]["command"],
-        "log": ", ".join(s["log"] for s in starts),
-        "openblas_loaded": combine_flags([s.get("openblas_loaded") for s in starts]),
-        "skinny_matmul_loaded": combine_flags([s.get("skinny_matmul_loaded") for s in starts]),
-        "error": "; ".join(errors) or None,
-        "levels": [asdict(stats) for stats in pool_runs(runs)],
-        "staggered": stagger_comparison(runs),
-        "starts": list(starts),
-        "requests": [
-            dict(t.summary(), concurrency=run.concurrency, staggered=run.staggered)
-            for run in runs for t in run.timings
-        ],
-    }
-
-
-async def bench_all(cfg: Config) -> dict[str, dict[str, Any]]:
-    """Every round, every server, one server at a time."""
-    starts: dict[str, list[dict[str, Any]]] = {name: [] for name in cfg.servers}
-    runs: dict[str, list[LevelRun]] = {name: [] for name in cfg.servers}
-    for round_index in range(cfg.rounds):
-        for name in round_order(cfg.servers, round_index):
-            if any(start["error"] for start in starts[name]):
-                continue  # it failed once; do not spend another round on it
-            starts[name].append(await bench_one_server(name, cfg, round_index, runs[name]))
-    return {name: server_result(starts[name], runs[name]) for name in cfg.servers}
-
-
-# --------------------------------------------------------------------------------------
-# report
-# --------------------------------------------------------------------------------------
-
-
-def package_versions() -> dict[str, str]:
-    from importlib import metadata
-
-    versions = {"python": platform.python_version()}
-    for dist, key in (("mlx", "mlx"), ("mlx-lm", "mlx_lm"), ("appliance", "appliance")):
-        try:
-            versions[key] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return versions
-
-
-def build_report(
-    cfg: Config, servers: dict[str, dict[str, Any]], started: dt.datetime
-) -> dict[str, Any]:
-    stats = {name: [LevelStats(**lv) for lv in s["levels"]] for name, s in servers.items()}
-    ratios = compute_ratios(stats[OURS], stats[MLX_LM]) if OURS in stats and MLX_LM in stats else []
-    meta = {
-        "date": started.isoformat(timespec="seconds"),
-        "command": cfg.command,
-        "model": model_facts(cfg.model_dir),
-        "blas": cfg.blas,
-        "blas_report": blas_report(cfg.blas, servers),
-        "git_commit": git_commit(REPO_ROOT),
-        "versions": package_versions(),
-        "machine": machine_description(),
-        "concurrency": cfg.workload.concurrency,
-        "requests_per_client": cfg.workload.requests_per_client,
-        "max_tokens": cfg.workload.max_tokens,
-        "prompt_words": cfg.workload.prompt_words,
-        "stagger_ms": cfg.workload.stagger_ms,
-        "max_batch_size": cfg.max_batch_size,
-        "rounds": cfg.rounds,
-        "auth": cfg.auth,
-        "server_order": [round_order(cfg.servers, r) for r in range(cfg.rounds)],
-        "include_usage": cfg.workload.include_usage,
-        "output_dir": str(cfg.output_dir),
-        "duration_s": round((dt.datetime.now(dt.UTC) - started).total_seconds(), 1),
-    }
-    return {"meta": meta, "servers": servers, "ratios": [asdict(r) for r in ratios]}
-
-
-def machine_description() -> str:
-    return f"{platform.system()} {platform.machine()}, {_cpu_count()} CPUs"
-
-
-def _cpu_count() -> int:
-    return (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0)
-    )
-
-
-# --------------------------------------------------------------------------------------
-# command line
-# --------------------------------------------------------------------------------------
-
-
-def positive_ints(text: str, error: str) -> list[int]:
-    """A comma-separated list of positive integers; anything else is argparse's ``error``."""
+async def check_daemon(client: httpx.AsyncClient, plan: Plan) -> tuple[dict[str, Any], str | None]:
+    """The daemon's /health, and the model to ask for; BenchError when it cannot serve."""
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(error)
-    return values
+        health = await client.get("/health")
+    except httpx.TransportError as exc:
+        raise BenchError(f"no daemon answers at {plan.url} ({type(exc).__name__}); start it "
+                         "with `appliance serve`, or pass --url") from exc
+    info = health.json() if health.headers.get("content-type", "").startswith(
+        "application/json") else {}
+    if health.status_code != 200:
+        raise BenchError(f"the daemon at {plan.url} is not serving: "
+                         f"{info.get('reason', health.status_code)}")
+    models = await client.get("/v1/models")
+    if models.status_code in (401, 403):
+        raise BenchError(f"the daemon refused the API key (HTTP {models.status_code}): pass "
+                         f"--api-key KEY or set {API_KEY_ENV} (`appliance key create NAME`)")
+    model = plan.model
+    if model is None and models.status_code == 200:
+        data = models.json().get("data") or []
+        model = data[0].get("id") if data and isinstance(data[0], dict) else None
+    return info, model
 
 
-def parse_levels(text: str) -> list[int]:
-    return positive_ints(text, "concurrency levels must be positive integers, e.g. 1,2,4,8")
+async def measure(plan: Plan, warmup: bool) -> dict[str, Any]:
+    timeout = httpx.Timeout(plan.timeout_s, connect=10.0)
+    limits = httpx.Limits(max_connections=max(plan.concurrency) + 2)
+    async with httpx.AsyncClient(base_url=plan.url, headers=plan.headers, timeout=timeout,
+                                 limits=limits) as client:
+        health, model = await check_daemon(client, plan)
+        plan = replace(plan, model=model)
+        if warmup:  # absorbs lazy work (first compile, first allocation); not measured
+            first = await one_request(client, plan, body(plan, 10_000, min(8, plan.max_tokens)))
+            if first.error is not None:
+                raise BenchError(f"the warm-up request failed: {first.error}")
+        levels, serial = [], 0
+        for concurrency in plan.concurrency:
+            levels.append(await run_level(client, plan, concurrency, serial))
+            serial += concurrency * plan.requests
+            print(f"[bench] C={concurrency} done", file=sys.stderr, flush=True)
+    return {"health": health, "model": model, "levels": levels}
 
 
-def parse_env(items: Sequence[str]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--our-env expects KEY=VALUE, got {item!r}")
-        env[key] = value
-    return env
+def default_url(settings: Settings) -> str:
+    host = settings.server.host
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.server.port}"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="appliance bench serve",
-        description="Benchmark our server against mlx_lm.server on the same model, same run.",
-    )
-    p.add_argument(
-        "--model",
-        type=Path,
-        default=None,
-        help=f"model directory (default: build {DEFAULT_MODEL_SHAPE} into "
-        f"{DEFAULT_MODEL_DIR}, cached)",
-    )
-    p.add_argument(
-        "--servers",
-        default=f"{OURS},{MLX_LM}",
-        help="comma-separated servers to run, in order (default: ours,mlx_lm)",
-    )
-    p.add_argument(
-        "--concurrency",
-        type=parse_levels,
-        default=[1, 2, 4, 8],
-        help="concurrent client counts (default: 1,2,4,8)",
-    )
-    p.add_argument(
-        "-n",
-        "--requests-per-client",
-        type=int,
-        default=4,
-        help="requests each client sends back to back per level (default: 4)",
-    )
-    p.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="repeat the whole comparison, alternating the server order (A B, B A, ...) and "
-        "pooling the requests; 2 cancels most drift of a noisy machine (default: 1)",
-    )
-    p.add_argument(
-        "--max-tokens", type=int, default=64, help="max_tokens per request (default: 64)"
-    )
-    p.add_argument(
-        "--prompt-words", type=int, default=0,
-        help="filler words appended to each question, for longer prompts (default: 0)",
-    )
-    p.add_argument(
-        "--stagger-ms", type=float, default=0.0,
-        help="also run every level with its clients starting MS ms apart, and report the "
-        "running streams' ITL p95 against the steady run (default: 0, steady only)",
-    )
-    p.add_argument(
-        "--max-batch-size",
-        type=int,
-        default=None,
-        help="our --max-batch-size and mlx_lm's --decode/--prompt-concurrency "
-        "(default: the highest concurrency level)",
-    )
-    p.add_argument(
-        "--blas",
-        choices=("openblas", "bundled"),
-        default=None,
-        help="preload Debian's OpenBLAS into both servers, or use mlx's bundled BLAS "
-        "(default: openblas when installed)",
-    )
-    p.add_argument(
-        "--api-key",
-        default=None,
-        help="sent as 'Authorization: Bearer KEY' to both servers (mlx_lm ignores it)",
-    )
-    p.add_argument(
-        "--our-cmd",
-        default=f"{shlex.quote(sys.executable)} -m appliance serve",
-        help="command prefix of our server; --model/--host/--port/--max-batch-size are appended",
-    )
-    p.add_argument(
-        "--no-provision",
-        action="store_true",
-        help="without --api-key, ours normally gets a throwaway data dir (under the output "
-        "dir) with a 'bench' user and key; this flag skips that",
-    )
-    p.add_argument(
-        "--our-env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra environment for our server (repeatable)",
-    )
-    p.add_argument(
-        "--mlx-cmd",
-        default=f"{shlex.quote(sys.executable)} -m mlx_lm server",
-        help="command prefix of mlx_lm.server",
-    )
-    p.add_argument(
-        "--no-usage",
-        action="store_true",
-        help="do not ask for stream_options.include_usage; count text chunks instead",
-    )
-    p.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up requests")
-    p.add_argument(
-        "--request-timeout",
-        type=float,
-        default=600.0,
-        help="per-request read timeout in seconds (default: 600)",
-    )
-    p.add_argument(
-        "--ready-timeout",
-        type=float,
-        default=300.0,
-        help="seconds to wait for GET /health (default: 300)",
-    )
-    p.add_argument(
-        "--output-dir",
-        type=Path,
-        default=None,
-        help=f"where server logs and the report go (default: {DEFAULT_OUTPUT_ROOT}/<time>)",
-    )
-    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
-    return p
-
-
-def resolve_model(model: Path | None) -> Path:
-    """The model directory; build (once, cached) the SmolLM-135M-shaped one when absent."""
-    if model is not None:
-        if not (model / "config.json").exists():
-            raise SystemExit(f"--model {model}: no config.json there")
-        return model.resolve()
-    if (DEFAULT_MODEL_DIR / "config.json").exists():
-        return DEFAULT_MODEL_DIR.resolve()
-    from appliance.demo.build import build_model
-
-    print(
-        f"[bench] building {DEFAULT_MODEL_SHAPE} into {DEFAULT_MODEL_DIR} (once)...",
-        file=sys.stderr,
-        flush=True,
-    )
-    return build_model(DEFAULT_MODEL_DIR, shape=DEFAULT_MODEL_SHAPE).resolve()
-
-
-def config_from_args(args: argparse.Namespace, command: str, started: dt.datetime) -> Config:
-    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    unknown = sorted(set(servers) - set(SERVER_NAMES))
-    if unknown or not servers:
-        raise SystemExit(f"--servers: unknown {unknown}; choose from {', '.join(SERVER_NAMES)}")
-    if min(args.requests_per_client, args.max_tokens, args.rounds) < 1:
-        raise SystemExit("--requests-per-client, --max-tokens and --rounds must be at least 1")
-    if args.stagger_ms < 0:
-        raise SystemExit("--stagger-ms must not be negative")
-    blas = args.blas or default_blas()
-    if blas == "openblas" and not OPENBLAS_PATH.exists():
-        raise SystemExit(
-            f"--blas openblas: {OPENBLAS_PATH} not found (apt-get install libopenblas0-pthread)"
-        )
-    stamp = started.strftime("%Y%m%dT%H%M%SZ")
-    return Config(
-        model_dir=resolve_model(args.model),
-        servers=servers,
-        workload=Workload(
-            concurrency=args.concurrency,
-            requests_per_client=args.requests_per_client,
-            max_tokens=args.max_tokens,
-            include_usage=not args.no_usage,
-            warmup=not args.no_warmup,
-            request_timeout_s=args.request_timeout,
-            prompt_words=args.prompt_words,
-            stagger_ms=args.stagger_ms,
-        ),
-        max_batch_size=args.max_batch_size or max(args.concurrency),
-        blas=blas,
-        api_key=args.api_key,
-        our_cmd=shlex.split(args.our_cmd),
-        our_env=parse_env(args.our_env),
-        mlx_cmd=shlex.split(args.mlx_cmd),
-        output_dir=(args.output_dir or DEFAULT_OUTPUT_ROOT / stamp).resolve(),
-        ready_timeout_s=args.ready_timeout,
-        command=command,
-        rounds=args.rounds,
-        auth="--api-key" if args.api_key else "none",
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; print the Markdown report; 0 when every server ran without errors."""
-    prog = "python -m appliance.bench.serve" if argv is None else "appliance bench serve"
-    args_list = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(args_list)
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    """Measure, print the table, write the JSON; 0 when every request succeeded."""
+    key = args.api_key or os.environ.get(API_KEY_ENV)
+    plan = Plan(url=(args.url or default_url(settings)).rstrip("/"),
+                headers={"Authorization": f"Bearer {key}"} if key else {},
+                model=args.model, concurrency=args.concurrency, requests=args.requests,
+                max_tokens=args.max_tokens, prompt_words=max(0, args.prompt_words),
+                timeout_s=args.timeout)
     started = dt.datetime.now(dt.UTC)
-    cfg = config_from_args(args, shlex.join([*shlex.split(prog), *args_list]), started)
-    cfg.output_dir.mkdir(parents=True, exist_ok=True)
-    if not args.no_provision:
-        apply_provisioning(cfg)
-    servers = run_guarded(bench_all(cfg), cfg.output_dir)
-    if servers is None:
-        return 130
-    report = build_report(cfg, servers, started)
-    write_report(cfg.output_dir, render_report(report), report, args.json)
-    failed = any(
-        s.get("error") or any(lv["errors"] for lv in s["levels"]) for s in servers.values()
-    )
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        result = asyncio.run(measure(plan, warmup=not args.no_warmup))
+    except BenchError as exc:
+        print(f"appliance bench: {exc}", file=sys.stderr)
+        return 2
+    levels: list[Level] = result["levels"]
+    facts = {"date": started.isoformat(timespec="seconds"), "url": plan.url,
+             "model": result["model"], "backend": result["health"].get("backend"),
+             "max_batch_size": result["health"].get("max_batch_size"),
+             "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
+             "requests_per_client": plan.requests, "max_tokens": plan.max_tokens,
+             "prompt_words": plan.prompt_words}
+    print(f"{facts['model']} at {plan.url} on {facts['machine']}; {plan.requests} requests "
+          f"per client, max_tokens {plan.max_tokens}, greedy\n")
+    print(render_table(levels))
+    for lv in levels:
+        if lv.first_error:
+            print(f"\nC={lv.concurrency}: {lv.errors} failed; first: {lv.first_error}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(
+            {**facts, "levels": [asdict(lv) for lv in levels]}, indent=2) + "\n")
+    return 1 if any(lv.errors for lv in levels) else 0

@@ -9,13 +9,14 @@ preempted rows leave the same way.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from appliance.engine.mixed import mixed_step, restore_offsets, save_offsets, supports_mixed
-from appliance.engine.slots import SlotBatch
+from appliance.engine.slots import SlotBatch, SlotState
 
 HEAD_ONLY_LAST = frozenset({"llama", "qwen2", "qwen3", "phi3", "smollm3"})
 """Architectures whose forward is ``backbone -> lm_head`` and nothing else (mlx-lm's
@@ -113,6 +114,16 @@ class MergedKV:
         return rows
 
 
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """A decode step built ahead (:meth:`DecodeBatch.step_ahead`), not yet run."""
+
+    rids: tuple[int, ...]
+    before: SlotState
+    after: SlotState
+    logits: mx.array
+
+
 class DecodeBatch:
     """The decoding rows and their KV: in slots (appliance/engine/slots.py) when every layer
     keeps a plain KV cache, else in mlx-lm's batched caches (:class:`MergedKV`)."""
@@ -198,19 +209,43 @@ class DecodeBatch:
         self.rids = list(rids)
         return logits
 
-    def step(self, inputs: list[int]) -> mx.array:
-        """One decode step for every row; returns logits [B, V] (lazy)."""
+    def step(self, inputs: list[int] | mx.array) -> mx.array:
+        """One decode step for every row; returns logits [B, V] (lazy). ``inputs``: each
+        row's next token (an array of them may be lazy)."""
         assert len(inputs) == len(self.rids)
         if self.slots is not None:
             self.slots.reserve(1)
         if self.lean:
             assert self.slots is not None
-            logits = mixed_step(self.model, self.slots.layers, inputs, [])[0]
+            logits = mixed_step(self.model, self.slots.layers, inputs, [])[0]  # type: ignore[arg-type]
         else:
             logits = self.model(mx.array(inputs)[:, None], cache=self.layers)[:, -1, :]
         if self.slots is not None:
             self.slots.advance(1)
         return logits
+
+    def step_ahead(self, inputs: mx.array) -> Ahead:
+        """The next decode step's graph, built on ``inputs`` (the rows' tokens, still being
+        computed) while the batch stays as it is: :meth:`launch` puts it in place if
+        nothing has changed the batch by then (lean batches only). Its graph is built while
+        the device computes the tokens it reads."""
+        assert self.lean and self.slots is not None
+        before = self.slots.state()
+        try:
+            logits = self.step(inputs)
+            after = self.slots.state()
+        finally:
+            self.slots.set_state(before)
+        return Ahead(tuple(self.rids), before, after, logits)
+
+    def launch(self, ahead: Ahead) -> mx.array | None:
+        """The logits of the step built ahead, which is now the batch's step; None (and
+        the batch untouched) when the batch has changed since it was built."""
+        if (self.slots is None or ahead.rids != tuple(self.rids)
+                or not self.slots.holds(ahead.before)):
+            return None
+        self.slots.set_state(ahead.after)
+        return ahead.logits
 
     def step_mixed(self, inputs: list[int], chunks: list[tuple[list[Any], list[int], bool]]
                    ) -> tuple[mx.array, list[mx.array | None]]:

@@ -23,7 +23,6 @@ from appliance.engine.model import LoadedModel, load_model
 from appliance.engine.request import (
     Event,
     FaultHook,
-    Finished,
     FinishEvent,
     GenerationRequest,
     RequestHandle,
@@ -34,6 +33,7 @@ from appliance.engine.ticks import Meter
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.types import SchedulerConfig
 from appliance.sched.usage import RollingUsage
+from appliance.store.records import LedgerRecord
 from appliance.vocab import FinishReason
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def budget_bytes(setting: int | str | None, available: int) -> int | None:
 class Engine:
     def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
                  fault: FaultHook | None = None,
-                 on_finish: Callable[[Finished], None] | None = None,
+                 on_finish: Callable[[LedgerRecord], None] | None = None,
                  on_counters: Callable[[dict[str, float]], None] | None = None,
                  meter: Meter | None = None) -> None:
         self.config = config

@@ -11,9 +11,12 @@ a sequence's KV stays its own, and its numbers are those of its own forward but 
 rounding of the products the rows share (a row's sums do not depend on its neighbours in
 appliance/backend/native/skinny_matmul.c's kernel, up to 32 rows; in OpenBLAS's, beyond, they may).
 
-Only architectures whose layers are mlx-lm's Llama block are read this way (:data:`MIXED`:
-Llama and the models on it, SmolLM, Mistral; Qwen 2), with plain KV caches; anything else
-gets one forward per part (:func:`supports_mixed` says which).
+The architectures read this way are mlx-lm's modules in :data:`ARCHS`, each described by
+a few hooks (projections, q/k norms, MLP, how a block adds its parts, its masks): Llama and
+the models on it (Llama 3.x, SmolLM, Mistral), Qwen 2 and 3, Phi-3 and Gemma 3 text. Anything
+else gets one forward per part (:func:`supports_mixed` says which). The engine rides only
+models whose layers all keep plain KV caches; Gemma 3's sliding-window layers keep rotating
+ones, so it goes one forward per part there (docs/models.md).
 
 The same forward is the plain decode step of those models (no chunks): it computes what
 mlx-lm's model computes, bit for bit, with fewer MLX operations, which is most of a
@@ -27,38 +30,149 @@ mask (a query at the end of its row sees every key anyway).
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 
-MIXED = frozenset({"llama", "qwen2"})
-"""mlx-lm model modules whose ``Attention.__call__`` is the one :func:`_attention` follows
-(projections, heads, RoPE at the cache's offset, the cache's update, attention, output
-projection), whose block is ``x + attn(norm(x))``, then ``h + mlp(norm(h))``, and whose
-model is ``backbone -> norm -> lm_head`` (or the tied embedding)."""
+Projections = Callable[["Weights", Any, mx.array], tuple[mx.array, mx.array, mx.array]]
+Mlp = Callable[["Weights", Any, mx.array], mx.array]
+Block = Callable[[Any, mx.array, Callable[[mx.array], mx.array], Callable[[mx.array], mx.array]],
+                 mx.array]
+
+
+@dataclass(frozen=True, slots=True)
+class Arch:
+    """How one mlx-lm model module computes its forward, in the pieces :func:`mixed_step`
+    runs over every part's rows at once (each piece follows that module's code exactly)."""
+
+    projections: Projections
+    """The attention's queries, keys and values, [T, heads * head_dim] each."""
+    mlp: Mlp
+    block: Block
+    """A layer from its attention and MLP: ``block(layer, h, attend, mlp)``."""
+    masks: Callable[[Any, mx.array, list[Any]], list[Any]]
+    """Each layer's attention mask for one part (hidden [rows, length, D], its caches), made
+    from the caches before they grow, as the module's model makes them."""
+    linears: tuple[str, ...]
+    """The attention's and the MLP's linear layers, by attribute name."""
+    norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+    """The block's norms, by attribute name."""
+    qk_norm: bool = False
+    """Queries and keys go through ``q_norm``/``k_norm`` over each head before RoPE."""
+    embed_scale: bool = False
+    """The embedding is scaled by sqrt(hidden) (Gemma, rounded through bfloat16 as it does)."""
+
+
+def _separate(weights: Weights, attn: Any, x: mx.array
+              ) -> tuple[mx.array, mx.array, mx.array]:
+    return (weights.linear(attn.q_proj, x), weights.linear(attn.k_proj, x),
+            weights.linear(attn.v_proj, x))
+
+
+def _fused(weights: Weights, attn: Any, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """Phi-3's ``qkv_proj``: queries, then keys, then values along the last axis."""
+    qkv = weights.linear(attn.qkv_proj, x)
+    q = attn.n_heads * attn.head_dim
+    k = q + attn.n_kv_heads * attn.head_dim
+    return qkv[:, :q], qkv[:, q:k], qkv[:, k:]
+
+
+def _swiglu(weights: Weights, mlp: Any, x: mx.array) -> mx.array:
+    """``down(swiglu(gate(x), up(x)))`` (Llama, Qwen 2 and 3)."""
+    swiglu = sys.modules[type(mlp).__module__].swiglu
+    return weights.linear(mlp.down_proj, swiglu(weights.linear(mlp.gate_proj, x),
+                                                weights.linear(mlp.up_proj, x)))
+
+
+def _swiglu_fused(weights: Weights, mlp: Any, x: mx.array) -> mx.array:
+    """Phi-3's ``gate_up_proj``: the gate's half first."""
+    swiglu = sys.modules[type(mlp).__module__].swiglu
+    gate, up = mx.split(weights.linear(mlp.gate_up_proj, x), 2, axis=-1)
+    return weights.linear(mlp.down_proj, swiglu(gate, up))
+
+
+def _gelu(weights: Weights, mlp: Any, x: mx.array) -> mx.array:
+    """Gemma 3's ``down(gelu_approx(gate(x)) * up(x))``."""
+    return weights.linear(mlp.down_proj, nn.gelu_approx(weights.linear(mlp.gate_proj, x))
+                          * weights.linear(mlp.up_proj, x))
+
+
+def _pre_norm(layer: Any, h: mx.array, attend: Callable[[mx.array], mx.array],
+              mlp: Callable[[mx.array], mx.array]) -> mx.array:
+    h = h + attend(layer.input_layernorm(h))
+    return h + mlp(layer.post_attention_layernorm(h))
+
+
+def _sandwich(layer: Any, h: mx.array, attend: Callable[[mx.array], mx.array],
+              mlp: Callable[[mx.array], mx.array]) -> mx.array:
+    """Gemma 3: a norm before and after each of attention and MLP, residuals clipped in
+    float16 (its module's ``clip_residual``)."""
+    clip = sys.modules[type(layer).__module__].clip_residual
+    h = clip(h, layer.post_attention_layernorm(attend(layer.input_layernorm(h))))
+    return clip(h, layer.post_feedforward_layernorm(mlp(layer.pre_feedforward_layernorm(h))))
+
+
+def _one_mask(inner: Any, h: mx.array, cache: list[Any]) -> list[Any]:
+    return [create_attention_mask(h, cache[0])] * len(cache)
+
+
+def _windowed_masks(inner: Any, h: mx.array, cache: list[Any]) -> list[Any]:
+    """Gemma 3: every ``sliding_window_pattern``-th layer global, the rest in a window."""
+    pattern = inner.sliding_window_pattern
+    full = create_attention_mask(h, cache[pattern - 1])
+    window = create_attention_mask(h, cache[0], window_size=inner.window_size) \
+        if pattern > 1 else None
+    return [full if i % pattern == pattern - 1 else window for i in range(len(cache))]
+
+
+_LLAMA = Arch(_separate, _swiglu, _pre_norm, _one_mask,
+              ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+ARCHS: dict[str, Arch] = {
+    "llama": _LLAMA,  # also Mistral (mlx-lm maps model_type mistral here), SmolLM
+    "qwen2": _LLAMA,
+    "qwen3": Arch(_separate, _swiglu, _pre_norm, _one_mask, _LLAMA.linears, qk_norm=True),
+    "phi3": Arch(_fused, _swiglu_fused, _pre_norm, _one_mask,
+                 ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")),
+    "gemma3_text": Arch(_separate, _gelu, _sandwich, _windowed_masks, _LLAMA.linears,
+                        ("input_layernorm", "post_attention_layernorm",
+                         "pre_feedforward_layernorm", "post_feedforward_layernorm"),
+                        qk_norm=True, embed_scale=True),
+}
+"""mlx-lm model modules :func:`mixed_step` reads, each a model ``embedding -> blocks ->
+norm -> lm_head`` (or the tied embedding) whose ``Attention.__call__`` is projections,
+heads (then q/k norms), RoPE at the cache's offset, the cache's update, attention and the
+output projection."""
+
+MIXED = frozenset(ARCHS)
+
+def _arch(model: Any) -> Arch | None:
+    return ARCHS.get(type(model).__module__.rsplit(".", 1)[-1])
 
 
 def supports_mixed(model: Any) -> bool:
-    """Whether :func:`mixed_step` can read this model (else: one forward per part)."""
-    name = type(model).__module__.rsplit(".", 1)[-1]
-    if name not in MIXED or not hasattr(model, "model"):
+    """Whether :func:`mixed_step` can read this model (else: one forward per part). The
+    engine rides only models whose layers all keep plain KV caches besides (its decode
+    batch's slots hold no rotating cache): Gemma 3's sliding-window layers do not."""
+    arch = _arch(model)
+    if arch is None or not hasattr(model, "model"):
         return False
     inner = model.model
     layers = getattr(inner, "layers", None)
     if not layers or getattr(inner, "swa_idx", None) is not None:
-        return False
+        return False  # Llama's own sliding-window layers (layer_types) are not followed
     module = type(model).__module__
     for layer in layers:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         if (attn is None or type(attn).__module__ != module
                 or type(attn).__name__ != "Attention"
                 or mlp is None or type(mlp).__module__ != module or type(mlp).__name__ != "MLP"
-                or not all(hasattr(layer, a) for a in
-                           ("input_layernorm", "post_attention_layernorm"))):
+                or not all(hasattr(layer, a) for a in arch.norms)
+                or not all(hasattr(attn, a) or hasattr(mlp, a) for a in arch.linears)):
             return False
     return True
 
@@ -67,12 +181,12 @@ def supports_mixed(model: Any) -> bool:
 class Part:
     """One part of a mixed forward: ``rows`` sequences of ``length`` new tokens each over
     their per-layer caches (the decode batch: rows B, length 1; a prompt chunk: 1, n), at
-    ``start`` in the forward's tokens."""
+    ``start`` in the forward's tokens, with each layer's mask."""
 
     rows: int
     length: int
     cache: list[Any]
-    mask: Any
+    masks: list[Any]
     start: int
     whole: bool = False
     """The only part: its rows are the whole projection (no slice)."""
@@ -88,23 +202,23 @@ class Weights:
     shares the weight's buffer (no copy), so a forward does not add a transpose to its graph
     for each product (``nn.Linear`` computes ``x @ weight.T`` at every call)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, names: tuple[str, ...]) -> None:
         self._t: dict[int, mx.array] = {}
         for layer in model.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
-                           mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-                if type(linear) is nn.Linear:  # a quantized one keeps its own call
-                    self._t[id(linear)] = linear["weight"].T
+            for owner in (layer.self_attn, layer.mlp):
+                for name in names:
+                    linear = getattr(owner, name, None)
+                    if type(linear) is nn.Linear:  # a quantized one keeps its own call
+                        self._t[id(linear)] = linear["weight"].T
         mx.eval(list(self._t.values()))
 
     @staticmethod
-    def of(model: Any) -> Weights:
+    def of(model: Any, names: tuple[str, ...]) -> Weights:
         """The model's transposed weights, made at the first call (kept on the model object,
         as a plain attribute: not a parameter, so it is in no parameter tree)."""
         weights = model.__dict__.get("_appliance_weights")
         if weights is None:
-            weights = Weights(model)
+            weights = Weights(model, names)
             object.__setattr__(model, "_appliance_weights", weights)
         return weights
 
@@ -116,35 +230,42 @@ class Weights:
         return mx.addmm(linear["bias"], x, w) if "bias" in linear else x @ w
 
 
-def _attention(weights: Weights, attn: Any, x: mx.array, parts: list[Part], layer: int
-               ) -> mx.array:
-    """mlx-lm's ``Attention.__call__`` with the projections over every part's rows at once
-    and the rest per part. ``x``: [T, D], the parts' tokens in order."""
+def _per_head(norm: Any, t: mx.array, n: int) -> mx.array:
+    """``norm`` over each head's slice of a projection [T, n * d]."""
+    return norm(t.reshape(t.shape[0], n, -1)).reshape(t.shape[0], -1)
+
+
+def _attention(arch: Arch, weights: Weights, attn: Any, x: mx.array, *, parts: list[Part],
+               layer: int) -> mx.array:
+    """mlx-lm's ``Attention.__call__`` with the projections (and q/k norms) over every
+    part's rows at once and the rest per part. ``x``: [T, D], the parts' tokens in order."""
     sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
-    queries = weights.linear(attn.q_proj, x)
-    keys, values = weights.linear(attn.k_proj, x), weights.linear(attn.v_proj, x)
+    queries, keys, values = arch.projections(weights, attn, x)
+    if arch.qk_norm:
+        queries = _per_head(attn.q_norm, queries, attn.n_heads)
+        keys = _per_head(attn.k_norm, keys, attn.n_kv_heads)
     out = []
     for part in parts:
         cache = part.cache[layer]
         q = attn.rope(part.heads(queries, attn.n_heads), offset=cache.offset)
         k = attn.rope(part.heads(keys, attn.n_kv_heads), offset=cache.offset)
         k, v = cache.update_and_fetch(k, part.heads(values, attn.n_kv_heads))
-        o = sdpa(q, k, v, cache=cache, scale=attn.scale, mask=part.mask)
+        o = sdpa(q, k, v, cache=cache, scale=attn.scale, mask=part.masks[layer])
         out.append(o.transpose(0, 2, 1, 3).reshape(part.rows * part.length, -1))
     return weights.linear(attn.o_proj, out[0] if len(out) == 1 else mx.concatenate(out))
-
-
-def _mlp(weights: Weights, mlp: Any, x: mx.array) -> mx.array:
-    """mlx-lm's Llama and Qwen 2 ``MLP.__call__``: ``down(swiglu(gate(x), up(x)))``."""
-    swiglu = sys.modules[type(mlp).__module__].swiglu
-    return weights.linear(mlp.down_proj, swiglu(weights.linear(mlp.gate_proj, x),
-                                                weights.linear(mlp.up_proj, x)))
 
 
 def decode_mask(cache: Any, h: mx.array) -> Any:
     """The decode rows' mask (``cache``: layer 0's batched cache); None when no row is
     left-padded, as a query at the end of its row sees every key."""
     return create_attention_mask(h[None, :1], cache)
+
+
+def _embed(arch: Arch, inner: Any, tokens: list[int]) -> mx.array:
+    h = inner.embed_tokens(mx.array(tokens))
+    if arch.embed_scale:
+        h = h * mx.array(inner.args.hidden_size**0.5, mx.bfloat16).astype(h.dtype)
+    return h
 
 
 def mixed_step(model: Any, batch_cache: list[Any], inputs: Sequence[int],
@@ -156,23 +277,26 @@ def mixed_step(model: Any, batch_cache: list[Any], inputs: Sequence[int],
     step). Returns the decode rows' logits [B, V] and, per chunk, its last position's
     logits [1, V] or None (lazy: the caller evaluates them). Every cache advances as its
     own forward would advance it."""
-    weights = Weights.of(model)
+    arch = _arch(model)
+    assert arch is not None, "mixed_step of a model supports_mixed refuses"
+    weights = Weights.of(model, arch.linears)
     inner = model.model
     tokens = [*inputs]
     for _, chunk, _ in chunks:
         tokens.extend(chunk)
-    h = inner.embed_tokens(mx.array(tokens))
+    h = _embed(arch, inner, tokens)
     # The masks from the caches before they grow, as mlx-lm's model does for each forward.
-    parts = [Part(len(inputs), 1, batch_cache, decode_mask(batch_cache[0], h), 0,
+    parts = [Part(len(inputs), 1, batch_cache, arch.masks(inner, h[None, :1], batch_cache), 0,
                   whole=not chunks)]
     start = len(inputs)
     for cache, chunk, _ in chunks:
         parts.append(Part(1, len(chunk), cache,
-                          create_attention_mask(h[None, :len(chunk)], cache[0]), start))
+                          arch.masks(inner, h[None, :len(chunk)], cache), start))
         start += len(chunk)
     for i, layer in enumerate(inner.layers):
-        h = h + _attention(weights, layer.self_attn, layer.input_layernorm(h), parts, i)
-        h = h + _mlp(weights, layer.mlp, layer.post_attention_layernorm(h))
+        attn, mlp = layer.self_attn, layer.mlp
+        h = arch.block(layer, h, partial(_attention, arch, weights, attn, parts=parts, layer=i),
+                       partial(arch.mlp, weights, mlp))
     # The vocabulary projection of the decode rows and of the wanted chunks' last tokens.
     b = len(inputs)
     rows = [h[:b] if chunks else h]
@@ -182,10 +306,9 @@ def mixed_step(model: Any, batch_cache: list[Any], inputs: Sequence[int],
         if want:
             rows.append(h[end - 1:end])
     out = inner.norm(mx.concatenate(rows) if len(rows) > 1 else rows[0])
-    if getattr(model.args, "tie_word_embeddings", False):
-        logits = inner.embed_tokens.as_linear(out)
-    else:
-        logits = model.lm_head(out)
+    # Tied models have no lm_head (mlx-lm's Gemma 3 pops it at load when the file has none).
+    head = getattr(model, "lm_head", None)
+    logits = inner.embed_tokens.as_linear(out) if head is None else head(out)
     lasts: list[mx.array | None] = []
     k = b
     for _, _, want in chunks:

@@ -141,28 +141,6 @@ FaultHook = Callable[[GenerationRequest, str], None]
 """Test hook: called with (request, phase) before that request's prefill or decode; may raise."""
 
 
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """What the ledger records of a finished request (unix times; ids and counts only)."""
-
-    request: GenerationRequest
-    reason: FinishReason
-    usage: Usage
-    queued_at: float
-    admitted_at: float | None
-    first_token_at: float | None
-    finished_at: float
-    preemptions: int
-    itl_mean_ms: float | None
-    itl_p95_ms: float | None
-
-    @property
-    def ttft_ms(self) -> float | None:
-        if self.first_token_at is None:
-            return None
-        return (self.first_token_at - self.queued_at) * 1000.0
-
-
 class RequestHandle:
     """The caller's side of one request: events in, a cancel flag out."""
 

@@ -1,8 +1,9 @@
 """One tick of the engine: run the scheduler's plan on the model (engine thread only).
 
 The :class:`Runner` keeps the requests (intake, admission, tokens, finishing, preemption,
-quotas, the prompt cache, the snapshot); the forward passes it runs are
-:class:`~appliance.engine.forwards.TickForwards`'s (forwards.py)."""
+quotas, the prompt cache, the snapshot) and applies what the forwards it runs return
+(:class:`~appliance.engine.forwards.Forwards`, forwards.py: a token or a failure per
+row)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance.engine.batch import DecodeBatch, cache_nbytes, new_sequence_cache, plain_kv
-from appliance.engine.forwards import BACKEND_ERROR, TickForwards
+from appliance.engine.forwards import Failure, Forwards, Outcome, Reads
 from appliance.engine.grammar import GrammarRow, ll_tokenizer
 from appliance.engine.mixed import supports_mixed
 from appliance.engine.model import LoadedModel
 from appliance.engine.prompt_cache import PromptCache
 from appliance.engine.request import (
     FaultHook,
-    Finished,
     FinishEvent,
     GenerationRequest,
     RequestHandle,
@@ -32,34 +32,36 @@ from appliance.engine.seq import Seq
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
 from appliance.engine.ticks import Meter, TickTiming
-from appliance.percentiles import percentile
 from appliance.sched.cost import CostModel
 from appliance.sched.memory import held, reservation
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.states import RequestState, finish_state
 from appliance.sched.types import Plan, SeqView
 from appliance.sched.usage import RollingUsage
+from appliance.store.records import LedgerRecord
 from appliance.vocab import FinishReason
 
 log = logging.getLogger(__name__)
 
+BACKEND_ERROR = "inference backend error"
 TOO_LARGE = "the request cannot fit in the KV cache budget"
 COUNTERS_EVERY_S = 2.0
 """How often the fairness counters are handed to the store writer while busy (and once
 more when the engine goes idle, so an idle daemon has its latest counters on disk)."""
 
 
-class Runner(TickForwards):
+class Runner:
     """The engine's requests and the tick that serves them (engine thread only)."""
 
     def __init__(self, loaded: LoadedModel, scheduler: Scheduler,
                  clock: Callable[[], float], fault: FaultHook | None,
-                 on_finish: Callable[[Finished], None] | None = None, *,
+                 on_finish: Callable[[LedgerRecord], None] | None = None, *,
                  usage: RollingUsage | None = None,
                  on_done: Callable[[RequestHandle], None] | None = None,
                  on_counters: Callable[[dict[str, float]], None] | None = None,
                  prompt_cache_entries: int = 0, timer: Callable[[], float] = time.perf_counter,
-                 meter: Meter | None = None, mixed: bool = True) -> None:
+                 meter: Meter | None = None, mixed: bool = True,
+                 look_ahead: bool | None = None) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.scheduler = scheduler
@@ -76,23 +78,36 @@ class Runner(TickForwards):
         self.vocab_size = int(loaded.config.get("vocab_size") or 0) or 1 << 30
         self.eos = loaded.eos_token_ids
         self.seqs: dict[int, Seq] = {}
-        self.batch = self._new_batch()
-        self._joining = []
-        self._plain_kv = plain_kv(self.model)
-        self._mixed = mixed and self._plain_kv and supports_mixed(self.model)
+        self._joining: list[tuple[list[int], list[Any], list[int] | None]] = []
+        """Rows prefilled this tick, merged into the batch after its decode step."""
+        self._mixed = mixed and plain_kv(self.model) and supports_mixed(self.model)
         """Prompt chunks are read in the decode step's forward (appliance/engine/mixed.py)."""
         self.costs = CostModel(profile=loaded.backend.profile, rides=self._mixed)
         """Prefill and decode time, fitted from this engine's own forwards."""
         self.timing = TickTiming(self.costs, timer, meter)
+        if look_ahead is None:
+            # On the CPU the step and the host share the cores: hiding host time there was
+            # no faster (docs/backends.md); on a GPU it is what a tick's host part costs.
+            look_ahead = loaded.backend.kind != "cpu"
+        self.forwards = Forwards(self.model, scheduler.config.max_batch_size, self.timing,
+                                 fault, look_ahead)
         self._left_queue = 0
         self.completed = 0
         self.ticks = 0
-        self.mixed_forwards = 0
         self.prompt_total = 0
         self.generated_total = 0
         self.preemptions_total = 0
         self.errors_total = 0
         self.cancelled_total = 0
+
+    @property
+    def batch(self) -> DecodeBatch:
+        """The decode batch (the forwards' own)."""
+        return self.forwards.batch
+
+    @property
+    def mixed_forwards(self) -> int:
+        return self.forwards.mixed_forwards
 
     # ---- intake ----
     def take(self, handles: list[RequestHandle]) -> None:
@@ -172,13 +187,7 @@ class Runner(TickForwards):
                                    costs=self.costs)
         self._served = {}
         self._apply(plan, now)
-        chunks = self._chunks(plan)
-        decoded = self._mixed_tick(chunks) if (self._mixed and plan.ride and chunks
-                                               and len(self.batch)) else None
-        if decoded is None:
-            stepping = len(self.batch) > 0  # rows read straight into an empty batch wait
-            self._prefill(chunks)
-            decoded = self._decode() if stepping else False
+        decoded = self._forwards(plan)
         self._join()
         self._enforce_quotas()
         served = {u: (p, o) for u, (p, o) in self._served.items()}
@@ -193,8 +202,101 @@ class Runner(TickForwards):
             self._counters_at = now
         return True
 
-    def _new_batch(self) -> DecodeBatch:
-        return DecodeBatch(self.model, self.scheduler.config.max_batch_size)
+    def _forwards(self, plan: Plan) -> bool:
+        """Run the plan's forwards and apply their results; whether the batch stepped."""
+        chunks = self._chunks(plan)
+        rows = [self.seqs[rid] for rid in self.batch.rids]
+        if self._mixed and plan.ride and chunks and rows:
+            mixed = self.forwards.mixed(rows, chunks)
+            if mixed is not None:
+                outcomes, reads = mixed
+                self._apply_reads(Reads(reads))
+                self._decoded(rows, outcomes)
+                return True
+        # rows read straight into an empty batch step from the next tick on
+        for group in self.forwards.prefill(chunks):
+            self._apply_reads(group)
+        if not rows:
+            return False
+        self._decoded(rows, self.forwards.decode(rows))
+        return True
+
+    def _chunks(self, plan: Plan) -> list[tuple[Seq, int]]:
+        """The plan's prefill chunks still to read: (sequence, tokens) each."""
+        chunks: list[tuple[Seq, int]] = []
+        for rid, n in plan.prefill:
+            s = self.seqs.get(rid)
+            if s is None or s.state is not RequestState.PREFILLING:
+                continue
+            n = min(n, len(s.tokens) - s.computed)  # a cache hit may have done part of it
+            if n > 0:
+                chunks.append((s, n))
+        return chunks
+
+    def _decoded(self, rows: list[Seq], outcomes: list[Outcome]) -> None:
+        """Hand each decode row its new token (or its error); drop the rows that finished."""
+        now = self.clock()
+        done: set[int] = set()
+        for s, out in zip(rows, outcomes, strict=True):
+            if isinstance(out, Failure):
+                log.error("request failed rid=%d phase=%s: %s", s.rid, out.phase, out.error)
+                self._finish(s, FinishReason.ERROR, error=BACKEND_ERROR)
+                done.add(s.rid)
+                continue
+            self._serve(s, 0, 1)
+            try:
+                if self._accept(s, out, now):
+                    done.add(s.rid)
+            except Exception as exc:
+                done.add(s.rid)
+                self._fail(s, "token", exc)
+        self.batch.remove(done)
+
+    def _apply_reads(self, reads: Reads) -> None:
+        """Book the chunks one forward read; a sequence whose prompt is read, with its
+        first token, goes on decoding: its KV joins the batch after the decode step (or is
+        there already, ``in_batch``)."""
+        keep: list[int] = []
+        ended: set[int] = set()
+        for i, r in enumerate(reads.chunks):
+            s = r.seq
+            if isinstance(r.token, Failure):
+                self._fail(s, r.token.phase, r.token.error)
+                continue
+            if reads.shared is not None or reads.in_batch:
+                s.cache = None  # its KV is a row of the forward's batched cache
+            try:
+                self._prefilled(s, r.n, r.token)
+            except Exception as exc:
+                self._fail(s, "token", exc)
+                continue
+            if r.token is None:  # more of the prompt to read
+                continue
+            if s.state is not RequestState.PREFILLING:  # finished at its first token
+                ended.add(s.rid)
+                continue
+            s.move(RequestState.DECODING)
+            keep.append(i)
+            if reads.shared is None and not reads.in_batch:
+                assert s.cache is not None
+                self._joining.append(([s.rid], s.cache, None))
+                s.cache = None
+        if reads.in_batch:
+            self.batch.remove(ended)
+        elif reads.shared is not None and keep:
+            self._joining.append(([reads.chunks[i].seq.rid for i in keep], reads.shared, keep))
+
+    def _prefilled(self, s: Seq, n: int, token: int | None) -> None:
+        """Book a prefill chunk; with the prompt's first token, accept it (which may finish)."""
+        s.computed += n
+        self.prompt_total += n
+        self._serve(s, n, 0 if token is None else 1)
+        if token is None:
+            return
+        if not s.prompt_charged:  # the daily quota counts the prompt once
+            self.usage.add(s.handle.request.user_key, time.time(), s.n_prompt)
+            s.prompt_charged = True
+        self._accept(s, token, self.clock())
 
     def _join(self) -> None:
         self.batch.join(self._joining)
@@ -345,7 +447,7 @@ class Runner(TickForwards):
         queued = None if s.admitted_at is None else s.admitted_at - s.arrival
         if self.on_finish is not None:  # queued before the caller hears: its row is there
             try:
-                self.on_finish(self._record(s, reason, usage))
+                self.on_finish(s.ledger_record(reason, usage, self.clock()))
             except Exception:
                 log.exception("ledger hand-off failed rid=%d id=%s", s.rid,
                               s.handle.request.request_id)
@@ -357,23 +459,6 @@ class Runner(TickForwards):
                  usage.prompt_tokens,
                  usage.completion_tokens, "-" if ttft is None else f"{ttft * 1000:.1f}",
                  s.preemptions)
-
-    def _record(self, s: Seq, reason: FinishReason, usage: Usage) -> Finished:
-        """Monotonic engine times turned into wall-clock times for the ledger."""
-        now = self.clock()
-        wall_now = time.time()
-
-        def wall(t: float | None) -> float | None:
-            return None if t is None else wall_now - (now - t)
-
-        itl, p95 = s.itl, percentile(s.itl, 95)
-        return Finished(
-            request=s.handle.request, reason=reason, usage=usage,
-            queued_at=wall_now - (now - s.arrival), admitted_at=wall(s.admitted_at),
-            first_token_at=wall(s.first_token_at), finished_at=wall_now,
-            preemptions=s.preemptions,
-            itl_mean_ms=sum(itl) / len(itl) * 1000.0 if itl else None,
-            itl_p95_ms=None if p95 is None else p95 * 1000.0)
 
     def _preempt(self, s: Seq, keep_kv: bool = False) -> None:
         """Back to the queue with its tokens kept. Its KV is freed and rebuilt on
@@ -407,7 +492,7 @@ class Runner(TickForwards):
         self._joining = []  # rows of the failed tick that had not joined the batch yet
         for s in list(self.seqs.values()):
             self._finish(s, FinishReason.ERROR, error=BACKEND_ERROR)
-        self.batch = self._new_batch()
+        self.forwards.reset()
 
     # ---- monitoring ----
     def _reserved_tokens(self) -> int:
@@ -420,15 +505,7 @@ class Runner(TickForwards):
         slots: list[SlotInfo] = []
         waiting: list[SlotInfo] = []
         for s in self.seqs.values():
-            r = s.handle.request
-            info = SlotInfo(rid=s.rid, user_id=r.user_id, user=r.user, klass=r.klass.label,
-                            state=s.state.value,
-                            prompt_tokens=s.n_prompt, prefilled=min(s.computed, s.n_prompt)
-                            if s.state is RequestState.PREFILLING else s.n_prompt
-                            if s.state is RequestState.DECODING else 0,
-                            generated=s.generated, max_tokens=s.max_tokens,
-                            waited_s=now - s.arrival)
-            (waiting if s.state is RequestState.QUEUED else slots).append(info)
+            (waiting if s.state is RequestState.QUEUED else slots).append(s.slot_info(now))
         if len(waiting) > 1:  # in the order the scheduler will admit them
             rank = {rid: i for i, rid in enumerate(self.scheduler.queue_order(now, self._views()))}
             waiting.sort(key=lambda q: rank.get(q.rid, len(rank)))

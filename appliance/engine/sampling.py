@@ -101,15 +101,22 @@ def _greedy(logits: mx.array, samplers: Sequence[RowSampler]) -> mx.array:
 def sample_batch(logits: mx.array, samplers: Sequence[RowSampler],
                  contexts: Sequence[Sequence[int]],
                  on_row_error: Any = None) -> list[int | None]:
-    """Sample one token per row of ``logits`` [B, V].
+    """Sample one token per row of ``logits`` [B, V] (:func:`sample_lazy`, then read)."""
+    return read_tokens(*sample_lazy(logits, samplers, contexts, on_row_error), len(samplers))
+
+
+def sample_lazy(logits: mx.array, samplers: Sequence[RowSampler],
+                contexts: Sequence[Sequence[int]],
+                on_row_error: Any = None) -> tuple[mx.array | None, list[int]]:
+    """The sampled tokens of the rows of ``logits`` [B, V] whose sampling could be built, as
+    one lazy array, and those rows' indices (the array is None when there are none).
 
     Plain greedy rows share one argmax even when other rows of the batch need their own
-    sampling (penalties, temperature, a grammar). A row whose sampling raises gets ``None``
+    sampling (penalties, temperature, a grammar). A row whose sampling raises is left out
     and ``on_row_error(i, exc)`` is called; the other rows are unaffected.
     """
     if all(s.plain_greedy for s in samplers):
-        tokens: list[int] = _greedy(logits, samplers).tolist()  # type: ignore[assignment]
-        return list(tokens)
+        return _greedy(logits, samplers), list(range(len(samplers)))
     out: list[mx.array | None] = [None] * len(samplers)
     plain = [i for i, s in enumerate(samplers) if s.plain_greedy]
     if plain:
@@ -126,9 +133,16 @@ def sample_batch(logits: mx.array, samplers: Sequence[RowSampler],
                 raise
             on_row_error(i, exc)
     live = [(i, t) for i, t in enumerate(out) if t is not None]
-    result: list[int | None] = [None] * len(samplers)
-    if live:
-        values: list[int] = mx.stack([t for _, t in live]).tolist()  # type: ignore[assignment]
-        for (i, _), v in zip(live, values, strict=True):
+    if not live:
+        return None, []
+    return mx.stack([t for _, t in live]), [i for i, _ in live]
+
+
+def read_tokens(tokens: mx.array | None, live: list[int], rows: int) -> list[int | None]:
+    """:func:`sample_lazy`'s tokens as one entry per row (None for a row left out)."""
+    result: list[int | None] = [None] * rows
+    if tokens is not None:
+        values: list[int] = tokens.tolist()  # type: ignore[assignment]
+        for i, v in zip(live, values, strict=True):
             result[i] = int(v)
     return result

@@ -3,14 +3,19 @@ sampler and text stream, and the times its ledger row and the scheduler's view n
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance.engine.request import RequestHandle
+from appliance.engine.request import RequestHandle, Usage
 from appliance.engine.sampling import RowSampler
+from appliance.engine.snapshot import SlotInfo
 from appliance.engine.textstream import TextStream
+from appliance.percentiles import percentile
 from appliance.sched.states import RequestState, check_transition
 from appliance.sched.types import SeqView
+from appliance.store.records import LedgerRecord
+from appliance.vocab import FinishReason
 
 
 @dataclass(slots=True, eq=False)
@@ -54,3 +59,35 @@ class Seq:
                        state=self.state, prefill_len=len(self.tokens), computed=self.computed,
                        kv_tokens=kv_tokens, max_tokens=self.max_tokens,
                        generated=self.generated)
+
+    def slot_info(self, now: float) -> SlotInfo:
+        """This request as /slots and the dashboard show it (``now``: the engine's clock)."""
+        r = self.handle.request
+        prefilled = (min(self.computed, self.n_prompt) if self.state is RequestState.PREFILLING
+                     else self.n_prompt if self.state is RequestState.DECODING else 0)
+        return SlotInfo(rid=self.rid, user_id=r.user_id, user=r.user, klass=r.klass.label,
+                        state=self.state.value, prompt_tokens=self.n_prompt,
+                        prefilled=prefilled, generated=self.generated,
+                        max_tokens=self.max_tokens, waited_s=now - self.arrival)
+
+    def ledger_record(self, reason: FinishReason, usage: Usage, now: float) -> LedgerRecord:
+        """The ledger's record of this request: the engine's monotonic times (``now``: its
+        clock) as wall-clock times."""
+        wall_now = time.time()
+
+        def wall(t: float | None) -> float | None:
+            return None if t is None else wall_now - (now - t)
+
+        itl, p95 = self.itl, percentile(self.itl, 95)
+        r = self.handle.request
+        return LedgerRecord(
+            request_id=r.request_id, user_id=r.user_id, api_key_id=r.api_key_id,
+            klass=r.klass.label, endpoint=r.endpoint, model="",
+            prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+            output_tokens=usage.completion_tokens, queued_at=wall_now - (now - self.arrival),
+            admitted_at=wall(self.admitted_at), first_token_at=wall(self.first_token_at),
+            finished_at=wall_now, finish_reason=reason, preemptions=self.preemptions,
+            ttft_ms=(None if self.first_token_at is None
+                     else (self.first_token_at - self.arrival) * 1e3),
+            itl_mean_ms=sum(itl) / len(itl) * 1000.0 if itl else None,
+            itl_p95_ms=None if p95 is None else p95 * 1000.0)

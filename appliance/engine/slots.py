@@ -20,6 +20,7 @@ uses (:attr:`SlotLayout.start`), so the rows that left cost nothing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -39,6 +40,20 @@ AHEAD_BYTES = 4 << 20
 """Bytes of layer buffers a decode step copies ahead of need for a free slot (at least one
 layer). On a 2-core x86 fresh memory is written at 1.5 GB/s in-process, but 8 MB a step
 took 20-29 ms in a busy server, half a decode step of 8 rows."""
+
+
+AXES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """What a decode step changes in a :class:`SlotBatch`: the layout's end, each layer's
+    buffers and window, the count of copies (:meth:`SlotBatch.state`)."""
+
+    end: int
+    starts: tuple[int, ...]
+    layers: tuple[tuple[Any, Any, int], ...]
+    reallocations: int
 
 
 class SlotLayout:
@@ -130,11 +145,14 @@ class SlotKV:
             self.pending = None
         assert self.keys is not None and self.values is not None
         layout = self.layout
-        b, n = layout.rows, keys.shape[2]
+        n = keys.shape[2]
         at = layout.end - self.base
-        self.keys[:b, :, at:at + n, :] = keys
-        self.values[:b, :, at:at + n, :] = values
-        first = layout.start - self.base
+        # New arrays rather than writes into the old ones (the same operation): a step built
+        # ahead (DecodeBatch.step_ahead) leaves the buffers as they were until it runs.
+        where = mx.array([0, 0, at, 0])
+        self.keys = mx.slice_update(self.keys, keys, where, AXES)
+        self.values = mx.slice_update(self.values, values, where, AXES)
+        first, b = layout.start - self.base, layout.rows
         return self.keys[:b, :, first:at + n, :], self.values[:b, :, first:at + n, :]
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None
@@ -342,6 +360,24 @@ class SlotBatch:
             fresh += c.reallocate(start, last, self._row_capacity(c, spare),
                                   (c.keys, c.values))
         mx.eval(fresh)
+
+    def state(self) -> SlotState:
+        return SlotState(self.layout.end, tuple(self.layout.starts), tuple((c.keys, c.values, c.base) for c in self.layers),
+                         self.reallocations)
+
+    def set_state(self, state: SlotState) -> None:
+        """Back to (or on to) ``state``, for the same rows."""
+        for c, (keys, values, base) in zip(self.layers, state.layers, strict=True):
+            c.keys, c.values, c.base = keys, values, base
+        self.layout.end = state.end
+        self.layout.changed()
+        self.reallocations = state.reallocations
+
+    def holds(self, state: SlotState) -> bool:
+        """Whether the batch is as it was in ``state`` (no forward, copy or move since)."""
+        return (self.layout.end, tuple(self.layout.starts)) == (state.end, state.starts) and all(
+            c.keys is keys and c.values is values
+            for c, (keys, values, _) in zip(self.layers, state.layers, strict=True))
 
     def advance(self, n: int) -> None:
         """Every row took ``n`` positions (after a forward was built)."""

@@ -34,6 +34,11 @@ class TickRecord:
     measured_s: float
     decode_rows: int
     prefill_tokens: int
+    wait_s: float = 0.0
+    """A decode step's span on the device, from its launch (``mx.async_eval``) until its
+    tokens were ready. The engine thread built the next step inside it, overlapping the
+    device; ``wall_s - wait_s`` is the host work the device waited for (the plan, the
+    step's graph when it was not built ahead, text and events)."""
     wall_s: float = 0.0
     """The whole tick by the engine's timer: its forwards and everything between them
     (rows joining and leaving the batch, prompt-cache copies, the plan). Where it is well
@@ -55,11 +60,17 @@ class TickTiming:
         self._predicted = 0.0
         self._rows = 0
         self._began = 0.0
+        self._waited = 0.0
 
     def begin(self) -> None:
         self._measured = self._predicted = 0.0
         self._rows = 0
+        self._waited = 0.0
         self._began = self.timer()
+
+    def waited(self, since: float) -> None:
+        """A decode step ran on the device from ``since`` until now."""
+        self._waited += self.timer() - since
 
     def forward(self, kind: str, rows: int, tokens: int, offset: int, start: float,
                 riding: Sequence[tuple[int, int]] = ()) -> None:
@@ -84,7 +95,8 @@ class TickTiming:
             ride: bool) -> TickRecord:
         record = TickRecord(target_s=target_s, predicted_s=self._predicted,
                             measured_s=self._measured, decode_rows=self._rows,
-                            prefill_tokens=prefill_tokens, wall_s=self.timer() - self._began)
+                            prefill_tokens=prefill_tokens, wait_s=self._waited,
+                            wall_s=self.timer() - self._began)
         self.log.append(record)
         log.debug("tick=%d target_ms=%.0f predicted_ms=%.0f measured_ms=%.0f wall_ms=%.0f "
                   "decode_rows=%d prefill_tokens=%d ride=%s", tick, (target_s or 0) * 1e3,

@@ -6,5 +6,6 @@ requests through the same service path as HTTP requests.
 - ``fetch``: HTTP(S) downloads with size and time caps, every redirect re-checked
 - ``sources``: text, url (HTML page or RSS/Atom feed, new items only), conversations
 - ``mapreduce``: token-sized chunks summarised, then combined
-- ``runner``: the APScheduler ``AsyncIOScheduler`` and the life of a run
+- ``runner``: ``JobService``, the APScheduler ``AsyncIOScheduler`` and which runs start
+- ``run``: the life of one run (source, summary, output, webhook)
 """

@@ -17,21 +17,14 @@ the ITL max goal (3 times the p50, about one step) less the cost model's error
 
 WHOLE_RIDING = 1.2
 """A fresh prompt riding in the decode step is read whole, not split, when it costs at most
-this many times what the tick has left (split, its first token waits a tick for the stub).
-With 1.5, ticks planned at 2.5 decode steps ran past the ITL max goal (3 times the ITL
-p50) at C = 8 in three runs of three (3.1-3.7x); with 1.2, 2.0-2.8x, TTFT p95 about the
-same (0.87-1.64 s against 1.23-1.64 s; ``python -m appliance.bench.serve --concurrency 8
---servers ours``)."""
+this many times what the tick has left: split, its first token waits a tick for the stub;
+more than this, the overrun breaks the ITL max goal (docs/decisions.md, "Riding ticks")."""
 
 
 def even_chunk(remaining: int, n: int) -> int:
     """The chunk that reads ``remaining`` tokens in as many equal pieces as chunks of at
-    most ``n`` take: riding in the decode step, a prompt read greedily (24, 24 and 7 tokens
-    of a 55-token chat turn) makes full ticks of the ITL target and a stub, and the
-    streams' ITL tail is the full ticks; read evenly (19, 18, 18), the ticks are as many
-    (the prompt's first token comes no later) and the longest is shorter. What it leaves of
-    the tick goes to the next prompt waiting, if that is at least a ``min_chunk`` chunk
-    (:meth:`PrefillAllowance.size`)."""
+    most ``n`` take: as many ticks as a greedy split, the first token no later, and no stub
+    (see the glossary in appliance/sched/__init__.py, and docs/decisions.md)."""
     pieces = -(-remaining // n)
     return -(-remaining // pieces)
 
@@ -108,38 +101,21 @@ class TickBudget:
 def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
                 kv_len: int, *, present: bool = True, overdue: bool = False,
                 ride: bool = True) -> TickBudget:
-    """The tick target of a tick that prefills: the ITL objective while a batch decodes,
-    capped by the TTFT bound (half the TTFT objective) either way. ``overdue``: a prompt
-    someone waits on has already waited that bound unread (a burst of arrivals, read one a
-    tick, would leave the last waiting several ticks past its objective), or nothing
-    decodes and several such prompts wait (see ``Scheduler._allowance``), so the tick may
-    last the whole TTFT objective: the burst's prompts share one forward (one fixed cost)
-    and the running streams see one gap of at most that length. Riding in the decode step,
-    the chunks have no forward's fixed cost to share (each has a small one of its own), so
-    such a tick lasts at most :data:`BURST_STEPS` decode steps (and at least the ITL
-    objective): enough to pay a profile's step to wider products
-    and read the burst in big chunks.
+    """The budget of a tick that prefills.
 
-    When that leaves prefill less than its floor (``prefill_floor`` forward fixed costs),
-    the objectives cannot be met on this machine at all, and the tick gets the time of the
-    most efficient chunk on top of the decode step, so a slow or busy machine at least
-    reads prompts at its best pace, several fresh ones per forward.
-
-    While the household is ``present`` (voice or interactive work about), work that can
-    wait (a chunk of a long document, a background prompt) gets no more than keeps the
-    tick within the time of reading one arrival (``arrival_tokens``) alone, and never less
-    than a ``min_chunk`` chunk: the next chat turn or voice command waits one short tick,
-    not a big chunk of someone's document (on a CPU with long contexts, seconds). Prompts
-    read to their end (chat turns arriving together) may use the whole share.
-
-    When the engine reads chunks in the decode step's forward (``costs.rides``), a batch
-    decodes and the tick may ``ride``, chunks pay no forward's fixed cost: the floor is then
-    ``prefill_floor`` times a ``min_chunk`` chunk's riding time, and work that can wait gets
-    at least that chunk, and at least ``prefill_floor`` times a riding chunk's own fixed
-    cost (so at least half its time reads tokens): on the demo model, reading a chat turn
-    alone takes about a decode step, and the 8-token chunks that left spent 1.5 ms of 2.2
-    on that fixed cost (a heavy user's documents beside a light user's streams: 10 prompt
-    tokens per riding tick; with the floor, 15; BENCHMARKS Run 17)."""
+    * Target: the ITL objective while a batch decodes, never more than half the TTFT
+      objective. ``overdue`` (a burst waits unread, see ``Scheduler._allowance``): the
+      whole TTFT objective, so the burst shares one forward; riding, at most
+      :data:`BURST_STEPS` decode steps (and at least the ITL objective).
+    * Floor: when that leaves prefill less than ``prefill_floor`` forward fixed costs the
+      objectives cannot be met here, and the tick gets the most efficient chunk on top of
+      the decode step, so a slow machine reads prompts at its best pace. Riding, the floor
+      is ``prefill_floor`` times a ``min_chunk`` chunk's riding time.
+    * Patient share: while someone is ``present``, work that can wait gets no more than
+      keeps the tick within reading one arrival (``arrival_tokens``) alone, and at least a
+      ``min_chunk`` chunk (riding, also at least ``prefill_floor`` times a riding chunk's
+      own fixed cost, so half its time reads tokens). Prompts read to their end may use the
+      whole share (docs/decisions.md, "Riding ticks")."""
     riding = costs.rides and decode_rows > 0 and ride
     decode_s = costs.decode(decode_rows, kv_len + 1)
     bound = objectives.ttft_target_s / 2
@@ -202,7 +178,7 @@ class PrefillAllowance:
     def _rides(self, remaining: int, computed: int, n: int) -> bool:
         """A whole fresh prompt joins the batched forward of the fresh prompts before it
         (the engine reads those together), so it pays no fixed cost of its own. (Riding in
-        the decode step, every chunk pays its own small one, ``d6`` of the cost model.)"""
+        the decode step, every chunk pays its own small one, ``d5`` of the cost model.)"""
         return self._fresh_forward and computed == 0 and n >= remaining and not self.riding
 
     def size(self, remaining: int, computed: int, *, grant: bool = False,
@@ -216,12 +192,11 @@ class PrefillAllowance:
         the decode step, where there is no forward's fixed cost to spread: an even share
         of what is left, :func:`even_chunk`); the first chunk of a tick (or a grant) reads
         at least ``min_chunk`` tokens, and a fresh prompt that does not fit whole when it is
-        short (:meth:`_whole`). A later chunk of fewer than
-        ``min_chunk`` tokens that leaves its prompt unfinished is not read (0): two tokens
-        of a fresh prompt, read with what an even chunk left, made it a prompt in pieces,
-        read next tick in a forward of its own after the others were read together, and
-        their streams waited out that forward between their first and second tokens (a
-        gap of 335 ms at an ITL p50 of 57, serving run s40)."""
+        short (:meth:`_whole`). A later chunk of fewer than ``min_chunk`` tokens that
+        leaves its prompt unfinished (a *crumb*) is not read (0): it would make the prompt
+        one read in pieces, in a forward of its own next tick, which the streams of the
+        prompts read whole beside it would wait out between their first and second tokens
+        (docs/decisions.md, "Riding ticks")."""
         if not self.timed:
             cap = self.full_tokens if grant else self.tokens
             return remaining if cap is None else min(remaining, cap)

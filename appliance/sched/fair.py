@@ -190,9 +190,8 @@ def share_victim(vtc: VirtualCounters, best: SeqView, queued: Sequence[SeqView],
     takes first), or None: VTC's order applied to the running rows, for a full batch.
 
     Requests run to their end, so counters alone choose only who is admitted *next*; with
-    every slot held, slots free at the pace of the requests, not of the weights (two users
-    of weights 1 and 4, each keeping eight 256-token requests in flight on a batch of
-    eight, were served 1:1.1). So among the rows of ``best``'s class, a user who holds more
+    every slot held, slots free at the pace of the requests, not of the weights
+    (docs/decisions.md, "Weighted shares"). So among the rows of ``best``'s class, a user who holds more
     than their weighted share of those rows (``rows * w_u / sum of w`` over the users with
     work of that class, rounded down) and whose counter is more than ``margin`` above
     ``best``'s user's gives up one row, their latest. Rounding down and the margin make

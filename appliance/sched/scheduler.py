@@ -305,9 +305,9 @@ class Scheduler:
         reading; read together, they start together. Not for documents: a chat turn beside
         them would wait out a tick of the whole objective (the light user's owner-less
         tick: its own turn is readable, so nobody else counts as present), nor for a
-        document that waited: with a heavy user's six documents queued, one always had,
-        and the ticks that read them lasted the objective (1 s on the SmolLM-135M shape),
-        which the light user's next turn waited out (fairness run 27).
+        document that waited: with a heavy user's documents queued one always has, so every
+        tick would last the objective, and the light user's next turn would wait it out
+        (docs/decisions.md, "Work that can wait").
 
         The tick does not ride (``Plan.ride``) when a prompt that is not background work,
         with at most twice ``arrival_tokens`` left to read, is of someone with nothing
@@ -388,12 +388,11 @@ class Scheduler:
         return tuple(chunks)
 
     def _patient(self, s: SeqView) -> bool:
-        """Work that can wait: background prompts, the rest of a prompt read in pieces (its
-        last chunk too: read whole while someone else is present, the end of a document
-        took a tick of 400 tokens, 1 s on the SmolLM-135M shape), and a document (more
-        than twice ``arrival_tokens`` left, not a voice command) even when it would fit
-        whole: six of the demo model's 850-token documents, arriving together, were read
-        in one tick of 1.1 s that a chat turn waited out (fairness run 14)."""
+        """Work that can wait (*patient* work): background prompts, the rest of a prompt
+        read in pieces, its last chunk too, and a document (more than twice
+        ``arrival_tokens`` left, not a voice command) even when it would fit whole, so a
+        chat turn beside it never waits out a long tick (docs/decisions.md, "Work that can
+        wait")."""
         return (s.klass is Klass.BACKGROUND or s.rid in self._in_pieces
                 or (s.klass is not Klass.VOICE
                     and s.remaining > self._turn_tokens))

@@ -128,6 +128,17 @@ def add_message(
     return message
 
 
+def set_content(session: Session, user_id: int, conversation_id: int, message_id: int,
+                content: str) -> None:
+    """Replace a message's text (an attached file's summary taking the file's place)."""
+    conv = _require(session, user_id, conversation_id)
+    message = session.get(Message, message_id)
+    if message is None or message.conversation_id != conv.id:
+        raise NotFound("message not found")
+    message.content = content
+    session.flush()
+
+
 def delete_messages_from(session: Session, user_id: int, conversation_id: int,
                          message_id: int) -> None:
     """Delete the message ``message_id`` and every later one of the conversation (to

@@ -1,7 +1,7 @@
 """The usage ledger: one row per finished request, and the sums read from it.
 
-``LedgerRecord`` is the message the engine hands to the ``StoreWriter``; it is a plain
-frozen dataclass so the engine thread never touches SQLAlchemy.
+The row's message, ``LedgerRecord``, lives in ``store.records`` (no SQLAlchemy there): the
+engine builds it when a request finishes and hands it to the ``StoreWriter``.
 """
 
 from __future__ import annotations
@@ -16,32 +16,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from appliance.store.models import LedgerEntry
-from appliance.vocab import DAY_S, HOUR_S, FinishReason
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerRecord:
-    """A finished request. Times are unix seconds (``time.time()``); ids and counts only,
-    never prompt or completion text."""
-
-    request_id: str
-    user_id: int
-    api_key_id: int | None
-    klass: str
-    endpoint: str
-    model: str
-    prompt_tokens: int
-    cached_tokens: int
-    output_tokens: int
-    queued_at: float
-    admitted_at: float | None
-    first_token_at: float | None
-    finished_at: float
-    finish_reason: FinishReason
-    preemptions: int = 0
-    ttft_ms: float | None = None
-    itl_mean_ms: float | None = None
-    itl_p95_ms: float | None = None
+from appliance.store.records import LedgerRecord
+from appliance.vocab import DAY_S, HOUR_S
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,3 +64,24 @@ class Tab:
     def close(self) -> None:
         self.context.close()
         assert self.problems == [], self.problems
+
+
+@pytest.fixture(scope="module")
+def chat_server(tiny_model: Path) -> Iterator[LiveServer]:
+    """The chat pages' daemon: two slots, short answers, and the fault hook that keeps some
+    requests slow and makes others fail (tests.browser.support.slow_fault)."""
+    from tests.browser.support import slow_fault
+    from tests.helpers import live_server, make_settings
+
+    settings = make_settings(tiny_model, max_batch_size=2, default_max_tokens=40)
+    with live_server(settings, fault=slow_fault) as s:
+        yield s
+
+
+SHOTS = os.environ.get("APPLIANCE_SHOTS")
+"""A folder to keep the chat tests' screenshots in (unset: none are taken)."""
+
+
+def shot(tab: Any, name: str, size: dict[str, int]) -> None:
+    if SHOTS:
+        tab.page.screenshot(path=f"{SHOTS}/{name}-{size['width']}.png", caret="initial")

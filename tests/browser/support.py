@@ -12,7 +12,7 @@ import httpx
 from appliance.engine.core import Engine
 from appliance.engine.request import GenerationRequest, RequestHandle, SamplingParams
 from appliance.vocab import Klass
-from tests.helpers import PASSWORD
+from tests.helpers import PASSWORD, LiveServer
 
 SLOW_USERS = frozenset({"bob"})
 """Requests of these users decode at most one token per SLOW_TOKEN_S (the fault hook)."""
@@ -84,3 +84,14 @@ def sse_events(body: str) -> list[tuple[str, str]]:
 
 HOSTILE = '<script>window.__pwned=1</script>"><img src=x onerror="window.__pwned=2">'
 """Markup that would run script if any page let it through unescaped."""
+
+
+def add_conversation(server: LiveServer, who: str, title: str,
+                     turns: list[tuple[str, str]]) -> int:
+    """A conversation of ``who``'s with these (role, text) turns, made through the API."""
+    with server.client(who) as api:
+        cid = int(api.post("/conversations", json={"title": title}).json()["id"])
+        for role, text in turns:
+            r = api.post(f"/conversations/{cid}/messages", json={"role": role, "content": text})
+            assert r.status_code == 201, r.text
+    return cid

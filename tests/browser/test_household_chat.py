@@ -6,33 +6,22 @@ Each test names the defect it guards against; every one ran red before its fix.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.browser.conftest import SIZES, Tab
-from tests.browser.support import slow_fault
-from tests.helpers import LiveServer, live_server, make_settings
+from tests.browser.support import add_conversation
+from tests.helpers import LiveServer
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[LiveServer]:
-    settings = make_settings(tiny_model, max_batch_size=2, default_max_tokens=40)
-    with live_server(settings, fault=slow_fault) as s:
-        yield s
+def server(chat_server: LiveServer) -> LiveServer:
+    return chat_server
 
 
-def _conversation(server: LiveServer, who: str, title: str,
-                  turns: list[tuple[str, str]]) -> int:
-    with server.client(who) as api:
-        cid = int(api.post("/conversations", json={"title": title}).json()["id"])
-        for role, text in turns:
-            r = api.post(f"/conversations/{cid}/messages", json={"role": role, "content": text})
-            assert r.status_code == 201, r.text
-    return cid
 
 
 # ---- 1. privacy ----
@@ -40,7 +29,7 @@ def _conversation(server: LiveServer, who: str, title: str,
 def test_back_after_log_out_shows_the_login_page_and_nothing_of_the_conversation(
         chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
     secret = "our surprise party for grandma is on the 14th"
-    cid = _conversation(server, "carol", "Party plans", [("user", secret),
+    cid = add_conversation(server, "carol", "Party plans", [("user", secret),
                                                          ("assistant", "Noted.")])
     tab = Tab(chromium, server, "carol", size)
     page = tab.page
@@ -77,7 +66,7 @@ def _long_conversation(server: LiveServer, who: str) -> int:
     for i in range(14):  # tall on screen, short in tokens (the context is small)
         turns += [("user", f"Question {i}"),
                   ("assistant", f"Answer {i}.\n\n" + "\n".join(f"- {j}" for j in range(8)))]
-    return _conversation(server, who, "A long talk", turns)
+    return add_conversation(server, who, "A long talk", turns)
 
 
 @SIZES
@@ -379,7 +368,7 @@ def test_rename_search_and_delete_without_a_reload(
 @SIZES
 def test_copy_regenerate_and_edit_the_last_question(
         chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
-    cid = _conversation(server, "carol", "Code", [
+    cid = add_conversation(server, "carol", "Code", [
         ("user", "How do I print?"),
         ("assistant", "Like this:\n\n```python\nprint('hi')\n```")])
     tab = Tab(chromium, server, "carol", size)

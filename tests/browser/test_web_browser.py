@@ -1,6 +1,6 @@
 """The web UI in headless Chromium (Debian's, driven by Playwright with executable_path).
 
-Screenshots go to a temporary folder, or to ``$APPLIANCE_SCREENSHOTS`` (the README's come
+Screenshots go to a temporary folder, or to ``$APPLIANCE_SCREENSHOTS`` (docs/web.md's come
 from ``APPLIANCE_SCREENSHOTS=docs/screenshots pytest tests/browser``).
 """
 

@@ -15,13 +15,13 @@ import pytest
 from mlx_lm import load
 from tokenizers import Tokenizer
 
-from appliance.api.chat_format import Delta, OutputParser, render_prompt
 from appliance.app import start_engine
 from appliance.demo import household as hh
 from appliance.demo.build import DEMO_MODEL_DIR, build_model
 from appliance.demo.template import render_turns
 from appliance.engine.core import Engine
 from appliance.engine.request import FinishEvent, GenerationRequest, TokenEvent, blocking_sink
+from appliance.service.chat_format import Delta, OutputParser, render_prompt
 from tests.helpers import make_settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "home_assistant_requests.json"

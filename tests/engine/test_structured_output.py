@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.api.structured import JSON_OBJECT, grammar_for, tool_call_grammar
 from appliance.app import start_engine
 from appliance.engine.core import Engine
 from appliance.engine.request import (
@@ -26,6 +25,7 @@ from appliance.engine.request import (
     TokenEvent,
     blocking_sink,
 )
+from appliance.service.structured import JSON_OBJECT, grammar_for, tool_call_grammar
 from tests.helpers import make_settings
 
 MAX_TOKENS = 800

@@ -141,6 +141,9 @@ OWNED = {("GET", "/schema/{}"),  # probed by the /schema/openapi.yaml row above
          ("GET", "/chat/{}/export.md"), ("GET", "/chat/{}/export.json"),
          ("POST", "/chat/{}/continue"), ("POST", "/chat/{}/answers/{}/show/{}"),
          ("POST", "/chat/streams/{}/stop"), ("GET", "/dashboard/stream"),
+         # tests/integration/test_web_attach.py
+         ("POST", "/chat/attachments"), ("GET", "/chat/readings/{}"),
+         ("POST", "/chat/readings/{}/stop"),
          ("POST", "/keys/{}/revoke"), ("GET", "/static/{}"),
          # tests/integration/test_web_household.py and tests/browser/test_household_chat.py
          ("POST", "/chat/{}/rename"), ("POST", "/chat/{}/regenerate"), ("POST", "/chat/{}/edit"),

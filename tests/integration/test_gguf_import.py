@@ -1,4 +1,4 @@
-"""`appliance model import` (appliance/gguf.py): GGUF files into MLX model directories that
+"""`appliance model import` (appliance/gguf/): GGUF files into MLX model directories that
 mlx_lm.load reads, through the real command; bad files get one clear line and leave nothing."""
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ def test_a_qwen3_header_maps_its_query_and_key_norms(tmp_path: Path) -> None:
     assert isinstance(loads_and_generates(out), str)
 
 
-@pytest.mark.parametrize("damage", ["gemma3", "truncated", "not-gguf", "corrupt"])
+@pytest.mark.parametrize("damage", ["falcon", "truncated", "not-gguf", "corrupt"])
 def test_a_bad_file_gets_one_clear_line_and_leaves_nothing(tmp_path: Path, damage: str) -> None:
-    path = write_gguf(tmp_path / "m.gguf", arch="gemma3" if damage == "gemma3" else "llama")
+    path = write_gguf(tmp_path / "m.gguf", arch="falcon" if damage == "falcon" else "llama")
     data = path.read_bytes()
     if damage == "truncated":
         path.write_bytes(data[:len(data) // 2])
@@ -107,10 +107,196 @@ def test_a_bad_file_gets_one_clear_line_and_leaves_nothing(tmp_path: Path, damag
     assert done.returncode == 1
     lines = [line for line in done.stdout.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stdout + done.stderr
-    expect = {"gemma3": "architecture 'gemma3' is not supported", "not-gguf": "not a GGUF file",
+    expect = {"falcon": "architecture 'falcon' is not supported", "not-gguf": "not a GGUF file",
               "truncated": "cannot be read", "corrupt": "cannot be read"}[damage]
     assert expect in lines[0]
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+
+
+NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
+         "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj",
+         "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+         "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
+         "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+         "ffn_gate": "mlp.gate_proj", "ffn_down": "mlp.down_proj"}
+"""llama.cpp's tensor names (the gguf package's MODEL_TENSORS) and the parameters of
+mlx-lm's modules they are; per architecture below where a block differs."""
+ARCH_NAMES = {
+    "llama": {"ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.up_proj"},
+    "gemma3": {"post_attention_norm": "post_attention_layernorm",
+               "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm", "ffn_up": "mlp.up_proj"},
+    "phi3": {"ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj"},
+}
+
+
+def direct(path: Path, config: dict[str, object]) -> object:
+    """mlx-lm's model of ``config`` with the file's weights as llama.cpp's reference code
+    reads them (float32), named by hand; Gemma's norms as its modules want them (llama.cpp's
+    converter stores 1 + w)."""
+    import mlx.core as mx
+    from gguf import GGUFReader, quants
+    from mlx_lm.utils import _get_classes
+
+    arch = {"llama": "llama", "gemma3_text": "gemma3", "phi3": "phi3"}[str(config["model_type"])]
+    names = {**NAMES, **ARCH_NAMES[arch]}
+    weights = {}
+    for t in GGUFReader(str(path)).tensors:
+        value = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32)
+        if t.name.startswith(("rope_freqs", "v.", "mm.")):
+            continue
+        if arch == "gemma3" and t.name.endswith("norm.weight"):
+            value = value - 1
+        parts = t.name.split(".")
+        if parts[0] == "blk":
+            name = f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
+        else:
+            name = f"{names[parts[0]]}.{parts[1]}"
+        weights[name] = mx.array(value)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    sanitize = getattr(model, "sanitize", lambda w: w)
+    model.load_weights(list(sanitize(weights).items()))
+    return model
+
+
+def same_answers(out: Path, path: Path, expect: dict[str, object]) -> None:
+    """The imported model (through mlx_lm.load) and the file's weights loaded directly into
+    the config ``expect`` give close logits and the same greedy tokens."""
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    imported, _ = load(str(out))
+    config = {**json.loads((out / "config.json").read_text()), **expect}
+    config.pop("quantization", None)
+    reference_model = direct(path, config)
+    prompt = mx.array([5, 80, 130, 42, 7, 99, 200, 13, 64, 250, 3, 17])
+    ours, theirs = imported(prompt[None]), reference_model(prompt[None])  # type: ignore[operator]
+    assert mx.abs(ours - theirs).max().item() < 0.02 * mx.abs(theirs).max().item()
+
+    def greedy(model: object) -> list[int]:
+        steps = generate_step(prompt, model, max_tokens=8,  # type: ignore[arg-type]
+                              sampler=lambda x: mx.argmax(x, axis=-1))
+        return [int(t) for t, _ in steps]
+
+    assert greedy(imported) == greedy(reference_model)
+
+
+def test_a_gemma3_header_maps_its_norms_window_and_scale(tmp_path: Path) -> None:
+    """With a vision tower beside it, as in Ollama's Gemma 3 file: left out, with a note."""
+    gguf = write_gguf(tmp_path / "g3.gguf", arch="gemma3", quant="Q8_0", vision=True)
+    out = tmp_path / "tiny-gemma3"
+    done = run_import(str(gguf), out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 vision tensors were left out" in done.stdout
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "gemma3_text" and "rope_traditional" not in config
+    assert config["sliding_window"] == 8 and config["sliding_window_pattern"] == 2
+    assert config["query_pre_attn_scalar"] == 64 and config["rope_local_base_freq"] == 10000
+    import mlx.core as mx
+
+    w = mx.load(str(out / "model.safetensors"))
+    assert "lm_head.weight" not in w  # tied, as Gemma 3's files are
+    stored = reference(gguf, "blk.1.post_ffw_norm.weight")
+    got = np.array(w["model.layers.1.post_feedforward_layernorm.weight"])
+    assert np.abs(got - (stored - 1)).max() < 1e-6
+    same_answers(out, gguf, {
+        "model_type": "gemma3_text", "hidden_size": 256, "num_hidden_layers": 2,
+        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "rms_norm_eps": 1e-5, "vocab_size": 261, "rope_theta": 10000.0,
+        "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 64, "sliding_window": 8,
+        "sliding_window_pattern": 2, "max_position_embeddings": 512})
+
+
+def test_a_phi3_header_maps_its_fused_projections(tmp_path: Path) -> None:
+    gguf = write_gguf(tmp_path / "p3.gguf", arch="phi3", quant="Q8_0")
+    out = tmp_path / "tiny-phi3"
+    done = run_import(str(gguf), out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "phi3" and config["tie_word_embeddings"] is False
+    same_answers(out, gguf, {
+        "model_type": "phi3", "hidden_size": 256, "num_hidden_layers": 2,
+        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "vocab_size": 261, "rope_theta": 10000.0,
+        "tie_word_embeddings": False})
+
+
+def llama3_rope_freqs(head_dim: int, theta: float, factor: float) -> np.ndarray:
+    """llama.cpp's converter's rope_freqs for Llama 3.1's RoPE scaling (low and high
+    frequency factors 1 and 4, 8,192 original positions)."""
+    import math
+
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < 8192 / 4:
+            out.append(1.0)
+        elif wavelen > 8192 / 1:
+            out.append(factor)
+        else:
+            smooth = (8192 / wavelen - 1) / (4 - 1)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)
+
+
+def test_a_llama3_files_rope_freqs_become_its_rope_scaling(tmp_path: Path) -> None:
+    gguf = write_gguf(tmp_path / "l3.gguf", rope_freqs=llama3_rope_freqs(64, 10000.0, 8.0))
+    out = tmp_path / "tiny-llama3"
+    done = run_import(str(gguf), out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192}
+    import mlx.core as mx
+
+    assert "rope_freqs.weight" not in mx.load(str(out / "model.safetensors"))
+    same_answers(out, gguf, {"model_type": "llama", "rope_traditional": True,
+                             "rope_scaling": config["rope_scaling"]})
+    odd = write_gguf(tmp_path / "odd.gguf", rope_freqs=np.linspace(1, 3, 32))
+    refused = run_import(str(odd), tmp_path / "odd")
+    assert refused.returncode == 1 and "rope_freqs are not Llama 3.x" in refused.stdout
+    assert not (tmp_path / "odd").exists()
+
+
+@pytest.mark.parametrize(("arch", "pieces"), [("gemma3", ["t", "he", "\u2581a"]),
+                                              ("phi3", ["\u2581the", "\u2581a"]),
+                                              ("llama", ["\u2581the", "\u2581a"])])
+def test_a_sentencepiece_vocabulary_is_built_as_its_architecture_spells_it(
+        tmp_path: Path, arch: str, pieces: list[str]) -> None:
+    """Gemma's, Phi-3's and Llama 2's files carry SentencePiece vocabularies (scores, byte
+    fallback, no merges): Gemma puts no space before the text, the others do."""
+    out = tmp_path / f"sp-{arch}"
+    done = run_import(str(write_gguf(tmp_path / "sp.gguf", arch=arch, vocab="llama")), out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    from mlx_lm import load
+
+    _, tok = load(str(out))
+    ids = tok.encode("the a", add_special_tokens=False)
+    assert tok.convert_ids_to_tokens(ids) == pieces
+    assert tok.decode(ids) == "the a"
+    assert tok.decode(tok.encode("\u00e9t\u00e9", add_special_tokens=False)) == "\u00e9t\u00e9"
+    assert tok.eos_token == "</s>" and tok.bos_token == "<s>"
+    assert isinstance(loads_and_generates(out), str)
+
+
+@pytest.mark.parametrize(("pre", "pieces"), [("llama-bpe", ["12", "3", "4", "5"]),
+                                             ("qwen2", ["1", "2", "3", "4", "5"]),
+                                             ("smollm", ["12", "34", "5"])])
+def test_a_byte_level_vocabulary_splits_text_as_its_file_says(
+        tmp_path: Path, pre: str, pieces: list[str]) -> None:
+    """Llama 3 groups digits by three before the merges, Qwen one by one, GPT-2 (and SmolLM)
+    not at all: the merge "3 4" applies only where the split leaves 3 and 4 together."""
+    out = tmp_path / f"pre-{pre}"
+    done = run_import(str(write_gguf(tmp_path / "pre.gguf", pre=pre)), out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    from mlx_lm import load
+
+    _, tok = load(str(out))
+    ids = tok.encode("12345", add_special_tokens=False)
+    assert tok.convert_ids_to_tokens(ids) == pieces and tok.decode(ids) == "12345"
 
 
 def test_an_ollama_model_is_found_in_its_store(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from appliance.api.service import Services
+from appliance.service.services import Services
 from appliance.store import limits, users
 from tests.browser.support import HOSTILE, browser
 from tests.helpers import PASSWORD, LiveServer, live_server, make_settings

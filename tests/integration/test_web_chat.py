@@ -156,6 +156,9 @@ class FakeGeneration:
     def close(self) -> None:
         self.closed = True
 
+    def ahead(self) -> int | None:
+        return None
+
 
 def test_hostile_model_output_is_escaped_token_by_token_and_in_the_final_answer() -> None:
     gen = FakeGeneration(["<scr", "ipt>window.__pwned=1</script>", '"><img src=x ',

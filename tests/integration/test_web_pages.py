@@ -165,7 +165,7 @@ def test_vendored_assets_are_served_locally_with_pinned_hashes_and_licenses(
 
 
 def test_the_web_layer_does_not_import_mlx() -> None:
-    code = ("import sys, web.routes, appliance.bench.dashboards; "
+    code = ("import sys, web.routes, bench.dashboards; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')); "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

@@ -331,8 +331,10 @@ def test_the_job_scheduler_stops_before_the_engine_drains() -> None:
     async def stop_jobs() -> None:
         order.append("jobs")
 
-    services: Any = SimpleNamespace(jobs=SimpleNamespace(start=lambda: None, stop=stop_jobs))
-    app = create_app(services, "x" * 32, on_shutdown=[lambda: order.append("drain")])
+    jobs: Any = SimpleNamespace(start=lambda: None, stop=stop_jobs)
+    services: Any = SimpleNamespace()
+    app = create_app(services, "x" * 32, on_shutdown=[lambda: order.append("drain")],
+                     jobs=jobs)
     assert app.on_shutdown[::-1][0] is stop_jobs
 
 

@@ -64,7 +64,7 @@ def test_a_job_stored_before_the_floor_runs_at_the_floor_and_can_still_be_paused
             "name": "legacy spinner", "instructions": "x", "source_kind": "text",
             "source_text": "t", "schedule_kind": "interval", "interval_s": 1,
             "max_output_tokens": 16}).id
-    jobs = server.services.jobs
+    jobs = server.jobs
     wait_until(lambda: jobs.scheduler.get_job(f"job-{job_id}") is not None, 30,
                "the poll to schedule the stored job")
     trigger = jobs.scheduler.get_job(f"job-{job_id}").trigger

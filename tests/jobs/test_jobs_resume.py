@@ -41,14 +41,14 @@ def _steps(server: LiveServer, run_id: int) -> int:
 
 
 def _on_jobs_loop(server: LiveServer, fn: Any, *args: Any) -> None:
-    jobs = server.services.jobs
+    jobs = server.jobs
     loop: asyncio.AbstractEventLoop = jobs.scheduler._eventloop
     loop.call_soon_threadsafe(fn, *args)
 
 
 def _interrupt(server: LiveServer, run_id: int) -> None:
     """What ``JobService.stop()`` does to a running run, for this one run."""
-    live = server.services.jobs.live[run_id]
+    live = server.jobs.live[run_id]
     live.cancel_reason = "interrupted"
     assert live.task is not None
     live.task.cancel()
@@ -73,7 +73,7 @@ def test_an_interrupted_run_resumes_and_asks_only_the_map_steps_not_yet_done(
         k = _steps(server, run["id"])
         assert STOP_AFTER <= k < n, (k, n)
         asked_before = set(first["request_ids"])
-        _on_jobs_loop(server, server.services.jobs._spawn, run["id"])  # start-up's retry
+        _on_jobs_loop(server, server.jobs._spawn, run["id"])  # start-up's retry
         wait_until(lambda: _run(bob, job["id"], run["id"])["attempts"] == 2, 60, "the retry")
         done = wait_run(bob, job["id"], run["id"], 300)
     assert done["status"] == "done" and done["attempts"] == 2, done

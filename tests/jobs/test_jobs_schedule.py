@@ -61,7 +61,7 @@ def _services(server: LiveServer) -> Any:
 
 
 def _loop(server: LiveServer) -> asyncio.AbstractEventLoop:
-    loop = _services(server).jobs.scheduler._eventloop
+    loop = server.jobs.scheduler._eventloop
     assert loop is not None
     return loop
 
@@ -69,7 +69,7 @@ def _loop(server: LiveServer) -> asyncio.AbstractEventLoop:
 async def _refire(server: LiveServer, job_id: int, slot: float) -> None:
     from datetime import datetime
 
-    svc = _services(server).jobs
+    svc = server.jobs
     await svc._fire(job_id, datetime.fromtimestamp(slot, svc.zone))
 
 
@@ -80,21 +80,30 @@ def test_pausing_stops_the_schedule_and_resuming_starts_it_again(server: LiveSer
         wait_until(lambda: len(runs(bob, job["id"])) >= 1, 30, "a first run")
         paused = bob.patch(f"/jobs/{job['id']}", json={"paused": True}).json()
         assert paused["paused"] and paused["schedule"]["next_runs"] == []
-        wait_until(lambda: _services(server).jobs.next_run(job["id"]) is None, 10,
+        wait_until(lambda: server.jobs.next_run(job["id"]) is None, 10,
                    "the schedule to go")
-        time.sleep(0.5)  # a run that had started when we paused finishes
-        count = len(runs(bob, job["id"]))
-        time.sleep(3.5)  # three slots go by
-        assert len(runs(bob, job["id"])) == count
+        paused_at = time.time()
+        # The paused job's slots had their chance: a witness on the same 1-second interval,
+        # fired by the same scheduler, finishes two runs of slots after the pause (a run
+        # row is written when its slot fires, before any generation).
+        witness = make_job(bob, source="text", text="Feed the cat.", schedule="interval",
+                           interval_s=1)
+        wait_until(lambda: len([r for r in runs(bob, witness["id"])
+                                if r["scheduled_for"] > paused_at
+                                and r["status"] == "done"]) >= 2, 30,
+                   "two witness runs after the pause")
+        assert bob.delete(f"/jobs/{witness['id']}").status_code == 204
+        assert [r for r in runs(bob, job["id"]) if r["scheduled_for"] > paused_at] == []
         bob.patch(f"/jobs/{job['id']}", json={"paused": False})
-        wait_until(lambda: len(runs(bob, job["id"])) > count, 30, "runs after resuming")
+        wait_until(lambda: any(r["scheduled_for"] > paused_at for r in runs(bob, job["id"])),
+                   30, "runs after resuming")
         assert bob.delete(f"/jobs/{job['id']}").status_code == 204
 
 
 def test_deleting_a_job_removes_its_schedule(server: LiveServer) -> None:
     with server.client("bob") as bob:
         job = make_job(bob, source="text", text="t", schedule="interval", interval_s=60)
-        jobs = _services(server).jobs
+        jobs = server.jobs
         wait_until(lambda: jobs.next_run(job["id"]) is not None, 10, "the schedule")
         assert bob.delete(f"/jobs/{job['id']}").status_code == 204
         assert jobs.next_run(job["id"]) is None

@@ -25,6 +25,11 @@ def test_there_is_no_import_cycle_in_appliance_or_web() -> None:
     assert layers.cycles(layers.graph()) == []
 
 
+def test_no_two_packages_import_each_other() -> None:
+    layers = _layers()
+    assert layers.package_cycles(layers.graph()) == []
+
+
 def test_every_import_goes_down_the_layers() -> None:
     layers = _layers()
     assert layers.breaches(layers.graph()) == []
@@ -50,6 +55,22 @@ def test_a_cycle_through_a_function_or_type_checking_import_is_found(tmp_path: P
     layers = _layers()
     assert layers.cycles(layers.graph(tmp_path)) == [
         ["appliance.sched.a", "appliance.sched.b", "appliance.sched.c"]]
+
+
+def test_packages_that_import_each_other_are_a_cycle_though_no_module_closes_one(
+        tmp_path: Path) -> None:
+    """api/a -> jobs/b and jobs/c -> api/d: no module is in a loop, the packages are."""
+    for folder in ("appliance", "appliance/api", "appliance/jobs", "web"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "appliance" / "api" / "a.py").write_text("from appliance.jobs import b\n")
+    (tmp_path / "appliance" / "jobs" / "b.py").write_text("")
+    (tmp_path / "appliance" / "jobs" / "c.py").write_text("def f():\n    import appliance.api.d\n")
+    (tmp_path / "appliance" / "api" / "d.py").write_text("")
+    layers = _layers()
+    g = layers.graph(tmp_path)
+    assert layers.cycles(g) == []
+    assert layers.package_cycles(g) == [["appliance.api", "appliance.jobs"]]
 
 
 def test_an_import_up_a_layer_is_a_breach(tmp_path: Path) -> None:

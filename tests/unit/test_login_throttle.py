@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from appliance.api.throttle import LoginThrottle
+from appliance.service.throttle import LoginThrottle
 
 
 def test_five_failures_block_that_account_from_that_address_only() -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from appliance.api.errors import ApiError
 from appliance.api.ollama_fit import answer_reserve, cut_points, fit_context, fit_turns
+from appliance.service.errors import InvalidRequest
 
 
 def _render(turns: list[dict[str, Any]]) -> list[int]:
@@ -57,9 +57,9 @@ def test_the_oldest_exchanges_go_first_keeping_system_and_the_current_turn() -> 
 
 
 def test_when_even_the_kept_part_leaves_no_room_it_is_the_context_400() -> None:
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(InvalidRequest) as err:
         fit_turns(_render, HISTORY, 26, 4)
-    assert err.value.status == 400 and err.value.code == "context_length_exceeded"
+    assert err.value.code == "context_length_exceeded"
     kept, dropped = fit_turns(_render, HISTORY, 27, 4)  # fits, with less room than asked
     assert (len(kept), dropped) == (26, 6)
 
@@ -67,7 +67,7 @@ def test_when_even_the_kept_part_leaves_no_room_it_is_the_context_400() -> None:
 def test_generate_drops_the_oldest_context_tokens() -> None:
     assert fit_context([1, 2, 3, 4], [7, 8], 10, 2) == [1, 2, 3, 4, 7, 8]
     assert fit_context([1, 2, 3, 4], [7, 8], 6, 2) == [3, 4, 7, 8]
-    with pytest.raises(ApiError):
+    with pytest.raises(InvalidRequest):
         fit_context([1, 2], [7, 8, 9], 3, 1)
 
 

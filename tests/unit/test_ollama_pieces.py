@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from appliance.api.chat_format import OutputParser
 from appliance.api.ollama import ChatPieces
+from appliance.service.chat_format import OutputParser
 
 TOOLS = [{"type": "function", "function": {"name": "HassTurnOn", "parameters": {
     "type": "object", "properties": {"name": {"type": "string"}}}}}]

@@ -6,7 +6,7 @@ import pytest
 
 from appliance.api.errors import ApiError
 from appliance.api.ollama_options import parse_keep_alive, parse_options
-from appliance.api.voice_memory import SentenceSplitter, VoiceMemory
+from appliance.service.voice_memory import SentenceSplitter, VoiceMemory
 
 
 @pytest.mark.parametrize("value, seconds", [

@@ -1,18 +1,17 @@
 """The cheap prompt-size bound (issue 37, item 7): no token stands for more characters than
-the vocabulary's longest entry, so a text's characters bound its tokens from below."""
+the vocabulary's longest entry, so a text's characters bound its tokens from below (on a
+real tokenizer: tests/engine/test_token_bound.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from appliance.api.chat_format import longest_token_chars
-from appliance.api.errors import ApiError
-from appliance.api.service import ModelInfo, check_prompt_size, user_chars
-
-DEMO = Path(__file__).resolve().parents[2] / "appliance" / "demo_model" / "tokenizer.json"
+from appliance.service.chat_format import longest_token_chars
+from appliance.service.checks import check_prompt_size, user_chars
+from appliance.service.errors import InvalidRequest
+from appliance.service.services import ModelInfo
 
 
 class Vocab:
@@ -31,7 +30,7 @@ def model(longest: int, ctx: int = 100) -> ModelInfo:
 def test_the_bound_refuses_only_what_cannot_fit() -> None:
     assert longest_token_chars(Vocab(["a", "abcd", "<0x41>"])) == 6
     check_prompt_size(model(6), 6 * 100 - 1)  # at least 99 tokens: it may fit
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(InvalidRequest) as err:
         check_prompt_size(model(6), 6 * 100, "prompt")  # at least 100: it cannot
     assert err.value.code == "context_length_exceeded" and err.value.param == "prompt"
     check_prompt_size(model(0), 10**9)  # no vocabulary: no bound
@@ -43,12 +42,3 @@ def test_only_user_text_counts_and_surrounding_space_does_not() -> None:
             self.text = text
     parts: list[Any] = [Part(" abc"), Part("def ")]
     assert user_chars(["  hi  ", None, parts]) == 2 + 6
-
-
-def test_no_demo_token_decodes_to_more_than_the_longest_entry() -> None:
-    tokenizers = pytest.importorskip("tokenizers")
-    tok = tokenizers.Tokenizer.from_file(str(DEMO))
-    longest = longest_token_chars(tok)
-    assert longest > 0
-    assert all(len(tok.decode([i], skip_special_tokens=False)) <= longest
-               for i in range(tok.get_vocab_size()))

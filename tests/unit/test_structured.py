@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from appliance.api.errors import ApiError
-from appliance.api.structured import (
+from appliance.service.errors import InvalidRequest
+from appliance.service.structured import (
     FRACTION_DIGITS,
     INT_DIGITS,
     bounded,
@@ -94,6 +94,6 @@ def test_a_schema_nested_too_deeply_is_a_400_not_a_crash() -> None:
     for make, param in ((lambda: grammar_for(deep), "response_format"),
                         (lambda: tool_call_grammar([{"type": "function", "function": {
                             "name": "f", "parameters": deep}}]), "tools")):
-        with pytest.raises(ApiError) as err:
+        with pytest.raises(InvalidRequest) as err:
             make()
-        assert err.value.status == 400 and err.value.param == param
+        assert err.value.param == param

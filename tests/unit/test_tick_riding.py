@@ -53,7 +53,7 @@ def test_chunks_riding_in_the_decode_step_are_fitted_without_a_fixed_cost() -> N
 
 
 TINY = Machine(d0=0.004, d1=0.0001, d2=0.0005, p0=0.002, p1=0.05, p2=0.2)
-"""About the demo model served on two CPU cores (appliance.bench.mixed, and the server's
+"""About the demo model served on two CPU cores (bench.mixed, and the server's
 steps): a chunk riding in its decode step costs TINY_RIDE_FIXED of its own and the prefill
 rate per token."""
 TINY_RIDE_FIXED = 0.0015

@@ -43,21 +43,66 @@
       : fmt(n) + ' of ' + fmt(limit) + ' characters';
   }
 
-  // Attach: a text, Markdown or HTML file is read here in the browser (HTML as its text)
-  // and sent with the message; nothing is uploaded until Send.
+  // Attach: a text, Markdown or HTML file is read here in the browser (HTML as its text);
+  // a PDF goes to the server, which sends back its text (pypdf). The text is sent with the
+  // message; a file longer than one message is read in parts first (web/attach.py).
   var ATTACH_MAX_BYTES = 1024 * 1024;
-  function setAttachment(name, text) {
+  var PDF_MAX_BYTES = 20 * 1024 * 1024;
+  function setAttachment(name, text, what) {
     document.getElementById('attachment').value = text;
     document.getElementById('attachment-name').value = name;
     var shown = document.getElementById('attached');
     shown.hidden = !name;
+    var box = document.getElementById('message');
+    var limit = box ? parseInt(box.getAttribute('data-limit') || '0', 10) : 0;
+    var long = limit > 0 && text.length > limit / 2;
     document.getElementById('attached-what').textContent = name
-      ? 'Attached: ' + name + ' (' + text.length.toLocaleString('en') + ' characters)' : '';
+      ? 'Attached: ' + name + ' (' + (what ? what + ', ' : '') +
+        text.length.toLocaleString('en') + ' characters' +
+        (long ? '; a long file is read in parts before the answer' : '') + ')' : '';
+  }
+  function csrfHeaders() {
+    try { return JSON.parse(document.body.getAttribute('hx-headers') || '{}'); }
+    catch (err) { return {}; }
+  }
+  function attachPdf(file) {
+    var what = document.getElementById('attached-what');
+    document.getElementById('attached').hidden = false;
+    what.textContent = 'Reading ' + file.name + '…';
+    var body = new FormData();
+    body.append('file', file, file.name);
+    window.fetch('/chat/attachments', { method: 'POST', body: body, headers: csrfHeaders(),
+                                        credentials: 'same-origin' })
+      .then(function (r) {
+        return r.json().catch(function () { return {}; }).then(function (data) {
+          if (r.ok && typeof data.text === 'string') {
+            setAttachment(data.name || file.name, data.text,
+                          data.pages + (data.pages === 1 ? ' page' : ' pages'));
+            return;
+          }
+          setAttachment('', '');
+          var said = data.error && (data.error.message || data.error) || data.detail;
+          notice(typeof said === 'string' ? said : r.status === 413
+            ? 'That PDF is too large to attach (at most 20 MB).'
+            : 'That PDF could not be read.');
+        });
+      }, function () {
+        setAttachment('', '');
+        notice('The appliance cannot be reached, so the PDF was not attached.');
+      });
   }
   document.addEventListener('change', function (e) {
     if (!e.target || e.target.id !== 'attach' || !e.target.files.length) { return; }
     var file = e.target.files[0];
     e.target.value = '';
+    if (/\.pdf$/i.test(file.name) || file.type === 'application/pdf') {
+      if (file.size > PDF_MAX_BYTES) {
+        notice('That PDF is too large to attach (at most 20 MB).');
+        return;
+      }
+      attachPdf(file);
+      return;
+    }
     if (file.size > ATTACH_MAX_BYTES) {
       notice('That file is too large to attach (at most 1 MB of text).');
       return;

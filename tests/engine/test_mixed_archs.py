@@ -1,0 +1,160 @@
+"""Every architecture the riding forward reads (appliance/engine/mixed.py: Llama 3.x,
+Mistral, Qwen 3, Phi-3, Gemma 3 text), on small random-weight models built with mlx-lm's own
+classes, in float32 and 4-bit: each part of a mixed forward gets the numbers of its own
+forward, and the engine's greedy output (streams decoding together, prompts read in chunks
+beside them) is mlx-lm's greedy output for each prompt alone."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+from appliance.engine.batch import DecodeBatch, new_sequence_cache, prefill
+from appliance.engine.mixed import mixed_step, supports_mixed
+from appliance.engine.model import LoadedModel, load_model
+from appliance.engine.request import GenerationRequest, RequestHandle
+from appliance.engine.runner import Runner
+from appliance.sched.scheduler import Scheduler
+from appliance.sched.types import SchedulerConfig
+from tests.engine.arch_models import CONFIGS, build
+from tests.helpers import NATIVE
+
+ATOL = 1e-4
+"""fp32 sums of the same products in another grouping of rows."""
+
+RIDES_IN_ENGINE = {"llama3", "mistral", "qwen3", "phi3"}
+"""Gemma 3's sliding-window layers keep rotating caches, which the engine's decode slots do
+not hold: it is read one forward per part there (docs/models.md)."""
+
+CASES = [pytest.param(arch, bits, id=f"{arch}-{'q4' if bits else 'fp32'}")
+         for arch in CONFIGS for bits in (0, 4)]
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return [int(t) for t in mx.random.randint(3, 4000, (n,), key=mx.random.key(seed)).tolist()]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("archs")
+    return {f"{arch}-{bits}": build(root / f"{arch}-{bits}", demo_model, arch, bits=bits)
+            for arch in CONFIGS for bits in (0, 4)}
+
+
+def _load(models: dict[str, Path], arch: str, bits: int) -> LoadedModel:
+    return load_model(models[f"{arch}-{bits}"], fast_cpu_ops=True, native=NATIVE)
+
+
+def _batch(model: Any, lengths: list[int], lean: bool) -> DecodeBatch:
+    batch = DecodeBatch(model)
+    batch.lean = batch.lean and lean
+    for i, n in enumerate(lengths):
+        cache = new_sequence_cache(model)
+        prefill(model, cache, _tokens(n, i), False)
+        batch.add(i, cache)
+    return batch
+
+
+@pytest.mark.parametrize(("arch", "bits"), CASES)
+def test_each_part_of_a_mixed_forward_gets_its_own_forwards_numbers(
+        models: dict[str, Path], arch: str, bits: int) -> None:
+    model = _load(models, arch, bits).model
+    assert supports_mixed(model)
+    lengths, inputs = [40, 23, 57], [11, 12, 13]
+    fresh, deep = _tokens(19, 7), _tokens(12, 8)
+
+    own = _batch(model, lengths, lean=False)  # mlx-lm's model call over the batch
+    want = own.step(inputs)
+    fresh_cache = new_sequence_cache(model)
+    fresh_want = prefill(model, fresh_cache, fresh, True)
+
+    mixed = _batch(model, lengths, lean=True)
+    fresh_mixed, deep_mixed = new_sequence_cache(model), new_sequence_cache(model)
+    prefill(model, deep_mixed, _tokens(30, 9), False)
+    chunks: list[tuple[list[Any], list[int], bool]] = [(fresh_mixed, fresh, True),
+                                                       (deep_mixed, deep, False)]
+    if mixed.lean:
+        logits, lasts = mixed.step_mixed(inputs, chunks)
+    else:  # Gemma 3: the batch's KV in mlx-lm's batched (rotating) caches
+        assert arch not in RIDES_IN_ENGINE and mixed.layers is not None
+        logits, lasts = mixed_step(model, mixed.layers, inputs, chunks)
+    assert mx.allclose(logits, want, atol=ATOL).item()
+    assert (logits.argmax(-1) == want.argmax(-1)).all().item()
+    assert lasts[1] is None and lasts[0] is not None and fresh_want is not None
+    assert mx.allclose(lasts[0], fresh_want, atol=ATOL).item()
+    assert [c.offset for c in fresh_mixed] == [c.offset for c in fresh_cache]
+    # and the next decode step of the batch is the same after either
+    assert mx.allclose(mixed.step([1, 2, 3]), own.step([1, 2, 3]), atol=ATOL).item()
+
+
+@pytest.mark.parametrize(("arch", "bits"), [c for c in CASES if c.values[0] in RIDES_IN_ENGINE])
+def test_a_decode_step_has_the_bits_of_the_models_own_forward(
+        models: dict[str, Path], arch: str, bits: int) -> None:
+    """The plain decode step of a model that rides runs mixed_step: the same bits as
+    mlx-lm's model call, with left-padded rows."""
+    model = _load(models, arch, bits).model
+    lean, own = _batch(model, [40, 23, 57], lean=True), _batch(model, [40, 23, 57], lean=False)
+    assert lean.lean and not own.lean
+    inputs = [11, 12, 13]
+    for _ in range(3):
+        ours, theirs = lean.step(inputs), own.step(inputs)
+        assert mx.array_equal(ours, theirs).item()
+        inputs = ours.argmax(-1).tolist()
+
+
+def _reference(model: Any, prompt: list[int], n: int) -> list[int]:
+    """mlx-lm's own greedy generation of ``prompt`` alone."""
+    steps = generate_step(mx.array(prompt), model, max_tokens=n,
+                          sampler=lambda x: mx.argmax(x, axis=-1))
+    return [int(token) for token, _ in steps]
+
+
+@pytest.mark.parametrize(("arch", "bits"), CASES)
+def test_greedy_output_through_the_engine_is_mlx_lms_alone(
+        models: dict[str, Path], arch: str, bits: int) -> None:
+    """Two streams decode; a long prompt and two short ones arrive while they do (read in
+    chunks of 8 beside them): each stream's tokens are those mlx-lm generates for it alone."""
+    loaded = _load(models, arch, bits)
+    got: dict[int, list[int]] = {}
+
+    def record(request: GenerationRequest, phase: str) -> None:
+        # At its finish, a sequence's tokens are the whole answer (a token whose text is held
+        # back, a byte of a character or a special token, has no TokenEvent of its own).
+        if phase == "finish":
+            got[request.rid] = runner.seqs[request.rid].tokens[len(request.prompt):]
+
+    runner = Runner(loaded, Scheduler(SchedulerConfig(prefill_chunk_size=8)), time.monotonic,
+                    record)
+    prompts = [(_tokens(12, 1), 24), (_tokens(7, 2), 24), (_tokens(45, 3), 10),
+               (_tokens(9, 4), 12), (_tokens(20, 5), 12)]
+    rids: list[int] = []
+
+    def submit(i: int) -> None:
+        request = GenerationRequest(prompt=tuple(prompts[i][0]), max_tokens=prompts[i][1])
+        rids.append(request.rid)
+        runner.take([RequestHandle(request, lambda event: None)])
+
+    submit(0)
+    submit(1)
+    for _ in range(3):
+        runner.tick()
+    submit(2)
+    submit(3)
+    runner.tick()
+    submit(4)
+    while runner.tick():
+        pass
+    for (prompt, n), rid in zip(prompts, rids, strict=True):
+        tokens = got[rid]
+        assert tokens, "every request produced a token"
+        assert tokens == _reference(loaded.model, prompt, n)[:len(tokens)]
+    assert sum(len(t) for t in got.values()) > 40  # not all cut short by an end-of-text token
+    if arch in RIDES_IN_ENGINE:
+        assert runner.mixed_forwards >= 4, "the prompts' chunks rode in decode steps"
+    else:
+        assert runner.mixed_forwards == 0

@@ -294,8 +294,9 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
     h = _embed(arch, inner, tokens) if stage is None or stage.first \
         else stage.receive(len(tokens))
     # The masks from the caches before they grow, as mlx-lm's model does for each forward.
+    b = len(inputs)  # an array's truth is ambiguous: the look-ahead's tokens are one
     parts = []
-    if inputs:
+    if b:
         assert batch_cache is not None
         parts.append(Part(len(inputs), 1, batch_cache,
                           arch.masks(inner, h[None, :1], batch_cache), 0, whole=not chunks))
@@ -303,7 +304,7 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
     for cache, chunk, _ in chunks:
         parts.append(Part(1, len(chunk), cache,
                           arch.masks(inner, h[None, :len(chunk)], cache), start,
-                          whole=not inputs and len(chunks) == 1))
+                          whole=not b and len(chunks) == 1))
         start += len(chunk)
     for i, layer in enumerate(inner.layers):
         attn, mlp = layer.self_attn, layer.mlp
@@ -314,7 +315,6 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
         if not stage.first:
             return h, []
     # The vocabulary projection of the decode rows and of the wanted chunks' last tokens.
-    b = len(inputs)
     rows = [h[:b] if chunks else h] if b else []
     end = b
     for _, chunk, want in chunks:

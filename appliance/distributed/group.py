@@ -271,6 +271,10 @@ class Coordinator:
                     return
 
     def status(self) -> dict[str, Any]:
+        if self.ranks:
+            import psutil
+
+            self.ranks[0].rss_bytes = int(psutil.Process().memory_info().rss)
         return {"machines": self.hostfile.size, "alone": self.alone,
                 "lost": None if self.link is None else self.link.lost,
                 "ranks": [r.as_dict() for r in self.ranks]}

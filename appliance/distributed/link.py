@@ -46,7 +46,8 @@ class RankInfo:
                 "weight_bytes": self.weight_bytes, "kv_bytes": self.kv_bytes,
                 "steps": self.steps, "step_ms": round(self.step_ms, 2),
                 "link_ms": None if self.link_ms is None else round(self.link_ms, 3),
-                "rss_bytes": self.rss_bytes}
+                "rss_bytes": self.rss_bytes,
+                "seen_s": round(time.monotonic() - self.seen, 1) if self.rank else 0.0}
 
 
 class Link:

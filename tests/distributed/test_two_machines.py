@@ -4,6 +4,7 @@ join`` on loopback, each pinned to a core, answer exactly as one machine does
 
 from __future__ import annotations
 
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.browser.support import browser, sse_events
 from tests.daemon import make_household, start_daemon
 from tests.distributed.group import start_group
 from tests.engine.arch_models import build
@@ -113,6 +115,8 @@ def test_two_machines_answer_as_one(tmp_path: Path, demo_model: Path,
     try:
         got = exercise(group.rank0.url, key)
         health = group.health()
+        with browser(group.rank0.url, "alice") as c:  # the admin's dashboard
+            parts = dict(sse_events(c.get("/dashboard/stream", params={"frames": 1}).text))
     finally:
         group.stop()
     assert got == expected
@@ -121,6 +125,9 @@ def test_two_machines_answer_as_one(tmp_path: Path, demo_model: Path,
     assert [r["layers"] for r in ranks] == [[0, ranks[0]["layers"][1]],
                                            [ranks[0]["layers"][1], ranks[1]["layers"][1]]]
     assert ranks[1]["steps"] > 0 and ranks[1]["weight_bytes"] > 0
+    machines = parts["machines"]
+    assert machines.count("<tr data-rank=") == 2 and "127.0.0.1" in machines
+    assert re.search(r"\d+\.\d ms</td>", machines), "no step time shown"
     if budget:
         assert all(r["weight_bytes"] <= budget for r in ranks)
         assert sum(r["weight_bytes"] for r in ranks) > budget

@@ -121,6 +121,15 @@ def test_a_second_machine_joins_in_the_foreground_without_a_service_manager(
     assert machine.appliance_calls() == [f"join {machine.data}/hostfile.json --rank 1"]
 
 
+def test_one_machine_alone_still_migrates_and_serves(machine: Machine) -> None:
+    out = machine.install(APPLIANCE_START="foreground")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert machine.appliance_calls() == [
+        "migrate", "user add admin --role admin --if-no-admin", "serve"]
+    assert not (machine.data / "hostfile.json").exists()
+    assert not (machine.data / "appliance.toml").exists()
+
+
 def test_rank_0_keeps_its_config_and_gains_the_hostfile_setting(
         machine: Machine, tmp_path: Path) -> None:
     # mlx.distributed_config's hostfile: addresses without ports

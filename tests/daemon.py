@@ -55,16 +55,28 @@ class Daemon:
 
 
 def start_daemon(model: Path, data_dir: Path, *flags: str, log_name: str = "daemon.log",
-                 env: dict[str, str] | None = None) -> Daemon:
+                 env: dict[str, str] | None = None, prefix: tuple[str, ...] = (),
+                 wait: bool = True) -> Daemon:
+    """``prefix``: what runs the interpreter (``taskset -c 0``); without ``wait`` the
+    daemon is returned as soon as it is started (a group waits for its other machines)."""
     port = free_port()
     log = data_dir / log_name
     env = {**os.environ, "APPLIANCE_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1",
            **(env or {})}
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "appliance", "serve", "--model", str(model), "--port",
-             str(port), *flags], env=env, stdout=fh, stderr=subprocess.STDOUT)
+            [*prefix, sys.executable, "-m", "appliance", "serve", "--model", str(model),
+             "--port", str(port), *flags], env=env, stdout=fh, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+    daemon = Daemon(proc, url, log, data_dir)
+    if wait:
+        wait_up(daemon)
+    return daemon
+
+
+def wait_up(daemon: Daemon, timeout: float = 120) -> None:
+    """Until ``/health`` answers 200 (the daemon's exit or the time out raise)."""
+    proc, url, log = daemon.proc, daemon.url, daemon.log
 
     def up() -> bool:
         if proc.poll() is not None:
@@ -75,9 +87,8 @@ def start_daemon(model: Path, data_dir: Path, *flags: str, log_name: str = "daem
             return False
 
     try:
-        wait_until(up, 120, "daemon /health")
+        wait_until(up, timeout, "daemon /health")
     except BaseException:
         proc.kill()  # never leave a half-started daemon behind
         proc.wait(30)
         raise
-    return Daemon(proc, url, log, data_dir)

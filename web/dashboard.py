@@ -40,7 +40,8 @@ def _audience(request: Request[Any, Any, Any]) -> Audience:
 async def dashboard(request: Request[Any, Any, Any]) -> Template:
     frame = await web_state(request).hub.frame(_audience(request))
     return page(request, "dashboard.html", frame={k: Markup(v) for k, v in frame.items()},
-                max_batch=services(request).max_batch_size)
+                max_batch=services(request).max_batch_size,
+                machines=services(request).engine.group_status() is not None)
 
 
 @get("/dashboard/stream")

@@ -142,8 +142,9 @@ class Hub:
             [u for u in table if u.user_id == audience.user_id],
             "spark": charts.spark, "updated": time.strftime("%H:%M:%S"),
             "jobs": jobs_view(self._jobs, None if audience.admin else audience.user_id),
+            "group": self._services.engine.group_status(),
         }
-        names = ("summary", "slots", "queue", "kv", "throughput", "users", "jobs")
+        names = ("summary", "slots", "queue", "kv", "throughput", "users", "jobs", "machines")
         return {name: self._templates.get_template(f"_dash_{name}.html").render(**ctx)
                 for name in names}
 

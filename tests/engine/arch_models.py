@@ -29,6 +29,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                 "original_max_position_embeddings": 256}},
     "mistral": {**_BASE, "model_type": "mistral", "head_dim": 32},
+    "qwen2": {**_BASE, "model_type": "qwen2"},
     "qwen3": {**_BASE, "model_type": "qwen3", "head_dim": 32, "tie_word_embeddings": True},
     "phi3": {**_BASE, "model_type": "phi3"},
     "gemma3_text": {**_BASE, "model_type": "gemma3_text", "head_dim": 32,

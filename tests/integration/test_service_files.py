@@ -1,7 +1,9 @@
 """The service manager is part of the promise: the systemd unit passes `systemd-analyze
 verify`, restarts the daemon on failure (a crash, kill -9, exit 70 when the engine died),
 and runs it as an unprivileged user whose files are private; the launchd plist parses and
-keeps the agent alive on the same terms."""
+keeps the agent alive on the same terms. A second machine's join unit and agent
+(docs/distributed.md) restart after every exit, so a follower always waits for rank 0
+again."""
 
 from __future__ import annotations
 
@@ -17,12 +19,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "appliance.service"
 PLIST = ROOT / "systemd" / "com.appliance.daemon.plist"
+JOIN_UNIT = ROOT / "systemd" / "appliance-join.service"
+JOIN_PLIST = ROOT / "systemd" / "com.appliance.join.plist"
 
 
-def _fill(text: str, venv: Path, data: Path, user: str = "appliance") -> str:
+def _fill(text: str, venv: Path, data: Path, user: str = "appliance", rank: int = 1) -> str:
     """What install.sh's fill() does."""
     return (text.replace("@VENV@", str(venv)).replace("@DATA_DIR@", str(data))
-            .replace("@USER@", user))
+            .replace("@USER@", user).replace("@RANK@", str(rank)))
 
 
 def _systemd_analyze() -> str:
@@ -49,19 +53,21 @@ def _unit_settings(text: str) -> dict[str, list[str]]:
     return out
 
 
-def test_the_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+@pytest.mark.parametrize("template", [UNIT, JOIN_UNIT], ids=lambda p: p.name)
+def test_the_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path, template: Path) -> None:
     tool = _systemd_analyze()
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     app = venv / "bin" / "appliance"
     app.write_text("#!/bin/sh\nexit 0\n")
     app.chmod(0o755)
-    unit = tmp_path / "appliance.service"
-    unit.write_text(_fill(UNIT.read_text(), venv, tmp_path / "data"))
+    unit = tmp_path / template.name
+    unit.write_text(_fill(template.read_text(), venv, tmp_path / "data"))
+    assert "@" not in unit.read_text()  # every placeholder is one install.sh fills
     out = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"})
     problems = [line for line in (out.stdout + out.stderr).splitlines()
-                if "appliance.service" in line]
+                if template.name in line]
     assert out.returncode == 0 and not problems, out.stdout + out.stderr
 
 
@@ -100,4 +106,30 @@ def test_the_launchd_plist_parses_and_keeps_the_agent_alive(tmp_path: Path) -> N
     assert plist["KeepAlive"] == {"SuccessfulExit": False}
     assert plist["Umask"] == 0o077
     assert "UserName" not in plist  # an agent runs as the user who installed it, not root
+    assert plist["EnvironmentVariables"]["APPLIANCE_DATA_DIR"] == f"{tmp_path}/data"
+
+
+def test_the_join_unit_restarts_after_every_exit_as_the_daemons_user() -> None:
+    unit = _unit_settings(JOIN_UNIT.read_text())
+    daemon = _unit_settings(UNIT.read_text())
+    # 0 (rank 0 shut down cleanly) and 75 (the group was lost) alike: wait for rank 0 again
+    assert unit["Restart"] == ["always"] and float(unit["RestartSec"][0]) > 0
+    assert "RestartPreventExitStatus" not in unit
+    assert unit["StartLimitIntervalSec"] == ["0"]  # rank 0 may be down for a long while
+    assert unit["User"] == daemon["User"] == ["@USER@"]
+    assert unit["UMask"] == daemon["UMask"]
+    assert unit["After"] == unit["Wants"] == ["network-online.target"]
+    assert unit["ExecStart"] == [
+        "@VENV@/bin/appliance join @DATA_DIR@/hostfile.json --rank @RANK@"]
+    assert "ExecStartPre" not in unit  # no database on a follower
+
+
+def test_the_join_agent_parses_and_restarts_after_every_exit(tmp_path: Path) -> None:
+    plist = plistlib.loads(_fill(JOIN_PLIST.read_text(), tmp_path / "venv",
+                                 tmp_path / "data", rank=1).encode())
+    assert plist["Label"] == "com.appliance.join"
+    assert plist["ProgramArguments"] == [f"{tmp_path}/venv/bin/appliance", "join",
+                                         f"{tmp_path}/data/hostfile.json", "--rank", "1"]
+    assert plist["RunAtLoad"] is True and plist["KeepAlive"] is True
+    assert plist["Umask"] == 0o077 and "UserName" not in plist
     assert plist["EnvironmentVariables"]["APPLIANCE_DATA_DIR"] == f"{tmp_path}/data"

@@ -182,7 +182,8 @@ def test_viewers_share_one_frame_and_one_ledger_read(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(stats, "service_table", table)
     services = SimpleNamespace(engine=SimpleNamespace(snapshot=EngineSnapshot.empty(),
-                                                      kv_budget_bytes=None),
+                                                      kv_budget_bytes=None,
+                                                      group_status=lambda: None),
                                store=SimpleNamespace(read_sessions=Sessions),
                                max_batch_size=4)
     hub = live.Hub(services, _templates())  # type: ignore[arg-type]

@@ -1,0 +1,184 @@
+"""When one of two machines dies, stops answering, never comes, or the model does not fit:
+what the household sees (docs/distributed.md, "When a machine fails")."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.daemon import make_household
+from tests.distributed.group import Group, start_follower, start_group
+from tests.distributed.test_two_machines import ask, served
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+ENGINE_DOWN_EXIT = 70
+GROUP_LOST_EXIT = 75
+
+
+@pytest.fixture(scope="module")
+def household(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("household")
+    return root, make_household(root)["bob"]
+
+
+def lost_at(log: Path) -> float:
+    """When rank 0 logged the group lost (epoch seconds, from the log line's time)."""
+    m = re.search(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+) CRITICAL "
+                  r"appliance\.distributed\.link: distributed group lost", log.read_text())
+    assert m, "rank 0 never said the group was lost"
+    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+
+
+def stream_until(group: Group, key: str, fault: threading.Event, after: int = 3
+                 ) -> tuple[int, str]:
+    """A long answer; ``fault`` is set after ``after`` chunks. The chunks that came and
+    the stream's last event (the error, if it ended with one)."""
+    seen, last = 0, ""
+    with httpx.stream("POST", group.rank0.url + "/v1/chat/completions", timeout=60,
+                      headers={"Authorization": f"Bearer {key}"},
+                      json={"model": served(group.rank0.url), "max_tokens": 2000,
+                            "temperature": 0, "stream": True,
+                            "messages": [{"role": "user", "content": "a long story"}]}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                last = line
+                seen += 1
+                if seen == after:
+                    fault.set()
+    return seen, last
+
+
+def ledger_ids(data: Path) -> set[str]:
+    with sqlite3.connect(data / "appliance.db") as db:
+        return {row[0] for row in db.execute("select request_id from ledger")}
+
+
+def settled_answer(group: Group, key: str) -> str:
+    r = httpx.post(group.rank0.url + "/v1/chat/completions", timeout=60,
+                   headers={"Authorization": f"Bearer {key}"},
+                   json={"model": served(group.rank0.url), "max_tokens": 8, "temperature": 0,
+                         "messages": [{"role": "user", "content": "good morning"}]})
+    assert r.status_code == 200
+    return str(r.json()["id"]).removeprefix("chatcmpl-")
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_lost_machine_ends_the_answers_clearly_and_the_group_comes_back(
+        household: tuple[Path, str], demo_model: Path, how: str) -> None:
+    data, key = household
+    group = start_group(demo_model, data, "--heartbeat-timeout", "1.5")
+    try:
+        settled = settled_answer(group, key)
+        fault = threading.Event()
+        done: list[tuple[int, str]] = []
+        streaming = threading.Thread(target=lambda: done.append(stream_until(group, key, fault)))
+        streaming.start()
+        assert fault.wait(60)
+        at = time.time()
+        group.rank1.proc.send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        streaming.join(60)
+        # rank 0 ends the answer with a clear error and exits for its service manager
+        assert group.rank0.proc.wait(60) == ENGINE_DOWN_EXIT
+        seen, last = done[0]
+        assert seen < 200 and "error" in last and "machine" in last, last
+        assert lost_at(group.rank0.log) - at <= 2.0 + 0.5  # the log's clock is to the ms
+        if how == "stopped":  # woken, it finds rank 0 gone and leaves for a restart
+            group.rank1.proc.send_signal(signal.SIGCONT)
+            assert group.rank1.proc.wait(30) == GROUP_LOST_EXIT
+            assert "rank 0 lost" in group.rank1.log.read_text()
+    finally:
+        group.rank1.stop()
+        if group.rank0.proc.poll() is None:
+            group.rank0.kill()
+    assert settled in ledger_ids(data)  # every settled answer is in the ledger
+    # the service managers start both again: serving within 30 s of the fault
+    again = start_group(demo_model, data)
+    try:
+        assert ask(again.rank0.url, key, "good morning", 4)[1] == 4
+        assert time.time() - at < 30
+        assert again.health()["status"] == "ok"
+    finally:
+        again.stop()
+
+
+def test_rank_0_serves_alone_when_the_other_machine_never_comes(
+        household: tuple[Path, str], demo_model: Path, tmp_path: Path) -> None:
+    from tests.daemon import start_daemon
+    from tests.distributed.group import hostfile, pin
+
+    data, key = household
+    hosts = hostfile(tmp_path / "hosts.json")
+    alone = start_daemon(demo_model, data, "--distributed", str(hosts), "--join-timeout", "1",
+                         prefix=pin(0), log_name="alone.log")
+    try:
+        health = httpx.get(alone.url + "/health", timeout=10).json()
+        assert health["status"] == "degraded"
+        assert "did not join within 1 s: serving on this machine alone" in health["reason"]
+        assert ask(alone.url, key, "good morning", 4)[1] == 4
+    finally:
+        assert alone.terminate() == 0
+
+
+def test_rank_0_gives_up_when_the_model_does_not_fit_alone(
+        household: tuple[Path, str], demo_model: Path, tmp_path: Path) -> None:
+    from tests.daemon import start_daemon
+    from tests.distributed.group import hostfile
+
+    data, _ = household
+    hosts = hostfile(tmp_path / "hosts.json")
+    small = start_daemon(demo_model, data, "--distributed", str(hosts), "--join-timeout", "1",
+                         "--memory-budget", "100000", wait=False, log_name="small.log")
+    assert small.proc.wait(120) != 0
+    assert "does not fit this machine's budget" in small.log.read_text()
+
+
+def test_a_machine_with_another_model_is_refused(household: tuple[Path, str],
+                                                 demo_model: Path, tmp_path: Path) -> None:
+    from tests.engine.arch_models import build
+
+    data, _ = household
+    other = build(tmp_path / "other", demo_model, "qwen2")
+    group_hosts = tmp_path / "hosts.json"
+    from tests.distributed.group import hostfile
+
+    hostfile(group_hosts)
+    from tests.conftest import free_port
+
+    port = free_port()
+    from tests.daemon import start_daemon
+
+    rank0 = start_daemon(demo_model, data, "--distributed", str(group_hosts), "--control-port",
+                         str(port), "--join-timeout", "3", wait=False, log_name="refuse0.log")
+    rank1 = start_follower(group_hosts, other, tmp_path / "r1", port)
+    try:
+        assert rank1.proc.wait(60) == 78
+        assert "fingerprints differ" in rank1.log.read_text()
+        wait_until(lambda: "serving on this machine alone" in rank0.log.read_text(), 60,
+                   "rank 0 alone")
+    finally:
+        rank1.stop()
+        rank0.kill()
+
+
+def test_a_model_that_does_not_ride_is_refused_at_start(household: tuple[Path, str],
+                                                         demo_model: Path, tmp_path: Path) -> None:
+    from tests.daemon import start_daemon
+    from tests.distributed.group import hostfile
+    from tests.engine.arch_models import build
+
+    data, _ = household
+    gemma = build(tmp_path / "gemma", demo_model, "gemma3_text")
+    hosts = hostfile(tmp_path / "hosts.json")
+    rank0 = start_daemon(gemma, data, "--distributed", str(hosts), wait=False,
+                         log_name="gemma.log")
+    assert rank0.proc.wait(120) != 0
+    assert "gemma3_text models cannot be served across machines" in rank0.log.read_text()

@@ -1,0 +1,135 @@
+"""One model served by two machines: ``appliance serve --distributed`` and ``appliance
+join`` on loopback, each pinned to a core, answer exactly as one machine does
+(docs/distributed.md)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.browser.support import browser, sse_events
+from tests.daemon import make_household, start_daemon
+from tests.distributed.group import start_group
+from tests.engine.arch_models import build
+
+pytestmark = pytest.mark.timeout(300)
+
+PROMPTS = {
+    "a": "Turn on the kitchen lights and tell me what the temperature is in the living room "
+         "and whether the garage door is still open after the delivery this afternoon",
+    "b": "Good morning. What is on the calendar for today, and should I take an umbrella "
+         "when I walk the dog before breakfast?",
+    "c": "Set the thermostat in the bedroom to nineteen degrees at ten in the evening and "
+         "dim the hallway lights to a third",
+    "d": "Is the back door locked?",
+}
+LONG = "Tell me a long story about a lighthouse keeper and the winter storm " * 3
+FLAGS = ("--prefill-chunk-size", "16", "--max-batch-size", "4")
+"""Chunks of 16 tokens: every prompt here is read in parts, most of them riding a decode
+step."""
+
+
+def served(url: str) -> str:
+    return str(httpx.get(url + "/health", timeout=10).json()["model"])
+
+
+def ask(url: str, key: str, prompt: str, max_tokens: int = 24) -> tuple[str, int]:
+    r = httpx.post(url + "/v1/chat/completions", timeout=120,
+                   headers={"Authorization": f"Bearer {key}"},
+                   json={"model": served(url), "messages": [{"role": "user", "content": prompt}],
+                         "max_tokens": max_tokens, "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return body["choices"][0]["message"]["content"], body["usage"]["completion_tokens"]
+
+
+def stream_and_drop(url: str, key: str, started: threading.Event,
+                    drop: threading.Event) -> int:
+    """A long streamed answer: ``started`` at its first chunk; the client walks away at the
+    first chunk after ``drop`` is set (a cancellation mid-run)."""
+    seen = 0
+    with httpx.stream("POST", url + "/v1/chat/completions", timeout=120,
+                      headers={"Authorization": f"Bearer {key}"},
+                      json={"model": served(url),
+                            "messages": [{"role": "user", "content": LONG}],
+                            "max_tokens": 400, "temperature": 0, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                seen += 1
+                started.set()
+                if drop.is_set():
+                    break
+    return seen
+
+
+def exercise(url: str, key: str) -> dict[str, tuple[str, int]]:
+    """Three prompts arriving while a long answer streams, which its client then drops; a
+    fourth when the first of them is answered: each answer's text and token count."""
+    started, drop = threading.Event(), threading.Event()
+    with ThreadPoolExecutor(5) as pool:
+        dropped = pool.submit(stream_and_drop, url, key, started, drop)
+        assert started.wait(60)
+        futures = {n: pool.submit(ask, url, key, PROMPTS[n]) for n in "abc"}
+        drop.set()
+        futures["a"].result()
+        futures["d"] = pool.submit(ask, url, key, PROMPTS["d"])
+        assert 0 < dropped.result() < 400, "the stream ended before it was dropped"
+        return {n: f.result() for n, f in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def household(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One data folder and bob's key, for every daemon here one after the other."""
+    root = tmp_path_factory.mktemp("household")
+    return root, make_household(root)["bob"]
+
+
+def model_dir(tmp_path: Path, demo_model: Path, arch: str, bits: int) -> Path:
+    if arch == "demo":
+        return demo_model
+    return build(tmp_path / f"{arch}-{bits}", demo_model, arch, bits=bits, seed=3)
+
+
+@pytest.mark.parametrize(("arch", "bits"), [
+    ("demo", 0), ("qwen2", 0), ("qwen3", 0), ("llama3", 4), ("qwen2", 4), ("qwen3", 4)],
+    ids=["llama-fp32", "qwen2-fp32", "qwen3-fp32", "llama-q4", "qwen2-q4", "qwen3-q4"])
+def test_two_machines_answer_as_one(tmp_path: Path, demo_model: Path,
+                                    household: tuple[Path, str], arch: str, bits: int) -> None:
+    model = model_dir(tmp_path, demo_model, arch, bits)
+    data, key = household
+    one = start_daemon(model, data, *FLAGS)
+    try:
+        expected = exercise(one.url, key)
+    finally:
+        assert one.terminate() == 0
+    # Each machine's budget 90 % of the weights: the model fits neither alone, only both.
+    budget = int((model / "model.safetensors").stat().st_size * 0.9) if arch == "qwen2" \
+        and not bits else 0
+    split = ("--memory-budget", str(budget)) if budget else ()
+    group = start_group(model, data, *FLAGS, *split, follower_flags=split)
+    try:
+        got = exercise(group.rank0.url, key)
+        health = group.health()
+        with browser(group.rank0.url, "alice") as c:  # the admin's dashboard
+            parts = dict(sse_events(c.get("/dashboard/stream", params={"frames": 1}).text))
+    finally:
+        group.stop()
+    assert got == expected
+    assert health["status"] == "ok"
+    ranks = health["distributed"]["ranks"]
+    assert [r["layers"] for r in ranks] == [[0, ranks[0]["layers"][1]],
+                                           [ranks[0]["layers"][1], ranks[1]["layers"][1]]]
+    assert ranks[1]["steps"] > 0 and ranks[1]["weight_bytes"] > 0
+    machines = parts["machines"]
+    assert machines.count("<tr data-rank=") == 2 and "127.0.0.1" in machines
+    assert re.search(r"\d+\.\d ms</td>", machines), "no step time shown"
+    if budget:
+        assert all(r["weight_bytes"] <= budget for r in ranks)
+        assert sum(r["weight_bytes"] for r in ranks) > budget
+    assert group.rank0.proc.returncode == 0 and group.rank1.proc.returncode == 0
+    assert "machine 1 serving" in group.rank1.log.read_text()

@@ -21,6 +21,7 @@ import appliance.backend.fast_ops as fast_ops
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 SCALE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+ACTIVATIONS = ("float", "int16")  # the kernel's codes 0 and 1
 
 _original: list[Any] = []
 
@@ -45,15 +46,16 @@ def simd() -> str | None:
     return str(fast_ops._extension().quant_simd()) if _original else None
 
 
-def install() -> str | None:
-    """Use the kernel for MLX's quantized products; None when done, else why not."""
+def install(activations: str | None = None) -> str | None:
+    """Use the kernel for MLX's quantized products, 4-bit ones taking x as ``activations``
+    says (None: :func:`activations`); None when done, else why not."""
     if _original:
         return None
     why = available()
     if why is not None:
         return why
     _original.append(mx.quantized_matmul)
-    mx.quantized_matmul = _quantized_matmul_with(mx.quantized_matmul)
+    mx.quantized_matmul = _quantized_matmul_with(mx.quantized_matmul, activations)
     return None
 
 
@@ -69,12 +71,22 @@ def mlx_own() -> Any:
 
 
 def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
-                     group_size: int, bits: int) -> mx.array:
+                     group_size: int, bits: int, activations: str | None = None) -> mx.array:
     """``x @ mx.dequantize(w, scales, biases, group_size, bits).T`` for a float32 ``x``,
-    each output summed in a fixed order whatever the rows beside it."""
+    each output summed in a fixed order whatever the rows beside it. ``activations``: how a
+    4-bit product takes ``x``, ``"int16"`` (rounded per block of 32) or ``"float"``; None
+    takes the process's choice (:func:`activations`)."""
     ext = fast_ops._extension()
     assert ext is not None
-    return ext.quantized_matmul(x, w, scales, biases, group_size, bits)
+    act = -1 if activations is None else ACTIVATIONS.index(activations)
+    return ext.quantized_matmul(x, w, scales, biases, group_size, bits, act)
+
+
+def activations() -> str:
+    """How 4-bit products take x unless told: ``"int16"`` on the AVX2 and AVX-512 variants,
+    ``"float"`` on the portable one; ``APPLIANCE_QUANT_ACT=float`` or ``int16`` overrides
+    (8-bit products always take it in float)."""
+    return str(fast_ops._extension().quant_activations())
 
 
 def takes(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None,
@@ -88,14 +100,14 @@ def takes(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None,
             and tuple(biases.shape) == tuple(scales.shape))
 
 
-def _quantized_matmul_with(fallback: Any) -> Any:
+def _quantized_matmul_with(fallback: Any, activations: str | None) -> Any:
     def fast_quantized_matmul(x: mx.array, w: mx.array, /, scales: mx.array,
                               biases: mx.array | None = None, transpose: bool = True,
                               group_size: int | None = None, bits: int | None = None,
                               mode: str = "affine", *, stream: Any = None) -> mx.array:
         if stream is None and takes(x, w, scales, biases, transpose, group_size, bits, mode):
             assert biases is not None and group_size is not None and bits is not None
-            return quantized_matmul(x, w, scales, biases, group_size, bits)
+            return quantized_matmul(x, w, scales, biases, group_size, bits, activations)
         return fallback(x, w, scales=scales, biases=biases, transpose=transpose,
                         group_size=group_size, bits=bits, mode=mode, stream=stream)
     return fast_quantized_matmul

@@ -31,12 +31,17 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "mlx/allocator.h"
 #include "mlx/array.h"
@@ -135,6 +140,10 @@ struct QArgs {
   int64_t groups, group;   // groups per row, elements per group
   int group_log2;          // the group's size is a power of 2: no division per block
   float* y;                // [m, n]
+  // The 16-bit path (4-bit weights; see "Activations in 16 bits" below)
+  const int16_t* xq;       // x rounded, m rows of quads of 4 blocks of 32, reordered
+  const float* xs;         // each block's scale 4 times (one a lane), m rows of quads
+  const float* xsum;       // each weight group's sum of the rounded x, m rows of groups
 };
 
 template <int BITS, int LPG, class S, int R>
@@ -304,6 +313,357 @@ columns_fn pick(int bits, int group, mx::Dtype dtype) {
   return pick_bits<F32>(bits, group);
 }
 
+// Activations in 16 bits (4-bit weights). Each row of x is rounded per block of 32 elements
+// to integers of at most 32767 in magnitude, with the block's scale xs = max|x| / 32767, so
+// a block's product with a column's 4-bit values q is an exact integer sum, done 32 word
+// pairs an instruction (AVX-512 VNNI vpdpwssd, AVX2 pmaddwd) instead of a float multiply-add
+// per element. With w = ws * q + wb per weight group:
+//   y = sum over blocks of (ws * xs) * sum(q * xq)  +  sum over groups of wb * sum(xs * xq)
+// the second term from the rounded x's sums, so the error is that of rounding x alone: at
+// most max|x| / 65534 per element of a block, within float32's rounding of a long sum.
+// (8 bits, as llama.cpp's q8_0 / q8_1, were tried first: on SmolLM2 the outlier channels of
+// the normed hidden state cost up to 2 % of a layer's output and the greedy answers changed;
+// docs/decisions.md.)
+//
+// Blocks go in quads: a quad's 64 weight bytes are 4 blocks of 16, one per 128-bit chunk.
+// Split into low and high nibbles and widened to 16 bits within each chunk (unpacklo/hi),
+// they give 4 vectors of 32 words whose chunk c holds 8 elements of block c:
+//   t = 0: elements 0, 2, .., 14   t = 1: 16, 18, .., 30   t = 2: 1, 3, .., 15   t = 3: 17, .., 31
+// and x is stored in that order. Int32 lane j (chunk j / 4) sums 2 word products of each of
+// the 4 vectors: 8 products of one block, at most 8 * 15 * 32767 < 2^24, so it converts to
+// float exactly. Each lane is scaled by ws * xs and accumulated by one fused multiply-add,
+// and the lanes and the biases' 8 lanes are summed in a fixed tree: the integers are exact
+// and every float step is the same in every variant and for any number of rows, so all
+// give the same bits.
+constexpr int IBLOCK = 32;
+constexpr int QUAD = 4 * IBLOCK;            // elements a quad of blocks holds
+constexpr float XLEVELS = 32767.f;          // the rounded x's largest magnitude
+constexpr int64_t I16_MAX_GROUPS = 1024;    // groups per row the path takes (a stack buffer)
+typedef float f8 __attribute__((vector_size(8 * sizeof(float))));
+
+// 8 biases from p as floats.
+QINLINE f8 load8(const float* p) {
+  f8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Portable: the same lanes in plain C.
+struct I16Portable {
+  static constexpr int ROWS = 2;
+  struct W { int16_t v[4][32]; };
+  struct Acc { float l[16]; };
+  static QINLINE Acc zero() { return Acc{}; }
+  // The quad's first `bytes` bytes (16, 32, 48 or 64), the rest zero.
+  static QINLINE W weights(const uint8_t* p, int bytes = 64) {
+    W w;
+    for (int c = 0; c < 4; c++)
+      for (int i = 0; i < 8; i++) {
+        const uint8_t lo = 16 * c < bytes ? p[16 * c + i] : 0;
+        const uint8_t hi = 16 * c < bytes ? p[16 * c + 8 + i] : 0;
+        w.v[0][8 * c + i] = lo & 15;
+        w.v[1][8 * c + i] = hi & 15;
+        w.v[2][8 * c + i] = lo >> 4;
+        w.v[3][8 * c + i] = hi >> 4;
+      }
+    return w;
+  }
+  // ws: the quad's weight scales, one per lane; xs: the row's block scales, one per lane
+  static QINLINE Acc step(Acc acc, const W& w, const int16_t* x, const float* xs, vf ws) {
+    for (int j = 0; j < 16; j++) {
+      int32_t s = 0;
+      for (int t = 0; t < 4; t++)
+        s += w.v[t][2 * j] * x[32 * t + 2 * j] + w.v[t][2 * j + 1] * x[32 * t + 2 * j + 1];
+      acc.l[j] = __builtin_fmaf(static_cast<float>(s), ws[j] * xs[j], acc.l[j]);
+    }
+    return acc;
+  }
+  static QINLINE void store(float* out, const Acc& acc) { std::memcpy(out, acc.l, sizeof(acc.l)); }
+  static QINLINE f8 fma8(f8 a, f8 b, f8 c) {
+    for (int l = 0; l < 8; l++) c[l] = __builtin_fmaf(a[l], b[l], c[l]);
+    return c;
+  }
+};
+
+#if defined(__x86_64__)
+#define I16_AVX2 __attribute__((target("avx2,fma,f16c"))) inline
+#define I16_VNNI \
+  __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) inline
+struct I16Avx2 {
+  static constexpr int ROWS = 2;  // 8 weight vectors and 2 accumulators a row in 16 registers
+  struct W { __m256i v[4][2]; };  // [t][chunks 0-1, chunks 2-3]
+  struct Acc { __m256 lo, hi; };
+  static I16_AVX2 Acc zero() { return Acc{_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static I16_AVX2 __m256i load(const uint8_t* p, int bytes) {  // bytes: 0, 16 or >= 32
+    if (bytes >= 32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if (bytes <= 0) return _mm256_setzero_si256();
+    return _mm256_inserti128_si256(_mm256_setzero_si256(),
+                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), 0);
+  }
+  static I16_AVX2 W weights(const uint8_t* p, int bytes = 64) {
+    const __m256i m4 = _mm256_set1_epi8(15), z = _mm256_setzero_si256();
+    W w;
+    for (int h = 0; h < 2; h++) {
+      const __m256i raw = load(p + 32 * h, bytes - 32 * h);
+      const __m256i lo = _mm256_and_si256(raw, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      w.v[0][h] = _mm256_unpacklo_epi8(lo, z);
+      w.v[1][h] = _mm256_unpackhi_epi8(lo, z);
+      w.v[2][h] = _mm256_unpacklo_epi8(hi, z);
+      w.v[3][h] = _mm256_unpackhi_epi8(hi, z);
+    }
+    return w;
+  }
+  static I16_AVX2 __m256 lanes(const W& w, int h, const int16_t* x) {
+    __m256i s = _mm256_setzero_si256();
+    for (int t = 0; t < 4; t++) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * t + 16 * h));
+      s = _mm256_add_epi32(s, _mm256_madd_epi16(w.v[t][h], xv));
+    }
+    return _mm256_cvtepi32_ps(s);
+  }
+  static I16_AVX2 Acc step(Acc acc, const W& w, const int16_t* x, const float* xs, vf ws) {
+    __m256 wlo, whi;
+    std::memcpy(&wlo, &ws, sizeof(wlo));
+    std::memcpy(&whi, reinterpret_cast<const float*>(&ws) + 8, sizeof(whi));
+    const __m256 dlo = _mm256_mul_ps(wlo, _mm256_loadu_ps(xs));
+    const __m256 dhi = _mm256_mul_ps(whi, _mm256_loadu_ps(xs + 8));
+    return Acc{_mm256_fmadd_ps(lanes(w, 0, x), dlo, acc.lo),
+               _mm256_fmadd_ps(lanes(w, 1, x), dhi, acc.hi)};
+  }
+  static I16_AVX2 void store(float* out, const Acc& acc) {
+    _mm256_storeu_ps(out, acc.lo);
+    _mm256_storeu_ps(out + 8, acc.hi);
+  }
+  static I16_AVX2 f8 fma8(f8 a, f8 b, f8 c) {
+    return reinterpret_cast<f8>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a),
+                                                reinterpret_cast<__m256>(b),
+                                                reinterpret_cast<__m256>(c)));
+  }
+};
+struct I16Vnni {
+  static constexpr int ROWS = 8;
+  struct W { __m512i v[4]; };
+  typedef __m512 Acc;
+  static I16_VNNI Acc zero() { return _mm512_setzero_ps(); }
+  static I16_VNNI W weights(const uint8_t* p, int bytes = 64) {
+    const __m512i raw = bytes >= 64 ? _mm512_loadu_si512(p)
+                                    : _mm512_maskz_loadu_epi8((1ULL << bytes) - 1, p);
+    const __m512i m4 = _mm512_set1_epi8(15), z = _mm512_setzero_si512();
+    const __m512i lo = _mm512_and_si512(raw, m4);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+    return W{{_mm512_unpacklo_epi8(lo, z), _mm512_unpackhi_epi8(lo, z),
+              _mm512_unpacklo_epi8(hi, z), _mm512_unpackhi_epi8(hi, z)}};
+  }
+  static I16_VNNI Acc step(Acc acc, const W& w, const int16_t* x, const float* xs, vf ws) {
+    __m512 wv;
+    std::memcpy(&wv, &ws, sizeof(wv));
+    const __m512 d = _mm512_mul_ps(wv, _mm512_loadu_ps(xs));
+    __m512i s = _mm512_setzero_si512();
+    for (int t = 0; t < 4; t++) s = _mm512_dpwssd_epi32(s, w.v[t], _mm512_loadu_si512(x + 32 * t));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
+  }
+  static I16_VNNI void store(float* out, Acc acc) { _mm512_storeu_ps(out, acc); }
+  static I16_VNNI f8 fma8(f8 a, f8 b, f8 c) { return I16Avx2::fma8(a, b, c); }
+};
+#endif
+
+QINLINE float tree8(const float* s8) {
+  return ((s8[0] + s8[4]) + (s8[2] + s8[6])) + ((s8[1] + s8[5]) + (s8[3] + s8[7]));
+}
+
+// Plain inline: the variants below are flattened, which inlines all of it into them (an
+// always_inline chain from generic code refuses the target-specific helpers). LPG: lanes per
+// weight group (4, 8 or 16 for groups of 32, 64, 128).
+template <int LPG, class S, class Ops, int R>
+inline void column_rows_i16(const QArgs& a, int64_t n, int64_t r0) {
+  constexpr int C = LANES / LPG;  // weight groups a quad spans
+  typedef typename S::raw raw;
+  const uint8_t* wr = reinterpret_cast<const uint8_t*>(a.w + n * a.words);
+  const raw* sr = static_cast<const raw*>(a.scales) + n * a.groups;
+  const raw* br = static_cast<const raw*>(a.biases) + n * a.groups;
+  const int64_t blocks = a.k / IBLOCK, quads = (blocks + 3) / 4, full = blocks / 4;
+  const int64_t gp = (a.groups + 7) / 8 * 8;
+  const int16_t* xq = a.xq + r0 * quads * QUAD;
+  const float* xs = a.xs + r0 * quads * LANES;
+  // The biases as floats, zero past the groups (a partial vector load of raw values from
+  // the stack stalled on store forwarding).
+  alignas(32) float wb[I16_MAX_GROUPS];
+  for (int64_t g = 0; g < a.groups; g++) wb[g] = to_f32(br[g], S{});
+  for (int64_t g = a.groups; g < gp; g++) wb[g] = 0.f;
+  typename Ops::Acc acc[R];
+  for (int r = 0; r < R; r++) acc[r] = Ops::zero();
+  for (int64_t q = 0; q < quads; q++) {
+    const uint8_t* wp = wr + q * 64;
+    const int64_t g0 = q * C;
+    f4 s4;
+    typename Ops::W w;
+    if (q < full) {
+      s4 = scales4<C>(sr + g0, S{});
+      w = Ops::weights(wp);
+    } else {  // the last, partial quad: missing blocks are 0, their scales and x too
+      s4 = f4{};
+      for (int c = 0; c < C && g0 + c < a.groups; c++) s4[c] = to_f32(sr[g0 + c], S{});
+      w = Ops::weights(wp, static_cast<int>(blocks - 4 * q) * 16);
+    }
+    const vf ws = spread<LPG>(s4);
+    for (int r = 0; r < R; r++)
+      acc[r] = Ops::step(acc[r], w, xq + (r * quads + q) * QUAD, xs + (r * quads + q) * LANES, ws);
+  }
+  for (int r = 0; r < R; r++) {
+    float l[16], s8[8];
+    Ops::store(l, acc[r]);
+    for (int i = 0; i < 8; i++) s8[i] = l[i] + l[i + 8];
+    const float* xsum = a.xsum + (r0 + r) * gp;
+    f8 bacc = {};
+    for (int64_t g = 0; g < gp; g += 8) bacc = Ops::fma8(load8(wb + g), load8(xsum + g), bacc);
+    float b8[8];
+    std::memcpy(b8, &bacc, sizeof(b8));
+    a.y[(r0 + r) * a.n + n] = tree8(s8) + tree8(b8);
+  }
+}
+
+template <int LPG, class S, class Ops, int R>
+inline void rows_of_i16(const QArgs& a, int64_t n, int64_t r0, int64_t rows) {
+  if constexpr (R == 1) {
+    column_rows_i16<LPG, S, Ops, 1>(a, n, r0);
+  } else {
+    if (rows == R) column_rows_i16<LPG, S, Ops, R>(a, n, r0);
+    else rows_of_i16<LPG, S, Ops, R - 1>(a, n, r0, rows);
+  }
+}
+
+template <int LPG, class S, class Ops>
+inline void columns_i16_body(const QArgs& a, int64_t n0, int64_t n1) {
+  typedef typename S::raw raw;
+  for (int64_t n = n0; n < n1; n++) {
+    if (n + AHEAD < n1) {
+      const char* next = reinterpret_cast<const char*>(a.w + (n + AHEAD) * a.words);
+      for (int64_t off = 0; off < a.words * 4; off += 64) __builtin_prefetch(next + off);
+      __builtin_prefetch(static_cast<const raw*>(a.scales) + (n + AHEAD) * a.groups);
+      __builtin_prefetch(static_cast<const raw*>(a.biases) + (n + AHEAD) * a.groups);
+    }
+    for (int64_t r0 = 0; r0 < a.m; r0 += Ops::ROWS) {
+      const int64_t rows = std::min<int64_t>(Ops::ROWS, a.m - r0);
+      rows_of_i16<LPG, S, Ops, Ops::ROWS>(a, n, r0, rows);
+    }
+  }
+}
+
+template <int LPG, class S>
+__attribute__((flatten)) void columns_i16_portable(const QArgs& a, int64_t n0, int64_t n1) {
+  columns_i16_body<LPG, S, I16Portable>(a, n0, n1);
+}
+#if defined(__x86_64__)
+template <int LPG, class S>
+__attribute__((target("avx2,fma,f16c"), flatten))
+void columns_i16_avx2(const QArgs& a, int64_t n0, int64_t n1) {
+  columns_i16_body<LPG, S, I16Avx2>(a, n0, n1);
+}
+template <int LPG, class S>
+__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), flatten))
+void columns_i16_vnni(const QArgs& a, int64_t n0, int64_t n1) {
+  columns_i16_body<LPG, S, I16Vnni>(a, n0, n1);
+}
+#endif
+
+bool has_vnni() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+template <int LPG, class S>
+columns_fn pick_i16_variant() {
+#if defined(__x86_64__)
+  static const bool vnni = has_vnni();
+  if (simd() == AVX512 && vnni) return columns_i16_vnni<LPG, S>;
+  if (simd() != PORTABLE) return columns_i16_avx2<LPG, S>;
+#endif
+  return columns_i16_portable<LPG, S>;
+}
+
+template <class S>
+columns_fn pick_i16_group(int group) {
+  if (group == 32) return pick_i16_variant<4, S>();
+  if (group == 64) return pick_i16_variant<8, S>();
+  return pick_i16_variant<16, S>();
+}
+
+columns_fn pick_i16(int group, mx::Dtype dtype) {
+  if (dtype == mx::float16) return pick_i16_group<F16>(group);
+  if (dtype == mx::bfloat16) return pick_i16_group<BF16>(group);
+  return pick_i16_group<F32>(group);
+}
+
+// How 4-bit products take x: in 16 bits where an AVX2 or AVX-512 variant runs (faster than
+// float at every row count measured), in float on the portable variant (slower there from 4
+// rows: its compiler does not find the baseline's pmaddwd); APPLIANCE_QUANT_ACT=float or
+// int16 says which (read once, like APPLIANCE_SIMD). A call may ask for either (ACT_DEFAULT:
+// this choice).
+enum Act { ACT_DEFAULT = -1, ACT_FLOAT = 0, ACT_INT16 = 1 };
+
+Act default_act() {
+  static const Act chosen = [] {
+    const char* want = std::getenv("APPLIANCE_QUANT_ACT");
+    if (want != nullptr && std::strcmp(want, "float") == 0) return ACT_FLOAT;
+    if (want != nullptr && std::strcmp(want, "int16") == 0) return ACT_INT16;
+    return simd() == PORTABLE ? ACT_FLOAT : ACT_INT16;
+  }();
+  return chosen;
+}
+
+bool uses_int16(int bits, int64_t groups, int act) {
+  const int chosen = act == ACT_DEFAULT ? default_act() : act;
+  return bits == 4 && groups <= I16_MAX_GROUPS && chosen == ACT_INT16;
+}
+
+const char* act_name(int bits) { return uses_int16(bits, 1, ACT_DEFAULT) ? "int16" : "float"; }
+
+// Sizes of the path's per-row buffers: xq and xs per quad of blocks, xsum per 8 groups.
+struct I16Sizes {
+  int64_t quads, xq, xs, xsum;
+  I16Sizes(int64_t k, int64_t groups)
+      : quads((k / IBLOCK + 3) / 4), xq(quads * QUAD), xs(quads * LANES),
+        xsum((groups + 7) / 8 * 8) {}
+};
+
+// x [m, k] rounded per block of 32 in the kernel's order (zero past k), with the blocks'
+// scales as the lanes use them and each weight group's sum of the rounded values
+// (xs * sum(xq), blocks in order; zero past the groups).
+void quantize_rows(const float* x, int64_t m, int64_t k, int group, int16_t* xq, float* xs,
+                   float* xsum) {
+  const int64_t blocks = k / IBLOCK, groups = k / group, per = group / IBLOCK;
+  const I16Sizes z(k, groups);
+  std::memset(xq, 0, static_cast<size_t>(m * z.xq) * sizeof(int16_t));
+  std::memset(xs, 0, static_cast<size_t>(m * z.xs) * sizeof(float));
+  std::memset(xsum, 0, static_cast<size_t>(m * z.xsum) * sizeof(float));
+  for (int64_t r = 0; r < m; r++) {
+    for (int64_t b = 0; b < blocks; b++) {
+      const float* xb = x + r * k + b * IBLOCK;
+      float amax = 0.f;
+      for (int i = 0; i < IBLOCK; i++) amax = std::max(amax, std::fabs(xb[i]));
+      const float scale = amax / XLEVELS, inv = amax > 0.f ? XLEVELS / amax : 0.f;
+      const int64_t q = b / 4, c = b % 4;
+      int16_t* qp = xq + r * z.xq + q * QUAD;
+      int32_t sum = 0;
+      for (int i = 0; i < IBLOCK; i++) {
+        const float v = std::min(XLEVELS, std::max(-XLEVELS, std::nearbyint(xb[i] * inv)));
+        const int16_t iv = static_cast<int16_t>(v);
+        const int e = i / 2, t = (i & 1) * 2 + e / 8;  // see the layout above
+        qp[32 * t + 8 * c + e % 8] = iv;
+        sum += iv;
+      }
+      float* sp = xs + r * z.xs + q * LANES;
+      for (int j = 0; j < 4; j++) sp[4 * c + j] = scale;
+      xsum[r * z.xsum + b / per] += scale * static_cast<float>(sum);
+    }
+  }
+}
+
 // A small pool of persistent helpers sharing a product's columns with the caller. The
 // columns are cut into blocks claimed from one counter, so a helper that is not running
 // (another process has the core) delays nothing: the caller takes its blocks. Between
@@ -459,7 +819,8 @@ void to_block_order(const float* x, float* xp, int64_t m, int64_t k, int64_t kp,
 
 class QuantMatmul : public mx::UnaryPrimitive {
  public:
-  QuantMatmul(mx::Stream s, int group, int bits) : mx::UnaryPrimitive(s), group_(group), bits_(bits) {}
+  QuantMatmul(mx::Stream s, int group, int bits, int act)
+      : mx::UnaryPrimitive(s), group_(group), bits_(bits), act_(act) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     for (const auto& a : inputs)
@@ -474,7 +835,7 @@ class QuantMatmul : public mx::UnaryPrimitive {
     }
     enc.set_output_array(out);
     enc.dispatch([ins = std::move(ins), out = mx::array::unsafe_weak_copy(out), group = group_,
-                  bits = bits_]() mutable { compute(ins, out, group, bits); });
+                  bits = bits_, act = act_]() mutable { compute(ins, out, group, bits, act); });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
     throw std::runtime_error("appliance quantized_matmul runs on the CPU only");
@@ -482,30 +843,55 @@ class QuantMatmul : public mx::UnaryPrimitive {
   const char* name() const override { return "ApplianceQuantizedMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const QuantMatmul&>(other);
-    return group_ == o.group_ && bits_ == o.bits_;
+    return group_ == o.group_ && bits_ == o.bits_ && act_ == o.act_;
   }
 
  private:
-  static void compute(std::vector<mx::array>& in, mx::array& out, int group, int bits) {
+  static void compute(std::vector<mx::array>& in, mx::array& out, int group, int bits, int act) {
     const mx::array& x = in[0];
     const mx::array& w = in[1];
     const int64_t n = w.shape(0), words = w.shape(1);
     const int64_t k = words * 32 / bits;
     const int64_t m = k ? static_cast<int64_t>(x.size()) / k : 0;
-    const int64_t e = LANES * 32 / bits;
-    const int64_t kp = (k + e - 1) / e * e;
-    std::vector<float> xp(static_cast<size_t>(m * kp));
-    to_block_order(x.data<float>(), xp.data(), m, k, kp, bits);
-    QArgs a{xp.data(), m, kp, k, n, w.data<uint32_t>(), words, in[2].data<void>(),
-            in[3].data<void>(), in[2].shape(1), group, __builtin_ctz(group), out.data<float>()};
-    columns_fn fn = pick(bits, group, in[2].dtype());
+    const int64_t groups = in[2].shape(1);
+    QArgs a{nullptr, m, k, k, n, w.data<uint32_t>(), words, in[2].data<void>(),
+            in[3].data<void>(), groups, group, __builtin_ctz(group), out.data<float>(),
+            nullptr, nullptr, nullptr};
+    const I16Sizes z(k, groups);
+    std::vector<float> xp, xs, xsum;
+    std::vector<int16_t> xq;
+    columns_fn fn;
+    if (uses_int16(bits, groups, act)) {
+      xq.resize(static_cast<size_t>(m * z.xq));
+      xs.resize(static_cast<size_t>(m * z.xs));
+      xsum.resize(static_cast<size_t>(m * z.xsum));
+      quantize_rows(x.data<float>(), m, k, group, xq.data(), xs.data(), xsum.data());
+      a.xq = xq.data();
+      a.xs = xs.data();
+      a.xsum = xsum.data();
+      fn = pick_i16(group, in[2].dtype());
+    } else {
+      const int64_t e = LANES * 32 / bits;
+      a.kp = (k + e - 1) / e * e;
+      xp.resize(static_cast<size_t>(m * a.kp));
+      to_block_order(x.data<float>(), xp.data(), m, k, a.kp, bits);
+      a.xp = xp.data();
+      fn = pick(bits, group, in[2].dtype());
+    }
+    const int64_t kp = a.kp;
     auto& pool = QuantPool::get();
     // Rows in slices that stay in the cache while every column passes them (a prefill's
     // rows would otherwise be read from memory once per column).
     for (int64_t r0 = 0; r0 < m; r0 += SLICE_ROWS) {
       QArgs slice = a;
       slice.m = std::min(SLICE_ROWS, m - r0);
-      slice.xp = a.xp + r0 * kp;
+      if (a.xq != nullptr) {
+        slice.xq = a.xq + r0 * z.xq;
+        slice.xs = a.xs + r0 * z.xs;
+        slice.xsum = a.xsum + r0 * z.xsum;
+      } else {
+        slice.xp = a.xp + r0 * kp;
+      }
       slice.y = a.y + r0 * n;
       if (n * k < SPLIT_MIN || pool.threads() < 2) {
         fn(slice, 0, n);
@@ -518,11 +904,11 @@ class QuantMatmul : public mx::UnaryPrimitive {
     }
   }
 
-  int group_, bits_;
+  int group_, bits_, act_;
 };
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int group, int bits) {
+                           const mx::array& biases, int group, int bits, int act) {
   if (x.dtype() != mx::float32) throw std::invalid_argument("quantized_matmul: x must be float32");
   if (w.dtype() != mx::uint32 || w.ndim() != 2)
     throw std::invalid_argument("quantized_matmul: w must be uint32 [N, K * bits / 32]");
@@ -545,18 +931,27 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   shape.back() = w.shape(0);
   std::vector<mx::array> ins = {mx::contiguous(x, false, s), mx::contiguous(w, false, s),
                                 mx::contiguous(scales, false, s), mx::contiguous(biases, false, s)};
-  return mx::array(shape, mx::float32, std::make_shared<QuantMatmul>(s, group, bits), std::move(ins));
+  if (act != ACT_DEFAULT && act != ACT_FLOAT && act != ACT_INT16)
+    throw std::invalid_argument("quantized_matmul: activations must be -1, 0 or 1");
+  return mx::array(shape, mx::float32, std::make_shared<QuantMatmul>(s, group, bits, act),
+                   std::move(ins));
 }
 
 }  // namespace
 
 void define_quant(nb::module_& m) {
   m.def("quantized_matmul", &quantized_matmul, nb::arg("x"), nb::arg("w"), nb::arg("scales"),
-        nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
+        nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"), nb::arg("activations") = -1,
         "x @ dequantize(w, scales, biases).T for MLX's affine 4- or 8-bit weights (x float32; "
-        "group_size 32, 64 or 128), the weights read once for all rows.");
+        "group_size 32, 64 or 128), the weights read once for all rows. activations: how a "
+        "4-bit product takes x: 1 rounded to 16 bits per block of 32, 0 in float, -1 the "
+        "process's choice (APPLIANCE_QUANT_ACT).");
   m.def("quant_simd", [] { return std::string(simd_name()); },
         "The instruction set the quantized kernel runs: avx512, avx2 or portable.");
+  m.def("quant_activations", [] { return std::string(act_name(4)); },
+        "How 4-bit products take x by default: int16 (rounded per block of 32; AVX2 and "
+        "AVX-512) or float (portable, or APPLIANCE_QUANT_ACT=float); 8-bit products always "
+        "take it in float.");
   m.def("quant_threads", [] { return QuantPool::get().threads(); },
         "Threads a big quantized product is split across (APPLIANCE_QUANT_THREADS).");
 }

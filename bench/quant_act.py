@@ -1,0 +1,88 @@
+"""`python -m bench.quant_act MODEL`: the 4-bit quantized kernel with x in float against x
+rounded to 16 bits (appliance/backend/native/quant_matmul.cpp), on one model, in-process.
+
+For B in ``--rows``: each distinct 4-bit product shape of the model as a product of B rows,
+and a decode step of B rows (``model(x, cache)`` after a ``--context``-token prompt), each
+the minimum over ``--repeats`` of the CPU time of the process (``time.process_time``: the
+figure that holds on a shared machine). Run it with ``APPLIANCE_QUANT_THREADS=1`` for one
+thread's cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from appliance.backend import fast_ops, quant
+
+
+def best(f: Callable[[], Any], repeats: int, inner: int = 1) -> float:
+    f()
+    out = float("inf")
+    for _ in range(repeats):
+        t = time.process_time()
+        for _ in range(inner):
+            f()
+        out = min(out, (time.process_time() - t) / inner)
+    return out * 1e3
+
+
+def product(m: nn.QuantizedLinear, b: int, act: str, repeats: int) -> float:
+    """One product of b rows through m's weights, ms."""
+    biases = m.biases
+    assert biases is not None
+    x = mx.random.normal((b, m.weight.shape[1] * 8))
+    mx.eval(x)
+    return best(lambda: mx.eval(quant.quantized_matmul(
+        x, m.weight, m.scales, biases, m.group_size, 4, act)), repeats, 50)
+
+
+def decode_step(model: Any, b: int, context: int, repeats: int) -> float:
+    """One decode step of b rows after a context-token prompt, ms."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.zeros((b, context), dtype=mx.int32) + 42, cache=cache))
+    state = [c.state for c in cache]
+    tok = mx.zeros((b, 1), dtype=mx.int32) + 7
+
+    def step() -> None:
+        for c, s in zip(cache, state, strict=True):
+            c.state = s
+        mx.eval(model(tok, cache=cache))
+    return best(step, repeats)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--rows", default="1,4,8")
+    p.add_argument("--context", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=8)
+    a = p.parse_args()
+    from mlx_lm import load
+
+    fast_ops.install()
+    model = load(a.model)[0]
+    layers = {(m.weight.shape[0], m.weight.shape[1] * 8): m for m in model.modules()
+              if isinstance(m, nn.QuantizedLinear) and m.bits == 4}
+    rows = [int(r) for r in a.rows.split(",")]
+    print("ms, min of", a.repeats, "| B:", *rows)
+    for (n, k), m in sorted(layers.items()):
+        for act in quant.ACTIVATIONS:
+            cells = [product(m, b, act, a.repeats) for b in rows]
+            print(f"{n}x{k} {act:6s}", *(f"{c:7.3f}" for c in cells))
+    for act in quant.ACTIVATIONS:
+        quant.install(act)
+        cells = [decode_step(model, b, a.context, a.repeats) for b in rows]
+        quant.uninstall()
+        print(f"decode step {act:6s}", *(f"{c:7.1f}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()

@@ -62,6 +62,8 @@ class Link:
         self._next: list[Any] | None = None
         self.live: Callable[[], list[int]] = list
         """The sequences whose own caches rank 0 holds (the runner sets it)."""
+        self.sent = False
+        """The forward last expected went out (a failure after it parts the group)."""
         self.busy_since: float | None = None
         """When the forward now waiting on the other machines was sent (monotonic)."""
         self.lost: str | None = None
@@ -77,6 +79,7 @@ class Link:
         """The next pipelined forward reads ``rows`` decode rows and ``chunks``
         (``[rid, start, n]`` each)."""
         self._next = ["forward", rows, chunks]
+        self.sent = False
 
     def ship(self, tokens: int) -> None:
         """Send the recorded changes and the expected forward of ``tokens`` tokens."""
@@ -97,6 +100,7 @@ class Link:
             except ChannelClosed as exc:
                 raise self._fail(f"machine {rank} lost: {exc}") from exc
         self.step += 1
+        self.sent = True
 
     def run(self, out: mx.array) -> None:
         """Evaluate the forward's part that crosses the machines (after :meth:`ship`)."""

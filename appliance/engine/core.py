@@ -441,8 +441,6 @@ class Engine:
             log.exception("engine tick failed; ending the requests in flight")
             runner.fail_everything()
             worked = True
-        except GroupLost:
-            raise
         left = runner.left_queue()
         if left:
             with self._lock:

@@ -18,7 +18,7 @@ import mlx.core as mx
 
 from appliance.engine.batch import Ahead, DecodeBatch, plain_kv, prefill, prefill_batch
 from appliance.engine.mixed import mixed_step, restore_offsets, save_offsets
-from appliance.engine.request import FaultHook
+from appliance.engine.request import FaultHook, GroupLost
 from appliance.engine.sampling import read_tokens, sample_batch, sample_lazy
 from appliance.engine.seq import Seq
 from appliance.engine.ticks import TickTiming
@@ -32,9 +32,14 @@ class Link(Protocol):
     live: Any
     """Called for the sequences whose own caches rank 0 holds (the runner sets it)."""
 
+    sent: bool
+    """The forward last expected went out to the other machines."""
+
     def record(self, op: list[Any]) -> None: ...
 
     def expect(self, rows: int, chunks: list[list[int]]) -> None: ...
+
+    def lose(self, reason: str) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +151,7 @@ class Forwards:
             self.timing.forward("decode", len(rows), 1, kv_len, start)
         except Exception:
             self._ahead = None
+            self._check_parted()
             if self.link is not None:  # the other machines hold the batch too: no retries
                 log.exception("decode step of %d rows failed", len(rows))
                 failed.update({s.rid: "the decode step failed" for s in rows})
@@ -155,6 +161,15 @@ class Forwards:
                               len(rows))
                 tokens = self._decode_alone(rows, failed)
         return _outcomes(rows, tokens, failed)
+
+    def _check_parted(self) -> None:
+        """After a forward raised: when the other machines had run their part of it, this
+        machine's caches and theirs may now differ, and the group cannot go on."""
+        if self.link is not None and self.link.sent:
+            reason = "a forward failed on this machine after the others had run their part"
+            log.exception(reason)
+            self.link.lose(reason)
+            raise GroupLost(reason)
 
     def _build_ahead(self, tokens: mx.array) -> Ahead | None:
         try:
@@ -220,6 +235,7 @@ class Forwards:
                 self.link.expect(len(rows), [[s.rid, s.computed, n] for s, n in chunks])
             logits, lasts = self.batch.step_mixed([s.next_token for s in rows], parts)
         except Exception:
+            self._check_parted()
             log.exception("mixed forward of %d rows and %d chunks failed; reading them one "
                           "forward each", len(rows), len(chunks))
             return None
@@ -283,6 +299,7 @@ class Forwards:
             _, lasts = mixed_step(self.model, None, [], parts)
             mx.eval(*(last for last in lasts if last is not None))
         except Exception as exc:
+            self._check_parted()
             restore_offsets(caches, saved)
             log.exception("prefill forward of %d chunks failed", len(chunks))
             return [Reads([Read(s, n, Failure("prefill", exc)) for s, n in chunks])]

@@ -159,14 +159,21 @@ def join(settings: Settings, hostfile: Hostfile, rank: int, model_dir: Path) -> 
         raise ValueError(f"rank {rank} is not one of 1..{hostfile.size - 1} in {hostfile.path}")
     dist = settings.distributed
     budget = memory_budget(dist.memory_budget)
-    ch = connect(hostfile, dist.control_port)
-    ch.send({"hello": {"rank": rank, "version": __version__, "model": fingerprint(model_dir),
-                       "model_name": model_dir.name, "memory_budget": budget}})
-    try:
-        msg = ch.receive(dist.join_timeout * 3 + 60)
-    except ChannelClosed as exc:
-        log.error("rank 0 did not answer: %s", exc)
-        return GROUP_LOST_EXIT
+    hello = {"hello": {"rank": rank, "version": __version__, "model": fingerprint(model_dir),
+                       "model_name": model_dir.name, "memory_budget": budget}}
+    while True:
+        ch = connect(hostfile, dist.control_port)
+        ch.send(hello)
+        try:
+            msg = ch.receive(dist.join_timeout * 3 + 60)
+        except ChannelClosed as exc:
+            log.error("rank 0 did not answer: %s", exc)
+            return GROUP_LOST_EXIT
+        if "retry" not in msg:
+            break
+        log.info("rank 0 serves alone and restarts to take this machine in when idle")
+        ch.close()
+        time.sleep(2.0)
     if "refuse" in msg:
         log.error("rank 0 refused this machine: %s", msg["refuse"])
         time.sleep(5)  # a service manager restarting it at once would spin

@@ -100,6 +100,9 @@ class Coordinator:
         self.hellos: dict[int, dict[str, Any]] = {}
         self.alone: str | None = None
         """Why rank 0 serves alone (None: the group serves)."""
+        self.returned: str | None = None
+        """Alone: which machine has come back since (the daemon restarts, when idle, to
+        serve with it)."""
         self.link: Link | None = None
         self.ranks: list[RankInfo] = []
         self._stop = threading.Event()
@@ -136,6 +139,8 @@ class Coordinator:
                           "serving on this machine alone")
             log.warning("distributed: %s", self.alone)
             self._close_channels()
+            threading.Thread(target=self._await_return, name="group-return",
+                             daemon=True).start()
             return None
         budgets = [self.budget] + [int(self.hellos[r]["memory_budget"])
                                    for r in range(1, self.hostfile.size)]
@@ -158,6 +163,36 @@ class Coordinator:
             f"machine{s.rank}=[{s.lo},{s.hi})" for s in spans))
         self.group = init_ring(0, self.hostfile.path, self.settings.join_timeout)
         return spans[0].lo, spans[0].hi
+
+    def _await_return(self) -> None:
+        """Alone: a machine of the hostfile that says hello (with the right model) is asked
+        to retry, and the daemon restarts at its next idle moment to serve with it
+        (``Engine.check``); one that does not fit is refused as at start."""
+        while not self._stop.is_set():
+            try:
+                ch = control.accept(self._server, 1.0)
+            except OSError:  # closed: the daemon is stopping
+                return
+            if ch is None:
+                continue
+            try:
+                hello = ch.receive(5.0).get("hello")
+            except ChannelClosed:
+                ch.close()
+                continue
+            problem = self._check(hello)
+            if problem is not None:
+                _refuse(ch, problem)
+                continue
+            assert isinstance(hello, dict)
+            rank = int(hello["rank"])
+            if self.returned is None:
+                self.returned = f"machine {rank} ({self.hostfile.hosts[rank]})"
+                log.warning("distributed: %s is back; restarting to serve on both machines "
+                            "when idle", self.returned)
+            with contextlib.suppress(ChannelClosed):
+                ch.send({"retry": "rank 0 restarts to serve with this machine when idle"})
+            ch.close()
 
     def _refuse_all(self, why: str) -> None:
         self._gather(time.monotonic() + 0.1)  # whoever is already waiting hears why
@@ -288,7 +323,7 @@ class Coordinator:
             import psutil
 
             self.ranks[0].rss_bytes = int(psutil.Process().memory_info().rss)
-        return {"machines": self.hostfile.size, "alone": self.alone,
+        return {"machines": self.hostfile.size, "alone": self.alone, "returned": self.returned,
                 "lost": None if self.link is None else self.link.lost,
                 "ranks": [r.as_dict() for r in self.ranks]}
 

@@ -292,6 +292,13 @@ class Engine:
         link = self._link
         if link is not None and link.lost is not None:
             return f"the machines serving the model together were parted: {link.lost}"
+        group = self.config.group
+        if group is not None and group.returned is not None:
+            with self._lock:
+                nobody_waits = not self._open
+            if nobody_waits:  # a planned restart
+                return (f"{group.returned} is back: restarting to serve the model on both "
+                        "machines")
         thread = self._thread
         if thread is None or not self._ready.is_set() or self._load_error is not None:
             return None

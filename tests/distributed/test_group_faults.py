@@ -110,22 +110,41 @@ def test_a_lost_machine_ends_the_answers_clearly_and_the_group_comes_back(
         again.stop()
 
 
-def test_rank_0_serves_alone_when_the_other_machine_never_comes(
+def test_rank_0_serves_alone_until_the_other_machine_comes_back(
         household: tuple[Path, str], demo_model: Path, tmp_path: Path) -> None:
-    from tests.daemon import start_daemon
+    from tests.conftest import free_port
+    from tests.daemon import start_daemon, wait_up
     from tests.distributed.group import hostfile, pin
 
     data, key = household
     hosts = hostfile(tmp_path / "hosts.json")
-    alone = start_daemon(demo_model, data, "--distributed", str(hosts), "--join-timeout", "1",
-                         prefix=pin(0), log_name="alone.log")
+    port = str(free_port())
+    flags = ("--distributed", str(hosts), "--control-port", port, "--join-timeout", "1")
+    alone = start_daemon(demo_model, data, *flags, prefix=pin(0), log_name="alone.log")
+    follower = None
     try:
         health = httpx.get(alone.url + "/health", timeout=10).json()
         assert health["status"] == "degraded"
         assert "did not join within 1 s: serving on this machine alone" in health["reason"]
         assert ask(alone.url, key, "good morning", 4)[1] == 4
+        # the machine comes back: rank 0, idle, restarts to serve with it
+        follower = start_follower(hosts, demo_model, tmp_path / "r1", int(port))
+        assert alone.proc.wait(60) == ENGINE_DOWN_EXIT
+        assert "is back: restarting to serve the model on both machines" in \
+            alone.log.read_text()
+        again = start_daemon(demo_model, data, *flags[:-2], "--join-timeout", "30",
+                             prefix=pin(0), wait=False, log_name="again.log")
+        wait_up(again)
+        health = httpx.get(again.url + "/health", timeout=10).json()
+        assert health["status"] == "ok" and len(health["distributed"]["ranks"]) == 2
+        assert ask(again.url, key, "good morning", 4)[1] == 4
+        assert again.terminate() == 0
+        assert follower.proc.wait(30) == 0
     finally:
-        assert alone.terminate() == 0
+        if follower is not None:
+            follower.stop()
+        if alone.proc.poll() is None:
+            alone.kill()
 
 
 def test_rank_0_gives_up_when_the_model_does_not_fit_alone(

@@ -76,15 +76,15 @@ def start_follower(hosts: Path, model: Path, data_dir: Path, control_port: int,
 
 def start_group(model: Path, root: Path, *flags: str, follower_flags: tuple[str, ...] = (),
                 hosts: Path | None = None, control_port: int | None = None,
-                follower_model: Path | None = None) -> Group:
-    """Rank 0 in ``root`` (its database there) and rank 1 in ``root/rank1``; returns once
-    rank 0 serves."""
+                follower_model: Path | None = None, log_name: str = "rank0.log") -> Group:
+    """Rank 0 in ``root`` (its database there) and rank 1 in ``root/rank1``, logging to
+    ``log_name`` in each; returns once rank 0 serves."""
     hosts = hosts or hostfile(root / "hosts.json")
     port = control_port or free_port()
     rank0 = start_daemon(model, root, "--distributed", str(hosts), "--control-port",
-                         str(port), *flags, prefix=pin(0), wait=False, log_name="rank0.log")
+                         str(port), *flags, prefix=pin(0), wait=False, log_name=log_name)
     rank1 = start_follower(hosts, follower_model or model, root / "rank1", port,
-                           *follower_flags)
+                           *follower_flags, log_name=log_name)
     try:
         wait_up(rank0)
     except BaseException:

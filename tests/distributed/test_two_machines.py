@@ -111,7 +111,8 @@ def test_two_machines_answer_as_one(tmp_path: Path, demo_model: Path,
     budget = int((model / "model.safetensors").stat().st_size * 0.9) if arch == "qwen2" \
         and not bits else 0
     split = ("--memory-budget", str(budget)) if budget else ()
-    group = start_group(model, data, *FLAGS, *split, follower_flags=split)
+    group = start_group(model, data, *FLAGS, *split, follower_flags=split,
+                        log_name=f"{arch}-{bits}.log")
     try:
         got = exercise(group.rank0.url, key)
         health = group.health()

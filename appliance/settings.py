@@ -258,7 +258,7 @@ class DistributedSettings:
         10.0, "Seconds a forward may wait on the other machines before the group is "
         "declared lost.", lo=0.5, hi=3600.0)
     heartbeat_timeout: float = _opt(
-        1.5, "Seconds without a word from a machine before it is declared lost.",
+        3.0, "Seconds without a word from a machine before it is declared lost.",
         lo=0.2, hi=600.0)
     memory_budget: int = _opt(
         0, "Bytes of this machine's memory the model's weights may take (0: what is "

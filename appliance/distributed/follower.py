@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from pathlib import Path
@@ -209,15 +210,17 @@ def join(settings: Settings, hostfile: Hostfile, rank: int, model_dir: Path) -> 
 
 
 def _serve(ch: Channel, replica: Replica, timeout: float) -> int:
-    """Run rank 0's plans as they come; answer its pings. Rank 0 pings every
-    :data:`BEAT_S`, so ``timeout`` seconds of silence mean it is gone."""
+    """Run rank 0's plans as they come. Rank 0 pings every :data:`BEAT_S`, so ``timeout``
+    seconds of silence mean it is gone."""
+    plans: queue.SimpleQueue[dict[str, Any] | ChannelClosed] = queue.SimpleQueue()
+    threading.Thread(target=_read, args=(ch, plans, timeout), name="control-read",
+                     daemon=True).start()
     step = 0
     try:
         while True:
-            msg = ch.receive(timeout)
-            if "ping" in msg:
-                ch.send({"pong": msg["ping"]})
-                continue
+            msg = plans.get()
+            if isinstance(msg, ChannelClosed):
+                raise msg
             ops = plan.decode(msg, step)
             step += 1
             replica.busy_since = time.monotonic()
@@ -232,3 +235,19 @@ def _serve(ch: Channel, replica: Replica, timeout: float) -> int:
     except Exception as exc:
         log.critical("the group was lost: %s", type(exc).__name__, exc_info=True)
     return GROUP_LOST_EXIT
+
+
+def _read(ch: Channel, plans: queue.SimpleQueue[dict[str, Any] | ChannelClosed],
+          timeout: float) -> None:
+    """Answer pings at once (the link's round trip, not this machine's forwards) and queue
+    the plans for the main thread."""
+    while True:
+        try:
+            msg = ch.receive(timeout)
+            if "ping" in msg:
+                ch.send({"pong": msg["ping"]})
+                continue
+        except ChannelClosed as exc:
+            plans.put(exc)
+            return
+        plans.put(msg)

@@ -71,9 +71,9 @@ def settled_answer(group: Group, key: str) -> str:
     return str(r.json()["id"]).removeprefix("chatcmpl-")
 
 
-def lose_mid_stream(group: Group, key: str, sig: signal.Signals) -> float:
+def lose_mid_stream(group: Group, key: str, sig: signal.Signals, within: float) -> float:
     """A long answer streaming, then ``sig`` to the follower: the answer ends with a clear
-    error, rank 0 logs the loss within 2 s and exits 70. When the signal went."""
+    error, rank 0 logs the loss ``within`` seconds and exits 70. When the signal went."""
     fault = threading.Event()
     done: list[tuple[int, str]] = []
     streaming = threading.Thread(target=lambda: done.append(stream_until(group, key, fault)))
@@ -85,7 +85,7 @@ def lose_mid_stream(group: Group, key: str, sig: signal.Signals) -> float:
     assert group.rank0.proc.wait(60) == ENGINE_DOWN_EXIT
     seen, last = done[0]
     assert seen < 200 and "error" in last and "machine" in last, last
-    assert lost_at(group.rank0.log) - at <= 2.0 + 0.5  # the log's clock is to the ms
+    assert lost_at(group.rank0.log) - at <= within
     return at
 
 
@@ -95,7 +95,7 @@ def test_a_lost_machine_ends_the_answers_clearly_and_the_group_comes_back(
     group = start_group(demo_model, data, log_name="killed.log")
     try:
         settled = settled_answer(group, key)
-        at = lose_mid_stream(group, key, signal.SIGKILL)
+        at = lose_mid_stream(group, key, signal.SIGKILL, 2.0)  # its socket closes at once
     finally:
         group.rank1.stop()
         if group.rank0.proc.poll() is None:
@@ -109,7 +109,7 @@ def test_a_lost_machine_ends_the_answers_clearly_and_the_group_comes_back(
         assert again.health()["status"] == "ok"
         # a follower that stops answering (SIGSTOP) is caught by its missed beats
         settled = settled_answer(again, key)
-        lose_mid_stream(again, key, signal.SIGSTOP)
+        lose_mid_stream(again, key, signal.SIGSTOP, 3.0 + 1.5)  # heartbeat_timeout, a beat
         # woken, it finds rank 0 gone and leaves for its service manager to restart it
         again.rank1.proc.send_signal(signal.SIGCONT)
         assert again.rank1.proc.wait(30) == GROUP_LOST_EXIT

@@ -27,6 +27,9 @@
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -672,6 +675,16 @@ void quantize_rows(const float* x, int64_t m, int64_t k, int group, int16_t* xq,
 // number in the claim counter's high half; the caller closes the counter before it posts
 // the next job, so a late helper's claim on an old job fails and it never reads a job that
 // is gone.
+// The cores this process may run on: its affinity mask where there is one (a process pinned
+// to one core, as a machine of a distributed group is, gets no helper spinning beside it).
+int usable_cores() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 class QuantPool {
  public:
   static QuantPool& get() {
@@ -714,8 +727,7 @@ class QuantPool {
 
   QuantPool() {
     const char* env = std::getenv("APPLIANCE_QUANT_THREADS");
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    threads_ = env != nullptr && *env != '\0' ? std::atoi(env) : std::min(cores, 8);
+    threads_ = env != nullptr && *env != '\0' ? std::atoi(env) : std::min(usable_cores(), 8);
     threads_ = std::max(1, std::min(threads_, 64));
   }
 

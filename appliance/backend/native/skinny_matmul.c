@@ -349,10 +349,23 @@ static void wake_helper(void) {
     }
 }
 
+/* Whether this process may run on two cores or more (its affinity mask: a process pinned
+ * to one core, as a machine of a distributed group is, would have the helper spin on the
+ * core the caller computes on). Read once. */
+static int may_share(void) {
+    static int known = -1;
+    if (known < 0) {
+        cpu_set_t set;
+        known = sched_getaffinity(0, sizeof(set), &set) != 0 || CPU_COUNT(&set) >= 2;
+    }
+    return known;
+}
+
 /* skinny() on two threads when the product is big enough and the helper is free. */
 static void skinny_shared(int m, int n, int k, float alpha, const float *a, int lda,
                           const float *b, int ldb, float beta, float *c, int ldc) {
-    if ((long)n * k < SPLIT_MIN || n < 2 * BLOCK_MIN || pthread_mutex_trylock(&helper_busy) != 0) {
+    if ((long)n * k < SPLIT_MIN || n < 2 * BLOCK_MIN || !may_share()
+        || pthread_mutex_trylock(&helper_busy) != 0) {
         skinny(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +117,18 @@ def start_engine(settings: Settings, fault: FaultHook | None = None,
     if writer is not None:
         def on_counters(values: dict[str, float]) -> None:
             writer.submit_counters({int(k): v for k, v in values.items() if k.isdigit()})
+    config = engine_config(settings)
+    if settings.distributed.hostfile:
+        from appliance.distributed.group import Coordinator
+        from appliance.distributed.hostfile import read as read_hostfile
+
+        e = settings.engine
+        config = replace(config, group=Coordinator(
+            read_hostfile(settings.distributed.hostfile), settings.distributed,
+            config.model_path, {"native": e.native, "fast_cpu_ops": e.fast_cpu_ops,
+                                "max_rows": config.scheduler.max_batch_size}))
     # the engine's record of each finished request is the ledger's row, as it is
-    engine = Engine(engine_config(settings), fault=fault,
+    engine = Engine(config, fault=fault,
                     on_finish=writer.submit_ledger if writer is not None else None,
                     on_counters=on_counters)
     if store is not None:

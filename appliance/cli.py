@@ -84,6 +84,22 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_join(settings: Settings, args: argparse.Namespace) -> int:
+    """Serve later layers of rank 0's model until the group ends (see
+    :mod:`appliance.distributed.follower` for the exit statuses)."""
+    from appliance.distributed import follower
+    from appliance.distributed.hostfile import read as read_hostfile
+    from appliance.engine.model import resolve_model_path
+
+    try:
+        hostfile = read_hostfile(args.join_hostfile)
+        model_dir = resolve_model_path(settings.engine.model, settings.models_dir)
+        return follower.join(settings, hostfile, args.rank, model_dir)
+    except (ValueError, FileNotFoundError) as exc:
+        log.error("%s", exc)
+        return follower.REFUSED_EXIT
+
+
 def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     """One prompt through the same engine path as the server (same greedy output)."""
     import queue
@@ -153,6 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the daemon")
     settings_mod.add_flags(serve)
+    serve.add_argument("--distributed", dest="hostfile", metavar="HOSTFILE",
+                       default=argparse.SUPPRESS,
+                       help="serve the model across the machines of this MLX ring hostfile, "
+                       "this one first (docs/distributed.md); the same as --hostfile")
+
+    join = sub.add_parser("join", help="run later layers of a model served by another "
+                          "machine's 'appliance serve --distributed' (docs/distributed.md)")
+    settings_mod.add_flags(join)
+    join.add_argument("join_hostfile", metavar="HOSTFILE",
+                      help="the same MLX ring hostfile the first machine serves with")
+    join.add_argument("--rank", type=int, required=True,
+                      help="this machine's place in the hostfile (1 for the second line)")
 
     run = sub.add_parser("run", help="answer one prompt through the engine and exit")
     settings_mod.add_flags(run)
@@ -204,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     setup_logging(settings.server.log_level)
-    if args.cmd in ("serve", "run"):
+    if args.cmd in ("serve", "run", "join"):
         kernel = settings.engine.native and settings.engine.skinny_matmul
         process.prepare(installed_kind(), settings.engine.blas, kernel, argv)
         process.log_blas(kernel)
@@ -220,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd in ("serve", "run"):
             rc = cmd_serve(settings, args) if args.cmd == "serve" else cmd_run(settings, args)
             exit_now(rc)
+        if args.cmd == "join":
+            exit_now(cmd_join(settings, args))
         if args.cmd == "model":
             return cmd_model(settings, args)
         if args.cmd == "job":

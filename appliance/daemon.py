@@ -117,6 +117,12 @@ def build_daemon(settings: Settings, *, fault: FaultHook | None = None,
             hook(reason)
 
     daemon.supervisor = supervise(engine, engine_down, supervise_interval_s)
+    supervisor = daemon.supervisor
+
+    def group_lost(_reason: str) -> None:
+        supervisor.step()  # at once, not at its next round
+
+    engine.on_group_lost = group_lost
     return daemon
 
 

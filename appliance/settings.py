@@ -244,19 +244,42 @@ class JobsSettings:
 
 
 @dataclass(slots=True)
+class DistributedSettings:
+    hostfile: str = _opt(
+        "", "MLX ring hostfile (JSON: one list of 'host:port' per machine, this one first) to "
+        "serve one model across machines (docs/distributed.md). Empty: one machine.")
+    control_port: int = _opt(
+        40480, "TCP port on the first machine where the others join (appliance join).",
+        lo=1, hi=65535)
+    join_timeout: float = _opt(
+        20.0, "Seconds the first machine waits for the others at start; then it serves "
+        "alone if the model fits, else it exits 70 to be restarted.", lo=1.0, hi=3600.0)
+    step_timeout: float = _opt(
+        10.0, "Seconds a forward may wait on the other machines before the group is "
+        "declared lost.", lo=0.5, hi=3600.0)
+    heartbeat_timeout: float = _opt(
+        1.5, "Seconds without a word from a machine before it is declared lost.",
+        lo=0.2, hi=600.0)
+    memory_budget: int = _opt(
+        0, "Bytes of this machine's memory the model's weights may take (0: what is "
+        "available now, less 1 GiB); layers are split by these budgets.", lo=0)
+
+
+@dataclass(slots=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     engine: EngineSettings = field(default_factory=EngineSettings)
     sched: SchedSettings = field(default_factory=SchedSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
     jobs: JobsSettings = field(default_factory=JobsSettings)
+    distributed: DistributedSettings = field(default_factory=DistributedSettings)
 
     @property
     def models_dir(self) -> Path:
         return Path(self.store.data_dir).expanduser() / "models"
 
 
-SECTIONS: tuple[str, ...] = ("server", "engine", "sched", "store", "jobs")
+SECTIONS: tuple[str, ...] = ("server", "engine", "sched", "store", "jobs", "distributed")
 
 
 def iter_fields() -> Iterator[tuple[str, dataclasses.Field[Any]]]:
@@ -268,7 +291,8 @@ def iter_fields() -> Iterator[tuple[str, dataclasses.Field[Any]]]:
 
 def _section_type(name: str) -> type:
     return {"server": ServerSettings, "engine": EngineSettings, "sched": SchedSettings,
-            "store": StoreSettings, "jobs": JobsSettings}[name]
+            "store": StoreSettings, "jobs": JobsSettings,
+            "distributed": DistributedSettings}[name]
 
 
 def flag_name(f: dataclasses.Field[Any]) -> str:

@@ -20,6 +20,8 @@ The layers, top to bottom (docs/architecture.md says why):
     jobs       jobs (background summaries through the same service)
     service    service (transport-free: submission, checks, the generation handle,
                domain errors)
+    distributed  distributed (one model across machines: the group, the plan, a
+               follower's loop; the engine sees it only through protocols)
     engine     engine, models (model files: pull, import, list), gguf (GGUF import),
                demo (the demo-model builder)
     backend    backend (what is device-specific: BLAS preload, native kernels, malloc,
@@ -48,6 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("api", ("appliance.api",)),
     ("jobs", ("appliance.jobs",)),
     ("service", ("appliance.service",)),
+    ("distributed", ("appliance.distributed",)),
     ("engine", ("appliance.engine", "appliance.models", "appliance.gguf", "appliance.demo")),
     ("backend", ("appliance.backend",)),
     ("sched", ("appliance.sched",)),

@@ -31,6 +31,9 @@ def health(state: State) -> Response[dict[str, Any]]:
         status = "degraded"
         reason = (f"storage: the database takes no writes ({storage['error']}: "
                   f"{storage['detail']}); {storage['ledger_backlog']} ledger rows kept")
+    group = services.engine.group_status()
+    if status == "ok" and group is not None and group["alone"] is not None:
+        status, reason = "degraded", f"distributed: {group['alone']}"
     body: dict[str, Any] = {
         "status": status, "model": services.model.name, "demo_model": services.model.is_demo,
         "active": snap.active, "queued": snap.queued, "completed": snap.completed,
@@ -39,6 +42,8 @@ def health(state: State) -> Response[dict[str, Any]]:
     loaded = services.engine.loaded
     if loaded is not None:  # what computes: appliance/backend
         body["backend"] = loaded.backend.describe()
+    if group is not None:  # the machines serving the model together
+        body["distributed"] = group
     if reason is not None:
         body["reason"] = reason
     if status == "unavailable":

@@ -9,6 +9,7 @@ preempted rows leave the same way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,8 +129,12 @@ class DecodeBatch:
     """The decoding rows and their KV: in slots (appliance/engine/slots.py) when every layer
     keeps a plain KV cache, else in mlx-lm's batched caches (:class:`MergedKV`)."""
 
-    def __init__(self, model: Any, max_rows: int = 8) -> None:
+    def __init__(self, model: Any, max_rows: int = 8,
+                 journal: Callable[[list[Any]], None] | None = None) -> None:
         self.model = model
+        self.journal = journal
+        """Told each change of the rows (a model split across machines: the others make
+        the same changes to their own batches, appliance/distributed/plan.py)."""
         self.rids: list[int] = []
         self.slots = SlotBatch(len(make_prompt_cache(model)), max_rows) \
             if plain_kv(model) else None
@@ -163,6 +168,11 @@ class DecodeBatch:
         """Rows joining the batch together, ``(rids, cache, keep)`` each: a sequence's own
         per-layer caches (``keep`` None, one rid), or rows ``keep`` of a batched prefill
         cache. In slots, room is made for them all at once."""
+        if not entries:
+            return
+        if self.journal is not None:
+            assert all(keep is None for _, _, keep in entries), "a batched cache joins alone"
+            self.journal(["join", [rid for rids, _, _ in entries for rid in rids]])
         if self.slots is None:
             for _, cache, keep in entries:
                 if keep is None:
@@ -274,6 +284,8 @@ class DecodeBatch:
         gone = {i for i, rid in enumerate(self.rids) if rid in rids}
         if not gone:
             return
+        if self.journal is not None:
+            self.journal(["remove", sorted(self.rids[i] for i in gone)])
         if self.slots is not None:
             self.rids = [self.rids[i] for i in self.slots.remove(gone)]
             return

@@ -25,6 +25,7 @@ from appliance.engine.request import (
     FaultHook,
     FinishEvent,
     GenerationRequest,
+    GroupLost,
     RequestHandle,
     Usage,
 )
@@ -80,6 +81,9 @@ class EngineConfig:
     stall_timeout_s: float = 120.0
     """Seconds without a finished tick, while requests wait, after which the engine is
     declared stalled (0: never)."""
+    group: Any = None
+    """The machines this engine serves its model with (appliance/distributed/group.py's
+    Coordinator: ``split``, ``start``, ``status``, ``close``); None: this machine alone."""
     gather_s: float = 0.02
     """When requests arrive while nothing runs, the engine waits this long for another
     before it plans a tick, again after each further one, for at most GATHER_ROUNDS: requests
@@ -135,6 +139,12 @@ class Engine:
         self.failure: str | None = None
         """Why the engine stopped serving, once it has; None while it serves."""
         self._embedder: Embedder | None = None
+        self._link: Any = None
+        """Rank 0's link when the model is split across machines (its ``lost`` says why the
+        group stopped serving)."""
+        self.on_group_lost: Callable[[str], None] | None = None
+        """Called (from a watcher's thread) the moment the group is lost, so the
+        supervisor need not wait for its next round."""
 
     # ---- lifecycle (any thread) ----
     def start(self, timeout: float = 600.0) -> None:
@@ -204,6 +214,9 @@ class Engine:
         with the vectors (or an error). Cancel with ``job.cancelled.set()``."""
         if self.failure is not None:
             raise EngineDown(self.failure)
+        if self._link is not None:
+            raise EngineStopping("embeddings are not served while the model is split across "
+                                 "machines (docs/distributed.md)")
         if not self._accepting or self._embedder is None:
             raise EngineStopping("the server is shutting down")
         job = EmbedJob(rows, done)
@@ -276,6 +289,9 @@ class Engine:
         engine has failed it stays failed (the daemon must restart)."""
         if self.failure is not None:
             return self.failure
+        link = self._link
+        if link is not None and link.lost is not None:
+            return f"the machines serving the model together were parted: {link.lost}"
         thread = self._thread
         if thread is None or not self._ready.is_set() or self._load_error is not None:
             return None
@@ -319,9 +335,15 @@ class Engine:
         try:
             import psutil
 
+            group = self.config.group
             self.loaded = load_model(self.config.model_path, self.config.ctx_size,
                                      fast_cpu_ops=self.config.fast_cpu_ops,
-                                     native=self.config.native)
+                                     native=self.config.native,
+                                     split=None if group is None else group.split)
+            link = None if group is None else group.start(self.loaded.model)
+            if link is not None:
+                link.on_lost = self._group_lost
+            self._link = link
             self.kv_budget_bytes = budget_bytes(self.config.kv_cache_budget,
                                                 psutil.virtual_memory().available)
             sched = self.config.scheduler
@@ -333,8 +355,10 @@ class Engine:
             runner = Runner(self.loaded, Scheduler(sched), self._clock, self._fault,
                             self._on_finish, usage=self.usage, on_done=self._done,
                             on_counters=self._on_counters,
-                            prompt_cache_entries=self.config.prompt_cache_entries,
-                            meter=self._meter)
+                            # across machines a cached prefix would need its KV on each
+                            prompt_cache_entries=0 if link is not None
+                            else self.config.prompt_cache_entries,
+                            meter=self._meter, link=link)
         except BaseException as exc:  # reported to start()'s caller
             self._load_error = exc
             self._ready.set()
@@ -342,8 +366,9 @@ class Engine:
         self._runner = runner
         tokenizer = self.loaded.tokenizer
         pad = tokenizer.pad_token_id
-        self._embedder = Embedder(self.loaded.model, pad if pad is not None else
-                                  next(iter(self.loaded.eos_token_ids), 0))
+        if link is None:  # embeddings read the whole model at once: not across machines
+            self._embedder = Embedder(self.loaded.model, pad if pad is not None else
+                                      next(iter(self.loaded.eos_token_ids), 0))
         self._cancel_all = False
         self._beat = time.monotonic()
         self._ready.set()
@@ -356,15 +381,34 @@ class Engine:
                 if not worked:
                     self._wake.wait(0.5)
                     self._beat = time.monotonic()
+        except GroupLost as exc:  # the supervisor sees the link's reason and restarts
+            log.critical("engine: the group was lost: %s", exc)
+            runner.fail_everything(f"the model's other machine was lost: {exc}",
+                                   unavailable=True)
+            self.snapshot = runner.snapshot()
+            return
         except BaseException as exc:  # the supervisor sees the dead thread and says why
             self._death = type(exc).__name__
             log.critical("engine thread died: %s", type(exc).__name__, exc_info=True)
             return
-        self._embedder.fail_all("the server is shutting down")
+        if self._embedder is not None:
+            self._embedder.fail_all("the server is shutting down")
         if self.failure is None:
             runner.cancel_everything()
             runner.flush_counters()
             self.snapshot = runner.snapshot()
+        if self.config.group is not None:
+            self.config.group.close()
+
+    def _group_lost(self, reason: str) -> None:
+        self._wake.set()
+        if self.on_group_lost is not None:
+            self.on_group_lost(reason)
+
+    def group_status(self) -> dict[str, Any] | None:
+        """The machines serving the model together (None: one machine)."""
+        group = self.config.group
+        return None if group is None else group.status()
 
     def _gather(self) -> None:
         """Requests arrived while nothing runs: wait while more arrive (see ``gather_s``)."""
@@ -397,6 +441,8 @@ class Engine:
             log.exception("engine tick failed; ending the requests in flight")
             runner.fail_everything()
             worked = True
+        except GroupLost:
+            raise
         left = runner.left_queue()
         if left:
             with self._lock:

@@ -12,17 +12,29 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 
 from appliance.engine.batch import Ahead, DecodeBatch, plain_kv, prefill, prefill_batch
+from appliance.engine.mixed import mixed_step, restore_offsets, save_offsets
 from appliance.engine.request import FaultHook
 from appliance.engine.sampling import read_tokens, sample_batch, sample_lazy
 from appliance.engine.seq import Seq
 from appliance.engine.ticks import TickTiming
 
 log = logging.getLogger("appliance.engine.runner")  # one logger for the whole tick, as ticks.py
+
+
+class Link(Protocol):
+    """Rank 0's link to the other machines of a group (appliance/distributed/link.py)."""
+
+    live: Any
+    """Called for the sequences whose own caches rank 0 holds (the runner sets it)."""
+
+    def record(self, op: list[Any]) -> None: ...
+
+    def expect(self, rows: int, chunks: list[list[int]]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +74,16 @@ class Forwards:
     """The model side of a tick: the decode batch and the forwards over it."""
 
     def __init__(self, model: Any, max_rows: int, timing: TickTiming,
-                 fault: FaultHook | None, look_ahead: bool = True) -> None:
+                 fault: FaultHook | None, look_ahead: bool = True,
+                 link: Link | None = None) -> None:
         self.model = model
         self.max_rows = max_rows
         self.timing = timing
         self.fault = fault
+        self.link = link
+        """Rank 0's link when the model is split across machines (appliance/distributed):
+        every forward is then :func:`mixed_step`, each described to the link before it
+        runs, and no forward is retried (the other machines ran their part)."""
         self.plain_kv = plain_kv(model)
         self.batch = self.new_batch()
         self.mixed_forwards = 0
@@ -78,11 +95,14 @@ class Forwards:
         """Decode steps that ran the graph built ahead."""
 
     def new_batch(self) -> DecodeBatch:
-        return DecodeBatch(self.model, self.max_rows)
+        return DecodeBatch(self.model, self.max_rows,
+                           None if self.link is None else self.link.record)
 
     def reset(self) -> None:
         """Start from an empty batch (after a tick failed as a whole)."""
         self._ahead = None
+        if self.link is not None:
+            self.link.record(["reset"])
         self.batch = self.new_batch()
 
     # ---- decode ----
@@ -107,6 +127,8 @@ class Forwards:
             logits = None if ahead is None else self.batch.launch(ahead)
             ahead = None  # unrun, it would hold the buffers the step below writes
             if logits is None:
+                if self.link is not None:
+                    self.link.expect(len(rows), [])
                 logits = self.batch.step([s.next_token for s in rows])
             else:
                 self.steps_ahead += 1
@@ -123,9 +145,15 @@ class Forwards:
             tokens = read_tokens(lazy, live, len(rows))
             self.timing.forward("decode", len(rows), 1, kv_len, start)
         except Exception:
-            log.exception("batched decode step failed; retrying its %d rows alone", len(rows))
             self._ahead = None
-            tokens = self._decode_alone(rows, failed)
+            if self.link is not None:  # the other machines hold the batch too: no retries
+                log.exception("decode step of %d rows failed", len(rows))
+                failed.update({s.rid: "the decode step failed" for s in rows})
+                tokens = [None] * len(rows)
+            else:
+                log.exception("batched decode step failed; retrying its %d rows alone",
+                              len(rows))
+                tokens = self._decode_alone(rows, failed)
         return _outcomes(rows, tokens, failed)
 
     def _build_ahead(self, tokens: mx.array) -> Ahead | None:
@@ -188,6 +216,8 @@ class Forwards:
                     self.fault(s.handle.request, "prefill")
                 for s in rows:
                     self.fault(s.handle.request, "batch")
+            if self.link is not None:
+                self.link.expect(len(rows), [[s.rid, s.computed, n] for s, n in chunks])
             logits, lasts = self.batch.step_mixed([s.next_token for s in rows], parts)
         except Exception:
             log.exception("mixed forward of %d rows and %d chunks failed; reading them one "
@@ -220,6 +250,8 @@ class Forwards:
         parts: list[tuple[Seq, int]] = []
         if chunks:
             self._ahead = None  # its buffers may be written: a prompt read into the batch
+        if self.link is not None:
+            return self._read_chunks(chunks) if chunks else []
         for s, n in chunks:
             if self.plain_kv and s.computed == 0 and n == len(s.tokens):
                 whole.append(s)
@@ -231,6 +263,39 @@ class Forwards:
         else:
             parts = [(s, len(s.tokens)) for s in whole] + parts
         return out + [Reads([self._prefill_one(s, n)]) for s, n in parts]
+
+    def _read_chunks(self, chunks: list[tuple[Seq, int]]) -> list[Reads]:
+        """Every chunk in one forward of its own (a model split across machines): each
+        into its sequence's cache; a failure before the forward left fails every chunk."""
+        start = self.timing.timer()
+        caches = [s.cache for s, _ in chunks if s.cache is not None]
+        saved = save_offsets(caches)
+        try:
+            parts = []
+            for s, n in chunks:
+                if self.fault:
+                    self.fault(s.handle.request, "prefill")
+                assert s.cache is not None
+                parts.append((s.cache, s.tokens[s.computed:s.computed + n],
+                              s.computed + n == len(s.tokens)))
+            assert self.link is not None
+            self.link.expect(0, [[s.rid, s.computed, n] for s, n in chunks])
+            _, lasts = mixed_step(self.model, None, [], parts)
+            mx.eval(*(last for last in lasts if last is not None))
+        except Exception as exc:
+            restore_offsets(caches, saved)
+            log.exception("prefill forward of %d chunks failed", len(chunks))
+            return [Reads([Read(s, n, Failure("prefill", exc)) for s, n in chunks])]
+        reads = []
+        for (s, n), last in zip(chunks, lasts, strict=True):
+            try:
+                token = None if last is None else sample_batch(last, [s.sampler], [s.tokens])[0]
+                reads.append(Read(s, n, token))
+            except Exception as exc:
+                reads.append(Read(s, n, Failure("prefill", exc)))
+        self.timing.forward("prefill", len(chunks), max(n for _, n in chunks),
+                            min(s.computed for s, _ in chunks), start)
+        return [Reads(reads)]
 
     def _prefill_one(self, s: Seq, n: int) -> Read:
         assert s.cache is not None

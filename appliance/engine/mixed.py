@@ -268,43 +268,61 @@ def _embed(arch: Arch, inner: Any, tokens: list[int]) -> mx.array:
     return h
 
 
-def mixed_step(model: Any, batch_cache: list[Any], inputs: Sequence[int],
+def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
                chunks: Sequence[tuple[list[Any], Sequence[int], bool]]
                ) -> tuple[mx.array, list[mx.array | None]]:
     """One forward of a decode step (``inputs``: each batch row's next token, over
-    ``batch_cache``) and prompt chunks (``chunks``: a sequence's per-layer caches, its
-    chunk's tokens, whether its last position's logits are wanted; none for a plain decode
-    step). Returns the decode rows' logits [B, V] and, per chunk, its last position's
-    logits [1, V] or None (lazy: the caller evaluates them). Every cache advances as its
-    own forward would advance it."""
+    ``batch_cache``; none: the chunks alone) and prompt chunks (``chunks``: a sequence's
+    per-layer caches, its chunk's tokens, whether its last position's logits are wanted;
+    none for a plain decode step). Returns the decode rows' logits [B, V] and, per chunk, its
+    last position's logits [1, V] or None (lazy: the caller evaluates them). Every cache
+    advances as its own forward would advance it.
+
+    A model split across machines (appliance/distributed) carries its :class:`Stage`: the
+    first stage embeds, runs its layers, passes the hidden states on and gets the last
+    stage's back for the head; a later stage receives them instead of embedding (the
+    tokens are then placeholders of the right count) and returns what it passes on, with
+    no logits."""
     arch = _arch(model)
     assert arch is not None, "mixed_step of a model supports_mixed refuses"
+    stage = model.__dict__.get("_appliance_stage")
     weights = Weights.of(model, arch.linears)
     inner = model.model
     tokens = [*inputs]
     for _, chunk, _ in chunks:
         tokens.extend(chunk)
-    h = _embed(arch, inner, tokens)
+    h = _embed(arch, inner, tokens) if stage is None or stage.first \
+        else stage.receive(len(tokens))
     # The masks from the caches before they grow, as mlx-lm's model does for each forward.
-    parts = [Part(len(inputs), 1, batch_cache, arch.masks(inner, h[None, :1], batch_cache), 0,
-                  whole=not chunks)]
+    parts = []
+    if inputs:
+        assert batch_cache is not None
+        parts.append(Part(len(inputs), 1, batch_cache,
+                          arch.masks(inner, h[None, :1], batch_cache), 0, whole=not chunks))
     start = len(inputs)
     for cache, chunk, _ in chunks:
         parts.append(Part(1, len(chunk), cache,
-                          arch.masks(inner, h[None, :len(chunk)], cache), start))
+                          arch.masks(inner, h[None, :len(chunk)], cache), start,
+                          whole=not inputs and len(chunks) == 1))
         start += len(chunk)
     for i, layer in enumerate(inner.layers):
         attn, mlp = layer.self_attn, layer.mlp
         h = arch.block(layer, h, partial(_attention, arch, weights, attn, parts=parts, layer=i),
                        partial(arch.mlp, weights, mlp))
+    if stage is not None:
+        h = stage.pass_on(h)
+        if not stage.first:
+            return h, []
     # The vocabulary projection of the decode rows and of the wanted chunks' last tokens.
     b = len(inputs)
-    rows = [h[:b] if chunks else h]
+    rows = [h[:b] if chunks else h] if b else []
     end = b
     for _, chunk, want in chunks:
         end += len(chunk)
         if want:
             rows.append(h[end - 1:end])
+    if not rows:
+        return h[:0], [None] * len(chunks)
     out = inner.norm(mx.concatenate(rows) if len(rows) > 1 else rows[0])
     # Tied models have no lm_head (mlx-lm's Gemma 3 pops it at load when the file has none).
     head = getattr(model, "lm_head", None)
@@ -317,7 +335,7 @@ def mixed_step(model: Any, batch_cache: list[Any], inputs: Sequence[int],
             k += 1
         else:
             lasts.append(None)
-    return (logits[:b] if len(rows) > 1 else logits), lasts
+    return (logits[:b] if len(rows) > 1 or not b else logits), lasts
 
 
 def save_offsets(caches: Sequence[list[Any]]) -> list[list[int]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,9 +69,15 @@ def kv_bytes_per_token(config: dict[str, Any], dtype_size: int) -> int:
 
 
 def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
-               native: bool = True) -> LoadedModel:
+               native: bool = True, layers: tuple[int, int] | None = None, edges: bool = True,
+               split: Callable[[Any], tuple[int, int] | None] | None = None) -> LoadedModel:
     """Set up the backend (appliance/backend: ``native`` code and ``fast_cpu_ops`` where MLX
-    runs on the CPU; a process-wide switch, logged), then load the model."""
+    runs on the CPU; a process-wide switch, logged), then load the model.
+
+    A machine of a group (appliance/distributed) loads only its ``layers`` ``[lo, hi)``,
+    and without ``edges`` no embedding, final norm or head: the weights are read lazily
+    and only the kept ones are ever evaluated. ``split`` chooses the layers from the
+    unloaded model (None: all of them)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm import load
@@ -78,8 +85,16 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
     from appliance import backend as backends
 
     backend = backends.start(native=native, fast_cpu_ops=fast_cpu_ops)
-    loaded: Any = load(str(path))
+    staged = layers is not None or split is not None
+    loaded: Any = load(str(path), lazy=staged)
     model, tokenizer = loaded[0], loaded[1]
+    if split is not None:
+        layers = split(model)
+    if layers is not None or not edges:
+        lo, hi = layers if layers is not None else (0, len(model.model.layers))
+        slice_layers(model, lo, hi, edges=edges)
+    if staged:
+        mx.eval(model.parameters())
     config = json.loads((path / "config.json").read_text())
     params: list[Any] = [kv[1] for kv in tree_flatten(model.parameters())]
     weight_bytes = sum(v.nbytes for v in params)
@@ -97,3 +112,30 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
     log.info("model loaded: path=%s weights=%d bytes ctx=%d kv_per_token=%d demo=%s",
              path, weight_bytes, ctx_limit, loaded.kv_bytes_per_token, loaded.is_demo)
     return loaded
+
+
+def slice_layers(model: Any, lo: int, hi: int, *, edges: bool) -> None:
+    """Keep layers ``[lo, hi)`` of ``model`` (an mlx-lm model, weights not yet evaluated);
+    without ``edges`` drop the embedding, the final norm and the head too, so their weights
+    are never read from disk."""
+    inner = model.model
+    inner.layers = inner.layers[lo:hi]
+    if not edges:
+        for owner, name in ((inner, "embed_tokens"), (inner, "norm"), (model, "lm_head")):
+            if name in owner:
+                del owner[name]
+
+
+def hidden_dtype(model: Any) -> Any:
+    """The dtype of the hidden states (what the embedding yields)."""
+    import mlx.core as mx
+
+    return model.model.embed_tokens(mx.array([0])).dtype
+
+
+def param_bytes(module: Any) -> int:
+    """Bytes of a module's parameters, from their shapes (nothing need be loaded)."""
+    from mlx.utils import tree_flatten
+
+    params: list[Any] = [kv[1] for kv in tree_flatten(module.parameters())]
+    return sum(int(v.nbytes) for v in params)

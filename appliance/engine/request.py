@@ -199,3 +199,8 @@ def asyncio_sink(loop: asyncio.AbstractEventLoop,
 
 def blocking_sink(q: queue.SimpleQueue[Event]) -> Callable[[Event], None]:
     return q.put
+
+
+class GroupLost(BaseException):  # noqa: N818 - no request's handler may catch it and go on
+    """The machines serving one model together no longer do (appliance/distributed): one
+    died, hung or disagreed. Every request in flight ends; the daemon restarts."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance.engine.batch import DecodeBatch, cache_nbytes, new_sequence_cache, plain_kv
-from appliance.engine.forwards import Failure, Forwards, Outcome, Reads
+from appliance.engine.forwards import Failure, Forwards, Link, Outcome, Reads
 from appliance.engine.grammar import GrammarRow, ll_tokenizer
 from appliance.engine.mixed import supports_mixed
 from appliance.engine.model import LoadedModel
@@ -61,7 +61,7 @@ class Runner:
                  on_counters: Callable[[dict[str, float]], None] | None = None,
                  prompt_cache_entries: int = 0, timer: Callable[[], float] = time.perf_counter,
                  meter: Meter | None = None, mixed: bool = True,
-                 look_ahead: bool | None = None) -> None:
+                 look_ahead: bool | None = None, link: Link | None = None) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.scheduler = scheduler
@@ -88,9 +88,12 @@ class Runner:
         if look_ahead is None:
             # On the CPU the step and the host share the cores: hiding host time there was
             # no faster (docs/backends.md); on a GPU it is what a tick's host part costs.
-            look_ahead = loaded.backend.kind != "cpu"
+            # Across machines a step is sent when it is built: none is built ahead.
+            look_ahead = loaded.backend.kind != "cpu" and link is None
         self.forwards = Forwards(self.model, scheduler.config.max_batch_size, self.timing,
-                                 fault, look_ahead)
+                                 fault, look_ahead, link)
+        if link is not None:
+            link.live = lambda: [s.rid for s in self.seqs.values() if s.cache is not None]
         self._left_queue = 0
         self.completed = 0
         self.ticks = 0
@@ -413,7 +416,8 @@ class Runner:
             dropped = self.prompt_cache.drop_user(user_key)
             log.info("prompt cache released user=%s entries=%d", user_key, dropped)
 
-    def _finish(self, s: Seq, reason: FinishReason, error: str | None = None) -> None:
+    def _finish(self, s: Seq, reason: FinishReason, error: str | None = None,
+                unavailable: bool = False) -> None:
         """Finish one sequence: it leaves the engine, its caller gets the finish event, the
         ledger gets its row. Never raises: what fails on the way (keeping its prefix, the
         detokenizer's tail, the ledger hand-off) is logged and the request still ends."""
@@ -452,7 +456,7 @@ class Runner:
                 log.exception("ledger hand-off failed rid=%d id=%s", s.rid,
                               s.handle.request.request_id)
         s.handle.emit(FinishEvent(reason, usage, tail, error, ttft, s.preemptions,
-                                  queue_s=queued))
+                                  queue_s=queued, unavailable=unavailable))
         self._done(s.handle)
         log.info("request finished rid=%d id=%s reason=%s prompt_tokens=%d output_tokens=%d "
                  "ttft_ms=%s preemptions=%d", s.rid, s.handle.request.request_id, reason,
@@ -486,12 +490,13 @@ class Runner:
             s.handle.cancel()
         self._reap_cancelled()
 
-    def fail_everything(self) -> None:
+    def fail_everything(self, error: str = BACKEND_ERROR, unavailable: bool = False) -> None:
         """After a tick failed where no single request was to blame: end every request in
-        flight with an error, start from an empty batch, keep serving."""
+        flight with an error (``unavailable``: the service is, HTTP 503), start from an
+        empty batch, keep serving."""
         self._joining = []  # rows of the failed tick that had not joined the batch yet
         for s in list(self.seqs.values()):
-            self._finish(s, FinishReason.ERROR, error=BACKEND_ERROR)
+            self._finish(s, FinishReason.ERROR, error=error, unavailable=unavailable)
         self.forwards.reset()
 
     # ---- monitoring ----

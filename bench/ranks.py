@@ -6,7 +6,9 @@ pinned to, and each rank's command line and environment (``python -m bench.serve
   reads its rank and the hostfile from ``MLX_RANK`` and ``MLX_HOSTFILE`` (what
   ``mlx.launch --backend ring`` exports), and only rank 0 serves HTTP.
 - ours: rank 0 is ``appliance serve --distributed HOSTFILE``, every other rank
-  ``appliance join HOSTFILE --rank R --model DIR``; both meet on rank 0's control port.
+  ``appliance join HOSTFILE --rank R --model DIR``; they meet on rank 0's control port
+  (``--control-port``: the appliance's default is fixed, so the benchmark picks a free one
+  and runs beside other daemons without a clash).
 
 Each rank is pinned to a core of its own (``taskset -c``): on a shared CPU an unpinned
 rank's collective waits on the scheduler (one scalar all_sum costs 73-95 µs pinned, up to
@@ -25,10 +27,6 @@ from typing import Any
 
 from bench.process import ServerGroup, free_port, server_group
 from bench.serve_stats import MLX_LM, OURS
-
-CONTROL_PORT_ENV = "APPLIANCE_DISTRIBUTED_CONTROL_PORT"
-"""Our ranks' control channel port on rank 0's host (the appliance's default is fixed; the
-benchmark picks a free one so that runs beside other daemons do not collide)."""
 
 
 def ring_hostfile(ports: Sequence[int], host: str = "127.0.0.1") -> list[list[str]]:
@@ -70,11 +68,6 @@ def mlx_rank_env(env: Mapping[str, str], rank: int, hostfile: Path) -> dict[str,
     return {**env, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
 
 
-def our_rank_env(env: Mapping[str, str], control_port: int) -> dict[str, str]:
-    """The environment of each of our ranks: one control port for all of them."""
-    return {**env, CONTROL_PORT_ENV: str(control_port)}
-
-
 def mlx_lm_argv(mlx_cmd: Sequence[str], model: Path, host: str, port: int,
                 batch: int) -> list[str]:
     """mlx_lm's server, pipelined over the ranks of its ring (the same line on every rank).
@@ -86,18 +79,20 @@ def mlx_lm_argv(mlx_cmd: Sequence[str], model: Path, host: str, port: int,
 
 
 def our_leader_argv(our_cmd: Sequence[str], model: Path, host: str, port: int, batch: int,
-                    hostfile: Path) -> list[str]:
+                    hostfile: Path, control_port: int) -> list[str]:
     """Our rank 0: the daemon as ever, serving HTTP, with the ring's hostfile."""
     return [*our_cmd, "--model", str(model), "--host", host, "--port", str(port),
-            "--max-batch-size", str(batch), "--distributed", str(hostfile)]
+            "--max-batch-size", str(batch), "--distributed", str(hostfile),
+            "--control-port", str(control_port)]
 
 
-def our_follower_argv(join_cmd: Sequence[str], model: Path, hostfile: Path,
-                      rank: int) -> list[str]:
+def our_follower_argv(join_cmd: Sequence[str], model: Path, hostfile: Path, rank: int,
+                      control_port: int) -> list[str]:
     """Our rank ``rank`` ≥ 1: ``appliance join`` on the same model directory."""
     if rank < 1:
         raise ValueError("rank 0 is the daemon itself, not a follower")
-    return [*join_cmd, str(hostfile), "--rank", str(rank), "--model", str(model)]
+    return [*join_cmd, str(hostfile), "--rank", str(rank), "--model", str(model),
+            "--control-port", str(control_port)]
 
 
 def pipelines(model_type: str) -> bool:
@@ -162,8 +157,9 @@ def mlx_lm_group(plan: RankPlan, mlx_cmd: Sequence[str], model: Path, host: str,
 def ours_group(plan: RankPlan, our_cmd: Sequence[str], join_cmd: Sequence[str], model: Path,
                host: str, port: int, batch: int, env: Mapping[str, str],
                log: Path) -> ServerGroup:
-    argvs = [our_leader_argv(our_cmd, model, host, port, batch, plan.hostfile)]
-    argvs += [our_follower_argv(join_cmd, model, plan.hostfile, r)
+    argvs = [our_leader_argv(our_cmd, model, host, port, batch, plan.hostfile,
+                             plan.control_port)]
+    argvs += [our_follower_argv(join_cmd, model, plan.hostfile, r, plan.control_port)
               for r in range(1, plan.ranks)]
     return server_group(OURS, [pinned(a, plan.core(r)) for r, a in enumerate(argvs)],
-                        [our_rank_env(env, plan.control_port) for _ in range(plan.ranks)], log)
+                        [dict(env) for _ in range(plan.ranks)], log)

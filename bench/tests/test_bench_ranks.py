@@ -43,12 +43,14 @@ def test_mlx_lm_runs_the_same_pipelined_line_on_every_rank_told_its_rank_by_env(
 
 def test_our_leader_serves_and_our_follower_joins_the_same_hostfile() -> None:
     leader = ranks.our_leader_argv(["appliance", "serve"], Path("/m"), "127.0.0.1", 8080, 8,
-                                   Path("/h.json"))
-    assert leader[-2:] == ["--distributed", "/h.json"]
-    follower = ranks.our_follower_argv(["appliance", "join"], Path("/m"), Path("/h.json"), 1)
-    assert follower == ["appliance", "join", "/h.json", "--rank", "1", "--model", "/m"]
+                                   Path("/h.json"), 40999)
+    assert leader[-4:] == ["--distributed", "/h.json", "--control-port", "40999"]
+    follower = ranks.our_follower_argv(["appliance", "join"], Path("/m"), Path("/h.json"), 1,
+                                       40999)
+    assert follower == ["appliance", "join", "/h.json", "--rank", "1", "--model", "/m",
+                        "--control-port", "40999"]
     with pytest.raises(ValueError):
-        ranks.our_follower_argv(["appliance", "join"], Path("/m"), Path("/h.json"), 0)
+        ranks.our_follower_argv(["appliance", "join"], Path("/m"), Path("/h.json"), 0, 1)
 
 
 def test_only_architectures_mlx_lm_can_split_pipeline() -> None:
@@ -92,7 +94,7 @@ def test_two_rank_servers_meet_on_a_fresh_hostfile_pinned_apart(tmp_path: Path) 
     leader, follower = (r.argv[3:] for r in ours.ranks)
     assert leader[:2] == ["appliance", "serve"] and "--distributed" in leader
     assert follower[:2] == ["appliance", "join"] and "--rank" in follower
-    ports = {r.env[ranks.CONTROL_PORT_ENV] for r in ours.ranks}
+    ports = {r.argv[r.argv.index("--control-port") + 1] for r in ours.ranks}
     assert len(ports) == 1 and "MLX_RANK" not in ours.ranks[1].env
 
 

@@ -15,12 +15,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
+
+from bench.report import display_command, relative
 
 T = TypeVar("T")
 
@@ -98,8 +100,112 @@ class ServerProcess:
             return ""
 
 
+@dataclass
+class ServerGroup:
+    """One server on several ranks (``bench.ranks``): rank 0 serves HTTP and stands for
+    the group (its PID, command, log, mapped libraries); the group has exited as soon as
+    any rank has, and stops rank 0 first, then each other rank by its own PID."""
+
+    ranks: list[ServerProcess]
+    follower_grace_s: float = 5.0
+    """How long a follower may take to leave by itself once rank 0 is gone."""
+
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            raise ValueError("a server group needs at least one rank")
+
+    @property
+    def leader(self) -> ServerProcess:
+        return self.ranks[0]
+
+    @property
+    def name(self) -> str:
+        return self.leader.name
+
+    @property
+    def argv(self) -> list[str]:
+        return self.leader.argv
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.leader.env
+
+    @property
+    def log_path(self) -> Path:
+        return self.leader.log_path
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.leader.proc
+
+    @property
+    def pid(self) -> int | None:
+        return self.leader.pid
+
+    def start(self) -> None:
+        """Followers first, so that they are listening when the leader comes up."""
+        for rank in reversed(self.ranks):
+            rank.start()
+
+    def exited(self) -> int | None:
+        codes = [rank.exited() for rank in self.ranks]
+        return next((code for code in codes if code is not None), None)
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        code = self.leader.stop(timeout_s)
+        for rank in self.ranks[1:]:
+            if rank.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    rank.proc.wait(timeout=self.follower_grace_s)
+            rank.stop(timeout_s)
+        return code
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(f"-- rank {i} ({rank.log_path}):\n{rank.log_tail(lines)}"
+                         for i, rank in enumerate(self.ranks))
+
+    def mapped_libraries(self) -> str:
+        return self.leader.mapped_libraries()
+
+    def rank_facts(self) -> list[dict[str, Any]]:
+        """Per rank: its command, PID and exit code (for the report)."""
+        return [{"rank": i, "command": display_command(rank.argv), "pid": rank.pid,
+                 "log": relative(rank.log_path),
+                 "exit_code": rank.proc.returncode if rank.proc else None}
+                for i, rank in enumerate(self.ranks)]
+
+
+class Server(Protocol):
+    """What the harnesses need of a server under test: one process or a group of ranks."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def log_path(self) -> Path: ...
+    @property
+    def pid(self) -> int | None: ...
+    def start(self) -> None: ...
+    def exited(self) -> int | None: ...
+    def stop(self, timeout_s: float = 20.0) -> int | None: ...
+    def log_tail(self, lines: int = 30) -> str: ...
+    def mapped_libraries(self) -> str: ...
+
+
+S = TypeVar("S", bound=Server)
+
+
+def server_group(name: str, argvs: Sequence[Sequence[str]], envs: Sequence[dict[str, str]],
+                 log_path: Path) -> ServerGroup:
+    """One ServerProcess per rank; rank R > 0 logs beside rank 0 as ``STEM-rankR.log``."""
+    ranks = [ServerProcess(name=name if r == 0 else f"{name} rank {r}", argv=list(argv),
+                           env=env, log_path=log_path if r == 0 else
+                           log_path.with_name(f"{log_path.stem}-rank{r}{log_path.suffix}"))
+             for r, (argv, env) in enumerate(zip(argvs, envs, strict=True))]
+    return ServerGroup(ranks)
+
+
 @contextlib.contextmanager
-def running(server: ServerProcess, stop_timeout_s: float = 20.0) -> Iterator[ServerProcess]:
+def running(server: S, stop_timeout_s: float = 20.0) -> Iterator[S]:
     """Start `server` and always stop it (by its own PID) on the way out."""
     try:
         server.start()
@@ -113,7 +219,7 @@ class ServerStartError(RuntimeError):
 
 
 async def wait_ready(
-    server: ServerProcess,
+    server: Server,
     base_url: str,
     headers: Mapping[str, str],
     timeout_s: float,
@@ -180,7 +286,7 @@ def run_guarded(coro: Coroutine[Any, Any, T], output_dir: Path) -> T | None:
         signal.signal(signal.SIGTERM, previous)
 
 
-def blas_facts(server: ServerProcess) -> dict[str, bool | None]:
+def blas_facts(server: Server) -> dict[str, bool | None]:
     """What the server process really mapped: OpenBLAS (not numpy's libscipy_openblas) and
     our skinny_matmul (:mod:`appliance.backend.blas`); None where /proc is unavailable."""
     maps = server.mapped_libraries()

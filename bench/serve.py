@@ -13,12 +13,16 @@ and the report sets the running streams' ITL p95 then against the steady run's.
 Run: ``python -m bench.serve [--model DIR] [--requests-per-client N] [--json PATH]``;
 ``--servers ours,mlx_lm,llama_cpp --gguf FILE`` adds llama-server (built by
 ``bench/peers/build-llama-server.sh``) with one slot per client of the highest level.
+``--ranks 2`` runs ours and mlx_lm each on two ranks of this machine (:mod:`bench.ranks`),
+each rank pinned to a core of its own, on a Qwen 2-shaped model both can pipeline (by
+default the SmolLM-135M-shaped one as Qwen 2, :mod:`bench.qwen2_model`).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import shlex
@@ -32,11 +36,14 @@ from typing import Any
 import httpx
 
 from appliance.vocab import Klass
+from bench import ranks as rank_setup
 from bench.chat_load import Target, Workload, discover_model, run_level, warm_up
 from bench.client import RequestTiming
 from bench.peers import llama_cpp
 from bench.process import (
     OPENBLAS_PATH,
+    Server,
+    ServerGroup,
     ServerProcess,
     ServerStartError,
     blas_facts,
@@ -73,6 +80,8 @@ SERVER_NAMES = (OURS, MLX_LM, LLAMA_CPP)
 HOST = "127.0.0.1"
 DEFAULT_MODEL_SHAPE = "smollm-135m"
 DEFAULT_MODEL_DIR = Path(".bench/models") / DEFAULT_MODEL_SHAPE
+DEFAULT_RANKS_MODEL_DIR = Path(".bench/models") / "qwen2-135m"
+"""--ranks > 1 without --model: the default model as Qwen 2, which mlx_lm can pipeline."""
 DEFAULT_OUTPUT_ROOT = Path(".bench/serve")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,6 +111,12 @@ class Config:
     """The GGUF file llama_cpp serves (the same weights as model_dir, as a household has them)."""
     llama_cmd: list[str] = field(default_factory=list)
     llama_threads: int = 2
+    ranks: int = 1
+    """Ranks each of ours and mlx_lm runs on (1: one process, as ever)."""
+    pin: bool = True
+    """With ranks > 1: each rank on a core of its own."""
+    join_cmd: list[str] = field(default_factory=list)
+    """Command prefix of our followers (``appliance join``)."""
 
 
 def server_argv(name: str, cfg: Config, port: int) -> list[str]:
@@ -133,6 +148,19 @@ def make_server(name: str, cfg: Config, port: int, log: Path) -> ServerProcess:
         env=env,
         log_path=log,
     )
+
+
+def make_ranked_server(name: str, cfg: Config, port: int, log: Path) -> ServerGroup:
+    """ours or mlx_lm on ``cfg.ranks`` ranks of this machine, with fresh ring ports."""
+    assert cfg.model_dir is not None and cfg.ranks > 1
+    plan = rank_setup.plan_ranks(cfg.ranks, log.with_name(f"{log.stem}-hostfile.json"), cfg.pin,
+                                 HOST)
+    if name == MLX_LM:
+        return rank_setup.mlx_lm_group(plan, cfg.mlx_cmd, cfg.model_dir, HOST, port,
+                                       cfg.max_batch_size, server_env(cfg.blas), log)
+    env = {**server_env(cfg.blas), "APPLIANCE_BLAS": cfg.blas, **cfg.our_env}
+    return rank_setup.ours_group(plan, cfg.our_cmd, cfg.join_cmd, cfg.model_dir, HOST, port,
+                                 cfg.max_batch_size, env, log)
 
 
 def needs_provisioning(cfg: Config) -> bool:
@@ -225,7 +253,9 @@ async def bench_one_server(
 ) -> dict[str, Any]:
     """Start one server, warm it up, run every level (appending to `runs`), stop it."""
     port = free_port(HOST)
-    server = make_server(name, cfg, port, log_path(cfg, name, round_index))
+    log = log_path(cfg, name, round_index)
+    server = (make_ranked_server(name, cfg, port, log) if cfg.ranks > 1
+              else make_server(name, cfg, port, log))
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     info: dict[str, Any] = {
         "round": round_index + 1,
@@ -242,13 +272,15 @@ async def bench_one_server(
         print(f"[bench] {name} failed: {exc}", file=sys.stderr, flush=True)
         info["error"] = str(exc)
     info["exit_code"] = server.proc.returncode if server.proc else None
+    if isinstance(server, ServerGroup):
+        info["ranks"] = server.rank_facts()
     return info
 
 
 async def drive_server(
     name: str,
     cfg: Config,
-    server: ServerProcess,
+    server: Server,
     port: int,
     headers: dict[str, str],
     info: dict[str, Any],
@@ -294,6 +326,7 @@ def server_result(starts: Sequence[dict[str, Any]], runs: Sequence[LevelRun]) ->
     return {
         "command": starts[0]["command"],
         "log": ", ".join(s["log"] for s in starts),
+        "ranks": starts[0].get("ranks"),
         "openblas_loaded": combine_flags([s.get("openblas_loaded") for s in starts]),
         "skinny_matmul_loaded": combine_flags([s.get("skinny_matmul_loaded") for s in starts]),
         "error": "; ".join(errors) or None,
@@ -358,6 +391,8 @@ def build_report(
         "prompt_words": cfg.workload.prompt_words,
         "stagger_ms": cfg.workload.stagger_ms,
         "max_batch_size": cfg.max_batch_size,
+        "ranks": cfg.ranks,
+        "pinned": cfg.pin and cfg.ranks > 1,
         "rounds": cfg.rounds,
         "auth": cfg.auth,
         "server_order": [round_order(cfg.servers, r) for r in range(cfg.rounds)],
@@ -440,6 +475,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--llama-threads", type=int, default=2,
         help="llama-server's -t (default: 2)",
+    )
+    p.add_argument(
+        "--ranks", type=int, default=1,
+        help="run ours and mlx_lm each on this many ranks of this machine (ring backend on "
+        "127.0.0.1; mlx_lm with --pipeline, ours with serve --distributed and join); "
+        "without --model, a Qwen 2-shaped model (default: 1)",
+    )
+    p.add_argument(
+        "--no-pin", action="store_true",
+        help="with --ranks > 1, do not pin each rank to a core of its own (taskset -c)",
+    )
+    p.add_argument(
+        "--join-cmd",
+        default=f"{shlex.quote(sys.executable)} -m appliance join",
+        help="command prefix of our follower ranks; HOSTFILE --rank R --model DIR are appended",
     )
     p.add_argument(
         "--concurrency",
@@ -562,11 +612,43 @@ def resolve_model(model: Path | None) -> Path:
     return build_model(DEFAULT_MODEL_DIR, shape=DEFAULT_MODEL_SHAPE).resolve()
 
 
+def resolve_ranked_model(model: Path | None, servers: Sequence[str]) -> Path:
+    """The model of a run on several ranks: one mlx_lm can pipeline, with the weight
+    index its ``sharded_load`` reads (written when missing). Without --model, the default
+    model as Qwen 2 (built once, cached)."""
+    from bench import qwen2_model
+
+    if model is None:
+        if not (DEFAULT_RANKS_MODEL_DIR / "config.json").exists():
+            print(f"[bench] writing the Qwen 2 twin of the default model into "
+                  f"{DEFAULT_RANKS_MODEL_DIR} (once)...", file=sys.stderr, flush=True)
+            qwen2_model.convert(resolve_model(None), DEFAULT_RANKS_MODEL_DIR)
+        return DEFAULT_RANKS_MODEL_DIR.resolve()
+    model = resolve_model(model)
+    model_type = str(json.loads((model / "config.json").read_text()).get("model_type"))
+    if MLX_LM in servers and not rank_setup.pipelines(model_type):
+        raise SystemExit(
+            f"--ranks: mlx_lm cannot pipeline a {model_type} model; write its Qwen 2 twin "
+            f"with python -m bench.qwen2_model {relative(model)} OUT")
+    if (model / qwen2_model.WEIGHTS).exists() and qwen2_model.write_index(model):
+        print(f"[bench] wrote {relative(model / qwen2_model.INDEX)} (mlx_lm's sharded_load "
+              "reads it)", file=sys.stderr, flush=True)
+    return model
+
+
+def check_ranks(args: argparse.Namespace, servers: Sequence[str]) -> None:
+    if args.ranks < 1:
+        raise SystemExit("--ranks must be at least 1")
+    if args.ranks > 1 and LLAMA_CPP in servers:
+        raise SystemExit(f"--ranks {args.ranks}: {LLAMA_CPP} runs on one rank only")
+
+
 def config_from_args(args: argparse.Namespace, command: str, started: dt.datetime) -> Config:
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     unknown = sorted(set(servers) - set(SERVER_NAMES))
     if unknown or not servers:
         raise SystemExit(f"--servers: unknown {unknown}; choose from {', '.join(SERVER_NAMES)}")
+    check_ranks(args, servers)
     if min(args.requests_per_client, args.max_tokens, args.rounds) < 1:
         raise SystemExit("--requests-per-client, --max-tokens and --rounds must be at least 1")
     if args.stagger_ms < 0:
@@ -578,8 +660,12 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
         )
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     gguf, llama_cmd = llama_from_args(args, servers)
+    model_dir = None
+    if {OURS, MLX_LM} & set(servers):
+        model_dir = (resolve_ranked_model(args.model, servers) if args.ranks > 1
+                     else resolve_model(args.model))
     return Config(
-        model_dir=resolve_model(args.model) if {OURS, MLX_LM} & set(servers) else None,
+        model_dir=model_dir,
         servers=servers,
         workload=Workload(
             concurrency=args.concurrency,
@@ -605,6 +691,9 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
         gguf=gguf,
         llama_cmd=llama_cmd,
         llama_threads=args.llama_threads,
+        ranks=args.ranks,
+        pin=not args.no_pin,
+        join_cmd=shlex.split(args.join_cmd),
     )
 
 

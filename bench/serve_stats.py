@@ -222,8 +222,13 @@ def render_report(report: Mapping[str, Any]) -> str:
         f"{meta.get('prompt_words', 0)} filler words, temperature 0, distinct prompts; "
         f"max batch {meta['max_batch_size']}",
     ]
+    if meta.get("ranks", 1) > 1:
+        lines.append(f"- {meta['ranks']} ranks per server on this machine (ring backend over "
+                     f"loopback), {'each rank pinned to a core of its own' if meta.get('pinned') else 'not pinned'}")
     for name, server in report["servers"].items():
         lines.append(f"- {name}: `{server['command']}` (log `{server['log']}`)")
+        for rank in (server.get("ranks") or [])[1:]:
+            lines.append(f"  - rank {rank['rank']}: `{rank['command']}`")
     lines += ["", render_table(results, ratios, more), ""]
     if meta.get("stagger_ms"):
         lines += [render_stagger(report, meta["stagger_ms"]), ""]

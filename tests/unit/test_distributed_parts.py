@@ -13,10 +13,14 @@ from appliance.distributed.hostfile import read
 from appliance.distributed.split import Span, split_layers
 
 
-def test_layers_split_in_proportion_to_the_budgets() -> None:
-    assert split_layers([10] * 30, 50, [200, 200]) == [Span(0, 0, 13), Span(1, 13, 30)]
-    # a machine with four times the room takes about four times the layers
+def test_weights_split_in_proportion_to_the_budgets() -> None:
+    # 350 bytes on equal budgets: 175 each, rank 0's counting the 50 of its head
+    assert split_layers([10] * 30, 50, [200, 200]) in (
+        [Span(0, 0, 12), Span(1, 12, 30)], [Span(0, 0, 13), Span(1, 13, 30)])
+    # a machine with four times the budget takes four times the weights
     assert split_layers([10] * 30, 0, [400, 100]) == [Span(0, 0, 24), Span(1, 24, 30)]
+    # the SmolLM-135M shape: a head of eight layers' bytes leaves rank 0 eleven layers
+    assert split_layers([14] * 30, 113, [10**6, 10**6]) == [Span(0, 0, 11), Span(1, 11, 30)]
 
 
 def test_every_machine_gets_a_layer_and_the_spans_cover_the_model() -> None:
@@ -33,7 +37,7 @@ def test_a_model_too_big_for_the_machines_together_is_refused() -> None:
 
 def test_a_split_that_leaves_one_machine_over_its_budget_is_refused() -> None:
     # together they fit, but rank 0 must also hold the head and the layers are big
-    with pytest.raises(ValueError, match="machine 0 would hold"):
+    with pytest.raises(ValueError, match="machine 0 would hold 190 MiB of weights"):
         split_layers([100 << 20] * 2, 90 << 20, [150 << 20, 200 << 20])
 
 

@@ -46,6 +46,7 @@ from typing import Any
 import httpx
 
 from appliance.vocab import Klass
+from bench import ranks as rank_setup
 from bench.chat_load import Target, Workload, chat_payload, discover_model, warm_up
 from bench.client import stream_chat
 from bench.fairness_config import (
@@ -76,6 +77,7 @@ from bench.fairness_stats import (
     summarize_policy,
 )
 from bench.process import (
+    ServerGroup,
     ServerProcess,
     ServerStartError,
     blas_facts,
@@ -84,6 +86,7 @@ from bench.process import (
     run_guarded,
     running,
     server_env,
+    server_group,
     wait_ready,
 )
 from bench.provision import DATA_DIR_ENV, provision
@@ -172,12 +175,25 @@ def server_argv(cfg: Config, policy: str, port: int) -> list[str]:
 
 
 def make_server(cfg: Config, policy: str, run: str, port: int, data_dir: Path
-                ) -> ServerProcess:
+                ) -> ServerProcess | ServerGroup:
     env = server_env(cfg.blas)
     env["APPLIANCE_BLAS"] = cfg.blas  # our CLI would preload OpenBLAS on its own otherwise
     env[DATA_DIR_ENV] = str(data_dir)
+    log_path = cfg.output_dir / f"{run}.log"
+    if cfg.ranks > 1:  # rank 0 serves as ever; the others join (bench.ranks)
+        plan = rank_setup.plan_ranks(cfg.ranks, log_path.with_name(f"{run}-hostfile.json"),
+                                     True, HOST)
+        argvs = [[*server_argv(cfg, policy, port), "--distributed", str(plan.hostfile),
+                  "--control-port", str(plan.control_port)]]
+        argvs += [rank_setup.our_follower_argv(cfg.join_cmd, cfg.model_dir, plan.hostfile, r,
+                                               plan.control_port)
+                  for r in range(1, cfg.ranks)]
+        followers = {**env, DATA_DIR_ENV: str(data_dir / "follower")}
+        return server_group(f"ours --policy {policy}",
+                            [rank_setup.pinned(a, plan.core(r)) for r, a in enumerate(argvs)],
+                            [env] + [followers] * (cfg.ranks - 1), log_path)
     return ServerProcess(name=f"ours --policy {policy}", argv=server_argv(cfg, policy, port),
-                         env=env, log_path=cfg.output_dir / f"{run}.log")
+                         env=env, log_path=log_path)
 
 
 def log(message: str) -> None:
@@ -209,7 +225,7 @@ async def bench_policy(cfg: Config, policy: str, run: str, keys: Mapping[str, st
     return info
 
 
-async def drive(cfg: Config, name: str, server: ServerProcess, port: int,
+async def drive(cfg: Config, name: str, server: ServerProcess | ServerGroup, port: int,
                 keys: Mapping[str, str], prompts: PromptMaker, bias: Mapping[str, float],
                 info: dict[str, Any]) -> None:
     base_url = f"http://{HOST}:{port}"

@@ -12,7 +12,7 @@ import random
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +194,9 @@ class Config:
     weighted_s: float = 20.0
     weighted: Shape = Shape((30, 30), (256, 256))
     """The weighted phase's requests: short prompts, long answers, all of one length."""
+    ranks: int = 1
+    """Our server on this many ranks of this machine, each pinned to a core (bench.ranks)."""
+    join_cmd: list[str] = field(default_factory=list)
 
 
 def phase_specs(cfg: Config) -> list[PhaseSpec]:
@@ -332,6 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: openblas when installed")
     p.add_argument("--our-cmd", default=f"{shlex.quote(sys.executable)} -m appliance serve",
                    help="command prefix of our server")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="serve across this many ranks of this machine, one core each "
+                   "(appliance serve --distributed and appliance join; default 1)")
+    p.add_argument("--join-cmd", default=f"{shlex.quote(sys.executable)} -m appliance join",
+                   help="command prefix of our follower ranks")
     p.add_argument("--heavy-prompt-tokens", type=token_range, default=(600, 1000),
                    metavar="LO,HI", help="the heavy user's document lengths (default 600,1000)")
     p.add_argument("--heavy-output-tokens", type=token_range, default=(192, 320),
@@ -394,6 +402,8 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
         w_out=DEFAULT_W_OUT if args.w_out is None else args.w_out,
         fair_flags=fair_flags,
         seed=args.seed,
+        ranks=args.ranks,
+        join_cmd=shlex.split(args.join_cmd),
         eos_bias=not args.allow_eos,
         phases=phases,
         output_dir=(args.output_dir or DEFAULT_OUTPUT_ROOT / stamp).resolve(),

@@ -101,7 +101,7 @@ class Replica:
         from appliance.engine.mixed import mixed_step
 
         start = time.perf_counter()
-        if rows != len(self.batch):
+        if rows and rows != len(self.batch):  # 0: the chunks alone, whatever the batch holds
             raise plan.PlanError(f"a forward of {rows} rows, this batch has {len(self.batch)}")
         parts = []
         for rid, at, n in chunks:

@@ -16,7 +16,7 @@ Operations, in the order rank 0 did them:
 - ``["remove", [rid, ...]]``: those rows leave it;
 - ``["reset"]``: the batch starts empty;
 - ``["forward", rows, [[rid, start, n], ...], [rid, ...]]``: one forward of the batch's
-  ``rows`` decode rows and prompt chunks (``n`` tokens of sequence ``rid`` from position
+  ``rows`` decode rows (all of them; 0: the chunks alone) and prompt chunks (``n`` tokens of sequence ``rid`` from position
   ``start``, a fresh cache when it is 0), then the sequences whose own caches rank 0 still
   holds (any other is dropped);
 - ``["stop"]``: rank 0 is shutting down cleanly.

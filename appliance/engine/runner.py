@@ -92,8 +92,9 @@ class Runner:
             look_ahead = loaded.backend.kind != "cpu" and link is None
         self.forwards = Forwards(self.model, scheduler.config.max_batch_size, self.timing,
                                  fault, look_ahead, link)
-        if link is not None:
-            link.live = lambda: [s.rid for s in self.seqs.values() if s.cache is not None]
+        if link is not None:  # caches of their own: partly read, or read and about to join
+            link.live = lambda: [s.rid for s in self.seqs.values() if s.cache is not None] + [
+                rid for rids, _, _ in self._joining for rid in rids]
         self._left_queue = 0
         self.completed = 0
         self.ticks = 0

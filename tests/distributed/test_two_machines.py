@@ -50,8 +50,9 @@ def ask(url: str, key: str, prompt: str, max_tokens: int = 24) -> tuple[str, int
 
 def stream_and_drop(url: str, key: str, started: threading.Event,
                     drop: threading.Event) -> int:
-    """A long streamed answer: ``started`` at its first chunk; the client walks away at the
-    first chunk after ``drop`` is set (a cancellation mid-run)."""
+    """A long streamed answer: ``started`` at its third chunk (the first is the role's,
+    sent before any token: then it decodes); the client walks away at the first chunk
+    after ``drop`` is set (a cancellation mid-run)."""
     seen = 0
     with httpx.stream("POST", url + "/v1/chat/completions", timeout=120,
                       headers={"Authorization": f"Bearer {key}"},
@@ -61,32 +62,36 @@ def stream_and_drop(url: str, key: str, started: threading.Event,
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 seen += 1
-                started.set()
-                if drop.is_set():
+                if seen == 3:
+                    started.set()
+                if drop.is_set() and seen > 3:
                     break
     return seen
 
 
-def exercise(url: str, key: str) -> dict[str, tuple[str, int]]:
-    """Three prompts arriving while a long answer streams, which its client then drops; a
-    fourth when the first of them is answered: each answer's text and token count."""
+def exercise(url: str, keys: dict[str, str]) -> dict[str, tuple[str, int]]:
+    """Three of bob's prompts arriving while alice's long answer streams, which her client
+    drops when the first of them is answered; a fourth then: each answer's text and token
+    count. Bob's short turns, with nothing of his decoding, are read in forwards of their
+    own beside alice's row (the scheduler's no-ride rule); later chunks ride."""
+    key = keys["bob"]
     started, drop = threading.Event(), threading.Event()
     with ThreadPoolExecutor(5) as pool:
-        dropped = pool.submit(stream_and_drop, url, key, started, drop)
+        dropped = pool.submit(stream_and_drop, url, keys["alice"], started, drop)
         assert started.wait(60)
         futures = {n: pool.submit(ask, url, key, PROMPTS[n]) for n in "abc"}
-        drop.set()
         futures["a"].result()
+        drop.set()
         futures["d"] = pool.submit(ask, url, key, PROMPTS["d"])
         assert 0 < dropped.result() < 400, "the stream ended before it was dropped"
         return {n: f.result() for n, f in futures.items()}
 
 
 @pytest.fixture(scope="module")
-def household(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """One data folder and bob's key, for every daemon here one after the other."""
+def household(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """One data folder and alice's and bob's keys, for every daemon here in turn."""
     root = tmp_path_factory.mktemp("household")
-    return root, make_household(root)["bob"]
+    return root, make_household(root)
 
 
 def model_dir(tmp_path: Path, demo_model: Path, arch: str, bits: int) -> Path:
@@ -99,12 +104,13 @@ def model_dir(tmp_path: Path, demo_model: Path, arch: str, bits: int) -> Path:
     ("demo", 0), ("qwen2", 0), ("qwen3", 0), ("llama3", 4), ("qwen2", 4), ("qwen3", 4)],
     ids=["llama-fp32", "qwen2-fp32", "qwen3-fp32", "llama-q4", "qwen2-q4", "qwen3-q4"])
 def test_two_machines_answer_as_one(tmp_path: Path, demo_model: Path,
-                                    household: tuple[Path, str], arch: str, bits: int) -> None:
+                                    household: tuple[Path, dict[str, str]], arch: str,
+                                    bits: int) -> None:
     model = model_dir(tmp_path, demo_model, arch, bits)
-    data, key = household
+    data, keys = household
     one = start_daemon(model, data, *FLAGS)
     try:
-        expected = exercise(one.url, key)
+        expected = exercise(one.url, keys)
     finally:
         assert one.terminate() == 0
     # Each machine's budget 90 % of the weights: the model fits neither alone, only both.
@@ -114,7 +120,7 @@ def test_two_machines_answer_as_one(tmp_path: Path, demo_model: Path,
     group = start_group(model, data, *FLAGS, *split, follower_flags=split,
                         log_name=f"{arch}-{bits}.log")
     try:
-        got = exercise(group.rank0.url, key)
+        got = exercise(group.rank0.url, keys)
         health = group.health()
         with browser(group.rank0.url, "alice") as c:  # the admin's dashboard
             parts = dict(sse_events(c.get("/dashboard/stream", params={"frames": 1}).text))

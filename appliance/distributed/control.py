@@ -47,16 +47,18 @@ class Channel:
             raise ChannelClosed(f"send failed: {exc}") from exc
 
     def receive(self, timeout: float) -> dict[str, Any]:
-        """The next message; raises :class:`ChannelClosed` at EOF or after ``timeout``."""
+        """The next message; raises :class:`ChannelClosed` at EOF or after ``timeout``
+        seconds with nothing received. What arrived is always read before the time is
+        judged: a thread that did not run for a while (a busy core) must not take its own
+        delay for the other side's silence."""
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ChannelClosed(f"no word for {timeout:.1f} s")
-            self.sock.settimeout(left)
+            self.sock.settimeout(max(deadline - time.monotonic(), 0.0))
             try:
                 data = self.sock.recv(65536)
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):
+                if time.monotonic() >= deadline:
+                    raise ChannelClosed(f"no word for {timeout:.1f} s") from None
                 continue
             except OSError as exc:
                 raise ChannelClosed(f"connection lost: {exc}") from exc

@@ -13,6 +13,10 @@ throwaway data dir holding the personas' users and keys) runs these phases one a
    the VTC paper (Sheng et al., OSDI 2024).
 5. ``voice-background``: carol keeps more background-class requests in flight than the
    batch holds while dave sends voice requests as in 2. → voice TTFT relative to solo.
+6. ``weighted``: alice (weight 1) and erin (weight 4) each keep twice the batch size of
+   equal requests in flight → erin's service over alice's, 4 when weights hold. Twice, not
+   once: with exactly the batch in flight, a user whose answers reach the client late has
+   nothing queued when her slots free (docs/decisions.md, "Weighted shares").
 
 Output tokens/s over the loaded phases (3-5) compares the throughput of the two policies.
 Prompt and output lengths are drawn per request from seeded generators (the same sequence

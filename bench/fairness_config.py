@@ -166,6 +166,7 @@ class Config:
     heavy_concurrency: int
     heavy_backlog: int
     light_backlog: int
+    weighted_backlog: int
     background_concurrency: int
     solo_requests: int
     heavy_light_s: float
@@ -218,8 +219,8 @@ def phase_specs(cfg: Config) -> list[PhaseSpec]:
                         cfg.background),
                    dave),
                   cfg.ramp_s + cfg.voice_background_s, cfg.ramp_s),
-        PhaseSpec(WEIGHTED, (Lane(HEAVY, None, cfg.max_batch_size, cfg.weighted),
-                             Lane(WEIGHTED_USER, None, cfg.max_batch_size, cfg.weighted)),
+        PhaseSpec(WEIGHTED, (Lane(HEAVY, None, cfg.weighted_backlog, cfg.weighted),
+                             Lane(WEIGHTED_USER, None, cfg.weighted_backlog, cfg.weighted)),
                   cfg.ramp_s + cfg.weighted_s, cfg.ramp_s),
     ]
 
@@ -240,7 +241,7 @@ def describe_workload(cfg: Config) -> str:
         f"{cfg.background_concurrency} in flight, {shape(cfg.background)}; {VOICE} (voice "
         f"class) one at a time, {shape(cfg.voice)}, think {cfg.voice_think_s[0]:g}-"
         f"{cfg.voice_think_s[1]:g} s; in the {WEIGHTED} phase {HEAVY} (weight 1) and "
-        f"{WEIGHTED_USER} (weight {WEIGHT:g}) {cfg.max_batch_size} in flight each, "
+        f"{WEIGHTED_USER} (weight {WEIGHT:g}) {cfg.weighted_backlog} in flight each, "
         f"{shape(cfg.weighted)}. Solo baselines {cfg.solo_requests} requests each; "
         f"{HEAVY_LIGHT} {cfg.heavy_light_s:g} s, {BACKLOGGED} {cfg.windows} × "
         f"{cfg.window_s:g} s windows, {VOICE_BACKGROUND} {cfg.voice_background_s:g} s, "
@@ -300,6 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "max batch size, so that some wait even when hers fill the batch)")
     p.add_argument("--light-backlog", type=positive(int), default=12,
                    help="bob's requests in flight in the backlogged phase (default: 12)")
+    p.add_argument("--weighted-backlog", type=positive(int), default=None,
+                   help="alice's and erin's requests in flight each in the weighted phase "
+                   "(default: twice the max batch size, so that both still have requests "
+                   "queued while finished answers are on their way back to the client)")
     p.add_argument("--background-concurrency", type=positive(int), default=12,
                    help="carol's background requests in flight (default: 12)")
     p.add_argument("--solo-requests", type=positive(int), default=20,
@@ -390,6 +395,7 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
         heavy_concurrency=args.heavy_concurrency,
         heavy_backlog=args.heavy_backlog or 2 * args.max_batch_size,
         light_backlog=args.light_backlog,
+        weighted_backlog=args.weighted_backlog or 2 * args.max_batch_size,
         background_concurrency=args.background_concurrency,
         solo_requests=args.solo_requests,
         heavy_light_s=args.heavy_light_seconds,

@@ -72,6 +72,12 @@ def fmt_share(totals: Mapping[str, float]) -> str:
     return " : ".join(f"{u} {fmt_tokens(v)}" for u, v in totals.items())
 
 
+def fmt_percent(shares: Mapping[str, float | None]) -> str:
+    if not shares:
+        return "–"
+    return " : ".join(f"{u} {'–' if v is None else f'{v:.0%}'}" for u, v in shares.items())
+
+
 def phase_rate(phase: str) -> Callable[[PolicySummary], str]:
     return lambda s: fmt_rate(s.phase_tokens_per_s.get(phase))
 
@@ -122,6 +128,8 @@ def render_table(summaries: Mapping[str, PolicySummary], goals: Sequence[Goal],
             lambda s: fmt_rate(s.same_mix_tokens_per_s),
             f"fair ≥ {THROUGHPUT_GOAL:g}× fcfs", GOAL_THROUGHPUT_SAME_MIX),
         row(f"{WEIGHTED} phase: weighted service", lambda s: fmt_share(s.weighted_totals)),
+        row(f"{WEIGHTED} phase: time with a request waiting",
+            lambda s: fmt_percent(s.weighted_waiting)),
         row(f"{WEIGHTED} phase: {WEIGHTED_USER} (weight {WEIGHT:g}) / alice (weight 1)",
             lambda s: fmt_x(s.weighted_ratio),
             f"fair {WEIGHT:g}× ± {WEIGHTED_GOAL:.0%}", GOAL_WEIGHTED),

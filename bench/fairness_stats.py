@@ -34,8 +34,9 @@ SAME_MIX_PHASES = (HEAVY_LIGHT, VOICE_BACKGROUND)
 """Loaded phases in which both policies serve every request of the same mix (in the
 backlogged phase fair serves more of bob's short requests, which changes output tok/s)."""
 WEIGHTED = "weighted"
-"""alice (weight 1) and erin (weight 4) both keep the batch full: service should follow the
-weights. Not among LOADED_PHASES, so the throughput figures keep their old mix."""
+"""alice (weight 1) and erin (weight 4) both keep more requests in flight than the batch
+holds: service should follow the weights. Not among LOADED_PHASES, so the throughput
+figures keep their old mix."""
 PHASES = (SOLO_LIGHT, SOLO_VOICE, *LOADED_PHASES, WEIGHTED)
 
 GOAL_LIGHT = "light-user TTFT p95 / solo (fair)"
@@ -151,6 +152,30 @@ def service_between(records: Iterable[Record], user: str, start_s: float, end_s:
                for t, s in r.service_events(w_in, w_out) if start_s <= t < end_s)
 
 
+def waiting_share(records: Iterable[Record], user: str, start_s: float, end_s: float
+                  ) -> float | None:
+    """The share of [start_s, end_s) in which ``user`` had a request waiting (sent, no text
+    yet): whether they were backlogged, as the server saw it give them nothing more."""
+    if end_s <= start_s:
+        return None
+    spans = sorted((max(r.sent_s, start_s), min(r.end_s if r.first_token_s is None
+                                                 else r.first_token_s, end_s))
+                   for r in records if r.user == user)
+    covered, reach = 0.0, start_s
+    for lo, hi in spans:
+        lo = max(lo, reach)
+        if hi > lo:
+            covered += hi - lo
+            reach = hi
+    return covered / (end_s - start_s)
+
+
+def mean_of(values: Sequence[float | None]) -> float | None:
+    """The mean, or None when any value is unknown (or there are none)."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known and len(known) == len(values) else None
+
+
 class CumulativeService:
     """A user's weighted service received up to (and including) any moment."""
 
@@ -264,6 +289,11 @@ class PolicySummary:
     """Weighted service of alice and erin over the weighted phase's measured span."""
     weighted_ratio: float | None = None
     """erin's service over alice's in the weighted phase (WEIGHT when weights are kept)."""
+    weighted_waiting: dict[str, float | None] = field(default_factory=dict)
+    """Share of the weighted phase's measured span in which each of alice and erin had a
+    request waiting: the weights are a promise to users backlogged throughout, and a user
+    with nothing queued when a slot frees loses it (docs/decisions.md, "Weighted
+    shares")."""
     request_errors: int = 0
 
 
@@ -316,6 +346,9 @@ def summarize_policy(policy: str, runs: Sequence[Phases],
                              for u in (HEAVY, WEIGHTED_USER)}
         s.weighted_ratio = safe_ratio(s.weighted_totals[WEIGHTED_USER],
                                       s.weighted_totals[HEAVY])
+        s.weighted_waiting = {u: mean_of([waiting_share(recs, u, span.start_s, span.end_s)
+                                          for recs in weighted])
+                              for u in (HEAVY, WEIGHTED_USER)}
     s.phase_tokens_per_s = {name: combined_rate(runs, spans, (name,))
                             for name in LOADED_PHASES if name in pooled}
     s.tokens_per_s = combined_rate(runs, spans, LOADED_PHASES)

@@ -53,6 +53,13 @@ class Loop:
     start: float = 0.0
     stop: float = math.inf
     seed: int = 0
+    late: tuple[tuple[float, float], ...] = ()
+    """Delivery stalls, ``(start, end)``: a request that finishes within one reaches the
+    client only at its end (a busy event loop or client), so the next is sent late."""
+
+    def delivered(self, t: float) -> float:
+        """When a finish at ``t`` reaches the client."""
+        return next((end for start, end in self.late if start <= t < end), t)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +238,7 @@ class Simulator:
 
     def _next_of(self, k: int, after: float) -> None:
         loop, rng = self._loops[k]
-        t = after + loop.think_s
+        t = loop.delivered(after) + loop.think_s
         if t < loop.stop:
             self._push(Arrival(t, loop.user, loop.klass, rng.randint(*loop.prompt),
                                rng.randint(*loop.output)), k)

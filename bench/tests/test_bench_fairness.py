@@ -48,6 +48,7 @@ from bench.fairness_stats import (
     service_difference,
     summarize_policy,
     ttft_stats,
+    waiting_share,
 )
 from bench.tests.test_bench_fairness_config import config
 
@@ -453,6 +454,9 @@ def test_the_weighted_phase_reports_the_service_ratio_and_its_goal() -> None:
     assert fair.weighted_totals == {HEAVY: pytest.approx(200.0),
                                     WEIGHTED_USER: pytest.approx(760.0)}
     assert fair.weighted_ratio == pytest.approx(3.8)
+    # waiting for a first chunk: alice over [2, 3), erin over [11, 12) of the span
+    assert fair.weighted_waiting == {HEAVY: pytest.approx(0.1),
+                                     WEIGHTED_USER: pytest.approx(0.1)}
     goal = next(g for g in evaluate_goals({"fair": fair}) if g.name == GOAL_WEIGHTED)
     assert goal.value == pytest.approx(0.05) and goal.met
     fair.weighted_ratio = 1.1  # admission order alone: about one to one
@@ -461,4 +465,16 @@ def test_the_weighted_phase_reports_the_service_ratio_and_its_goal() -> None:
     table = render_table({"fair": fair}, evaluate_goals({"fair": fair}), 10.0)
     row = next(line for line in table.splitlines() if "erin (weight 4) / alice" in line)
     assert "1.10×" in row and "fair 4× ± 20%" in row and "**no**" in row
+    assert "| alice 10% : erin 10% |" in table
     assert summary().weighted_ratio is None  # a run without the phase
+
+
+def test_waiting_share_counts_overlapping_waits_once_and_only_inside_the_span() -> None:
+    """erin waits over [0, 3) and [2, 5) (together [0, 5)), then [8, 20): within [2, 10)
+    that is [2, 5) and [8, 10), 5 s of 8."""
+    records = [rec(WEIGHTED_USER, 0.0, [3.0]), rec(WEIGHTED_USER, 2.0, [3.0]),
+               rec(WEIGHTED_USER, 8.0, [12.0]), rec(HEAVY, 0.0, [100.0])]
+    assert waiting_share(records, WEIGHTED_USER, 2.0, 10.0) == pytest.approx(5 / 8)
+    assert waiting_share(records, HEAVY, 2.0, 10.0) == pytest.approx(1.0)
+    assert waiting_share(records, LIGHT, 2.0, 10.0) == 0.0
+    assert waiting_share(records, HEAVY, 5.0, 5.0) is None

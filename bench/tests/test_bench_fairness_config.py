@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from appliance.sched.simulator import CostModel, Loop, SimResult, Simulator
+from appliance.sched.types import SchedulerConfig
+from appliance.vocab import Klass
 from bench.fairness import server_argv, user_targets
 from bench.fairness_config import (
     PERSONAS,
@@ -30,7 +33,9 @@ from bench.fairness_stats import (
     SOLO_VOICE,
     VOICE,
     VOICE_BACKGROUND,
+    WEIGHT,
     WEIGHTED,
+    WEIGHTED_GOAL,
     WEIGHTED_USER,
     PhaseWindow,
 )
@@ -134,5 +139,52 @@ def test_the_weighted_phase_keeps_two_users_backlogged_for_its_seconds() -> None
     spec = phase_specs(cfg)[-1]
     assert spec.name == WEIGHTED and spec.window() == PhaseWindow(4.0, 34.0)
     assert [(lane.user, lane.concurrency) for lane in spec.lanes] == [
-        (HEAVY, cfg.max_batch_size), (WEIGHTED_USER, cfg.max_batch_size)]
+        (HEAVY, 2 * cfg.max_batch_size), (WEIGHTED_USER, 2 * cfg.max_batch_size)]
     assert all(lane.shape.max_tokens == (256, 256) for lane in spec.lanes)
+    assert config("--weighted-backlog", "10").weighted_backlog == 10
+
+
+DEMO_STEPS = CostModel(decode_base_s=0.002, decode_per_seq_s=0.00025,
+                       prefill_per_token_s=0.00005)
+"""About the demo model's ticks on 2 cores: 4 ms for a batch of 8, 256 tokens in ~1 s."""
+STALLS = ((7.5, 8.8), (19.5, 21.0))
+"""When the answers of the fair server's weighted phase reached the client late on
+2026-12-04 (the ledger's finishes against the client's ends): 1.3 and 1.5 s."""
+
+
+def weighted_phase(cfg: Config) -> tuple[SimResult, PhaseWindow]:
+    """The weighted phase's lanes on the simulator, the real scheduler deciding, with the
+    answers finished during STALLS reaching their clients late."""
+    spec = phase_specs(cfg)[-1]
+    assert spec.name == WEIGHTED and spec.duration_s is not None
+    loops = [Loop(lane.user, Klass.INTERACTIVE, lane.concurrency, lane.shape.prompt_tokens,
+                  lane.shape.max_tokens, think_s=0.002, stop=spec.duration_s, seed=i,
+                  late=STALLS)
+             for i, lane in enumerate(spec.lanes)]
+    sim = Simulator(SchedulerConfig(max_batch_size=cfg.max_batch_size), cost=DEMO_STEPS,
+                    weights={WEIGHTED_USER: WEIGHT})
+    return sim.run(loops=loops), spec.window()
+
+
+def queued_throughout(res: SimResult, window: PhaseWindow) -> tuple[bool, float]:
+    """Whether alice and erin both had a request queued at every tick of the measured span,
+    and erin's service over alice's in it."""
+    ticks = [k for k, t in enumerate(res.times[:len(res.queued)])
+             if window.start_s <= t < window.end_s]
+    assert ticks
+    got = {u: res.served[ticks[-1]][u] - res.served[ticks[0]][u] for u in (HEAVY, WEIGHTED_USER)}
+    return (all({HEAVY, WEIGHTED_USER} <= res.queued[k] for k in ticks),
+            got[WEIGHTED_USER] / got[HEAVY])
+
+
+def test_the_weighted_phase_keeps_both_users_queued_while_answers_arrive_late() -> None:
+    """With 8 in flight each on a batch of 8 (the fair run of 2026-12-04), erin's answers
+    that reached her client late were not yet replaced: with nothing of hers queued,
+    alice's queued requests took the slots erin's left, and erin, back, was lifted to
+    alice's counter, her credit gone: the engine served 2.36:1 (its ledger), not 4:1.
+    Twice the batch in flight keeps both queued through such a stall."""
+    queued, ratio = queued_throughout(*weighted_phase(config()))
+    assert queued
+    assert ratio == pytest.approx(WEIGHT, rel=WEIGHTED_GOAL)
+    queued, _ = queued_throughout(*weighted_phase(config("--weighted-backlog", "8")))
+    assert not queued

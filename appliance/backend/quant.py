@@ -8,10 +8,18 @@ when MLX's default device is the CPU: a switch for the whole process, which
 :func:`uninstall` turns back. Anything the kernel does not take (another mode, no biases,
 ``transpose=False``, activations that are not float32, other bit widths or group sizes, an
 explicit stream) goes to MLX's own function unchanged.
+
+Products of more than :data:`KERNEL_ROWS` rows (a prompt's) take another path: the weights
+dequantized into float32 by the extension, then MLX's matmul (OpenBLAS's sgemm where the
+daemon preloads it), which blocks for the cache where the kernel reads the weights once per
+few rows. Up to :data:`KERNEL_ROWS` rows a row's sums are the kernel's, in a fixed order
+whatever its neighbours: a decode step, and one with small prompt chunks riding in it, gives
+each row the same bits alone and in a batch.
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import mlx.core as mx
@@ -22,6 +30,14 @@ BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 SCALE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 ACTIVATIONS = ("float", "int16")  # the kernel's codes 0 and 1
+PATHS = ("kernel", "dense")
+KERNEL_ROWS = 32
+"""The most rows the kernel takes; more go dense. Not below 32: the fixed-order promise
+(appliance/engine/mixed.py) holds to 32 rows, as for skinny_matmul's fp32 products. Dense was
+faster from 33 rows up on SmolLM2's layers (docs/decisions.md)."""
+DENSE_MAX = 1 << 24
+"""Dequantized elements one piece of a dense product may hold (64 MiB): bigger weights go
+in pieces of rows, so a 7B model's 14336 x 4096 layer does not cost 235 MB at once."""
 
 _original: list[Any] = []
 
@@ -71,15 +87,50 @@ def mlx_own() -> Any:
 
 
 def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
-                     group_size: int, bits: int, activations: str | None = None) -> mx.array:
-    """``x @ mx.dequantize(w, scales, biases, group_size, bits).T`` for a float32 ``x``,
-    each output summed in a fixed order whatever the rows beside it. ``activations``: how a
-    4-bit product takes ``x``, ``"int16"`` (rounded per block of 32) or ``"float"``; None
-    takes the process's choice (:func:`activations`)."""
+                     group_size: int, bits: int, activations: str | None = None,
+                     path: str | None = None) -> mx.array:
+    """``x @ mx.dequantize(w, scales, biases, group_size, bits).T`` for a float32 ``x``.
+    ``path``: ``"kernel"`` (each output summed in a fixed order whatever the rows beside it),
+    ``"dense"`` (dequantized weights into MLX's matmul, x in float) or None, the kernel for
+    at most :data:`KERNEL_ROWS` rows, else dense. ``activations``: how the kernel takes a
+    4-bit product's ``x``, ``"int16"`` (rounded per block of 32) or ``"float"``; None takes
+    the process's choice (:func:`activations`)."""
     ext = fast_ops._extension()
     assert ext is not None
+    k = x.shape[-1]
+    rows = x.size // k if k else 0
+    if path == "dense" or (path is None and rows > KERNEL_ROWS):
+        return _dense(ext, x, w, scales, biases, group_size, bits)
     act = -1 if activations is None else ACTIVATIONS.index(activations)
     return ext.quantized_matmul(x, w, scales, biases, group_size, bits, act)
+
+
+def _dense(ext: Any, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
+           group_size: int, bits: int) -> mx.array:
+    """The dense path: x's columns in the dequantized weights' block order, then a matmul
+    per piece of at most :data:`DENSE_MAX` elements of weights."""
+    k = x.shape[-1]
+    xb = mx.take(x, block_order(k, bits), axis=-1)
+    n = w.shape[0]
+    step = max(1, DENSE_MAX // k)
+    parts = [mx.matmul(xb, ext.dequantize_blocked(w[i:i + step], scales[i:i + step],
+                                                  biases[i:i + step], group_size, bits).T)
+             for i in range(0, n, step)]
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+
+
+@cache
+def block_order(k: int, bits: int) -> mx.array:
+    """Where each column of the extension's dequantized weights comes from in K: blocks of
+    16 words, element i * per + j of a block at j * 16 + i (per = 32 / bits elements a
+    word), the last, partial block of v words at j * v + i."""
+    per = 32 // bits
+    e = 16 * per
+    order: list[int] = []
+    for b0 in range(0, k, e):
+        v = min(e, k - b0) // per
+        order.extend(b0 + i * per + j for j in range(per) for i in range(v))
+    return mx.array(order, dtype=mx.uint32)
 
 
 def activations() -> str:

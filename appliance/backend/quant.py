@@ -19,7 +19,6 @@ each row the same bits alone and in a batch.
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 import mlx.core as mx
@@ -107,30 +106,14 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
 
 def _dense(ext: Any, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
            group_size: int, bits: int) -> mx.array:
-    """The dense path: x's columns in the dequantized weights' block order, then a matmul
-    per piece of at most :data:`DENSE_MAX` elements of weights."""
-    k = x.shape[-1]
-    xb = mx.take(x, block_order(k, bits), axis=-1)
-    n = w.shape[0]
-    step = max(1, DENSE_MAX // k)
+    """The dense path: x's columns in the dequantized weights' block order (the kernel's),
+    then a matmul per piece of at most :data:`DENSE_MAX` elements of weights."""
+    xb = ext.block_order(x, bits)
+    step = max(1, DENSE_MAX // x.shape[-1])
     parts = [mx.matmul(xb, ext.dequantize_blocked(w[i:i + step], scales[i:i + step],
                                                   biases[i:i + step], group_size, bits).T)
-             for i in range(0, n, step)]
+             for i in range(0, w.shape[0], step)]
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
-
-
-@cache
-def block_order(k: int, bits: int) -> mx.array:
-    """Where each column of the extension's dequantized weights comes from in K: blocks of
-    16 words, element i * per + j of a block at j * 16 + i (per = 32 / bits elements a
-    word), the last, partial block of v words at j * v + i."""
-    per = 32 // bits
-    e = 16 * per
-    order: list[int] = []
-    for b0 in range(0, k, e):
-        v = min(e, k - b0) // per
-        order.extend(b0 + i * per + j for j in range(per) for i in range(v))
-    return mx.array(order, dtype=mx.uint32)
 
 
 def activations() -> str:

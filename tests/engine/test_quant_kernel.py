@@ -111,17 +111,34 @@ def test_the_dense_path_matches_float64_for_every_width_group_and_scale_type(
             assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()
 
 
+def block_order(k: int, bits: int) -> list[int]:
+    """The kernel's order of K: blocks of 16 words, element i * per + j of a block at
+    j * 16 + i (per = 32 / bits a word), the last, partial block of v words at j * v + i."""
+    per = 32 // bits
+    order: list[int] = []
+    for b0 in range(0, k, 16 * per):
+        v = min(16 * per, k - b0) // per
+        order.extend(b0 + i * per + j for j in range(per) for i in range(v))
+    return order
+
+
 @pytest.mark.parametrize("bits", quant.BITS)
-def test_the_dequantized_weights_are_mlxs_in_block_order(bits: int) -> None:
-    # bf16 scales, as imported GGUF models keep them; 576: a partial last block at 4 bits
-    w, s, b, _ = packed(50, 576, bits, 32, mx.bfloat16)
+@pytest.mark.parametrize("group", quant.GROUP_SIZES)
+def test_the_dequantized_weights_are_mlxs_in_the_order_x_is_put_in(bits: int, group: int) -> None:
+    # bf16 scales, as imported GGUF models keep them; 576 and 448: a partial last block
     ext = fast_ops._extension()
-    got = np.array(ext.dequantize_blocked(w, s, b, 32, bits))
-    want = np.array(mx.dequantize(w, s.astype(mx.float32), b.astype(mx.float32), group_size=32,
-                                  bits=bits))
-    order = np.array(quant.block_order(576, bits))
-    assert sorted(order.tolist()) == list(range(576))
-    assert np.array_equal(got, want[:, order])
+    for k in (576, 448, 1024):
+        if k % group:
+            continue
+        w, s, b, _ = packed(50, k, bits, group, mx.bfloat16)
+        order = block_order(k, bits)
+        assert sorted(order) == list(range(k))
+        want = np.array(mx.dequantize(w, s.astype(mx.float32), b.astype(mx.float32),
+                                      group_size=group, bits=bits))
+        assert np.array_equal(np.array(ext.dequantize_blocked(w, s, b, group, bits)),
+                              want[:, order])
+        x = rows(3, k)
+        assert np.array_equal(np.array(ext.block_order(x, bits)), np.array(x)[:, order])
 
 
 def test_products_of_up_to_32_rows_take_the_kernel_and_more_go_dense() -> None:

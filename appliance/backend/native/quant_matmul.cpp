@@ -828,8 +828,8 @@ void to_block_order(const float* x, float* xp, int64_t m, int64_t k, int64_t kp,
 //
 // K goes in the kernel's block order (see the header): a block of 16 words is written as
 // PER vectors of 16 elements, element i * PER + j at j * 16 + i, so dequantizing is the
-// kernel's unpacking with a store; quant.py permutes x's columns the same way, which leaves
-// x @ W.T unchanged. In the last, partial block of V < 16 words, element i * PER + j goes to
+// kernel's unpacking with a store; block_order permutes x's columns the same way, which
+// leaves x @ W.T unchanged (a shuffle to the weights' own order cost more than both). In the last, partial block of V < 16 words, element i * PER + j goes to
 // j * V + i, so K needs no padding. Every element is s * q + b, the same expression as
 // mx.dequantize; q has at most 8 bits, so s * q is exact for 16-bit scales and the variants
 // (with or without FMA) give the same bits.
@@ -925,6 +925,52 @@ void run_split(columns_fn fn, const QArgs& a, int64_t cost) {
   const int64_t width = (a.n + blocks - 1) / blocks;
   pool.run(fn, a, (a.n + width - 1) / width, width);
 }
+
+// x's columns in the dequantized weights' order (each row as dequant_body writes one).
+template <int PER>
+void block_order_rows(const float* x, float* xp, int64_t m, int64_t k) {
+  constexpr int E = LANES * PER;
+  const int64_t full = k / E, tail = (k - full * E) / PER;
+  for (int64_t r = 0; r < m; r++) {
+    const float* xr = x + r * k;
+    float* pr = xp + r * k;
+    for (int64_t b = 0; b < full; b++)
+      for (int i = 0; i < LANES; i++)
+        for (int j = 0; j < PER; j++) pr[b * E + j * LANES + i] = xr[b * E + i * PER + j];
+    for (int64_t i = 0; i < tail; i++)
+      for (int j = 0; j < PER; j++) pr[full * E + j * tail + i] = xr[full * E + i * PER + j];
+  }
+}
+
+class BlockOrder : public mx::UnaryPrimitive {
+ public:
+  BlockOrder(mx::Stream s, int bits) : mx::UnaryPrimitive(s), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    if (!inputs[0].flags().row_contiguous)
+      throw std::runtime_error("appliance block_order: input not contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(inputs[0]);
+    enc.set_output_array(out);
+    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+                  out = mx::array::unsafe_weak_copy(out), bits = bits_]() mutable {
+      const int64_t k = x.shape(-1), m = k ? static_cast<int64_t>(x.size()) / k : 0;
+      if (bits == 4) block_order_rows<8>(x.data<float>(), out.data<float>(), m, k);
+      else block_order_rows<4>(x.data<float>(), out.data<float>(), m, k);
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("appliance block_order runs on the CPU only");
+  }
+  const char* name() const override { return "ApplianceBlockOrder"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return bits_ == static_cast<const BlockOrder&>(other).bits_;
+  }
+
+ private:
+  int bits_;
+};
 
 class QuantDequant : public mx::UnaryPrimitive {
  public:
@@ -1085,6 +1131,17 @@ mx::array dequantize_blocked(const mx::array& w, const mx::array& scales,
                    std::make_shared<QuantDequant>(s, group, bits), std::move(ins));
 }
 
+mx::array block_order(const mx::array& x, int bits) {
+  if (x.dtype() != mx::float32 || x.ndim() < 1)
+    throw std::invalid_argument("block_order: x must be float32");
+  if (bits != 4 && bits != 8) throw std::invalid_argument("block_order: bits must be 4 or 8");
+  if (x.shape(-1) % 32)
+    throw std::invalid_argument("block_order: x's last axis must be a multiple of 32");
+  auto s = mx::to_stream({}, mx::Device::cpu);
+  return mx::array(x.shape(), mx::float32, std::make_shared<BlockOrder>(s, bits),
+                   {mx::contiguous(x, false, s)});
+}
+
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                            const mx::array& biases, int group, int bits, int act) {
   if (x.dtype() != mx::float32) throw std::invalid_argument("quantized_matmul: x must be float32");
@@ -1114,8 +1171,10 @@ void define_quant(nb::module_& m) {
   m.def("dequantize_blocked", &dequantize_blocked, nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
         "dequantize(w, scales, biases) as float32 [N, K], each row's K in the kernel's block "
-        "order (appliance/backend/quant.py's block_order permutes x to match); the pool's "
+        "order (block_order permutes x to match); the pool's "
         "threads share the rows.");
+  m.def("block_order", &block_order, nb::arg("x"), nb::arg("bits"),
+        "x with its last axis in dequantize_blocked's order for bits-wide weights.");
   m.def("quant_simd", [] { return std::string(simd_name()); },
         "The instruction set the quantized kernel runs: avx512, avx2 or portable.");
   m.def("quant_activations", [] { return std::string(act_name(4)); },

@@ -34,9 +34,12 @@ KERNEL_ROWS = 32
 """The most rows the kernel takes; more go dense. Not below 32: the fixed-order promise
 (appliance/engine/mixed.py) holds to 32 rows, as for skinny_matmul's fp32 products. Dense was
 faster from 33 rows up on SmolLM2's layers (docs/decisions.md)."""
-DENSE_MAX = 1 << 24
-"""Dequantized elements one piece of a dense product may hold (64 MiB): bigger weights go
-in pieces of rows, so a 7B model's 14336 x 4096 layer does not cost 235 MB at once."""
+DENSE_WHOLE = 1 << 20
+"""Weights of at most this many elements (4 MiB dequantized) are dequantized whole for the
+dense path; bigger ones in pieces of rows of at most :data:`DENSE_PIECE`, which the gemm
+reads back from the cache (SmolLM2's 49152 x 576 output layer at 64 rows, one thread: 108 ms
+whole, 79 in pieces; docs/decisions.md)."""
+DENSE_PIECE = 1 << 18
 
 _original: list[Any] = []
 
@@ -107,12 +110,13 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
 def _dense(ext: Any, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
            group_size: int, bits: int) -> mx.array:
     """The dense path: x's columns in the dequantized weights' block order (the kernel's),
-    then a matmul per piece of at most :data:`DENSE_MAX` elements of weights."""
+    then a matmul per piece of the weights (:data:`DENSE_WHOLE`)."""
     xb = ext.block_order(x, bits)
-    step = max(1, DENSE_MAX // x.shape[-1])
+    n, k = w.shape[0], x.shape[-1]
+    step = n if n * k <= DENSE_WHOLE else max(1, DENSE_PIECE // k)
     parts = [mx.matmul(xb, ext.dequantize_blocked(w[i:i + step], scales[i:i + step],
                                                   biases[i:i + step], group_size, bits).T)
-             for i in range(0, w.shape[0], step)]
+             for i in range(0, n, step)]
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
 
 

@@ -95,8 +95,13 @@ def test_it_matches_float64_for_every_width_group_and_row_count(
 @pytest.mark.parametrize("bits", quant.BITS)
 @pytest.mark.parametrize("group", quant.GROUP_SIZES)
 @pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("pieces", [False, True])
 def test_the_dense_path_matches_float64_for_every_width_group_and_scale_type(
-        bits: int, group: int, scale_dtype: mx.Dtype) -> None:
+        bits: int, group: int, scale_dtype: mx.Dtype, pieces: bool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if pieces:  # weights dequantized in pieces of rows (16 at K = 1024, the last of 6)
+        monkeypatch.setattr(quant, "DENSE_WHOLE", 0)
+        monkeypatch.setattr(quant, "DENSE_PIECE", 16 * 1024)
     # K with a partial last block of 16 words where the group allows one (576 and 448 at 4
     # bits, 608 at 8), and a whole number of blocks (1024)
     for k in (576, 448, 608, 1024):

@@ -12,7 +12,8 @@ WIDE_ROWS = 16
 weights held in the cache; a third group reads the weights again (docs/decisions.md)."""
 KERNEL_ROWS = 32
 """The skinny_matmul kernel takes at most 32 rows; OpenBLAS's gemm, which packs the weights
-first, takes the rest."""
+first, takes the rest. The quantized kernel hands over at the same count (to dequantized
+weights in that gemm: appliance/backend/quant.py's ``KERNEL_ROWS``)."""
 
 CPU_KERNEL = CostProfile("cpu-kernel", (WIDE_ROWS, KERNEL_ROWS))
 """MLX on the CPU with the appliance's skinny_matmul kernel preloaded before OpenBLAS."""

@@ -8,6 +8,13 @@ when MLX's default device is the CPU: a switch for the whole process, which
 :func:`uninstall` turns back. Anything the kernel does not take (another mode, no biases,
 ``transpose=False``, activations that are not float32, other bit widths or group sizes, an
 explicit stream) goes to MLX's own function unchanged.
+
+Products of more than :data:`KERNEL_ROWS` rows (a prompt's) take another path: the weights
+dequantized into float32 by the extension, then MLX's matmul (OpenBLAS's sgemm where the
+daemon preloads it), which blocks for the cache where the kernel reads the weights once per
+few rows. Up to :data:`KERNEL_ROWS` rows a row's sums are the kernel's, in a fixed order
+whatever its neighbours: a decode step, and one with small prompt chunks riding in it, gives
+each row the same bits alone and in a batch.
 """
 
 from __future__ import annotations
@@ -22,6 +29,17 @@ BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 SCALE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 ACTIVATIONS = ("float", "int16")  # the kernel's codes 0 and 1
+PATHS = ("kernel", "dense")
+KERNEL_ROWS = 32
+"""The most rows the kernel takes; more go dense. Not below 32: the fixed-order promise
+(appliance/engine/mixed.py) holds to 32 rows, as for skinny_matmul's fp32 products. Dense was
+faster from 33 rows up on SmolLM2's layers (docs/decisions.md)."""
+DENSE_WHOLE = 1 << 20
+"""Weights of at most this many elements (4 MiB dequantized) are dequantized whole for the
+dense path; bigger ones in pieces of rows of at most :data:`DENSE_PIECE`, which the gemm
+reads back from the cache (SmolLM2's 49152 x 576 output layer at 64 rows, one thread: 108 ms
+whole, 79 in pieces; docs/decisions.md)."""
+DENSE_PIECE = 1 << 18
 
 _original: list[Any] = []
 
@@ -71,15 +89,35 @@ def mlx_own() -> Any:
 
 
 def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
-                     group_size: int, bits: int, activations: str | None = None) -> mx.array:
-    """``x @ mx.dequantize(w, scales, biases, group_size, bits).T`` for a float32 ``x``,
-    each output summed in a fixed order whatever the rows beside it. ``activations``: how a
-    4-bit product takes ``x``, ``"int16"`` (rounded per block of 32) or ``"float"``; None
-    takes the process's choice (:func:`activations`)."""
+                     group_size: int, bits: int, activations: str | None = None,
+                     path: str | None = None) -> mx.array:
+    """``x @ mx.dequantize(w, scales, biases, group_size, bits).T`` for a float32 ``x``.
+    ``path``: ``"kernel"`` (each output summed in a fixed order whatever the rows beside it),
+    ``"dense"`` (dequantized weights into MLX's matmul, x in float) or None, the kernel for
+    at most :data:`KERNEL_ROWS` rows, else dense. ``activations``: how the kernel takes a
+    4-bit product's ``x``, ``"int16"`` (rounded per block of 32) or ``"float"``; None takes
+    the process's choice (:func:`activations`)."""
     ext = fast_ops._extension()
     assert ext is not None
+    k = x.shape[-1]
+    rows = x.size // k if k else 0
+    if path == "dense" or (path is None and rows > KERNEL_ROWS):
+        return _dense(ext, x, w, scales, biases, group_size, bits)
     act = -1 if activations is None else ACTIVATIONS.index(activations)
     return ext.quantized_matmul(x, w, scales, biases, group_size, bits, act)
+
+
+def _dense(ext: Any, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
+           group_size: int, bits: int) -> mx.array:
+    """The dense path: x's columns in the dequantized weights' block order (the kernel's),
+    then a matmul per piece of the weights (:data:`DENSE_WHOLE`)."""
+    xb = ext.block_order(x, bits)
+    n, k = w.shape[0], x.shape[-1]
+    step = n if n * k <= DENSE_WHOLE else max(1, DENSE_PIECE // k)
+    parts = [mx.matmul(xb, ext.dequantize_blocked(w[i:i + step], scales[i:i + step],
+                                                  biases[i:i + step], group_size, bits).T)
+             for i in range(0, n, step)]
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
 
 
 def activations() -> str:

@@ -9,7 +9,8 @@ weights are read once), and splits them only for attention, where each part keep
 KV cache, positions and mask: the decode rows their batched cache, each prompt its own. So
 a sequence's KV stays its own, and its numbers are those of its own forward but for the
 rounding of the products the rows share (a row's sums do not depend on its neighbours in
-appliance/backend/native/skinny_matmul.c's kernel, up to 32 rows; in OpenBLAS's, beyond, they may).
+appliance/backend/native/skinny_matmul.c's kernel, nor in quant_matmul.cpp's for 4- and 8-bit
+weights, up to 32 rows; in OpenBLAS's, which both hand bigger products to, they may).
 
 The architectures read this way are mlx-lm's modules in :data:`ARCHS`, each described by
 a few hooks (projections, q/k norms, MLP, how a block adds its parts, its masks): Llama and

@@ -26,6 +26,16 @@ from tests.helpers import NATIVE
 
 ATOL = 1e-4
 """fp32 sums of the same products in another grouping of rows."""
+X16 = 3e-4
+"""4-bit: a part alone (at most 32 rows) goes through the quantized kernel, which rounds x to
+16 bits on AVX2 and AVX-512; the mixed forward's 34 rows go dense, x in float
+(appliance/backend/quant.py). The rounding moves a product by at most 1e-4 of its largest
+output on SmolLM2 (tests/engine/test_quant_activations.py bounds it at 3e-4): this share of
+the largest logit."""
+
+
+def _atol(bits: int, want: mx.array) -> float:
+    return ATOL + (X16 * mx.abs(want).max().item() if bits == 4 else 0.0)
 
 RIDES_IN_ENGINE = {"llama3", "mistral", "qwen2", "qwen3", "phi3"}
 """Gemma 3's sliding-window layers keep rotating caches, which the engine's decode slots do
@@ -83,13 +93,14 @@ def test_each_part_of_a_mixed_forward_gets_its_own_forwards_numbers(
     else:  # Gemma 3: the batch's KV in mlx-lm's batched (rotating) caches
         assert arch not in RIDES_IN_ENGINE and mixed.layers is not None
         logits, lasts = mixed_step(model, mixed.layers, inputs, chunks)
-    assert mx.allclose(logits, want, atol=ATOL).item()
+    assert mx.allclose(logits, want, atol=_atol(bits, want)).item()
     assert (logits.argmax(-1) == want.argmax(-1)).all().item()
     assert lasts[1] is None and lasts[0] is not None and fresh_want is not None
-    assert mx.allclose(lasts[0], fresh_want, atol=ATOL).item()
+    assert mx.allclose(lasts[0], fresh_want, atol=_atol(bits, fresh_want)).item()
     assert [c.offset for c in fresh_mixed] == [c.offset for c in fresh_cache]
     # and the next decode step of the batch is the same after either
-    assert mx.allclose(mixed.step([1, 2, 3]), own.step([1, 2, 3]), atol=ATOL).item()
+    after = own.step([1, 2, 3])  # (the mixed forward's KV was written by the dense path)
+    assert mx.allclose(mixed.step([1, 2, 3]), after, atol=_atol(bits, after)).item()
 
 
 @pytest.mark.parametrize(("arch", "bits"), [c for c in CASES if c.values[0] in RIDES_IN_ENGINE])

@@ -1,8 +1,10 @@
 """The quantized matmul kernel (appliance/backend/native/quant_matmul.cpp, appliance/backend/quant.py):
 MLX's affine 4- and 8-bit products against float64 for every group size and a spread of rows (4-bit
-ones with x in float and rounded to 16 bits), the same bits for a row alone and in a batch, each
-SIMD variant (forced in a subprocess) agreeing with the others, what it does not take going to MLX
-unchanged, and the imported 4-bit SmolLM2 answering with MLX's own greedy tokens."""
+ones with x in float and rounded to 16 bits), by the kernel and by the dense path that products of
+more than 32 rows take (dequantized weights into MLX's matmul), the same bits for a row alone and in
+a batch up to 32 rows, each SIMD variant (forced in a subprocess) agreeing with the others, what it
+does not take going to MLX unchanged, and the imported 4-bit SmolLM2 answering with MLX's own
+greedy tokens."""
 
 from __future__ import annotations
 
@@ -82,10 +84,82 @@ def test_it_matches_float64_for_every_width_group_and_row_count(
     w, s, b, dense = packed(97, k, bits, group)
     for m in ROWS:
         x = rows(m, k)
-        got = np.array(quant.quantized_matmul(x, w, s, b, group, bits, activations))
         want = np.array(x).astype(np.float64) @ dense.T
-        assert got.shape == (m, 97)
-        assert_close(got, want, x, dense, activations)
+        for path in ("kernel", None):  # None: the dense path past KERNEL_ROWS
+            got = np.array(quant.quantized_matmul(x, w, s, b, group, bits, activations, path))
+            assert got.shape == (m, 97)
+            taken = "kernel" if path == "kernel" or m <= quant.KERNEL_ROWS else "dense"
+            assert_close(got, want, x, dense, activations if taken == "kernel" else "float")
+
+
+@pytest.mark.parametrize("bits", quant.BITS)
+@pytest.mark.parametrize("group", quant.GROUP_SIZES)
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("pieces", [False, True])
+def test_the_dense_path_matches_float64_for_every_width_group_and_scale_type(
+        bits: int, group: int, scale_dtype: mx.Dtype, pieces: bool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if pieces:  # weights dequantized in pieces of rows (16 at K = 1024, the last of 6)
+        monkeypatch.setattr(quant, "DENSE_WHOLE", 0)
+        monkeypatch.setattr(quant, "DENSE_PIECE", 16 * 1024)
+    # K with a partial last block of 16 words where the group allows one (576 and 448 at 4
+    # bits, 608 at 8), and a whole number of blocks (1024)
+    for k in (576, 448, 608, 1024):
+        if k % group:
+            continue
+        w, s, b, dense = packed(70, k, bits, group, scale_dtype, seed=k)
+        for shape in ((1, k), (33, k), (200, k), (2, 20, k)):
+            x = mx.array(np.random.default_rng(k).standard_normal(shape).astype(np.float32))
+            got = np.array(quant.quantized_matmul(x, w, s, b, group, bits, path="dense"))
+            want = np.array(x).astype(np.float64) @ dense.T
+            assert got.shape == (*shape[:-1], 70)
+            assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()
+
+
+def block_order(k: int, bits: int) -> list[int]:
+    """The kernel's order of K: blocks of 16 words, element i * per + j of a block at
+    j * 16 + i (per = 32 / bits a word), the last, partial block of v words at j * v + i."""
+    per = 32 // bits
+    order: list[int] = []
+    for b0 in range(0, k, 16 * per):
+        v = min(16 * per, k - b0) // per
+        order.extend(b0 + i * per + j for j in range(per) for i in range(v))
+    return order
+
+
+@pytest.mark.parametrize("bits", quant.BITS)
+@pytest.mark.parametrize("group", quant.GROUP_SIZES)
+def test_the_dequantized_weights_are_mlxs_in_the_order_x_is_put_in(bits: int, group: int) -> None:
+    # bf16 scales, as imported GGUF models keep them; 576 and 448: a partial last block
+    ext = fast_ops._extension()
+    for k in (576, 448, 1024):
+        if k % group:
+            continue
+        w, s, b, _ = packed(50, k, bits, group, mx.bfloat16)
+        order = block_order(k, bits)
+        assert sorted(order) == list(range(k))
+        want = np.array(mx.dequantize(w, s.astype(mx.float32), b.astype(mx.float32),
+                                      group_size=group, bits=bits))
+        assert np.array_equal(np.array(ext.dequantize_blocked(w, s, b, group, bits)),
+                              want[:, order])
+        x = rows(3, k)
+        assert np.array_equal(np.array(ext.block_order(x, bits)), np.array(x)[:, order])
+
+
+def test_products_of_up_to_32_rows_take_the_kernel_and_more_go_dense() -> None:
+    from appliance.backend import profile
+
+    assert quant.KERNEL_ROWS == profile.KERNEL_ROWS  # where the cost model steps
+    w, s, b, _ = packed(300, 576, 4, 64)
+    x = rows(quant.KERNEL_ROWS + 1, 576)
+    for m, path in ((1, "kernel"), (quant.KERNEL_ROWS, "kernel"), (quant.KERNEL_ROWS + 1, "dense")):
+        auto = np.array(quant.quantized_matmul(x[:m], w, s, b, 64, 4))
+        assert np.array_equal(auto, np.array(quant.quantized_matmul(x[:m], w, s, b, 64, 4,
+                                                                    path=path)))
+    # rows counted over every axis but the last: 3 x 11 is a prompt's 33
+    x3 = x.reshape(3, 11, 576)
+    assert np.array_equal(np.array(quant.quantized_matmul(x3, w, s, b, 64, 4)),
+                          np.array(quant.quantized_matmul(x3, w, s, b, 64, 4, path="dense")))
 
 
 def test_16_bit_x_is_within_its_rounding_where_float_x_is_within_float32() -> None:
@@ -115,16 +189,22 @@ def test_it_reads_scales_of_each_float_type(scale_dtype: mx.Dtype) -> None:
 
 
 @pytest.mark.parametrize(("bits", "activations"), PATHS)
-def test_a_row_gets_the_same_bits_alone_and_in_a_batch(bits: int, activations: str | None) -> None:
-    # 2000 columns: big enough to be shared with the pool's helpers
+@pytest.mark.parametrize("path", ["kernel", None])
+def test_a_row_gets_the_same_bits_alone_and_in_a_batch(
+        bits: int, activations: str | None, path: str | None) -> None:
+    # 2000 columns: big enough to be shared with the pool's helpers. The kernel keeps the
+    # promise at any size (40 rows: past a slice's edge); the process's choice up to 32 rows.
     w, s, b, _ = packed(2000, 576, bits, 32)
-    x = rows(40, 576)
-    batch = np.array(quant.quantized_matmul(x, w, s, b, 32, bits, activations))
-    for m in (1, 3, 8, 33):
-        part = np.array(quant.quantized_matmul(x[:m], w, s, b, 32, bits, activations))
-        assert np.array_equal(part, batch[:m])
-    for r in (0, 5, 39):
-        alone = np.array(quant.quantized_matmul(x[r:r + 1], w, s, b, 32, bits, activations))
+    m_all = 40 if path == "kernel" else quant.KERNEL_ROWS
+    x = rows(m_all, 576)
+    batch = np.array(quant.quantized_matmul(x, w, s, b, 32, bits, activations, path))
+    for m in (1, 3, 8, 31, 33):
+        if m < m_all:
+            part = np.array(quant.quantized_matmul(x[:m], w, s, b, 32, bits, activations, path))
+            assert np.array_equal(part, batch[:m])
+    for r in (0, 5, m_all - 1):
+        alone = np.array(quant.quantized_matmul(x[r:r + 1], w, s, b, 32, bits, activations,
+                                                path))
         assert np.array_equal(alone[0], batch[r])
 
 
@@ -178,6 +258,9 @@ VARIANT = textwrap.dedent("""
         for act in ("float", "int16") if bits == 4 else (None,):
             y = quant.quantized_matmul(x, w, s, b, group, bits, act)
             out[f"{bits}/{group}/{k}/{act}"] = np.array(y).tolist()
+        x = mx.array(rng.standard_normal((40, k)).astype(np.float32))
+        y = quant.quantized_matmul(x, w, s, b, group, bits, path="dense")
+        out[f"{bits}/{group}/{k}/dense"] = np.array(y).tolist()
     print(json.dumps(out))
 """)
 
@@ -201,7 +284,9 @@ def test_each_simd_variant_agrees_with_the_others() -> None:
             if key == "simd":
                 continue
             a, b = np.array(got[key]), np.array(base[key])
-            if key.endswith("int16"):  # exact integer sums, the same float steps: the same bits
+            # int16: exact integer sums, the same float steps; dense: s * q exact for 16-bit
+            # scales, then the same sgemm: the same bits
+            if key.endswith(("int16", "dense")):
                 assert np.array_equal(a, b), (name, key)
             else:
                 np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max(),

@@ -22,6 +22,9 @@
 //
 // Big products are split by output columns between the calling thread and a small pool of
 // persistent helpers (QuantPool), which claim blocks of columns from a shared counter.
+//
+// Products of many rows (a prompt's) are better done by a gemm: dequantize_blocked (below)
+// writes the weights out in float32 for one, and appliance/backend/quant.py chooses.
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -829,6 +832,197 @@ void to_block_order(const float* x, float* xp, int64_t m, int64_t k, int64_t kp,
   }
 }
 
+// Prefill-sized products (appliance/backend/quant.py sends those of more than 32 rows here):
+// the weights dequantized into float32 once per call, by the pool's threads, for MLX's
+// matmul (OpenBLAS's sgemm where the daemon preloads it) to multiply. The kernel above reads
+// the packed weights once per few rows and blocks nothing for the cache; a gemm does, and
+// the dequantizing costs one write of N * K floats (docs/decisions.md).
+//
+// K goes in the kernel's block order (see the header): a block of 16 words is written as
+// PER vectors of 16 elements, element i * PER + j at j * 16 + i, so dequantizing is the
+// kernel's unpacking with a store; block_order permutes x's columns the same way, which
+// leaves x @ W.T unchanged (a shuffle to the weights' own order cost more than both). In the last, partial block of V < 16 words, element i * PER + j goes to
+// j * V + i, so K needs no padding. Every element is s * q + b, the same expression as
+// mx.dequantize; q has at most 8 bits, so s * q is exact for 16-bit scales and the variants
+// (with or without FMA) give the same bits.
+template <int BITS, int LPG, class S>
+QINLINE void dequant_body(const QArgs& a, int64_t n0, int64_t n1) {
+  constexpr int PER = 32 / BITS;
+  constexpr int E = LANES * PER;
+  constexpr int32_t MASK = (1 << BITS) - 1;
+  typedef typename S::raw raw;
+  const int64_t full = a.k / E, tail = (a.k - full * E) / PER;
+  for (int64_t n = n0; n < n1; n++) {
+    const uint32_t* wr = a.w + n * a.words;
+    const raw* sr = static_cast<const raw*>(a.scales) + n * a.groups;
+    const raw* br = static_cast<const raw*>(a.biases) + n * a.groups;
+    float* out = a.y + n * a.k;
+    for (int64_t b = 0; b < full; b++) {
+      vi v;
+      std::memcpy(&v, wr + b * LANES, sizeof(v));
+      const int64_t g0 = (b * E) >> a.group_log2;
+      const vf sv = spread<LPG>(scales4<LANES / LPG>(sr + g0, S{}));
+      const vf bv = spread<LPG>(scales4<LANES / LPG>(br + g0, S{}));
+#pragma GCC unroll 8
+      for (int j = 0; j < PER; j++) {
+        const vf q = __builtin_convertvector((v >> (BITS * j)) & MASK, vf);
+        const vf w = q * sv + bv;
+        std::memcpy(out + b * E + j * LANES, &w, sizeof(w));
+      }
+    }
+    for (int64_t i = 0; i < tail; i++) {
+      const uint32_t word = wr[full * LANES + i];
+      for (int j = 0; j < PER; j++) {
+        const int64_t g = (full * E + i * PER + j) >> a.group_log2;
+        const float q = static_cast<float>((word >> (BITS * j)) & MASK);
+        out[full * E + j * tail + i] = q * to_f32(sr[g], S{}) + to_f32(br[g], S{});
+      }
+    }
+  }
+}
+
+template <int BITS, int LPG, class S>
+void dequant_portable(const QArgs& a, int64_t n0, int64_t n1) {
+  dequant_body<BITS, LPG, S>(a, n0, n1);
+}
+#if defined(__x86_64__)
+template <int BITS, int LPG, class S>
+__attribute__((target("avx2,fma,f16c"))) void dequant_avx2(const QArgs& a, int64_t n0, int64_t n1) {
+  dequant_body<BITS, LPG, S>(a, n0, n1);
+}
+template <int BITS, int LPG, class S>
+__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+void dequant_avx512(const QArgs& a, int64_t n0, int64_t n1) {
+  dequant_body<BITS, LPG, S>(a, n0, n1);
+}
+#endif
+
+template <int BITS, class S>
+columns_fn pick_dequant_bits(int group) {
+  constexpr int PER = 32 / BITS;
+  const int lpg = std::min(LANES, group / PER);
+#if defined(__x86_64__)
+#define APPLIANCE_DEQUANT(LPG)                                        \
+  if (simd() == AVX512) return dequant_avx512<BITS, LPG, S>;          \
+  if (simd() == AVX2) return dequant_avx2<BITS, LPG, S>;              \
+  return dequant_portable<BITS, LPG, S>;
+#else
+#define APPLIANCE_DEQUANT(LPG) return dequant_portable<BITS, LPG, S>;
+#endif
+  if (lpg == 4) { APPLIANCE_DEQUANT(4) }
+  if (lpg == 8) { APPLIANCE_DEQUANT(8) }
+  APPLIANCE_DEQUANT(16)
+#undef APPLIANCE_DEQUANT
+}
+
+template <class S>
+columns_fn pick_dequant_dtype(int bits, int group) {
+  return bits == 4 ? pick_dequant_bits<4, S>(group) : pick_dequant_bits<8, S>(group);
+}
+
+columns_fn pick_dequant(int bits, int group, mx::Dtype dtype) {
+  if (dtype == mx::float16) return pick_dequant_dtype<F16>(bits, group);
+  if (dtype == mx::bfloat16) return pick_dequant_dtype<BF16>(bits, group);
+  return pick_dequant_dtype<F32>(bits, group);
+}
+
+// The rows of w cut into blocks for the pool, as compute() cuts a product's columns.
+void run_split(columns_fn fn, const QArgs& a, int64_t cost) {
+  auto& pool = QuantPool::get();
+  if (cost < SPLIT_MIN || pool.threads() < 2) {
+    fn(a, 0, a.n);
+    return;
+  }
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(a.n / 16, 8 * pool.threads()));
+  const int64_t width = (a.n + blocks - 1) / blocks;
+  pool.run(fn, a, (a.n + width - 1) / width, width);
+}
+
+// x's columns in the dequantized weights' order (each row as dequant_body writes one).
+template <int PER>
+void block_order_rows(const float* x, float* xp, int64_t m, int64_t k) {
+  constexpr int E = LANES * PER;
+  const int64_t full = k / E, tail = (k - full * E) / PER;
+  for (int64_t r = 0; r < m; r++) {
+    const float* xr = x + r * k;
+    float* pr = xp + r * k;
+    for (int64_t b = 0; b < full; b++)
+      for (int i = 0; i < LANES; i++)
+        for (int j = 0; j < PER; j++) pr[b * E + j * LANES + i] = xr[b * E + i * PER + j];
+    for (int64_t i = 0; i < tail; i++)
+      for (int j = 0; j < PER; j++) pr[full * E + j * tail + i] = xr[full * E + i * PER + j];
+  }
+}
+
+class BlockOrder : public mx::UnaryPrimitive {
+ public:
+  BlockOrder(mx::Stream s, int bits) : mx::UnaryPrimitive(s), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    if (!inputs[0].flags().row_contiguous)
+      throw std::runtime_error("appliance block_order: input not contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(inputs[0]);
+    enc.set_output_array(out);
+    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+                  out = mx::array::unsafe_weak_copy(out), bits = bits_]() mutable {
+      const int64_t k = x.shape(-1), m = k ? static_cast<int64_t>(x.size()) / k : 0;
+      if (bits == 4) block_order_rows<8>(x.data<float>(), out.data<float>(), m, k);
+      else block_order_rows<4>(x.data<float>(), out.data<float>(), m, k);
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("appliance block_order runs on the CPU only");
+  }
+  const char* name() const override { return "ApplianceBlockOrder"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return bits_ == static_cast<const BlockOrder&>(other).bits_;
+  }
+
+ private:
+  int bits_;
+};
+
+class QuantDequant : public mx::UnaryPrimitive {
+ public:
+  QuantDequant(mx::Stream s, int group, int bits)
+      : mx::UnaryPrimitive(s), group_(group), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    for (const auto& a : inputs)
+      if (!a.flags().row_contiguous)
+        throw std::runtime_error("appliance dequantize: inputs not contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    std::vector<mx::array> ins;
+    for (const auto& a : inputs) {
+      enc.set_input_array(a);
+      ins.push_back(mx::array::unsafe_weak_copy(a));
+    }
+    enc.set_output_array(out);
+    enc.dispatch([ins = std::move(ins), out = mx::array::unsafe_weak_copy(out), group = group_,
+                  bits = bits_]() mutable {
+      const int64_t n = ins[0].shape(0), words = ins[0].shape(1), k = words * 32 / bits;
+      QArgs a{nullptr, 0, k, k, n, ins[0].data<uint32_t>(), words, ins[1].data<void>(),
+              ins[2].data<void>(), ins[1].shape(1), group, __builtin_ctz(group),
+              out.data<float>(), nullptr, nullptr, nullptr};
+      run_split(pick_dequant(bits, group, ins[1].dtype()), a, n * k);
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("appliance dequantize runs on the CPU only");
+  }
+  const char* name() const override { return "ApplianceDequantize"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const QuantDequant&>(other);
+    return group_ == o.group_ && bits_ == o.bits_;
+  }
+
+ private:
+  int group_, bits_;
+};
+
 class QuantMatmul : public mx::UnaryPrimitive {
  public:
   QuantMatmul(mx::Stream s, int group, int bits, int act)
@@ -919,17 +1113,15 @@ class QuantMatmul : public mx::UnaryPrimitive {
   int group_, bits_, act_;
 };
 
-mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int group, int bits, int act) {
-  if (x.dtype() != mx::float32) throw std::invalid_argument("quantized_matmul: x must be float32");
+// The checks both entry points make of w, scales and biases; K.
+int64_t check_weights(const mx::array& w, const mx::array& scales, const mx::array& biases,
+                      int group, int bits) {
   if (w.dtype() != mx::uint32 || w.ndim() != 2)
     throw std::invalid_argument("quantized_matmul: w must be uint32 [N, K * bits / 32]");
   if (bits != 4 && bits != 8) throw std::invalid_argument("quantized_matmul: bits must be 4 or 8");
   if (group != 32 && group != 64 && group != 128)
     throw std::invalid_argument("quantized_matmul: group_size must be 32, 64 or 128");
   const int64_t k = w.shape(1) * 32 / bits;
-  if (x.ndim() < 1 || x.shape(-1) != k)
-    throw std::invalid_argument("quantized_matmul: x's last axis must be K");
   if (k % group)
     throw std::invalid_argument("quantized_matmul: K must be a multiple of group_size");
   const mx::Shape sshape = {w.shape(0), static_cast<int32_t>(k / group)};
@@ -938,6 +1130,36 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   if (scales.dtype() != mx::float32 && scales.dtype() != mx::float16 &&
       scales.dtype() != mx::bfloat16)
     throw std::invalid_argument("quantized_matmul: scales must be float32, float16 or bfloat16");
+  return k;
+}
+
+mx::array dequantize_blocked(const mx::array& w, const mx::array& scales,
+                             const mx::array& biases, int group, int bits) {
+  const int64_t k = check_weights(w, scales, biases, group, bits);
+  auto s = mx::to_stream({}, mx::Device::cpu);
+  std::vector<mx::array> ins = {mx::contiguous(w, false, s), mx::contiguous(scales, false, s),
+                                mx::contiguous(biases, false, s)};
+  return mx::array({w.shape(0), static_cast<int32_t>(k)}, mx::float32,
+                   std::make_shared<QuantDequant>(s, group, bits), std::move(ins));
+}
+
+mx::array block_order(const mx::array& x, int bits) {
+  if (x.dtype() != mx::float32 || x.ndim() < 1)
+    throw std::invalid_argument("block_order: x must be float32");
+  if (bits != 4 && bits != 8) throw std::invalid_argument("block_order: bits must be 4 or 8");
+  if (x.shape(-1) % 32)
+    throw std::invalid_argument("block_order: x's last axis must be a multiple of 32");
+  auto s = mx::to_stream({}, mx::Device::cpu);
+  return mx::array(x.shape(), mx::float32, std::make_shared<BlockOrder>(s, bits),
+                   {mx::contiguous(x, false, s)});
+}
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int group, int bits, int act) {
+  if (x.dtype() != mx::float32) throw std::invalid_argument("quantized_matmul: x must be float32");
+  const int64_t k = check_weights(w, scales, biases, group, bits);
+  if (x.ndim() < 1 || x.shape(-1) != k)
+    throw std::invalid_argument("quantized_matmul: x's last axis must be K");
   auto s = mx::to_stream({}, mx::Device::cpu);
   mx::Shape shape = x.shape();
   shape.back() = w.shape(0);
@@ -958,6 +1180,13 @@ void define_quant(nb::module_& m) {
         "group_size 32, 64 or 128), the weights read once for all rows. activations: how a "
         "4-bit product takes x: 1 rounded to 16 bits per block of 32, 0 in float, -1 the "
         "process's choice (APPLIANCE_QUANT_ACT).");
+  m.def("dequantize_blocked", &dequantize_blocked, nb::arg("w"), nb::arg("scales"),
+        nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
+        "dequantize(w, scales, biases) as float32 [N, K], each row's K in the kernel's block "
+        "order (block_order permutes x to match); the pool's "
+        "threads share the rows.");
+  m.def("block_order", &block_order, nb::arg("x"), nb::arg("bits"),
+        "x with its last axis in dequantize_blocked's order for bits-wide weights.");
   m.def("quant_simd", [] { return std::string(simd_name()); },
         "The instruction set the quantized kernel runs: avx512, avx2 or portable.");
   m.def("quant_activations", [] { return std::string(act_name(4)); },

@@ -4,8 +4,8 @@
 #   ./scripts/test.sh tests/unit   a subset (arguments go to pytest; no second leg)
 # With no arguments it runs the suite, then the engine and API tests once more with the native
 # code off (APPLIANCE_NATIVE=off: MLX as shipped over OpenBLAS), the path Metal, CUDA and a
-# machine without a compiler take; not again: the native kernels' own tests, and the
-# weighted-service run (scheduler policy, the same on every path).
+# machine without a compiler take; not again: the native kernels' own tests, the demo
+# model's build checks and the weighted-service run (the same on every path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,5 +66,5 @@ if [ $# -eq 0 ]; then
     tests/integration/test_backend_health.py \
     --ignore=tests/engine/test_fast_ops.py --ignore=tests/engine/test_skinny_matmul.py \
     --ignore=tests/engine/test_quant_kernel.py --ignore=tests/engine/test_quant_activations.py \
-    --ignore=tests/engine/test_weighted_service.py
+    --ignore=tests/engine/test_weighted_service.py --ignore=tests/engine/test_demo_model.py
 fi

@@ -37,7 +37,7 @@ the largest logit."""
 def _atol(bits: int, want: mx.array) -> float:
     return ATOL + (X16 * mx.abs(want).max().item() if bits == 4 else 0.0)
 
-RIDES_IN_ENGINE = {"llama3", "mistral", "qwen2", "qwen3", "phi3"}
+RIDES_IN_ENGINE = {"llama3", "mistral", "qwen3", "phi3"}
 """Gemma 3's sliding-window layers keep rotating caches, which the engine's decode slots do
 not hold: it is read one forward per part there (docs/models.md)."""
 

@@ -245,13 +245,7 @@ class Forwards:
             log.exception("sampling the decode rows of a mixed forward failed")
             tokens = [None] * len(rows)
             failed.update({s.rid: repr(exc) for s in rows})
-        reads: list[Read] = []
-        for (s, n), last in zip(chunks, lasts, strict=True):
-            try:
-                first = None if last is None else sample_batch(last, [s.sampler], [s.tokens])[0]
-                reads.append(Read(s, n, first))
-            except Exception as exc:
-                reads.append(Read(s, n, Failure("prefill", exc)))
+        reads = _chunk_reads(chunks, lasts)
         self.mixed_forwards += 1
         self.timing.forward("decode", len(rows), 1, kv_len, start, riding)
         return _outcomes(rows, tokens, failed), reads
@@ -303,13 +297,7 @@ class Forwards:
             restore_offsets(caches, saved)
             log.exception("prefill forward of %d chunks failed", len(chunks))
             return [Reads([Read(s, n, Failure("prefill", exc)) for s, n in chunks])]
-        reads = []
-        for (s, n), last in zip(chunks, lasts, strict=True):
-            try:
-                token = None if last is None else sample_batch(last, [s.sampler], [s.tokens])[0]
-                reads.append(Read(s, n, token))
-            except Exception as exc:
-                reads.append(Read(s, n, Failure("prefill", exc)))
+        reads = _chunk_reads(chunks, lasts)
         self.timing.forward("prefill", len(chunks), max(n for _, n in chunks),
                             min(s.computed for s, _ in chunks), start)
         return [Reads(reads)]
@@ -355,6 +343,19 @@ class Forwards:
             return [Reads([self._prefill_one(s, len(s.tokens))]) for s in seqs]
         reads = [Read(s, len(s.tokens), token) for s, token in zip(seqs, tokens, strict=True)]
         return [Reads(reads, shared=cache, in_batch=into)]
+
+
+def _chunk_reads(chunks: list[tuple[Seq, int]], lasts: list[Any]) -> list[Read]:
+    """Each chunk's read after its forward: its first token when ``lasts`` has its prompt's
+    last logits, None before the prompt's end, or why sampling failed."""
+    reads = []
+    for (s, n), last in zip(chunks, lasts, strict=True):
+        try:
+            token = None if last is None else sample_batch(last, [s.sampler], [s.tokens])[0]
+            reads.append(Read(s, n, token))
+        except Exception as exc:
+            reads.append(Read(s, n, Failure("prefill", exc)))
+    return reads
 
 
 def _sample_rows(logits: Any, rows: list[Seq], failed: dict[int, str]) -> list[int | None]:

@@ -984,23 +984,32 @@ class BlockOrder : public mx::UnaryPrimitive {
   int bits_;
 };
 
+// A CPU primitive's common start: contiguous inputs (else an error naming ``what``), the
+// output allocated, and the inputs and output registered with the command encoder; ``ins``
+// gets the inputs' weak copies for the task the caller dispatches.
+mx::cpu::CommandEncoder& prepare(mx::Stream stream, const std::vector<mx::array>& inputs,
+                                 mx::array& out, std::vector<mx::array>& ins, const char* what) {
+  for (const auto& a : inputs)
+    if (!a.flags().row_contiguous)
+      throw std::runtime_error(std::string(what) + ": inputs not contiguous");
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream);
+  for (const auto& a : inputs) {
+    enc.set_input_array(a);
+    ins.push_back(mx::array::unsafe_weak_copy(a));
+  }
+  enc.set_output_array(out);
+  return enc;
+}
+
 class QuantDequant : public mx::UnaryPrimitive {
  public:
   QuantDequant(mx::Stream s, int group, int bits)
       : mx::UnaryPrimitive(s), group_(group), bits_(bits) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    for (const auto& a : inputs)
-      if (!a.flags().row_contiguous)
-        throw std::runtime_error("appliance dequantize: inputs not contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
     std::vector<mx::array> ins;
-    for (const auto& a : inputs) {
-      enc.set_input_array(a);
-      ins.push_back(mx::array::unsafe_weak_copy(a));
-    }
-    enc.set_output_array(out);
+    auto& enc = prepare(stream(), inputs, out, ins, "appliance dequantize");
     enc.dispatch([ins = std::move(ins), out = mx::array::unsafe_weak_copy(out), group = group_,
                   bits = bits_]() mutable {
       const int64_t n = ins[0].shape(0), words = ins[0].shape(1), k = words * 32 / bits;
@@ -1029,17 +1038,8 @@ class QuantMatmul : public mx::UnaryPrimitive {
       : mx::UnaryPrimitive(s), group_(group), bits_(bits), act_(act) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    for (const auto& a : inputs)
-      if (!a.flags().row_contiguous)
-        throw std::runtime_error("appliance quantized_matmul: inputs not contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
     std::vector<mx::array> ins;
-    for (const auto& a : inputs) {
-      enc.set_input_array(a);
-      ins.push_back(mx::array::unsafe_weak_copy(a));
-    }
-    enc.set_output_array(out);
+    auto& enc = prepare(stream(), inputs, out, ins, "appliance quantized_matmul");
     enc.dispatch([ins = std::move(ins), out = mx::array::unsafe_weak_copy(out), group = group_,
                   bits = bits_, act = act_]() mutable { compute(ins, out, group, bits, act); });
   }

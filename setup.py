@@ -9,11 +9,14 @@ appliance/backend/). Everything else about the package is in pyproject.toml.
   scripts/test.sh install the package, then build again with ``--no-build-isolation`` so it
   matches the MLX that runs it. The MLX version it was built for is written beside it
   (MLX_STAMP), so the backend can refuse it before loading it into another MLX.
+- appliance/backend/native/quant_matmul.cpp: MLX's 4- and 8-bit quantized matrix product on
+  the CPU, in the same extension; its loops are in quant_kernels.h, compiled for AVX2 in
+  quant_avx2.cpp and for AVX-512 in quant_avx512.cpp, so they build side by side.
 
-Both are optional: where no compiler is found the package installs without them and the
-engine runs MLX's own operations (the pure path). Neither is built with -march=native: the
-baseline of the architecture, with the hot loops compiled once more for AVX2 and AVX-512
-and chosen when they load, so a build on one processor runs on another.
+Both extensions are optional: where no compiler is found the package installs without them
+and the engine runs MLX's own operations (the pure path). Neither is built with
+-march=native: the baseline of the architecture, with the hot loops compiled once more for
+AVX2 and AVX-512 and chosen when they load, so a build on one processor runs on another.
 """
 
 import os
@@ -42,8 +45,13 @@ def mlx_fast() -> Extension | None:
     mlx_dir = mlx.__path__[0]
     return Extension(
         "appliance.backend._mlx_fast",
-        [f"{BACKEND}/native/mlx_fast.cpp", f"{BACKEND}/native/quant_matmul.cpp",
-         f"{BACKEND}/native/nanobind_runtime.cpp"],
+        # the longest first: the compiling pool takes them in this order, two at a time on
+        # two cores, and the build waits for the last to finish
+        [f"{BACKEND}/native/{name}" for name in (
+            "quant_avx512.cpp", "quant_matmul.cpp", "quant_avx2.cpp", "nanobind_runtime.cpp",
+            "mlx_fast.cpp")],
+        # without it an edit of the header alone leaves the extension "up to date"
+        depends=[f"{BACKEND}/native/quant_kernels.h"],
         include_dirs=[os.path.join(nb, "include"), os.path.join(nb, "ext", "robin_map", "include"),
                       os.path.join(nb, "src"), os.path.join(mlx_dir, "include")],
         library_dirs=[os.path.join(mlx_dir, "lib")], libraries=["mlx"],

@@ -1,5 +1,5 @@
 """The quantized kernel's 4-bit products with x rounded to 16 bits per block of 32
-(appliance/backend/native/quant_matmul.cpp, "Activations in 16 bits") on the imported SmolLM2:
+(appliance/backend/native/quant_kernels.h, "Activations in 16 bits") on the imported SmolLM2:
 each product of a forward within a small bound of float64, and the greedy answers the same as
 with x in float. x in 8 bits (llama.cpp's q8_0) failed both: up to 2.3 % of a layer's largest
 output, and "What is the capital of France?" lost "Paris" (docs/decisions.md)."""

@@ -1,0 +1,51 @@
+// The quantized kernel's AVX2 variants (with FMA and F16C): quant_kernels.h's loops compiled
+// for them, per function, in a file of their own so they build beside the others. Chosen by
+// quant_matmul.cpp's dispatch when the processor runs them.
+
+#include "quant_kernels.h"
+
+#if defined(__x86_64__)
+
+namespace quant_kernels {
+namespace {
+
+// 4 rows in registers: AVX2's 16 (two per 16-lane vector) hold 4 rows' accumulators with a
+// little spilling.
+template <int BITS, int LPG, class S>
+__attribute__((target("avx2,fma,f16c"))) void columns_avx2(const QArgs& a, int64_t n0, int64_t n1) {
+  columns_body<BITS, LPG, S, 4>(a, n0, n1);
+}
+
+template <int LPG, class S>
+__attribute__((target("avx2,fma,f16c"), flatten))
+void columns_i16_avx2(const QArgs& a, int64_t n0, int64_t n1) {
+  columns_i16_body<LPG, S, I16Avx2>(a, n0, n1);
+}
+
+template <int BITS, int LPG, class S>
+__attribute__((target("avx2,fma,f16c"))) void dequant_avx2(const QArgs& a, int64_t n0, int64_t n1) {
+  dequant_body<BITS, LPG, S>(a, n0, n1);
+}
+
+struct Columns {
+  template <int BITS, int LPG, class S>
+  static columns_fn get() { return columns_avx2<BITS, LPG, S>; }
+};
+struct ColumnsI16 {
+  template <int BITS, int LPG, class S>
+  static columns_fn get() { return columns_i16_avx2<LPG, S>; }
+};
+struct Dequant {
+  template <int BITS, int LPG, class S>
+  static columns_fn get() { return dequant_avx2<BITS, LPG, S>; }
+};
+
+}  // namespace
+
+columns_fn avx2_columns(int bits, int lpg, Scales s) { return by_bits<Columns>(bits, lpg, s); }
+columns_fn avx2_columns_i16(int lpg, Scales s) { return by_lpg<ColumnsI16, 4>(lpg, s); }
+columns_fn avx2_dequant(int bits, int lpg, Scales s) { return by_bits<Dequant>(bits, lpg, s); }
+
+}  // namespace quant_kernels
+
+#endif  // __x86_64__: elsewhere only the baseline's variants are built

@@ -1,0 +1,52 @@
+// The quantized kernel's AVX-512 variants (F, DQ, BW, VL; VNNI for the 16-bit path):
+// quant_kernels.h's loops compiled for them, per function, in a file of their own so they
+// build beside the others. Chosen by quant_matmul.cpp's dispatch when the processor runs them.
+
+#include "quant_kernels.h"
+
+#if defined(__x86_64__)
+
+namespace quant_kernels {
+namespace {
+
+// 8 rows in registers: AVX-512's 32 registers hold 8 rows' accumulators beside the weights.
+template <int BITS, int LPG, class S>
+__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+void columns_avx512(const QArgs& a, int64_t n0, int64_t n1) {
+  columns_body<BITS, LPG, S, 8>(a, n0, n1);
+}
+
+template <int LPG, class S>
+__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), flatten))
+void columns_i16_vnni(const QArgs& a, int64_t n0, int64_t n1) {
+  columns_i16_body<LPG, S, I16Vnni>(a, n0, n1);
+}
+
+template <int BITS, int LPG, class S>
+__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+void dequant_avx512(const QArgs& a, int64_t n0, int64_t n1) {
+  dequant_body<BITS, LPG, S>(a, n0, n1);
+}
+
+struct Columns {
+  template <int BITS, int LPG, class S>
+  static columns_fn get() { return columns_avx512<BITS, LPG, S>; }
+};
+struct ColumnsI16 {
+  template <int BITS, int LPG, class S>
+  static columns_fn get() { return columns_i16_vnni<LPG, S>; }
+};
+struct Dequant {
+  template <int BITS, int LPG, class S>
+  static columns_fn get() { return dequant_avx512<BITS, LPG, S>; }
+};
+
+}  // namespace
+
+columns_fn avx512_columns(int bits, int lpg, Scales s) { return by_bits<Columns>(bits, lpg, s); }
+columns_fn vnni_columns_i16(int lpg, Scales s) { return by_lpg<ColumnsI16, 4>(lpg, s); }
+columns_fn avx512_dequant(int bits, int lpg, Scales s) { return by_bits<Dequant>(bits, lpg, s); }
+
+}  // namespace quant_kernels
+
+#endif  // __x86_64__: elsewhere only the baseline's variants are built

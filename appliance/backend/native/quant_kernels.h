@@ -1,0 +1,521 @@
+// quant_kernels.h: the loops of appliance/backend/native/quant_matmul.cpp (see its header for
+// the product, the layout and the order of the sums), as templates that each variant's file
+// instantiates: quant_matmul.cpp the baseline's, quant_avx2.cpp AVX2 with FMA's and
+// quant_avx512.cpp AVX-512's (VNNI's for the 16-bit path). One file held them all and took
+// most of the extension's build on one core; apart, the compiler works on them side by side.
+//
+// No MLX or nanobind here: the variant files include only this, so their time goes to the
+// loops, not to parsing MLX's headers once more. The instruction sets stay per function
+// (target attributes, never a file-wide -mavx2), so the baseline's code runs on any x86-64
+// and the variants only where the first call finds their instructions.
+
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace quant_kernels {
+
+// What a variant gets: named (not file-local) so every file's function pointers take one type.
+struct QArgs {
+  const float* xp;         // x in block order, m rows of kp floats (zero past k)
+  int64_t m, kp, k, n;
+  const uint32_t* w;
+  int64_t words;           // words per row of w
+  const void* scales;
+  const void* biases;
+  int64_t groups, group;   // groups per row, elements per group
+  int group_log2;          // the group's size is a power of 2: no division per block
+  float* y;                // [m, n]
+  // The 16-bit path (4-bit weights; see "Activations in 16 bits" below)
+  const int16_t* xq;       // x rounded, m rows of quads of 4 blocks of 32, reordered
+  const float* xs;         // each block's scale 4 times (one a lane), m rows of quads
+  const float* xsum;       // each weight group's sum of the rounded x, m rows of groups
+};
+
+typedef void (*columns_fn)(const QArgs&, int64_t, int64_t);
+
+// How scales and biases are stored (the dtype of MLX's arrays).
+enum Scales { SCALES_F32 = 0, SCALES_F16 = 1, SCALES_BF16 = 2 };
+
+#if defined(__x86_64__)
+// Each variant of a product for its bits (4 or 8), lanes per weight group (4, 8 or 16; any
+// other number takes 16) and scales: x in float, x in 16 bits (4-bit weights) and the
+// dequantizing for a gemm.
+columns_fn avx2_columns(int bits, int lpg, Scales s);      // quant_avx2.cpp
+columns_fn avx2_columns_i16(int lpg, Scales s);
+columns_fn avx2_dequant(int bits, int lpg, Scales s);
+columns_fn avx512_columns(int bits, int lpg, Scales s);    // quant_avx512.cpp
+columns_fn vnni_columns_i16(int lpg, Scales s);            // AVX-512 with VNNI
+columns_fn avx512_dequant(int bits, int lpg, Scales s);
+#endif
+
+// File-local: each file compiles its own copies into its variants, as the single file did,
+// and the linker shares none between files built for different instruction sets.
+namespace {
+
+#define QINLINE inline __attribute__((always_inline))
+
+constexpr int LANES = 16;
+constexpr int64_t AHEAD = 2;  // columns prefetched ahead (docs/decisions.md)
+typedef float vf __attribute__((vector_size(LANES * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(LANES * sizeof(int32_t))));
+typedef float f4 __attribute__((vector_size(4 * sizeof(float))));
+
+QINLINE vf vload(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Scales and biases as stored: float32, float16 or bfloat16 (their bits).
+struct F32 { typedef float raw; };
+struct F16 { typedef uint16_t raw; };
+struct BF16 { typedef uint16_t raw; };
+
+QINLINE float to_f32(float v, F32) { return v; }
+QINLINE float to_f32(uint16_t v, BF16) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+QINLINE float to_f32(uint16_t h, F16) {  // F16C's conversion where the variant has it
+  _Float16 v;
+  std::memcpy(&v, &h, sizeof(v));
+  return static_cast<float>(v);
+}
+
+// The first C (1, 2 or 4) scales from p as floats, the rest of the 4 lanes unused.
+template <int C>
+QINLINE f4 scales4(const float* p, F32) {
+  f4 v = {};
+  std::memcpy(&v, p, C * sizeof(float));
+  return v;
+}
+template <int C>
+QINLINE f4 scales4(const uint16_t* p, F16) {
+  typedef _Float16 h4 __attribute__((vector_size(4 * sizeof(_Float16))));
+  h4 v = {};
+  std::memcpy(&v, p, C * sizeof(uint16_t));
+  return __builtin_convertvector(v, f4);
+}
+template <int C>
+QINLINE f4 scales4(const uint16_t* p, BF16) {
+  typedef uint32_t u4 __attribute__((vector_size(4 * sizeof(uint32_t))));
+  typedef uint16_t s4 __attribute__((vector_size(4 * sizeof(uint16_t))));
+  s4 v = {};
+  std::memcpy(&v, p, C * sizeof(uint16_t));
+  const u4 bits = __builtin_convertvector(v, u4) << 16;
+  f4 f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// The 16 lanes' values from one scale per LPG lanes (LPG 4, 8 or 16), by broadcasts and
+// blends in registers (a shuffle of the 4-lane vector went through memory).
+template <int LPG>
+QINLINE vf spread(f4 v) {
+  if constexpr (LPG == 16) {
+    return vf{} + v[0];
+  } else {
+    const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    if constexpr (LPG == 8) {
+      return lane < 8 ? vf{} + v[0] : vf{} + v[1];
+    } else {
+      vf r = lane < 12 ? vf{} + v[2] : vf{} + v[3];
+      r = lane < 8 ? vf{} + v[1] : r;
+      return lane < 4 ? vf{} + v[0] : r;
+    }
+  }
+}
+
+template <int BITS, int LPG, class S, int R>
+QINLINE void column_rows(const QArgs& a, int64_t n, int64_t r0) {
+  constexpr int PER = 32 / BITS;
+  constexpr int E = LANES * PER;
+  constexpr int32_t MASK = (1 << BITS) - 1;
+  typedef typename S::raw raw;
+  const uint32_t* wr = a.w + n * a.words;
+  const raw* sr = static_cast<const raw*>(a.scales) + n * a.groups;
+  const raw* br = static_cast<const raw*>(a.biases) + n * a.groups;
+  const int64_t blocks = (a.k + E - 1) / E, full = a.k / E;
+  vf acc[R];
+  for (int r = 0; r < R; r++) acc[r] = vf{};
+  for (int64_t b = 0; b < blocks; b++) {
+    vi v;
+    if (b < full) {
+      std::memcpy(&v, wr + b * LANES, sizeof(v));
+    } else {  // the last, partial block: missing words are 0, their scales and x too
+      uint32_t buf[LANES] = {};
+      std::memcpy(buf, wr + b * LANES, (a.k - b * E) / PER * sizeof(uint32_t));
+      std::memcpy(&v, buf, sizeof(v));
+    }
+    const int64_t g0 = (b * E) >> a.group_log2;
+    f4 s4, b4;
+    if (g0 + LANES / LPG <= a.groups) {  // a vector load: element inserts stalled the loop
+      s4 = scales4<LANES / LPG>(sr + g0, S{});
+      b4 = scales4<LANES / LPG>(br + g0, S{});
+    } else {
+      s4 = f4{};
+      b4 = f4{};
+      for (int c = 0; g0 + c < a.groups; c++) {
+        s4[c] = to_f32(sr[g0 + c], S{});
+        b4[c] = to_f32(br[g0 + c], S{});
+      }
+    }
+    const vf sv = spread<LPG>(s4), bv = spread<LPG>(b4);
+    const float* xb = a.xp + r0 * a.kp + b * E;
+#pragma GCC unroll 8
+    for (int j = 0; j < PER; j++) {
+      const vi qi = (v >> (BITS * j)) & MASK;
+      const vf w = __builtin_convertvector(qi, vf) * sv + bv;
+      for (int r = 0; r < R; r++) acc[r] += vload(xb + r * a.kp + j * LANES) * w;
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    float s8[8];
+    for (int l = 0; l < 8; l++) s8[l] = acc[r][l] + acc[r][l + 8];
+    const float s = ((s8[0] + s8[4]) + (s8[2] + s8[6])) + ((s8[1] + s8[5]) + (s8[3] + s8[7]));
+    a.y[(r0 + r) * a.n + n] = s;
+  }
+}
+
+// column_rows for `rows` (1..R) rows, R known when compiled.
+template <int BITS, int LPG, class S, int R>
+QINLINE void rows_of(const QArgs& a, int64_t n, int64_t r0, int64_t rows) {
+  if constexpr (R == 1) {
+    column_rows<BITS, LPG, S, 1>(a, n, r0);
+  } else {
+    if (rows == R) column_rows<BITS, LPG, S, R>(a, n, r0);
+    else rows_of<BITS, LPG, S, R - 1>(a, n, r0, rows);
+  }
+}
+
+template <int BITS, int LPG, class S, int RMAX>
+QINLINE void columns_body(const QArgs& a, int64_t n0, int64_t n1) {
+  typedef typename S::raw raw;
+  for (int64_t n = n0; n < n1; n++) {
+    // The hardware prefetcher alone left the loop waiting on memory for big matrices.
+    if (n + AHEAD < n1) {
+      const char* next = reinterpret_cast<const char*>(a.w + (n + AHEAD) * a.words);
+      for (int64_t off = 0; off < a.words * 4; off += 64) __builtin_prefetch(next + off);
+      __builtin_prefetch(static_cast<const raw*>(a.scales) + (n + AHEAD) * a.groups);
+      __builtin_prefetch(static_cast<const raw*>(a.biases) + (n + AHEAD) * a.groups);
+    }
+    for (int64_t r0 = 0; r0 < a.m; r0 += RMAX) {
+      const int64_t rows = std::min<int64_t>(RMAX, a.m - r0);
+      rows_of<BITS, LPG, S, RMAX>(a, n, r0, rows);
+    }
+  }
+}
+
+// Activations in 16 bits (4-bit weights). Each row of x is rounded per block of 32 elements
+// to integers of at most 32767 in magnitude, with the block's scale xs = max|x| / 32767, so
+// a block's product with a column's 4-bit values q is an exact integer sum, done 32 word
+// pairs an instruction (AVX-512 VNNI vpdpwssd, AVX2 pmaddwd) instead of a float multiply-add
+// per element. With w = ws * q + wb per weight group:
+//   y = sum over blocks of (ws * xs) * sum(q * xq)  +  sum over groups of wb * sum(xs * xq)
+// the second term from the rounded x's sums, so the error is that of rounding x alone: at
+// most max|x| / 65534 per element of a block, within float32's rounding of a long sum.
+// (8 bits, as llama.cpp's q8_0 / q8_1, were tried first: on SmolLM2 the outlier channels of
+// the normed hidden state cost up to 2 % of a layer's output and the greedy answers changed;
+// docs/decisions.md.)
+//
+// Blocks go in quads: a quad's 64 weight bytes are 4 blocks of 16, one per 128-bit chunk.
+// Split into low and high nibbles and widened to 16 bits within each chunk (unpacklo/hi),
+// they give 4 vectors of 32 words whose chunk c holds 8 elements of block c:
+//   t = 0: elements 0, 2, .., 14   t = 1: 16, 18, .., 30   t = 2: 1, 3, .., 15   t = 3: 17, .., 31
+// and x is stored in that order. Int32 lane j (chunk j / 4) sums 2 word products of each of
+// the 4 vectors: 8 products of one block, at most 8 * 15 * 32767 < 2^24, so it converts to
+// float exactly. Each lane is scaled by ws * xs and accumulated by one fused multiply-add,
+// and the lanes and the biases' 8 lanes are summed in a fixed tree: the integers are exact
+// and every float step is the same in every variant and for any number of rows, so all
+// give the same bits.
+constexpr int IBLOCK = 32;
+constexpr int QUAD = 4 * IBLOCK;            // elements a quad of blocks holds
+constexpr float XLEVELS = 32767.f;          // the rounded x's largest magnitude
+constexpr int64_t I16_MAX_GROUPS = 1024;    // groups per row the path takes (a stack buffer)
+typedef float f8 __attribute__((vector_size(8 * sizeof(float))));
+
+// 8 biases from p as floats.
+QINLINE f8 load8(const float* p) {
+  f8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Portable: the same lanes in plain C.
+struct I16Portable {
+  static constexpr int ROWS = 2;
+  struct W { int16_t v[4][32]; };
+  struct Acc { float l[16]; };
+  static QINLINE Acc zero() { return Acc{}; }
+  // The quad's first `bytes` bytes (16, 32, 48 or 64), the rest zero.
+  static QINLINE W weights(const uint8_t* p, int bytes = 64) {
+    W w;
+    for (int c = 0; c < 4; c++)
+      for (int i = 0; i < 8; i++) {
+        const uint8_t lo = 16 * c < bytes ? p[16 * c + i] : 0;
+        const uint8_t hi = 16 * c < bytes ? p[16 * c + 8 + i] : 0;
+        w.v[0][8 * c + i] = lo & 15;
+        w.v[1][8 * c + i] = hi & 15;
+        w.v[2][8 * c + i] = lo >> 4;
+        w.v[3][8 * c + i] = hi >> 4;
+      }
+    return w;
+  }
+  // ws: the quad's weight scales, one per lane; xs: the row's block scales, one per lane
+  static QINLINE Acc step(Acc acc, const W& w, const int16_t* x, const float* xs, vf ws) {
+    for (int j = 0; j < 16; j++) {
+      int32_t s = 0;
+      for (int t = 0; t < 4; t++)
+        s += w.v[t][2 * j] * x[32 * t + 2 * j] + w.v[t][2 * j + 1] * x[32 * t + 2 * j + 1];
+      acc.l[j] = __builtin_fmaf(static_cast<float>(s), ws[j] * xs[j], acc.l[j]);
+    }
+    return acc;
+  }
+  static QINLINE void store(float* out, const Acc& acc) { std::memcpy(out, acc.l, sizeof(acc.l)); }
+  static QINLINE f8 fma8(f8 a, f8 b, f8 c) {
+    for (int l = 0; l < 8; l++) c[l] = __builtin_fmaf(a[l], b[l], c[l]);
+    return c;
+  }
+};
+
+#if defined(__x86_64__)
+#define I16_AVX2 __attribute__((target("avx2,fma,f16c"))) inline
+#define I16_VNNI \
+  __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) inline
+struct I16Avx2 {
+  static constexpr int ROWS = 2;  // 8 weight vectors and 2 accumulators a row in 16 registers
+  struct W { __m256i v[4][2]; };  // [t][chunks 0-1, chunks 2-3]
+  struct Acc { __m256 lo, hi; };
+  static I16_AVX2 Acc zero() { return Acc{_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static I16_AVX2 __m256i load(const uint8_t* p, int bytes) {  // bytes: 0, 16 or >= 32
+    if (bytes >= 32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if (bytes <= 0) return _mm256_setzero_si256();
+    return _mm256_inserti128_si256(_mm256_setzero_si256(),
+                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), 0);
+  }
+  static I16_AVX2 W weights(const uint8_t* p, int bytes = 64) {
+    const __m256i m4 = _mm256_set1_epi8(15), z = _mm256_setzero_si256();
+    W w;
+    for (int h = 0; h < 2; h++) {
+      const __m256i raw = load(p + 32 * h, bytes - 32 * h);
+      const __m256i lo = _mm256_and_si256(raw, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      w.v[0][h] = _mm256_unpacklo_epi8(lo, z);
+      w.v[1][h] = _mm256_unpackhi_epi8(lo, z);
+      w.v[2][h] = _mm256_unpacklo_epi8(hi, z);
+      w.v[3][h] = _mm256_unpackhi_epi8(hi, z);
+    }
+    return w;
+  }
+  static I16_AVX2 __m256 lanes(const W& w, int h, const int16_t* x) {
+    __m256i s = _mm256_setzero_si256();
+    for (int t = 0; t < 4; t++) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * t + 16 * h));
+      s = _mm256_add_epi32(s, _mm256_madd_epi16(w.v[t][h], xv));
+    }
+    return _mm256_cvtepi32_ps(s);
+  }
+  static I16_AVX2 Acc step(Acc acc, const W& w, const int16_t* x, const float* xs, vf ws) {
+    __m256 wlo, whi;
+    std::memcpy(&wlo, &ws, sizeof(wlo));
+    std::memcpy(&whi, reinterpret_cast<const float*>(&ws) + 8, sizeof(whi));
+    const __m256 dlo = _mm256_mul_ps(wlo, _mm256_loadu_ps(xs));
+    const __m256 dhi = _mm256_mul_ps(whi, _mm256_loadu_ps(xs + 8));
+    return Acc{_mm256_fmadd_ps(lanes(w, 0, x), dlo, acc.lo),
+               _mm256_fmadd_ps(lanes(w, 1, x), dhi, acc.hi)};
+  }
+  static I16_AVX2 void store(float* out, const Acc& acc) {
+    _mm256_storeu_ps(out, acc.lo);
+    _mm256_storeu_ps(out + 8, acc.hi);
+  }
+  static I16_AVX2 f8 fma8(f8 a, f8 b, f8 c) {
+    return reinterpret_cast<f8>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a),
+                                                reinterpret_cast<__m256>(b),
+                                                reinterpret_cast<__m256>(c)));
+  }
+};
+struct I16Vnni {
+  static constexpr int ROWS = 8;
+  struct W { __m512i v[4]; };
+  typedef __m512 Acc;
+  static I16_VNNI Acc zero() { return _mm512_setzero_ps(); }
+  static I16_VNNI W weights(const uint8_t* p, int bytes = 64) {
+    const __m512i raw = bytes >= 64 ? _mm512_loadu_si512(p)
+                                    : _mm512_maskz_loadu_epi8((1ULL << bytes) - 1, p);
+    const __m512i m4 = _mm512_set1_epi8(15), z = _mm512_setzero_si512();
+    const __m512i lo = _mm512_and_si512(raw, m4);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+    return W{{_mm512_unpacklo_epi8(lo, z), _mm512_unpackhi_epi8(lo, z),
+              _mm512_unpacklo_epi8(hi, z), _mm512_unpackhi_epi8(hi, z)}};
+  }
+  static I16_VNNI Acc step(Acc acc, const W& w, const int16_t* x, const float* xs, vf ws) {
+    __m512 wv;
+    std::memcpy(&wv, &ws, sizeof(wv));
+    const __m512 d = _mm512_mul_ps(wv, _mm512_loadu_ps(xs));
+    __m512i s = _mm512_setzero_si512();
+    for (int t = 0; t < 4; t++) s = _mm512_dpwssd_epi32(s, w.v[t], _mm512_loadu_si512(x + 32 * t));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
+  }
+  static I16_VNNI void store(float* out, Acc acc) { _mm512_storeu_ps(out, acc); }
+  static I16_VNNI f8 fma8(f8 a, f8 b, f8 c) { return I16Avx2::fma8(a, b, c); }
+};
+#endif
+
+QINLINE float tree8(const float* s8) {
+  return ((s8[0] + s8[4]) + (s8[2] + s8[6])) + ((s8[1] + s8[5]) + (s8[3] + s8[7]));
+}
+
+// Plain inline: the variants (columns_i16_*) are flattened, which inlines all of it into
+// them (an always_inline chain from generic code refuses the target-specific helpers). LPG:
+// lanes per weight group (4, 8 or 16 for groups of 32, 64, 128).
+template <int LPG, class S, class Ops, int R>
+inline void column_rows_i16(const QArgs& a, int64_t n, int64_t r0) {
+  constexpr int C = LANES / LPG;  // weight groups a quad spans
+  typedef typename S::raw raw;
+  const uint8_t* wr = reinterpret_cast<const uint8_t*>(a.w + n * a.words);
+  const raw* sr = static_cast<const raw*>(a.scales) + n * a.groups;
+  const raw* br = static_cast<const raw*>(a.biases) + n * a.groups;
+  const int64_t blocks = a.k / IBLOCK, quads = (blocks + 3) / 4, full = blocks / 4;
+  const int64_t gp = (a.groups + 7) / 8 * 8;
+  const int16_t* xq = a.xq + r0 * quads * QUAD;
+  const float* xs = a.xs + r0 * quads * LANES;
+  // The biases as floats, zero past the groups (a partial vector load of raw values from
+  // the stack stalled on store forwarding).
+  alignas(32) float wb[I16_MAX_GROUPS];
+  for (int64_t g = 0; g < a.groups; g++) wb[g] = to_f32(br[g], S{});
+  for (int64_t g = a.groups; g < gp; g++) wb[g] = 0.f;
+  typename Ops::Acc acc[R];
+  for (int r = 0; r < R; r++) acc[r] = Ops::zero();
+  for (int64_t q = 0; q < quads; q++) {
+    const uint8_t* wp = wr + q * 64;
+    const int64_t g0 = q * C;
+    f4 s4;
+    typename Ops::W w;
+    if (q < full) {
+      s4 = scales4<C>(sr + g0, S{});
+      w = Ops::weights(wp);
+    } else {  // the last, partial quad: missing blocks are 0, their scales and x too
+      s4 = f4{};
+      for (int c = 0; c < C && g0 + c < a.groups; c++) s4[c] = to_f32(sr[g0 + c], S{});
+      w = Ops::weights(wp, static_cast<int>(blocks - 4 * q) * 16);
+    }
+    const vf ws = spread<LPG>(s4);
+    for (int r = 0; r < R; r++)
+      acc[r] = Ops::step(acc[r], w, xq + (r * quads + q) * QUAD, xs + (r * quads + q) * LANES, ws);
+  }
+  for (int r = 0; r < R; r++) {
+    float l[16], s8[8];
+    Ops::store(l, acc[r]);
+    for (int i = 0; i < 8; i++) s8[i] = l[i] + l[i + 8];
+    const float* xsum = a.xsum + (r0 + r) * gp;
+    f8 bacc = {};
+    for (int64_t g = 0; g < gp; g += 8) bacc = Ops::fma8(load8(wb + g), load8(xsum + g), bacc);
+    float b8[8];
+    std::memcpy(b8, &bacc, sizeof(b8));
+    a.y[(r0 + r) * a.n + n] = tree8(s8) + tree8(b8);
+  }
+}
+
+template <int LPG, class S, class Ops, int R>
+inline void rows_of_i16(const QArgs& a, int64_t n, int64_t r0, int64_t rows) {
+  if constexpr (R == 1) {
+    column_rows_i16<LPG, S, Ops, 1>(a, n, r0);
+  } else {
+    if (rows == R) column_rows_i16<LPG, S, Ops, R>(a, n, r0);
+    else rows_of_i16<LPG, S, Ops, R - 1>(a, n, r0, rows);
+  }
+}
+
+template <int LPG, class S, class Ops>
+inline void columns_i16_body(const QArgs& a, int64_t n0, int64_t n1) {
+  typedef typename S::raw raw;
+  for (int64_t n = n0; n < n1; n++) {
+    if (n + AHEAD < n1) {
+      const char* next = reinterpret_cast<const char*>(a.w + (n + AHEAD) * a.words);
+      for (int64_t off = 0; off < a.words * 4; off += 64) __builtin_prefetch(next + off);
+      __builtin_prefetch(static_cast<const raw*>(a.scales) + (n + AHEAD) * a.groups);
+      __builtin_prefetch(static_cast<const raw*>(a.biases) + (n + AHEAD) * a.groups);
+    }
+    for (int64_t r0 = 0; r0 < a.m; r0 += Ops::ROWS) {
+      const int64_t rows = std::min<int64_t>(Ops::ROWS, a.m - r0);
+      rows_of_i16<LPG, S, Ops, Ops::ROWS>(a, n, r0, rows);
+    }
+  }
+}
+
+// K in the kernel's block order (see quant_matmul.cpp's header): a block of 16 words is
+// written as PER vectors of 16 elements, element i * PER + j at j * 16 + i, so dequantizing
+// is the kernel's unpacking with a store; block_order permutes x's columns the same way, which
+// leaves x @ W.T unchanged (a shuffle to the weights' own order cost more than both). In the
+// last, partial block of V < 16 words, element i * PER + j goes to j * V + i, so K needs no
+// padding. Every element is s * q + b, the same expression as mx.dequantize; q has at most 8
+// bits, so s * q is exact for 16-bit scales and the variants (with or without FMA) give the
+// same bits.
+template <int BITS, int LPG, class S>
+QINLINE void dequant_body(const QArgs& a, int64_t n0, int64_t n1) {
+  constexpr int PER = 32 / BITS;
+  constexpr int E = LANES * PER;
+  constexpr int32_t MASK = (1 << BITS) - 1;
+  typedef typename S::raw raw;
+  const int64_t full = a.k / E, tail = (a.k - full * E) / PER;
+  for (int64_t n = n0; n < n1; n++) {
+    const uint32_t* wr = a.w + n * a.words;
+    const raw* sr = static_cast<const raw*>(a.scales) + n * a.groups;
+    const raw* br = static_cast<const raw*>(a.biases) + n * a.groups;
+    float* out = a.y + n * a.k;
+    for (int64_t b = 0; b < full; b++) {
+      vi v;
+      std::memcpy(&v, wr + b * LANES, sizeof(v));
+      const int64_t g0 = (b * E) >> a.group_log2;
+      const vf sv = spread<LPG>(scales4<LANES / LPG>(sr + g0, S{}));
+      const vf bv = spread<LPG>(scales4<LANES / LPG>(br + g0, S{}));
+#pragma GCC unroll 8
+      for (int j = 0; j < PER; j++) {
+        const vf q = __builtin_convertvector((v >> (BITS * j)) & MASK, vf);
+        const vf w = q * sv + bv;
+        std::memcpy(out + b * E + j * LANES, &w, sizeof(w));
+      }
+    }
+    for (int64_t i = 0; i < tail; i++) {
+      const uint32_t word = wr[full * LANES + i];
+      for (int j = 0; j < PER; j++) {
+        const int64_t g = (full * E + i * PER + j) >> a.group_log2;
+        const float q = static_cast<float>((word >> (BITS * j)) & MASK);
+        out[full * E + j * tail + i] = q * to_f32(sr[g], S{}) + to_f32(br[g], S{});
+      }
+    }
+  }
+}
+
+// The instance of a variant V (a struct whose get<BITS, LPG, S>() returns it) for a
+// product's bits (4, else 8), lanes per group (4, 8, else 16) and scales.
+template <class V, int BITS, int LPG>
+columns_fn by_scales(Scales s) {
+  if (s == SCALES_F16) return V::template get<BITS, LPG, F16>();
+  if (s == SCALES_BF16) return V::template get<BITS, LPG, BF16>();
+  return V::template get<BITS, LPG, F32>();
+}
+
+template <class V, int BITS>
+columns_fn by_lpg(int lpg, Scales s) {
+  if (lpg == 4) return by_scales<V, BITS, 4>(s);
+  if (lpg == 8) return by_scales<V, BITS, 8>(s);
+  return by_scales<V, BITS, 16>(s);
+}
+
+template <class V>
+columns_fn by_bits(int bits, int lpg, Scales s) {
+  return bits == 4 ? by_lpg<V, 4>(lpg, s) : by_lpg<V, 8>(lpg, s);
+}
+
+}  // namespace
+}  // namespace quant_kernels

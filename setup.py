@@ -64,9 +64,8 @@ def _compile_in_parallel() -> None:
     """Compile an extension's sources side by side (setuptools compiles them one after the
     other): the three of _mlx_fast took 75 s in a row on a 2-core machine, and every
     install, CI's included, waits for them."""
-    from concurrent.futures import ThreadPoolExecutor
-
     import distutils.ccompiler  # setuptools' copy (imported above), which build_ext uses
+    from concurrent.futures import ThreadPoolExecutor
 
     from setuptools._distutils import ccompiler
 

@@ -197,17 +197,21 @@ QINLINE void rows_of(const QArgs& a, int64_t n, int64_t r0, int64_t rows) {
   }
 }
 
+// Column n's weights, scales and biases on their way to the cache: the hardware prefetcher
+// alone left the loops waiting on memory for big matrices.
+template <class S>
+QINLINE void prefetch_column(const QArgs& a, int64_t n) {
+  typedef typename S::raw raw;
+  const char* next = reinterpret_cast<const char*>(a.w + n * a.words);
+  for (int64_t off = 0; off < a.words * 4; off += 64) __builtin_prefetch(next + off);
+  __builtin_prefetch(static_cast<const raw*>(a.scales) + n * a.groups);
+  __builtin_prefetch(static_cast<const raw*>(a.biases) + n * a.groups);
+}
+
 template <int BITS, int LPG, class S, int RMAX>
 QINLINE void columns_body(const QArgs& a, int64_t n0, int64_t n1) {
-  typedef typename S::raw raw;
   for (int64_t n = n0; n < n1; n++) {
-    // The hardware prefetcher alone left the loop waiting on memory for big matrices.
-    if (n + AHEAD < n1) {
-      const char* next = reinterpret_cast<const char*>(a.w + (n + AHEAD) * a.words);
-      for (int64_t off = 0; off < a.words * 4; off += 64) __builtin_prefetch(next + off);
-      __builtin_prefetch(static_cast<const raw*>(a.scales) + (n + AHEAD) * a.groups);
-      __builtin_prefetch(static_cast<const raw*>(a.biases) + (n + AHEAD) * a.groups);
-    }
+    if (n + AHEAD < n1) prefetch_column<S>(a, n + AHEAD);
     for (int64_t r0 = 0; r0 < a.m; r0 += RMAX) {
       const int64_t rows = std::min<int64_t>(RMAX, a.m - r0);
       rows_of<BITS, LPG, S, RMAX>(a, n, r0, rows);
@@ -437,14 +441,8 @@ inline void rows_of_i16(const QArgs& a, int64_t n, int64_t r0, int64_t rows) {
 
 template <int LPG, class S, class Ops>
 inline void columns_i16_body(const QArgs& a, int64_t n0, int64_t n1) {
-  typedef typename S::raw raw;
   for (int64_t n = n0; n < n1; n++) {
-    if (n + AHEAD < n1) {
-      const char* next = reinterpret_cast<const char*>(a.w + (n + AHEAD) * a.words);
-      for (int64_t off = 0; off < a.words * 4; off += 64) __builtin_prefetch(next + off);
-      __builtin_prefetch(static_cast<const raw*>(a.scales) + (n + AHEAD) * a.groups);
-      __builtin_prefetch(static_cast<const raw*>(a.biases) + (n + AHEAD) * a.groups);
-    }
+    if (n + AHEAD < n1) prefetch_column<S>(a, n + AHEAD);
     for (int64_t r0 = 0; r0 < a.m; r0 += Ops::ROWS) {
       const int64_t rows = std::min<int64_t>(Ops::ROWS, a.m - r0);
       rows_of_i16<LPG, S, Ops, Ops::ROWS>(a, n, r0, rows);

@@ -60,10 +60,11 @@ fi
 if [ $# -gt 0 ]; then
   exec "$VENV/bin/python" -m pytest -q --durations=25 "$@"
 fi
-# Two processes for the tests that only wait on daemons, browsers and clients (a file per
-# process at a time); then, alone on the machine, those that judge time or load: the engine's
-# ticks and service shares, two pinned ranks, the load and fault batteries.
-SERIAL=(tests/engine tests/distributed tests/adversarial tests/native tests/platform)
+# Two processes for the tests that only wait on daemons and clients (a file per process at a
+# time); then, alone on the machine, those that judge time or load (the engine's ticks and
+# service shares, two pinned ranks, the load and fault batteries) and the browser's, whose
+# pages raced their waits with another test beside them.
+SERIAL=(tests/engine tests/distributed tests/adversarial tests/browser tests/native tests/platform)
 "$VENV/bin/python" -m pytest -q --durations=25 -n 2 --dist loadfile \
   "${SERIAL[@]/#/--ignore=}"
 "$VENV/bin/python" -m pytest -q --durations=25 "${SERIAL[@]}"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 
-NATIVE = ["-O3", "-g0", "-Wno-psabi"]  # -g0: Python's flags ask for debug info (15 % of a build)
+NATIVE = ["-O3", "-g0", "-Wno-psabi"]  # -g0: Python's own flags ask for debug info
 HERE = Path(__file__).resolve().parent
 BACKEND = "appliance/backend"
 MLX_STAMP = HERE / BACKEND / "_mlx_fast.mlx-version"

@@ -2,8 +2,8 @@
 # The test command. Installs what a fresh machine lacks, then lint, types and the suite.
 #   ./scripts/test.sh              everything
 #   ./scripts/test.sh tests/unit   a subset (arguments go to pytest; no second leg)
-# With no arguments it runs the suite (in two processes, but for the tests that judge time or
-# load), then the engine and API tests once more with the native
+# With no arguments it runs the suite (in two processes, but for the browser tests and those
+# that judge time or load), then the engine and API tests once more with the native
 # code off (APPLIANCE_NATIVE=off: MLX as shipped over OpenBLAS), the path Metal, CUDA and a
 # machine without a compiler take; not again: the native kernels' own tests, the demo
 # model's build checks and the weighted-service run (the same on every path).

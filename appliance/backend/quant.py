@@ -44,6 +44,10 @@ KERNEL_ROWS = 32
 """The most rows the kernel takes; more go dense. Not below 32: the fixed-order promise
 (appliance/engine/mixed.py) holds to 32 rows, as for skinny_matmul's fp32 products. Dense was
 faster from 33 rows up on SmolLM2's layers (docs/decisions.md)."""
+TILED_ROWS = 256
+"""The most rows a tiled layer's product takes from its tiles; more go dense. The tiled kernel
+was faster than dense up to 256 rows on SmolLM2's layers, about even there
+(docs/decisions.md); each row's sums are in a fixed order at any count."""
 DENSE_WHOLE = 1 << 20
 """Weights of at most this many elements (4 MiB dequantized) are dequantized whole for the
 dense path; bigger ones in pieces of rows of at most :data:`DENSE_PIECE`, which the gemm
@@ -191,14 +195,17 @@ def _adopted(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
              activations: str | None) -> mx.array | None:
     """w's product with x in the adopted form: by tiles, or as one of its group's (the
     pending output where the group was just computed for this x); None where w was not
-    adopted, or x is a prompt's (more than :data:`KERNEL_ROWS` rows)."""
+    adopted, or x has more rows than the form takes (:data:`TILED_ROWS`,
+    :data:`KERNEL_ROWS`)."""
     entry = _layers.get(id(w))
-    k = x.shape[-1]
-    if entry is None or (x.size // k if k else 0) > KERNEL_ROWS:
+    if entry is None:
         return None
     group, index = entry
     layer = group.layers[index]
-    if layer.scales is not scales or layer.biases is not biases:
+    k = x.shape[-1]
+    rows = x.size // k if k else 0
+    if (layer.scales is not scales or layer.biases is not biases
+            or rows > (TILED_ROWS if layer.tiled is not None else KERNEL_ROWS)):
         return None
     pending = getattr(_pending, "last", None)
     if pending is not None and pending[0] is x and pending[1] is group:

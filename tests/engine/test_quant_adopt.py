@@ -2,8 +2,8 @@
 ``adopt``), on small random 4-bit models of the architectures the riding forward reads:
 with x rounded to 16 bits, every 4-bit layer is read from tiles and each group of sibling
 layers (q/k/v, gate/up) is one operation, within float32's rounding of the column-wise
-kernel; with x in float, the groups alone, to the bit. A prompt's rows and a layer whose
-weights changed take the ordinary products."""
+kernel; with x in float, the groups alone, to the bit. A long prompt's rows and a layer
+whose weights changed take the ordinary products."""
 
 from __future__ import annotations
 
@@ -114,6 +114,8 @@ def test_a_prompts_rows_and_changed_weights_take_ordinary_products(
     layers = len(model.layers)
     quant.adopt(model)
     _, prompt = logits(model, list(range(5, 5 + quant.KERNEL_ROWS + 1)), monkeypatch)
+    assert prompt["tiled_matmul"] == 4 * layers  # tiles take prompts of up to 256 rows
+    _, prompt = logits(model, [5 + i % 4000 for i in range(quant.TILED_ROWS + 1)], monkeypatch)
     assert prompt["tiled_matmul"] == 0 and prompt["quantized_matmul_many"] == 0
     attn = model.layers[0].self_attn
     attn.o_proj.update({"weight": attn.o_proj["weight"] + 0})  # a new array: not adopted

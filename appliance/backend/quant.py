@@ -134,7 +134,7 @@ def uninstall() -> None:
 def adopt(model: Any) -> tuple[int, int]:
     """Take ``model``'s quantized layers into the kernel's own forms while it is installed,
     forgetting any other model's: 4-bit weights as tiles where x is rounded to 16 bits
-    (:func:`tile`; the tiled kernel, 1.5-2x faster than the column-wise one), and sibling
+    (:func:`tile`), and sibling
     layers (:data:`SIBLINGS`: quantized alike, one input width) grouped, so that the first
     call of a group computes all its products. The groups, and the bytes the tiles take
     (beside MLX's arrays, which prompts and MLX's own paths read). None forgets them all."""

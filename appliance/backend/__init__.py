@@ -5,7 +5,9 @@
 - :func:`start`, on the engine thread when the model loads: the fast CPU operations
   (:mod:`~appliance.backend.fast_ops`), the quantized matrix product
   (:mod:`~appliance.backend.quant`), malloc's thresholds (:mod:`~appliance.backend.heap`)
-  and the cost profile the scheduler reads (:mod:`~appliance.backend.profile`).
+  and the cost profile the scheduler reads (:mod:`~appliance.backend.profile`);
+  :func:`adopt` once it has loaded: its 4-bit weights tiled for the quantized kernel and
+  the products it takes of one input made as one.
 
 The kind of backend is read once from the installed MLX, without importing it (the
 process may still restart): Metal on macOS, CUDA where MLX's CUDA build is installed, the
@@ -107,3 +109,15 @@ def start(*, native: bool = True, fast_cpu_ops: bool = True) -> Backend:
              backend.kernel or "none", backend.fast_ops, backend.quant or "none", backend.heap,
              backend.profile.name)
     return backend
+
+
+def adopt(model: Any) -> int:
+    """Fit the loaded ``model`` to what :func:`start` set up: where the quantized kernel
+    runs, its 4-bit weights tiled and the products its modules take of one input (q/k/v,
+    gate/up) made as one. The bytes this adds to the model's."""
+    from appliance.backend import quant
+
+    groups, tiled = quant.adopt(model)
+    if groups or tiled:
+        log.info("quantized layers adopted: groups=%d tiles=%d bytes", groups, tiled)
+    return tiled

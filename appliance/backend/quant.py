@@ -15,13 +15,23 @@ daemon preloads it), which blocks for the cache where the kernel reads the weigh
 few rows. Up to :data:`KERNEL_ROWS` rows a row's sums are the kernel's, in a fixed order
 whatever its neighbours: a decode step, and one with small prompt chunks riding in it, gives
 each row the same bits alone and in a batch.
+
+:func:`adopt` takes a loaded model's layers into the kernel's own forms: 4-bit weights
+as tiles of 16 columns (:func:`tile`), which a product of few rows reads at the memory's
+pace, and the products a module takes of one x one after another (q, k and v; gate and up:
+:data:`SIBLINGS`) made one operation: the first of them computes all, the others take their
+outputs. Each product costs a fixed part beyond its weights (a scheduled operation, x
+rounded, the threads' hand-off), and a decode step of SmolLM2 had 210 of them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, NamedTuple
 
 import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
 
 import appliance.backend.fast_ops as fast_ops
 
@@ -34,6 +44,10 @@ KERNEL_ROWS = 32
 """The most rows the kernel takes; more go dense. Not below 32: the fixed-order promise
 (appliance/engine/mixed.py) holds to 32 rows, as for skinny_matmul's fp32 products. Dense was
 faster from 33 rows up on SmolLM2's layers (docs/decisions.md)."""
+TILED_ROWS = 256
+"""The most rows a tiled layer's product takes from its tiles; more go dense. The tiled kernel
+was faster than dense up to 256 rows on SmolLM2's layers, about even there
+(docs/decisions.md); each row's sums are in a fixed order at any count."""
 DENSE_WHOLE = 1 << 20
 """Weights of at most this many elements (4 MiB dequantized) are dequantized whole for the
 dense path; bigger ones in pieces of rows of at most :data:`DENSE_PIECE`, which the gemm
@@ -41,7 +55,39 @@ reads back from the cache (SmolLM2's 49152 x 576 output layer at 64 rows, one th
 whole, 79 in pieces; docs/decisions.md)."""
 DENSE_PIECE = 1 << 18
 
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Layers of a module that mlx-lm's attention and MLPs call on the same x in turn."""
+
 _original: list[Any] = []
+_switch_activations: list[str | None] = []
+"""What :func:`install` was told about activations (None: the process's choice)."""
+
+
+class _Layer(NamedTuple):
+    """An adopted quantized layer: MLX's arrays, and its tiles when it has them."""
+
+    w: mx.array
+    scales: mx.array
+    biases: mx.array
+    group_size: int
+    bits: int
+    tiled: Tiled | None
+
+
+class _Group(NamedTuple):
+    """Sibling layers (or one layer alone), with the kernel's arguments for them all."""
+
+    layers: tuple[_Layer, ...]
+    args: tuple[Any, ...]
+    """The extension's arguments after x: tiled_matmul's where tiled, else
+    quantized_matmul_many's but for the activations."""
+
+
+_layers: dict[int, tuple[_Group, int]] = {}
+"""id of an adopted layer's weight -> (its group, or itself alone; its index). The entries
+hold the arrays, so an id is never reused while here."""
+_pending = threading.local()
+"""The last group product on this thread: (x, group, outputs not yet taken)."""
 
 
 def available() -> str | None:
@@ -73,6 +119,7 @@ def install(activations: str | None = None) -> str | None:
     if why is not None:
         return why
     _original.append(mx.quantized_matmul)
+    _switch_activations[:] = [activations]
     mx.quantized_matmul = _quantized_matmul_with(mx.quantized_matmul, activations)
     return None
 
@@ -81,6 +128,104 @@ def uninstall() -> None:
     """Put MLX's own function back."""
     if _original:
         mx.quantized_matmul = _original.pop()
+    adopt(None)
+
+
+def adopt(model: Any) -> tuple[int, int]:
+    """Take ``model``'s quantized layers into the kernel's own forms while it is installed,
+    forgetting any other model's: 4-bit weights as tiles where x is rounded to 16 bits
+    (:func:`tile`), and sibling
+    layers (:data:`SIBLINGS`: quantized alike, one input width) grouped, so that the first
+    call of a group computes all its products. The groups, and the bytes the tiles take
+    (beside MLX's arrays, which prompts and MLX's own paths read). None forgets them all."""
+    _layers.clear()
+    _pending.__dict__.clear()
+    if model is None or not _original:
+        return 0, 0
+    tiling = (_switch_activations[0] or activations()) == "int16"
+    grouped: set[int] = set()
+    groups = 0
+    for _, module in model.named_modules():
+        for names in SIBLINGS:
+            members = [module.get(name) for name in names] if isinstance(module, dict) else []
+            if not members or not all(_fusable(m, members[0]) for m in members):
+                continue
+            group = _group([_adopt_layer(m, tiling) for m in members])
+            for index, m in enumerate(members):
+                _layers[id(m["weight"])] = (group, index)
+                grouped.add(id(m))
+            groups += 1
+    for _, module in model.named_modules():
+        if id(module) not in grouped and _fusable(module, module) and tiling and module.bits == 4:
+            _layers[id(module["weight"])] = (_group([_adopt_layer(module, tiling)]), 0)
+    tiled = sum(t.tiles.nbytes + 2 * t.scales.nbytes
+                for group, index in _layers.values() if (t := group.layers[index].tiled))
+    return groups, tiled
+
+
+def _group(layers: list[_Layer]) -> _Group:
+    tiles = [layer.tiled for layer in layers if layer.tiled is not None]
+    if tiles:
+        args: tuple[Any, ...] = ([t.tiles for t in tiles], [t.scales for t in tiles],
+                                 [t.biases for t in tiles], [t.n for t in tiles],
+                                 tiles[0].group_size)
+    else:
+        args = ([layer.w for layer in layers], [layer.scales for layer in layers],
+                [layer.biases for layer in layers], layers[0].group_size, layers[0].bits)
+    return _Group(tuple(layers), args)
+
+
+def _adopt_layer(layer: Any, tiling: bool) -> _Layer:
+    w, scales, biases = layer["weight"], layer["scales"], layer["biases"]
+    tiled = tile(w, scales, biases, layer.group_size) if tiling and layer.bits == 4 else None
+    if tiled is not None:
+        mx.eval(*tiled[:3])
+    return _Layer(w, scales, biases, layer.group_size, layer.bits, tiled)
+
+
+def _fusable(layer: Any, first: Any) -> bool:
+    return (isinstance(layer, nn.QuantizedLinear) and layer.mode == "affine"
+            and "biases" in layer and layer.bits in BITS and layer.group_size in GROUP_SIZES
+            and layer.bits == first.bits and layer.group_size == first.group_size
+            and layer["scales"].dtype == first["scales"].dtype
+            and layer["weight"].shape[1] == first["weight"].shape[1])
+
+
+def _adopted(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
+             activations: str | None) -> mx.array | None:
+    """w's product with x in the adopted form: by tiles, or as one of its group's (the
+    pending output where the group was just computed for this x); None where w was not
+    adopted, or x has more rows than the form takes (:data:`TILED_ROWS`,
+    :data:`KERNEL_ROWS`)."""
+    entry = _layers.get(id(w))
+    if entry is None:
+        return None
+    group, index = entry
+    layer = group.layers[index]
+    k = x.shape[-1]
+    rows = x.size // k if k else 0
+    if (layer.scales is not scales or layer.biases is not biases
+            or rows > (TILED_ROWS if layer.tiled is not None else KERNEL_ROWS)):
+        return None
+    pending = getattr(_pending, "last", None)
+    if pending is not None and pending[0] is x and pending[1] is group:
+        out = pending[2][index]
+        if out is not None:
+            pending[2][index] = None
+            return out
+    ext = fast_ops._extension()
+    if layer.tiled is not None:
+        outs = ext.tiled_matmul(x, *group.args)
+    elif len(group.layers) > 1:
+        act = -1 if activations is None else ACTIVATIONS.index(activations)
+        outs = ext.quantized_matmul_many(x, *group.args, act)
+    else:
+        return None
+    out = outs[index]
+    if len(outs) > 1:
+        outs[index] = None
+        _pending.last = (x, group, outs)
+    return out
 
 
 def mlx_own() -> Any:
@@ -120,6 +265,47 @@ def _dense(ext: Any, x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
 
 
+class Tiled(NamedTuple):
+    """A 4-bit weight as the tiled kernel reads it (quant_kernels.h, "Tiled 4-bit weights")."""
+
+    tiles: mx.array
+    """uint8 [ceil(n / 16), k * 8]: 16 columns side by side, 256 bytes a block of 32."""
+    scales: mx.array
+    """[ceil(n / 16), k / group, 16], the dtype MLX stored (zero past n)."""
+    biases: mx.array
+    n: int
+    group_size: int
+
+
+def tile(w: mx.array, scales: mx.array, biases: mx.array, group_size: int) -> Tiled:
+    """MLX's 4-bit ``w`` [n, k / 8] with its scales and biases [n, k / group] as tiles."""
+    n = w.shape[0]
+    nibbles = np.array(w).view(np.uint8)  # little-endian: element 2i low, 2i + 1 high
+    values = np.stack((nibbles & 15, nibbles >> 4), axis=-1).reshape(n, -1)
+    k = values.shape[1]
+    t = -(-n // 16)
+    values = np.pad(values, ((0, t * 16 - n), (0, 0)))
+    # [tile, column, block, chunk, element] -> [tile, block, chunk, column, element]
+    v = values.reshape(t, 16, k // 32, 8, 4).transpose(0, 2, 3, 1, 4)
+    packed = (v[..., 0:2] | (v[..., 2:4] << 4)).astype(np.uint8).reshape(t, -1)
+
+    def side(a: mx.array) -> mx.array:
+        raw = np.array(a.view(mx.uint16) if a.dtype != mx.float32 else a)
+        raw = np.pad(raw, ((0, t * 16 - n), (0, 0))).reshape(t, 16, -1).transpose(0, 2, 1)
+        out = mx.array(np.ascontiguousarray(raw))
+        return out.view(a.dtype) if a.dtype != mx.float32 else out
+
+    return Tiled(mx.array(packed), side(scales), side(biases), n, group_size)
+
+
+def tiled_matmul(x: mx.array, *parts: Tiled) -> list[mx.array]:
+    """``x @ W.T`` for each tiled W (of one K and group size), x rounded to 16 bits once."""
+    ext = fast_ops._extension()
+    return list(ext.tiled_matmul(x, [p.tiles for p in parts], [p.scales for p in parts],
+                                 [p.biases for p in parts], [p.n for p in parts],
+                                 parts[0].group_size))
+
+
 def activations() -> str:
     """How 4-bit products take x unless told: ``"int16"`` on the AVX2 and AVX-512 variants,
     ``"float"`` on the portable one; ``APPLIANCE_QUANT_ACT=float`` or ``int16`` overrides
@@ -143,6 +329,11 @@ def _quantized_matmul_with(fallback: Any, activations: str | None) -> Any:
                               biases: mx.array | None = None, transpose: bool = True,
                               group_size: int | None = None, bits: int | None = None,
                               mode: str = "affine", *, stream: Any = None) -> mx.array:
+        if stream is None and _layers and transpose and x.dtype == mx.float32:
+            # an adopted layer's own arrays: their checks were made when it was adopted
+            done = _adopted(x, w, scales, biases, activations)
+            if done is not None:
+                return done
         if stream is None and takes(x, w, scales, biases, transpose, group_size, bits, mode):
             assert biases is not None and group_size is not None and bits is not None
             return quantized_matmul(x, w, scales, biases, group_size, bits, activations)

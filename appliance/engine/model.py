@@ -95,9 +95,10 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
         slice_layers(model, lo, hi, edges=edges)
     if staged:
         mx.eval(model.parameters())
+    extra = backends.adopt(model)
     config = json.loads((path / "config.json").read_text())
     params: list[Any] = [kv[1] for kv in tree_flatten(model.parameters())]
-    weight_bytes = sum(v.nbytes for v in params)
+    weight_bytes = sum(v.nbytes for v in params) + extra
     dtype = params[0].dtype if params else mx.float32
     dtype_size = 2 if dtype in (mx.bfloat16, mx.float16) else 4
     model_limit = int(config.get("max_position_embeddings")

@@ -4,7 +4,8 @@ ones with x in float and rounded to 16 bits), by the kernel and by the dense pat
 more than 32 rows take (dequantized weights into MLX's matmul), the same bits for a row alone and in
 a batch up to 32 rows, each SIMD variant (forced in a subprocess) agreeing with the others, what it
 does not take going to MLX unchanged, and the imported 4-bit SmolLM2 answering with MLX's own
-greedy tokens."""
+greedy tokens. The same for 4-bit weights in tiles of 16 columns (``quant.tile``), for products
+of one x made as one, and for inputs that are views."""
 
 from __future__ import annotations
 
@@ -258,6 +259,9 @@ VARIANT = textwrap.dedent("""
         for act in ("float", "int16") if bits == 4 else (None,):
             y = quant.quantized_matmul(x, w, s, b, group, bits, act)
             out[f"{bits}/{group}/{k}/{act}"] = np.array(y).tolist()
+        if bits == 4:
+            y = quant.tiled_matmul(x, quant.tile(w, s, b, group))[0]
+            out[f"{bits}/{group}/{k}/tiled"] = np.array(y).tolist()
         x = mx.array(rng.standard_normal((40, k)).astype(np.float32))
         y = quant.quantized_matmul(x, w, s, b, group, bits, path="dense")
         out[f"{bits}/{group}/{k}/dense"] = np.array(y).tolist()
@@ -284,9 +288,9 @@ def test_each_simd_variant_agrees_with_the_others() -> None:
             if key == "simd":
                 continue
             a, b = np.array(got[key]), np.array(base[key])
-            # int16: exact integer sums, the same float steps; dense: s * q exact for 16-bit
-            # scales, then the same sgemm: the same bits
-            if key.endswith(("int16", "dense")):
+            # int16 and tiled: exact integer sums, the same float steps; dense: s * q exact
+            # for 16-bit scales, then the same sgemm: the same bits
+            if key.endswith(("int16", "tiled", "dense")):
                 assert np.array_equal(a, b), (name, key)
             else:
                 np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max(),
@@ -342,3 +346,93 @@ def test_the_backend_reports_the_kernel_and_native_off_leaves_mlx_alone() -> Non
     finally:
         quant.uninstall()
         fast_ops.uninstall()
+
+
+@pytest.mark.parametrize(("bits", "activations"), PATHS)
+def test_products_of_one_x_made_as_one_give_each_its_own_bits(
+        bits: int, activations: str | None) -> None:
+    # q/k/v-like widths and one big enough to be shared with the pool's helpers; 40 rows: a
+    # slice's edge
+    parts = [packed(n, 576, bits, 32, seed=i)[:3] for i, n in enumerate((576, 192, 2000))]
+    act = -1 if activations is None else quant.ACTIVATIONS.index(activations)
+    for m in (1, 8, 40):
+        x = rows(m, 576, seed=m)
+        outs = fast_ops._extension().quantized_matmul_many(
+            x, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], 32, bits,
+            act)
+        assert len(outs) == len(parts)
+        for out, (w, s, b) in zip(outs, parts, strict=True):
+            alone = quant.quantized_matmul(x, w, s, b, 32, bits, activations, "kernel")
+            assert out.shape == (m, w.shape[0]) and np.array_equal(np.array(out),
+                                                                   np.array(alone))
+
+
+def test_products_made_as_one_refuse_parts_that_do_not_match() -> None:
+    many = fast_ops._extension().quantized_matmul_many
+    w, s, b, _ = packed(64, 128, 4, 32)
+    w2, s2, b2, _ = packed(64, 256, 4, 32)
+    x = rows(2, 128)
+    with pytest.raises(ValueError, match="last axis must be K"):
+        many(x, [w, w2], [s, s2], [b, b2], 32, 4)
+    with pytest.raises(ValueError, match="share a dtype"):
+        many(x, [w, w], [s, s.astype(mx.float32)], [b, b.astype(mx.float32)], 32, 4)
+    with pytest.raises(ValueError, match="one scales and biases"):
+        many(x, [], [], [], 32, 4)
+
+
+@pytest.mark.parametrize("group", quant.GROUP_SIZES)
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_tiled_weights_match_float64_within_the_rounding_of_x(
+        group: int, scale_dtype: mx.Dtype) -> None:
+    # 300 columns: not a whole number of tiles
+    w, s, b, dense = packed(300, 2 * 384, 4, group, scale_dtype)
+    tiled = quant.tile(w, s, b, group)
+    assert tiled.tiles.shape == (19, 2 * 384 * 8) and tiled.scales.dtype == scale_dtype
+    for m in (1, 2, 3, 8, 9, 32):
+        x = rows(m, 2 * 384, seed=m)
+        got = np.array(quant.tiled_matmul(x, tiled)[0])
+        assert got.shape == (m, 300)
+        assert_close(got, np.array(x).astype(np.float64) @ dense.T, x, dense, "int16")
+
+
+def test_tiled_weights_give_a_row_the_same_bits_alone_and_in_a_batch() -> None:
+    w, s, b, _ = packed(2000, 576, 4, 32)  # shared with the pool's helpers
+    parts = (quant.tile(w, s, b, 32), quant.tile(*packed(200, 576, 4, 32, seed=3)[:3], 32))
+    x = rows(32, 576)
+    batch = [np.array(y) for y in quant.tiled_matmul(x, *parts)]
+    for m in (1, 3, 8, 9, 31):
+        for got, want in zip(quant.tiled_matmul(x[:m], *parts), batch, strict=True):
+            assert np.array_equal(np.array(got), want[:m])
+    for r in (0, 5, 31):
+        alone = quant.tiled_matmul(x[r:r + 1], parts[1])[0]
+        assert np.array_equal(np.array(alone)[0], batch[1][r])
+
+
+def test_inputs_that_are_views_are_read_in_their_own_order(installed: None) -> None:
+    w, s, b, dense = packed(64, 128, 4, 32)
+    tiled = quant.tile(w, s, b, 32)
+    x = rows(128, 3).T  # a transposed view: not row-contiguous
+    want = np.array(mx.contiguous(x))
+    for got in (quant.quantized_matmul(x, w, s, b, 32, 4, "int16"),
+                quant.quantized_matmul(x, w, s, b, 32, 4, "float"),
+                quant.tiled_matmul(x, tiled)[0]):
+        np.testing.assert_allclose(np.array(got), want @ dense.T, rtol=0,
+                                   atol=1e-3 * np.abs(want @ dense.T).max())
+    broadcast = mx.broadcast_to(rows(1, 128), (4, 128))
+    got = np.array(quant.tiled_matmul(broadcast, tiled)[0])
+    assert np.array_equal(got[0], got[3])
+
+
+def test_tiled_products_refuse_what_does_not_match() -> None:
+    ext = fast_ops._extension()
+    w, s, b, _ = packed(40, 256, 4, 32)
+    t = quant.tile(w, s, b, 32)
+    x = rows(2, 256)
+    with pytest.raises(ValueError, match="tiles must be uint8"):
+        ext.tiled_matmul(x, [t.tiles], [t.scales], [t.biases], [60], 32)
+    with pytest.raises(ValueError, match="tiles must be uint8"):
+        ext.tiled_matmul(rows(2, 128), [t.tiles], [t.scales], [t.biases], [40], 32)
+    with pytest.raises(ValueError, match="one scales, biases and n"):
+        ext.tiled_matmul(x, [t.tiles], [t.scales], [t.biases], [], 32)
+    with pytest.raises(ValueError, match="group_size must be"):
+        ext.tiled_matmul(x, [t.tiles], [t.scales], [t.biases], [40], 16)

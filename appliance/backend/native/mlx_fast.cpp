@@ -54,6 +54,7 @@
 #include "mlx/primitives.h"
 #include "mlx/transforms.h"
 #include "mlx/utils.h"
+#include "staging.h"
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
@@ -229,23 +230,17 @@ void require(const mx::array& a, const char* what) {
 }
 
 // Allocates `out`, registers the inputs and the output with the CPU stream's encoder, and
-// runs body(inputs, out) on that stream (every input row-contiguous, or `what` says so).
+// runs body(inputs, out) on that stream, every input row-contiguous (staging.h).
 template <class Body>
-void on_cpu(mx::Stream stream, const char* what, const std::vector<mx::array>& inputs,
-            mx::array& out, Body body) {
-  for (const auto& a : inputs)
-    if (!a.flags().row_contiguous)
-      throw std::runtime_error(std::string("appliance ") + what + ": inputs not contiguous");
+void on_cpu(mx::Stream stream, const std::vector<mx::array>& inputs, mx::array& out, Body body) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& enc = mx::cpu::get_command_encoder(stream);
-  std::vector<mx::array> ins;
-  for (const auto& a : inputs) {
-    enc.set_input_array(a);
-    ins.push_back(mx::array::unsafe_weak_copy(a));
-  }
+  staging::Staged staged = staging::stage(enc, inputs);
   enc.set_output_array(out);
-  enc.dispatch([ins = std::move(ins), out = mx::array::unsafe_weak_copy(out), body]() mutable {
-    body(ins, out);
+  enc.dispatch([staged = std::move(staged), out = mx::array::unsafe_weak_copy(out),
+                body]() mutable {
+    staged.fill();
+    body(staged.ins, out);
   });
 }
 
@@ -256,7 +251,7 @@ class Softmax : public mx::UnaryPrimitive {
   Softmax(mx::Stream s, int64_t causal) : mx::UnaryPrimitive(s), causal_(causal) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const int64_t causal = causal_;
-    on_cpu(stream(), "softmax", inputs, out, [causal](Arrays& in, mx::array& out) {
+    on_cpu(stream(), inputs, out, [causal](Arrays& in, mx::array& out) {
       const mx::array& x = in[0];
       const int64_t n = x.ndim() ? x.shape(-1) : 1;
       const int64_t rows = n ? static_cast<int64_t>(x.size()) / n : 0;
@@ -283,7 +278,7 @@ class SiluMul : public mx::UnaryPrimitive {
  public:
   explicit SiluMul(mx::Stream s) : mx::UnaryPrimitive(s) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    on_cpu(stream(), "silu_mul", inputs, out, [](Arrays& in, mx::array& out) {
+    on_cpu(stream(), inputs, out, [](Arrays& in, mx::array& out) {
       const int64_t n = static_cast<int64_t>(out.size());
       const int64_t block = 4096;
       const float* pa = in[0].data<float>();
@@ -309,7 +304,7 @@ class RmsNorm : public mx::UnaryPrimitive {
  public:
   RmsNorm(mx::Stream s, float eps) : mx::UnaryPrimitive(s), eps_(eps) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    on_cpu(stream(), "rms_norm", inputs, out, [eps = eps_](Arrays& in, mx::array& out) {
+    on_cpu(stream(), inputs, out, [eps = eps_](Arrays& in, mx::array& out) {
       const mx::array& x = in[0];
       const mx::array& w = in[1];
       const int64_t n = x.shape(-1);
@@ -346,7 +341,7 @@ class Rope : public mx::UnaryPrimitive {
   Rope(mx::Stream s, int dims, bool traditional, float scale)
       : mx::UnaryPrimitive(s), dims_(dims), traditional_(traditional), scale_(scale) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    on_cpu(stream(), "rope", inputs, out, [dims = dims_, traditional = traditional_,
+    on_cpu(stream(), inputs, out, [dims = dims_, traditional = traditional_,
                                            scale = scale_](Arrays& in, mx::array& out) {
       const mx::array& x = in[0];
       const mx::array& offsets = in[1];
@@ -416,21 +411,13 @@ class Rope : public mx::UnaryPrimitive {
 
 mx::Stream cpu_stream() { return mx::to_stream({}, mx::Device::cpu); }
 
-// a itself where it is evaluated and row-contiguous already (weights, cached tables): a
-// contiguous node costs the step a scheduled operation even when it copies nothing.
-mx::array contiguous(const mx::array& a, mx::Stream s) {
-  if (a.is_available() && a.flags().row_contiguous) return a;
-  return mx::contiguous(a, false, s);
-}
-
 mx::array softmax(const mx::array& x, int64_t causal) {
   require(x, "softmax");
   if (causal < 0 || (causal > 0 && (x.ndim() < 2 || x.shape(-2) % causal || causal > x.shape(-1))))
     throw std::invalid_argument(
         "softmax: causal must be 0 or divide the rows of the last two axes, at most its columns");
   auto s = cpu_stream();
-  auto xc = mx::contiguous(x, false, s);
-  return mx::array(xc.shape(), mx::float32, std::make_shared<Softmax>(s, causal), {xc});
+  return mx::array(x.shape(), mx::float32, std::make_shared<Softmax>(s, causal), {x});
 }
 
 mx::array silu_mul(const mx::array& a, const mx::array& b) {
@@ -438,9 +425,7 @@ mx::array silu_mul(const mx::array& a, const mx::array& b) {
   require(b, "silu_mul");
   if (a.shape() != b.shape()) throw std::invalid_argument("silu_mul: shapes differ");
   auto s = cpu_stream();
-  auto ac = mx::contiguous(a, false, s);
-  auto bc = mx::contiguous(b, false, s);
-  return mx::array(ac.shape(), mx::float32, std::make_shared<SiluMul>(s), {ac, bc});
+  return mx::array(a.shape(), mx::float32, std::make_shared<SiluMul>(s), {a, b});
 }
 
 mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight, float eps) {
@@ -450,9 +435,7 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight, f
   mx::array w = weight ? mx::astype(*weight, mx::float32, s) : mx::ones({x.shape(-1)}, mx::float32, s);
   if (w.ndim() != 1 || w.shape(0) != x.shape(-1))
     throw std::invalid_argument("rms_norm: weight must have the last axis's size");
-  auto xc = mx::contiguous(x, false, s);
-  auto wc = contiguous(w, s);
-  return mx::array(xc.shape(), mx::float32, std::make_shared<RmsNorm>(s, eps), {xc, wc});
+  return mx::array(x.shape(), mx::float32, std::make_shared<RmsNorm>(s, eps), {x, w});
 }
 
 // exp(-i * log(base) / half) for i < half, computed by MLX's own operations (as its
@@ -490,16 +473,15 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
   if (freqs) {
     if (freqs->ndim() != 1 || freqs->shape(0) != half)
       throw std::invalid_argument("rope: freqs must have dims / 2 elements");
-    inv = mx::contiguous(mx::reciprocal(mx::astype(*freqs, mx::float32, s), s), false, s);
+    inv = mx::reciprocal(mx::astype(*freqs, mx::float32, s), s);
   } else {
     inv = base_inv_freq(half, *base);
   }
   auto off = offset.is_available() && offset.ndim() <= 1 && offset.dtype() == mx::int32
-                 ? contiguous(offset, s)
-                 : mx::contiguous(mx::astype(mx::reshape(offset, {-1}, s), mx::int32, s), false, s);
-  auto xc = mx::contiguous(x, false, s);
-  return mx::array(xc.shape(), mx::float32, std::make_shared<Rope>(s, dims, traditional, scale),
-                   {xc, off, inv});
+                 ? offset
+                 : mx::astype(mx::reshape(offset, {-1}, s), mx::int32, s);
+  return mx::array(x.shape(), mx::float32, std::make_shared<Rope>(s, dims, traditional, scale),
+                   {x, off, inv});
 }
 
 }  // namespace

@@ -27,6 +27,12 @@ __attribute__((target("avx2,fma,f16c"))) void dequant_avx2(const QArgs& a, int64
   dequant_body<BITS, LPG, S>(a, n0, n1);
 }
 
+template <class S>
+__attribute__((target("avx2,fma,f16c"), flatten))
+void tiled_avx2(const QArgs& a, int64_t n0, int64_t n1) {
+  tiled_body<S, TAvx2>(a, n0, n1);
+}
+
 struct Columns {
   template <int BITS, int LPG, class S>
   static columns_fn get() { return columns_avx2<BITS, LPG, S>; }
@@ -42,6 +48,11 @@ struct Dequant {
 
 }  // namespace
 
+columns_fn avx2_tiled(Scales s) {
+  if (s == SCALES_F16) return tiled_avx2<F16>;
+  if (s == SCALES_BF16) return tiled_avx2<BF16>;
+  return tiled_avx2<F32>;
+}
 columns_fn avx2_columns(int bits, int lpg, Scales s) { return by_bits<Columns>(bits, lpg, s); }
 columns_fn avx2_columns_i16(int lpg, Scales s) { return by_lpg<ColumnsI16, 4>(lpg, s); }
 columns_fn avx2_dequant(int bits, int lpg, Scales s) { return by_bits<Dequant>(bits, lpg, s); }

@@ -28,6 +28,12 @@ void dequant_avx512(const QArgs& a, int64_t n0, int64_t n1) {
   dequant_body<BITS, LPG, S>(a, n0, n1);
 }
 
+template <class S>
+__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), flatten))
+void tiled_vnni(const QArgs& a, int64_t n0, int64_t n1) {
+  tiled_body<S, TVnni>(a, n0, n1);
+}
+
 struct Columns {
   template <int BITS, int LPG, class S>
   static columns_fn get() { return columns_avx512<BITS, LPG, S>; }
@@ -43,6 +49,11 @@ struct Dequant {
 
 }  // namespace
 
+columns_fn vnni_tiled(Scales s) {
+  if (s == SCALES_F16) return tiled_vnni<F16>;
+  if (s == SCALES_BF16) return tiled_vnni<BF16>;
+  return tiled_vnni<F32>;
+}
 columns_fn avx512_columns(int bits, int lpg, Scales s) { return by_bits<Columns>(bits, lpg, s); }
 columns_fn vnni_columns_i16(int lpg, Scales s) { return by_lpg<ColumnsI16, 4>(lpg, s); }
 columns_fn avx512_dequant(int bits, int lpg, Scales s) { return by_bits<Dequant>(bits, lpg, s); }

@@ -50,9 +50,11 @@ enum Scales { SCALES_F32 = 0, SCALES_F16 = 1, SCALES_BF16 = 2 };
 columns_fn avx2_columns(int bits, int lpg, Scales s);      // quant_avx2.cpp
 columns_fn avx2_columns_i16(int lpg, Scales s);
 columns_fn avx2_dequant(int bits, int lpg, Scales s);
+columns_fn avx2_tiled(Scales s);
 columns_fn avx512_columns(int bits, int lpg, Scales s);    // quant_avx512.cpp
 columns_fn vnni_columns_i16(int lpg, Scales s);            // AVX-512 with VNNI
 columns_fn avx512_dequant(int bits, int lpg, Scales s);
+columns_fn vnni_tiled(Scales s);                           // AVX-512 with VNNI
 #endif
 
 // File-local: each file compiles its own copies into its variants, as the single file did,
@@ -492,6 +494,230 @@ QINLINE void dequant_body(const QArgs& a, int64_t n0, int64_t n1) {
       }
     }
   }
+}
+
+// Tiled 4-bit weights (appliance/backend/quant.py's tile(), done once when a model loads):
+// 16 columns side by side, so that a vector's 16 lanes are 16 columns and nothing is summed
+// across lanes. The column-wise kernels above spend as much per column on reductions and on
+// spreading scales as on the products; here those are gone, and a product of few rows
+// streams the weights at the memory's pace (docs/decisions.md).
+//
+// A tile's block of 32 elements is 256 bytes: 8 chunks of 32, chunk c for elements 4c..4c+3,
+// byte 2j + h of a chunk holding column j's element 4c + h in its low nibble and 4c + 2 + h
+// in its high one. A chunk widened to 16 bits gives 32 words whose low nibbles are 16
+// columns' pairs (4c, 4c + 1) and whose high nibbles their pairs (4c + 2, 4c + 3): each pair
+// of words meets a broadcast pair of x's rounded values in one 16-bit multiply-add (VNNI's
+// vpdpwssd, AVX2's pmaddwd). Scales and biases are [tiles, groups, 16] as stored.
+//
+// x is rounded as for the column-wise 16-bit path (per block of 32, at most 32767), in its
+// own order: xq [m, k], xs [m, blocks], xsum [m, groups]. Each block's integer sum is exact
+// (at most 32 * 15 * 32767 < 2^24), so any grouping of its products gives the same
+// integer; then per column, in order, acc = fma(sum, ws * xs, acc) per block and acc =
+// fma(wb, xsum, acc) per group: the same float steps in every variant, for any rows.
+constexpr int TILE = 16;             // columns a tile holds
+constexpr int TBLOCK = 256;          // a tile's bytes per block of 32 elements
+
+// 16 scales or biases from p as floats.
+QINLINE vf tile16(const float* p, F32) { return vload(p); }
+QINLINE vf tile16(const uint16_t* p, F16) {
+  typedef _Float16 h16 __attribute__((vector_size(16 * sizeof(_Float16))));
+  h16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return __builtin_convertvector(v, vf);
+}
+QINLINE vf tile16(const uint16_t* p, BF16) {
+  typedef uint16_t s16 __attribute__((vector_size(16 * sizeof(uint16_t))));
+  s16 v;
+  std::memcpy(&v, p, sizeof(v));
+  const vi bits = __builtin_convertvector(v, vi) << 16;
+  vf f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+QINLINE int32_t pair_at(const int16_t* x) {
+  int32_t v;
+  std::memcpy(&v, x, sizeof(v));
+  return v;
+}
+
+// Portable: the same steps in plain C, lane by lane.
+struct TPortable {
+  static constexpr int ROWS = 2;
+  static constexpr int chains(int) { return 1; }
+  struct I { int32_t l[16]; };
+  struct W { int16_t v[2][32]; };
+  typedef vf F;
+  static QINLINE I izero() { return I{}; }
+  static QINLINE F fzero() { return F{}; }
+  static QINLINE void store(float* out, F acc) { std::memcpy(out, &acc, sizeof(acc)); }
+  static QINLINE W unpack(const uint8_t* p) {
+    W w;
+    for (int i = 0; i < 32; i++) {
+      w.v[0][i] = p[i] & 15;
+      w.v[1][i] = p[i] >> 4;
+    }
+    return w;
+  }
+  static QINLINE I dot(I s, const W& w, int t, const int16_t* x) {
+    for (int j = 0; j < 16; j++) s.l[j] += w.v[t][2 * j] * x[0] + w.v[t][2 * j + 1] * x[1];
+    return s;
+  }
+  static QINLINE I add(I a, const I& b) {
+    for (int j = 0; j < 16; j++) a.l[j] += b.l[j];
+    return a;
+  }
+  static QINLINE F block(F acc, const I& s, vf ws, float xs) {
+    for (int j = 0; j < 16; j++)
+      acc[j] = __builtin_fmaf(static_cast<float>(s.l[j]), ws[j] * xs, acc[j]);
+    return acc;
+  }
+  static QINLINE F bias(F acc, vf wb, float xsum) {
+    for (int j = 0; j < 16; j++) acc[j] = __builtin_fmaf(wb[j], xsum, acc[j]);
+    return acc;
+  }
+};
+
+#if defined(__x86_64__)
+struct TAvx2 {
+  static constexpr int ROWS = 2;  // 16 registers: 2 rows' sums and accumulators, the weights
+  static constexpr int chains(int rows) { return rows == 1 ? 2 : 1; }
+  struct I { __m256i lo, hi; };
+  struct W { __m256i v[2][2]; };  // [low or high nibbles][columns 0-7, 8-15]
+  struct F { __m256 lo, hi; };
+  static I16_AVX2 I izero() { return I{_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+  static I16_AVX2 F fzero() { return F{_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static I16_AVX2 void store(float* out, F acc) {
+    _mm256_storeu_ps(out, acc.lo);
+    _mm256_storeu_ps(out + 8, acc.hi);
+  }
+  static I16_AVX2 W unpack(const uint8_t* p) {
+    const __m256i m4 = _mm256_set1_epi16(15);
+    W w;
+    for (int h = 0; h < 2; h++) {
+      const __m256i v =
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+      w.v[0][h] = _mm256_and_si256(v, m4);
+      w.v[1][h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+    return w;
+  }
+  static I16_AVX2 I dot(I s, const W& w, int t, const int16_t* x) {
+    const __m256i xv = _mm256_set1_epi32(pair_at(x));
+    return I{_mm256_add_epi32(s.lo, _mm256_madd_epi16(w.v[t][0], xv)),
+             _mm256_add_epi32(s.hi, _mm256_madd_epi16(w.v[t][1], xv))};
+  }
+  static I16_AVX2 I add(I a, const I& b) {
+    return I{_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
+  }
+  static I16_AVX2 __m256 half(vf v, int h) {
+    __m256 r;
+    std::memcpy(&r, reinterpret_cast<const float*>(&v) + 8 * h, sizeof(r));
+    return r;
+  }
+  static I16_AVX2 F block(F acc, const I& s, vf ws, float xs) {
+    const __m256 x = _mm256_set1_ps(xs);
+    return F{_mm256_fmadd_ps(_mm256_cvtepi32_ps(s.lo), _mm256_mul_ps(half(ws, 0), x), acc.lo),
+             _mm256_fmadd_ps(_mm256_cvtepi32_ps(s.hi), _mm256_mul_ps(half(ws, 1), x), acc.hi)};
+  }
+  static I16_AVX2 F bias(F acc, vf wb, float xsum) {
+    const __m256 x = _mm256_set1_ps(xsum);
+    return F{_mm256_fmadd_ps(half(wb, 0), x, acc.lo), _mm256_fmadd_ps(half(wb, 1), x, acc.hi)};
+  }
+};
+struct TVnni {
+  static constexpr int ROWS = 8;  // 32 registers: 8 rows' sums and accumulators
+  static constexpr int chains(int rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
+  typedef __m512i I;
+  struct W { __m512i v[2]; };
+  typedef __m512 F;
+  static I16_VNNI I izero() { return _mm512_setzero_si512(); }
+  static I16_VNNI F fzero() { return _mm512_setzero_ps(); }
+  static I16_VNNI void store(float* out, F acc) { _mm512_storeu_ps(out, acc); }
+  static I16_VNNI __m512 v512(vf v) {
+    __m512 r;
+    std::memcpy(&r, &v, sizeof(r));
+    return r;
+  }
+  static I16_VNNI W unpack(const uint8_t* p) {
+    const __m512i m4 = _mm512_set1_epi16(15);
+    const __m512i v =
+        _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return W{{_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)}};
+  }
+  static I16_VNNI I dot(I s, const W& w, int t, const int16_t* x) {
+    return _mm512_dpwssd_epi32(s, w.v[t], _mm512_set1_epi32(pair_at(x)));
+  }
+  static I16_VNNI I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I16_VNNI F block(F acc, I s, vf ws, float xs) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(v512(ws), _mm512_set1_ps(xs)),
+                           acc);
+  }
+  static I16_VNNI F bias(F acc, vf wb, float xsum) {
+    return _mm512_fmadd_ps(v512(wb), _mm512_set1_ps(xsum), acc);
+  }
+};
+#endif
+
+// Tile t for rows r0..r0+R-1 of x: columns 16t.. of y.
+template <class S, class Ops, int R>
+inline void tile_rows(const QArgs& a, int64_t t, int64_t r0) {
+  constexpr int CH = Ops::chains(R);
+  typedef typename S::raw raw;
+  const int64_t blocks = a.k / IBLOCK, per = a.group / IBLOCK;
+  const uint8_t* wt = reinterpret_cast<const uint8_t*>(a.w) + t * blocks * TBLOCK;
+  const raw* st = static_cast<const raw*>(a.scales) + t * a.groups * TILE;
+  const raw* bt = static_cast<const raw*>(a.biases) + t * a.groups * TILE;
+  typename Ops::F acc[R];
+  for (int r = 0; r < R; r++) acc[r] = Ops::fzero();
+  for (int64_t g = 0; g < a.groups; g++) {
+    const vf ws = tile16(st + g * TILE, S{});
+    for (int64_t b = g * per; b < (g + 1) * per; b++) {
+      const uint8_t* wb = wt + b * TBLOCK;
+      typename Ops::I sum[R][CH];
+      for (int r = 0; r < R; r++)
+        for (int c = 0; c < CH; c++) sum[r][c] = Ops::izero();
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; c++) {
+        const typename Ops::W w = Ops::unpack(wb + 32 * c);
+        for (int r = 0; r < R; r++) {
+          const int16_t* x = a.xq + (r0 + r) * a.k + b * IBLOCK + 4 * c;
+          sum[r][(2 * c) % CH] = Ops::dot(sum[r][(2 * c) % CH], w, 0, x);
+          sum[r][(2 * c + 1) % CH] = Ops::dot(sum[r][(2 * c + 1) % CH], w, 1, x + 2);
+        }
+      }
+      for (int r = 0; r < R; r++) {
+        for (int c = 1; c < CH; c++) sum[r][0] = Ops::add(sum[r][0], sum[r][c]);
+        acc[r] = Ops::block(acc[r], sum[r][0], ws, a.xs[(r0 + r) * blocks + b]);
+      }
+    }
+    const vf wb = tile16(bt + g * TILE, S{});
+    for (int r = 0; r < R; r++) acc[r] = Ops::bias(acc[r], wb, a.xsum[(r0 + r) * a.groups + g]);
+  }
+  const int64_t cols = std::min<int64_t>(TILE, a.n - t * TILE);
+  for (int r = 0; r < R; r++) {
+    float out[TILE];
+    Ops::store(out, acc[r]);
+    std::memcpy(a.y + (r0 + r) * a.n + t * TILE, out, cols * sizeof(float));
+  }
+}
+
+template <class S, class Ops, int R>
+inline void tile_rows_of(const QArgs& a, int64_t t, int64_t r0, int64_t rows) {
+  if constexpr (R == 1) {
+    tile_rows<S, Ops, 1>(a, t, r0);
+  } else {
+    if (rows == R) tile_rows<S, Ops, R>(a, t, r0);
+    else tile_rows_of<S, Ops, R - 1>(a, t, r0, rows);
+  }
+}
+
+// Columns [n0, n1) of a tiled product (n0 a multiple of 16).
+template <class S, class Ops>
+inline void tiled_body(const QArgs& a, int64_t n0, int64_t n1) {
+  for (int64_t t = n0 / TILE; t * TILE < n1; t++)
+    for (int64_t r0 = 0; r0 < a.m; r0 += Ops::ROWS)
+      tile_rows_of<S, Ops, Ops::ROWS>(a, t, r0, std::min<int64_t>(Ops::ROWS, a.m - r0));
 }
 
 // The instance of a variant V (a struct whose get<BITS, LPG, S>() returns it) for a

@@ -32,6 +32,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #if defined(__linux__)
@@ -56,6 +57,7 @@
 #include "mlx/primitives.h"
 
 #include "quant_kernels.h"
+#include "staging.h"
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
@@ -87,6 +89,11 @@ struct PortableColumnsI16 {
   template <int BITS, int LPG, class S>
   static columns_fn get() { return columns_i16_portable<LPG, S>; }
 };
+template <class S>
+__attribute__((flatten)) void tiled_portable(const QArgs& a, int64_t n0, int64_t n1) {
+  tiled_body<S, TPortable>(a, n0, n1);
+}
+
 struct PortableDequant {
   template <int BITS, int LPG, class S>
   static columns_fn get() { return dequant_portable<BITS, LPG, S>; }
@@ -163,6 +170,22 @@ columns_fn pick_i16(int group, mx::Dtype dtype) {
   return by_lpg<PortableColumnsI16, 4>(lpg, s);
 }
 
+// The tiled 4-bit kernel (quant_kernels.h, "Tiled 4-bit weights") for the processor.
+columns_fn pick_tiled(mx::Dtype dtype) {
+  const Scales s = scales_of(dtype);
+#if defined(__x86_64__)
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni");
+  }();
+  if (simd() == AVX512 && vnni) return vnni_tiled(s);
+  if (simd() != PORTABLE) return avx2_tiled(s);
+#endif
+  if (s == SCALES_F16) return tiled_portable<F16>;
+  if (s == SCALES_BF16) return tiled_portable<BF16>;
+  return tiled_portable<F32>;
+}
+
 // How 4-bit products take x: in 16 bits where an AVX2 or AVX-512 variant runs (faster than
 // float at every row count measured), in float on the portable variant (slower there from 4
 // rows: its compiler does not find the baseline's pmaddwd); APPLIANCE_QUANT_ACT=float or
@@ -228,8 +251,40 @@ void quantize_rows(const float* x, int64_t m, int64_t k, int group, int16_t* xq,
   }
 }
 
+// Columns [n0, n1) of one product: a piece of work for the pool.
+struct Task {
+  columns_fn fn;
+  const QArgs* args;
+  int64_t n0, n1;
+  void run() const { fn(*args, n0, n1); }
+};
+
+// x [m, k] rounded as quantize_rows rounds it, in x's own order (the tiled kernel's): xq
+// [m, k], each block's scale xs [m, k / 32], each weight group's sum xsum [m, k / group].
+void quantize_plain(const float* x, int64_t m, int64_t k, int group, int16_t* xq, float* xs,
+                    float* xsum) {
+  const int64_t blocks = k / IBLOCK, groups = k / group, per = group / IBLOCK;
+  for (int64_t r = 0; r < m; r++) {
+    for (int64_t g = 0; g < groups; g++) xsum[r * groups + g] = 0.f;
+    for (int64_t b = 0; b < blocks; b++) {
+      const float* xb = x + r * k + b * IBLOCK;
+      float amax = 0.f;
+      for (int i = 0; i < IBLOCK; i++) amax = std::max(amax, std::fabs(xb[i]));
+      const float scale = amax / XLEVELS, inv = amax > 0.f ? XLEVELS / amax : 0.f;
+      int32_t sum = 0;
+      for (int i = 0; i < IBLOCK; i++) {
+        const float v = std::min(XLEVELS, std::max(-XLEVELS, std::nearbyint(xb[i] * inv)));
+        xq[r * k + b * IBLOCK + i] = static_cast<int16_t>(v);
+        sum += static_cast<int32_t>(v);
+      }
+      xs[r * blocks + b] = scale;
+      xsum[r * groups + b / per] += scale * static_cast<float>(sum);
+    }
+  }
+}
+
 // A small pool of persistent helpers sharing a product's columns with the caller. The
-// columns are cut into blocks claimed from one counter, so a helper that is not running
+// columns are cut into tasks claimed from one counter, so a helper that is not running
 // (another process has the core) delays nothing: the caller takes its blocks. Between
 // products a helper spins a while (a decode step's products come microseconds apart), then
 // yields, then sleeps, so an idle daemon uses no CPU for it. A job is identified by its
@@ -255,22 +310,23 @@ class QuantPool {
 
   int threads() const { return threads_; }
 
-  void run(columns_fn fn, const QArgs& a, int64_t blocks, int64_t width) {
+  // Runs every task, on the caller and the helpers.
+  void run(const Task* tasks, int64_t count) {
     std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
-    if (threads_ < 2 || blocks < 2 || !busy.owns_lock()) {
-      fn(a, 0, a.n);
+    if (threads_ < 2 || count < 2 || !busy.owns_lock()) {
+      for (int64_t i = 0; i < count; i++) tasks[i].run();
       return;
     }
     start_helpers();
-    Job job{fn, &a, blocks, width};
     const uint32_t number = posted_.load() + 1;
-    job_.store(&job);
+    tasks_.store(tasks);
+    count_.store(count);
     done_.store(0);
     claim_.store(static_cast<uint64_t>(number) << 32);
     posted_.store(number);
     wake();
-    work(number, job);
-    for (long spin = 1; done_.load() < blocks; spin++) {
+    work(number);
+    for (long spin = 1; done_.load() < count; spin++) {
       relax();
       if (spin % 4096 == 0) wake();  // never wait on a helper that sleeps
     }
@@ -278,11 +334,6 @@ class QuantPool {
   }
 
  private:
-  struct Job {
-    columns_fn fn;
-    const QArgs* args;
-    int64_t blocks, width;
-  };
   static constexpr uint32_t CLOSED = 0x7fffffff;
   static constexpr long PAUSES = 20000, YIELDS = 20000;
 
@@ -300,21 +351,21 @@ class QuantPool {
 #endif
   }
 
-  int64_t take(uint32_t number, int64_t blocks) {
+  // A task of job `number`, or -1 when none is left or the job is over. A claim succeeds only
+  // while its job is live (the caller waits for every task), so the tasks are read after one.
+  int64_t take(uint32_t number) {
     uint64_t seen = claim_.load();
     for (;;) {
       const uint32_t index = static_cast<uint32_t>(seen);
-      if (static_cast<uint32_t>(seen >> 32) != number || index >= CLOSED || index >= blocks)
+      if (static_cast<uint32_t>(seen >> 32) != number || index >= CLOSED || index >= count_.load())
         return -1;
       if (claim_.compare_exchange_weak(seen, seen + 1)) return index;
     }
   }
 
-  void work(uint32_t number, const Job& job) {
-    for (int64_t block; (block = take(number, job.blocks)) >= 0;) {
-      const int64_t n0 = block * job.width;
-      const int64_t n1 = std::min(job.args->n, n0 + job.width);
-      if (n1 > n0) job.fn(*job.args, n0, n1);
+  void work(uint32_t number) {
+    for (int64_t i; (i = take(number)) >= 0;) {
+      tasks_.load()[i].run();
       done_.fetch_add(1);
     }
   }
@@ -335,15 +386,7 @@ class QuantPool {
         }
       }
       seen = posted_.load();
-      // A claim on job `seen` succeeds only while that job is live (its caller waits for
-      // every block), so the pointer is read only after one succeeds.
-      const Job* job = job_.load();
-      for (int64_t block; (block = take(seen, job->blocks)) >= 0;) {
-        const int64_t n0 = block * job->width;
-        const int64_t n1 = std::min(job->args->n, n0 + job->width);
-        if (n1 > n0) job->fn(*job->args, n0, n1);
-        done_.fetch_add(1);
-      }
+      work(seen);
     }
   }
 
@@ -368,7 +411,8 @@ class QuantPool {
   std::atomic<uint64_t> claim_{0};
   std::atomic<int64_t> done_{0};
   std::atomic<int> asleep_{0};
-  std::atomic<const Job*> job_{nullptr};
+  std::atomic<const Task*> tasks_{nullptr};
+  std::atomic<int64_t> count_{0};
 };
 
 constexpr int64_t SPLIT_MIN = 1 << 16;  // weights below which one thread does it all
@@ -406,16 +450,24 @@ columns_fn pick_dequant(int bits, int group, mx::Dtype dtype) {
   return by_bits<PortableDequant>(bits, lpg, s);
 }
 
-// The rows of w cut into blocks for the pool, as compute() cuts a product's columns.
-void run_split(columns_fn fn, const QArgs& a, int64_t cost) {
+// The columns of every part (products of one x, or one product) cut into tasks for the
+// pool: several a thread, so a helper that is not running delays little; one thread for
+// products of less than SPLIT_MIN weights in all.
+// ``align``: a task's first column is a multiple of it (the tiled kernel's 16).
+void run_columns(columns_fn fn, const std::vector<QArgs>& parts, int64_t k, int64_t align = 1) {
   auto& pool = QuantPool::get();
-  if (cost < SPLIT_MIN || pool.threads() < 2) {
-    fn(a, 0, a.n);
+  int64_t n = 0;
+  for (const auto& a : parts) n += a.n;
+  if (n * k < SPLIT_MIN || pool.threads() < 2) {
+    for (const auto& a : parts) fn(a, 0, a.n);
     return;
   }
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(a.n / 16, 8 * pool.threads()));
-  const int64_t width = (a.n + blocks - 1) / blocks;
-  pool.run(fn, a, (a.n + width - 1) / width, width);
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(n / 16, 8 * pool.threads()));
+  const int64_t width = ((n + blocks - 1) / blocks + align - 1) / align * align;
+  std::vector<Task> tasks;
+  for (const auto& a : parts)
+    for (int64_t n0 = 0; n0 < a.n; n0 += width) tasks.push_back({fn, &a, n0, std::min(a.n, n0 + width)});
+  pool.run(tasks.data(), static_cast<int64_t>(tasks.size()));
 }
 
 // x's columns in the dequantized weights' order (each row as dequant_body writes one).
@@ -434,19 +486,33 @@ void block_order_rows(const float* x, float* xp, int64_t m, int64_t k) {
   }
 }
 
+// A CPU primitive's common start: the inputs staged (staging.h: the task calls fill()
+// first), the outputs allocated, and both registered with the command encoder; ``outs``
+// gets the outputs' weak copies for the task the caller dispatches.
+mx::cpu::CommandEncoder& prepare(mx::Stream stream, const std::vector<mx::array>& inputs,
+                                 std::vector<mx::array> outputs, staging::Staged& ins,
+                                 std::vector<mx::array>& outs) {
+  auto& enc = mx::cpu::get_command_encoder(stream);
+  ins = staging::stage(enc, inputs);
+  for (auto& o : outputs) {
+    o.set_data(mx::allocator::malloc(o.nbytes()));
+    enc.set_output_array(o);
+    outs.push_back(mx::array::unsafe_weak_copy(o));
+  }
+  return enc;
+}
+
 class BlockOrder : public mx::UnaryPrimitive {
  public:
   BlockOrder(mx::Stream s, int bits) : mx::UnaryPrimitive(s), bits_(bits) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    if (!inputs[0].flags().row_contiguous)
-      throw std::runtime_error("appliance block_order: input not contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(inputs[0]);
-    enc.set_output_array(out);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
-                  out = mx::array::unsafe_weak_copy(out), bits = bits_]() mutable {
+    staging::Staged staged;
+    std::vector<mx::array> outs;
+    auto& enc = prepare(stream(), inputs, {out}, staged, outs);
+    enc.dispatch([staged = std::move(staged), out = outs[0], bits = bits_]() mutable {
+      staged.fill();
+      const mx::array& x = staged.ins[0];
       const int64_t k = x.shape(-1), m = k ? static_cast<int64_t>(x.size()) / k : 0;
       if (bits == 4) block_order_rows<8>(x.data<float>(), out.data<float>(), m, k);
       else block_order_rows<4>(x.data<float>(), out.data<float>(), m, k);
@@ -464,39 +530,24 @@ class BlockOrder : public mx::UnaryPrimitive {
   int bits_;
 };
 
-// A CPU primitive's common start: contiguous inputs (else an error naming ``what``), the
-// output allocated, and the inputs and output registered with the command encoder; ``ins``
-// gets the inputs' weak copies for the task the caller dispatches.
-mx::cpu::CommandEncoder& prepare(mx::Stream stream, const std::vector<mx::array>& inputs,
-                                 mx::array& out, std::vector<mx::array>& ins, const char* what) {
-  for (const auto& a : inputs)
-    if (!a.flags().row_contiguous)
-      throw std::runtime_error(std::string(what) + ": inputs not contiguous");
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream);
-  for (const auto& a : inputs) {
-    enc.set_input_array(a);
-    ins.push_back(mx::array::unsafe_weak_copy(a));
-  }
-  enc.set_output_array(out);
-  return enc;
-}
-
 class QuantDequant : public mx::UnaryPrimitive {
  public:
   QuantDequant(mx::Stream s, int group, int bits)
       : mx::UnaryPrimitive(s), group_(group), bits_(bits) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    std::vector<mx::array> ins;
-    auto& enc = prepare(stream(), inputs, out, ins, "appliance dequantize");
-    enc.dispatch([ins = std::move(ins), out = mx::array::unsafe_weak_copy(out), group = group_,
+    staging::Staged staged;
+    std::vector<mx::array> outs;
+    auto& enc = prepare(stream(), inputs, {out}, staged, outs);
+    enc.dispatch([staged = std::move(staged), out = outs[0], group = group_,
                   bits = bits_]() mutable {
+      staged.fill();
+      const auto& ins = staged.ins;
       const int64_t n = ins[0].shape(0), words = ins[0].shape(1), k = words * 32 / bits;
       QArgs a{nullptr, 0, k, k, n, ins[0].data<uint32_t>(), words, ins[1].data<void>(),
               ins[2].data<void>(), ins[1].shape(1), group, __builtin_ctz(group),
               out.data<float>(), nullptr, nullptr, nullptr};
-      run_split(pick_dequant(bits, group, ins[1].dtype()), a, n * k);
+      run_columns(pick_dequant(bits, group, ins[1].dtype()), {a}, k);
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
@@ -512,37 +563,65 @@ class QuantDequant : public mx::UnaryPrimitive {
   int group_, bits_;
 };
 
-class QuantMatmul : public mx::UnaryPrimitive {
+// x @ W.T for one or more weights W of the same K, group and bits (q/k/v, gate/up): x is
+// rounded once and the parts' columns go to the pool as one job, each part to its output.
+class QuantMatmul : public mx::Primitive {
  public:
-  QuantMatmul(mx::Stream s, int group, int bits, int act)
-      : mx::UnaryPrimitive(s), group_(group), bits_(bits), act_(act) {}
+  // tiled: the parts' weights are tile()'s (4-bit, x in 16 bits), not MLX's.
+  QuantMatmul(mx::Stream s, int group, int bits, int act, bool tiled = false)
+      : mx::Primitive(s), group_(group), bits_(bits), act_(act), tiled_(tiled) {}
 
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    std::vector<mx::array> ins;
-    auto& enc = prepare(stream(), inputs, out, ins, "appliance quantized_matmul");
-    enc.dispatch([ins = std::move(ins), out = mx::array::unsafe_weak_copy(out), group = group_,
-                  bits = bits_, act = act_]() mutable { compute(ins, out, group, bits, act); });
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    staging::Staged staged;
+    std::vector<mx::array> outs;
+    auto& enc = prepare(stream(), inputs, outputs, staged, outs);
+    enc.dispatch([staged = std::move(staged), outs = std::move(outs), group = group_,
+                  bits = bits_, act = act_, tiled = tiled_]() mutable {
+      staged.fill();
+      if (tiled) compute_tiled(staged.ins, outs, group);
+      else compute(staged.ins, outs, group, bits, act);
+    });
   }
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error("appliance quantized_matmul runs on the CPU only");
   }
   const char* name() const override { return "ApplianceQuantizedMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const QuantMatmul&>(other);
-    return group_ == o.group_ && bits_ == o.bits_ && act_ == o.act_;
+    return group_ == o.group_ && bits_ == o.bits_ && act_ == o.act_ && tiled_ == o.tiled_;
   }
 
  private:
-  static void compute(std::vector<mx::array>& in, mx::array& out, int group, int bits, int act) {
+  // in: x, then each part's tiles, scales and biases; out: each part's y [.., n].
+  static void compute_tiled(std::vector<mx::array>& in, std::vector<mx::array>& out, int group) {
     const mx::array& x = in[0];
-    const mx::array& w = in[1];
-    const int64_t n = w.shape(0), words = w.shape(1);
+    const int64_t k = x.shape(-1), groups = k / group;
+    const int64_t m = k ? static_cast<int64_t>(x.size()) / k : 0;
+    std::vector<int16_t> xq(static_cast<size_t>(m * k));
+    std::vector<float> xs(static_cast<size_t>(m * (k / IBLOCK))), xsum(static_cast<size_t>(m * groups));
+    quantize_plain(x.data<float>(), m, k, group, xq.data(), xs.data(), xsum.data());
+    const QArgs a{nullptr, m, k, k, 0, nullptr, 0, nullptr, nullptr, groups, group,
+                  __builtin_ctz(group), nullptr, xq.data(), xs.data(), xsum.data()};
+    std::vector<QArgs> parts(out.size(), a);
+    for (size_t p = 0; p < parts.size(); p++) {
+      parts[p].n = out[p].shape(-1);
+      parts[p].w = in[1 + 3 * p].data<uint32_t>();
+      parts[p].scales = in[2 + 3 * p].data<void>();
+      parts[p].biases = in[3 + 3 * p].data<void>();
+      parts[p].y = out[p].data<float>();
+    }
+    run_columns(pick_tiled(in[2].dtype()), parts, k, TILE);
+  }
+
+  // in: x, then each part's w, scales and biases; out: each part's y.
+  static void compute(std::vector<mx::array>& in, std::vector<mx::array>& out, int group,
+                      int bits, int act) {
+    const mx::array& x = in[0];
+    const int64_t words = in[1].shape(1), groups = in[2].shape(1);
     const int64_t k = words * 32 / bits;
     const int64_t m = k ? static_cast<int64_t>(x.size()) / k : 0;
-    const int64_t groups = in[2].shape(1);
-    QArgs a{nullptr, m, k, k, n, w.data<uint32_t>(), words, in[2].data<void>(),
-            in[3].data<void>(), groups, group, __builtin_ctz(group), out.data<float>(),
-            nullptr, nullptr, nullptr};
+    QArgs a{nullptr, m, k, k, 0, nullptr, words, nullptr, nullptr, groups, group,
+            __builtin_ctz(group), nullptr, nullptr, nullptr, nullptr};
     const I16Sizes z(k, groups);
     std::vector<float> xp, xs, xsum;
     std::vector<int16_t> xq;
@@ -552,53 +631,42 @@ class QuantMatmul : public mx::UnaryPrimitive {
       xs.resize(static_cast<size_t>(m * z.xs));
       xsum.resize(static_cast<size_t>(m * z.xsum));
       quantize_rows(x.data<float>(), m, k, group, xq.data(), xs.data(), xsum.data());
-      a.xq = xq.data();
-      a.xs = xs.data();
-      a.xsum = xsum.data();
       fn = pick_i16(group, in[2].dtype());
     } else {
       const int64_t e = LANES * 32 / bits;
       a.kp = (k + e - 1) / e * e;
       xp.resize(static_cast<size_t>(m * a.kp));
       to_block_order(x.data<float>(), xp.data(), m, k, a.kp, bits);
-      a.xp = xp.data();
       fn = pick(bits, group, in[2].dtype());
     }
-    const int64_t kp = a.kp;
-    auto& pool = QuantPool::get();
     // Rows in slices that stay in the cache while every column passes them (a prefill's
     // rows would otherwise be read from memory once per column).
+    std::vector<QArgs> parts(out.size(), a);
     for (int64_t r0 = 0; r0 < m; r0 += SLICE_ROWS) {
-      QArgs slice = a;
-      slice.m = std::min(SLICE_ROWS, m - r0);
-      if (a.xq != nullptr) {
-        slice.xq = a.xq + r0 * z.xq;
-        slice.xs = a.xs + r0 * z.xs;
-        slice.xsum = a.xsum + r0 * z.xsum;
-      } else {
-        slice.xp = a.xp + r0 * kp;
+      for (size_t p = 0; p < parts.size(); p++) {
+        QArgs& part = parts[p];
+        const mx::array& w = in[1 + 3 * p];
+        part.m = std::min(SLICE_ROWS, m - r0);
+        part.n = w.shape(0);
+        part.w = w.data<uint32_t>();
+        part.scales = in[2 + 3 * p].data<void>();
+        part.biases = in[3 + 3 * p].data<void>();
+        part.y = out[p].data<float>() + r0 * part.n;
+        if (!xq.empty()) {
+          part.xq = xq.data() + r0 * z.xq;
+          part.xs = xs.data() + r0 * z.xs;
+          part.xsum = xsum.data() + r0 * z.xsum;
+        } else {
+          part.xp = xp.data() + r0 * a.kp;
+        }
       }
-      slice.y = a.y + r0 * n;
-      if (n * k < SPLIT_MIN || pool.threads() < 2) {
-        fn(slice, 0, n);
-        continue;
-      }
-      // Several blocks per thread, so a helper that is not running delays little.
-      const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(n / 16, 8 * pool.threads()));
-      const int64_t width = (n + blocks - 1) / blocks;
-      pool.run(fn, slice, (n + width - 1) / width, width);
+      run_columns(fn, parts, k);
     }
   }
 
   int group_, bits_, act_;
+  bool tiled_;
 };
-
-// a itself where it is evaluated and row-contiguous already (weights, scales, biases): a
-// contiguous node costs the step a scheduled operation even when it copies nothing.
-mx::array contiguous(const mx::array& a, mx::Stream s) {
-  if (a.is_available() && a.flags().row_contiguous) return a;
-  return mx::contiguous(a, false, s);
-}
 
 // The checks both entry points make of w, scales and biases; K.
 int64_t check_weights(const mx::array& w, const mx::array& scales, const mx::array& biases,
@@ -624,7 +692,7 @@ mx::array dequantize_blocked(const mx::array& w, const mx::array& scales,
                              const mx::array& biases, int group, int bits) {
   const int64_t k = check_weights(w, scales, biases, group, bits);
   auto s = mx::to_stream({}, mx::Device::cpu);
-  std::vector<mx::array> ins = {contiguous(w, s), contiguous(scales, s), contiguous(biases, s)};
+  std::vector<mx::array> ins = {w, scales, biases};
   return mx::array({w.shape(0), static_cast<int32_t>(k)}, mx::float32,
                    std::make_shared<QuantDequant>(s, group, bits), std::move(ins));
 }
@@ -637,24 +705,79 @@ mx::array block_order(const mx::array& x, int bits) {
     throw std::invalid_argument("block_order: x's last axis must be a multiple of 32");
   auto s = mx::to_stream({}, mx::Device::cpu);
   return mx::array(x.shape(), mx::float32, std::make_shared<BlockOrder>(s, bits),
-                   {mx::contiguous(x, false, s)});
+                   {x});
+}
+
+std::vector<mx::array> quantized_matmul_many(const mx::array& x, const std::vector<mx::array>& ws,
+                                             const std::vector<mx::array>& scales,
+                                             const std::vector<mx::array>& biases, int group,
+                                             int bits, int act) {
+  if (x.dtype() != mx::float32) throw std::invalid_argument("quantized_matmul: x must be float32");
+  if (ws.empty() || scales.size() != ws.size() || biases.size() != ws.size())
+    throw std::invalid_argument("quantized_matmul: one scales and biases for each w");
+  if (act != ACT_DEFAULT && act != ACT_FLOAT && act != ACT_INT16)
+    throw std::invalid_argument("quantized_matmul: activations must be -1, 0 or 1");
+  auto s = mx::to_stream({}, mx::Device::cpu);
+  std::vector<mx::array> ins = {x};
+  std::vector<mx::Shape> shapes;
+  for (size_t p = 0; p < ws.size(); p++) {
+    const int64_t k = check_weights(ws[p], scales[p], biases[p], group, bits);
+    if (x.ndim() < 1 || x.shape(-1) != k)
+      throw std::invalid_argument("quantized_matmul: x's last axis must be K");
+    if (scales[p].dtype() != scales[0].dtype())
+      throw std::invalid_argument("quantized_matmul: the parts' scales must share a dtype");
+    mx::Shape shape = x.shape();
+    shape.back() = ws[p].shape(0);
+    shapes.push_back(std::move(shape));
+    for (const mx::array* a : {&ws[p], &scales[p], &biases[p]}) ins.push_back(*a);
+  }
+  const std::vector<mx::Dtype> dtypes(ws.size(), mx::float32);
+  return mx::array::make_arrays(std::move(shapes), dtypes,
+                                std::make_shared<QuantMatmul>(s, group, bits, act), ins);
+}
+
+// The products of x with tile()'s 4-bit weights (quant_kernels.h, "Tiled 4-bit weights"):
+// part p's tiles uint8 [ceil(n / 16), k / 32 * 256], scales and biases [ceil(n / 16),
+// k / group, 16], n[p] columns.
+std::vector<mx::array> tiled_matmul(const mx::array& x, const std::vector<mx::array>& tiles,
+                                    const std::vector<mx::array>& scales,
+                                    const std::vector<mx::array>& biases,
+                                    const std::vector<int64_t>& ns, int group) {
+  if (x.dtype() != mx::float32 || x.ndim() < 1)
+    throw std::invalid_argument("tiled_matmul: x must be float32");
+  if (tiles.empty() || scales.size() != tiles.size() || biases.size() != tiles.size() ||
+      ns.size() != tiles.size())
+    throw std::invalid_argument("tiled_matmul: one scales, biases and n for each tiles");
+  if (group != 32 && group != 64 && group != 128)
+    throw std::invalid_argument("tiled_matmul: group_size must be 32, 64 or 128");
+  const int64_t k = x.shape(-1);
+  if (k % group) throw std::invalid_argument("tiled_matmul: K must be a multiple of group_size");
+  auto s = mx::to_stream({}, mx::Device::cpu);
+  std::vector<mx::array> ins = {x};
+  std::vector<mx::Shape> shapes;
+  for (size_t p = 0; p < tiles.size(); p++) {
+    const int32_t t = static_cast<int32_t>((ns[p] + TILE - 1) / TILE);
+    const mx::Shape tshape = {t, static_cast<int32_t>(k / IBLOCK * TBLOCK)};
+    const mx::Shape sshape = {t, static_cast<int32_t>(k / group), TILE};
+    if (tiles[p].dtype() != mx::uint8 || tiles[p].shape() != tshape)
+      throw std::invalid_argument("tiled_matmul: tiles must be uint8 [ceil(n / 16), K * 8]");
+    if (scales[p].shape() != sshape || biases[p].shape() != sshape ||
+        scales[p].dtype() != scales[0].dtype() || biases[p].dtype() != scales[0].dtype())
+      throw std::invalid_argument(
+          "tiled_matmul: scales and biases must be [ceil(n / 16), K / group_size, 16], one dtype");
+    mx::Shape shape = x.shape();
+    shape.back() = static_cast<int32_t>(ns[p]);
+    shapes.push_back(std::move(shape));
+    for (const mx::array* a : {&tiles[p], &scales[p], &biases[p]}) ins.push_back(*a);
+  }
+  const std::vector<mx::Dtype> dtypes(tiles.size(), mx::float32);
+  return mx::array::make_arrays(std::move(shapes), dtypes,
+                                std::make_shared<QuantMatmul>(s, group, 4, ACT_INT16, true), ins);
 }
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                            const mx::array& biases, int group, int bits, int act) {
-  if (x.dtype() != mx::float32) throw std::invalid_argument("quantized_matmul: x must be float32");
-  const int64_t k = check_weights(w, scales, biases, group, bits);
-  if (x.ndim() < 1 || x.shape(-1) != k)
-    throw std::invalid_argument("quantized_matmul: x's last axis must be K");
-  auto s = mx::to_stream({}, mx::Device::cpu);
-  mx::Shape shape = x.shape();
-  shape.back() = w.shape(0);
-  std::vector<mx::array> ins = {contiguous(x, s), contiguous(w, s), contiguous(scales, s),
-                                contiguous(biases, s)};
-  if (act != ACT_DEFAULT && act != ACT_FLOAT && act != ACT_INT16)
-    throw std::invalid_argument("quantized_matmul: activations must be -1, 0 or 1");
-  return mx::array(shape, mx::float32, std::make_shared<QuantMatmul>(s, group, bits, act),
-                   std::move(ins));
+  return quantized_matmul_many(x, {w}, {scales}, {biases}, group, bits, act)[0];
 }
 
 }  // namespace
@@ -666,6 +789,16 @@ void define_quant(nb::module_& m) {
         "group_size 32, 64 or 128), the weights read once for all rows. activations: how a "
         "4-bit product takes x: 1 rounded to 16 bits per block of 32, 0 in float, -1 the "
         "process's choice (APPLIANCE_QUANT_ACT).");
+  m.def("quantized_matmul_many", &quantized_matmul_many, nb::arg("x"), nb::arg("ws"),
+        nb::arg("scales"), nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
+        nb::arg("activations") = -1,
+        "quantized_matmul of x with each of several weights of the same K, group and bits, "
+        "as one operation: x is rounded once and the columns of all go to the threads as one "
+        "job. A list of outputs, one per weight.");
+  m.def("tiled_matmul", &tiled_matmul, nb::arg("x"), nb::arg("tiles"), nb::arg("scales"),
+        nb::arg("biases"), nb::arg("n"), nb::arg("group_size"),
+        "x @ W.T for each of several 4-bit weights W in appliance/backend/quant.py's tiles "
+        "(16 columns side by side), x rounded to 16 bits once; a list of outputs.");
   m.def("dequantize_blocked", &dequantize_blocked, nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
         "dequantize(w, scales, biases) as float32 [N, K], each row's K in the kernel's block "

@@ -1,0 +1,130 @@
+"""A loaded model's quantized layers in the kernel's own forms (appliance/backend/quant.py's
+``adopt``), on small random 4-bit models of the architectures the riding forward reads:
+with x rounded to 16 bits, every 4-bit layer is read from tiles and each group of sibling
+layers (q/k/v, gate/up) is one operation, within float32's rounding of the column-wise
+kernel; with x in float, the groups alone, to the bit. A long prompt's rows and a layer
+whose weights changed take the ordinary products."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx_lm import load
+
+from appliance.backend import fast_ops, quant
+from tests.engine.arch_models import build
+
+ARCHS = {"llama3": 2, "qwen3": 2, "gemma3_text": 2, "phi3": 0}
+"""Groups a layer has: q/k/v and gate/up, none for Phi-3 (its projections are fused in the
+checkpoint already)."""
+
+
+@pytest.fixture(autouse=True)
+def on_cpu() -> Iterator[None]:
+    if not fast_ops.on_cpu():
+        pytest.fail("these tests run where MLX computes on the CPU")
+    yield
+    quant.uninstall()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("adopt")
+    return {arch: build(root / arch, demo_model, arch, bits=4) for arch in ARCHS}
+
+
+class Counted:
+    """The extension with its product calls counted."""
+
+    def __init__(self, ext: Any) -> None:
+        self.ext = ext
+        self.calls = {"quantized_matmul": 0, "quantized_matmul_many": 0, "tiled_matmul": 0}
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self.calls:
+            return getattr(self.ext, name)
+
+        def counted(*args: Any) -> Any:
+            self.calls[name] += 1
+            return getattr(self.ext, name)(*args)
+        return counted
+
+
+def logits(model: Any, tokens: list[int], monkeypatch: pytest.MonkeyPatch) -> tuple[
+        np.ndarray, dict[str, int]]:
+    counted = Counted(fast_ops._extension())
+    with monkeypatch.context() as patch:
+        patch.setattr(fast_ops, "_extension", lambda: counted)
+        out = model(mx.array([tokens]))
+        mx.eval(out)
+    return np.array(out), counted.calls
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("n", [1, 7])
+def test_tiles_and_groups_give_the_kernels_numbers(
+        arch: str, n: int, models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert quant.install() is None
+    if quant.activations() != "int16":
+        pytest.fail("x is rounded to 16 bits on AVX2 and AVX-512 (this processor has neither)")
+    model = load(str(models[arch]))[0]
+    layers = len(model.layers)
+    tokens = [5 + 37 * i % 4000 for i in range(n)]
+    want, alone = logits(model, tokens, monkeypatch)
+    groups, tiled_bytes = quant.adopt(model)
+    assert groups == ARCHS[arch] * layers and tiled_bytes > 0
+    got, adopted = logits(model, tokens, monkeypatch)
+    # the same rounded x and integer sums; the float steps' order differs, and a layer's
+    # difference moves the next layer's rounded x (1e-4: test_mixed_archs's bound per product)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+    # seven products a layer alone (q, k, v, o, gate, up, down; Phi-3's four): now one per
+    # group and one per other layer (o, down; Phi-3's four), all tiled, and an untied head;
+    # a tied one (an embedding's) as before
+    head = int(isinstance(model.get("lm_head"), nn.QuantizedLinear))
+    assert adopted["tiled_matmul"] == 4 * layers + head
+    separate = 4 if arch == "phi3" else 7
+    assert adopted["quantized_matmul"] == alone["quantized_matmul"] - separate * layers - head
+    assert adopted["quantized_matmul_many"] == 0
+
+
+@pytest.mark.parametrize("arch", ["llama3", "gemma3_text"])
+def test_with_x_in_float_groups_give_the_bits_of_separate_products(
+        arch: str, models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert quant.install("float") is None
+    model = load(str(models[arch]))[0]
+    layers = len(model.layers)
+    want, alone = logits(model, [9, 11, 13], monkeypatch)
+    assert quant.adopt(model) == (2 * layers, 0)  # no tiles: x is not rounded
+    got, grouped = logits(model, [9, 11, 13], monkeypatch)
+    assert np.array_equal(got, want)
+    assert grouped["quantized_matmul_many"] == 2 * layers
+    assert grouped["quantized_matmul"] == alone["quantized_matmul"] - 5 * layers
+
+
+def test_a_prompts_rows_and_changed_weights_take_ordinary_products(
+        models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert quant.install() is None
+    model = load(str(models["llama3"]))[0]
+    layers = len(model.layers)
+    quant.adopt(model)
+    _, prompt = logits(model, list(range(5, 5 + quant.KERNEL_ROWS + 1)), monkeypatch)
+    assert prompt["tiled_matmul"] == 4 * layers  # tiles take prompts of up to 256 rows
+    _, prompt = logits(model, [5 + i % 4000 for i in range(quant.TILED_ROWS + 1)], monkeypatch)
+    assert prompt["tiled_matmul"] == 0 and prompt["quantized_matmul_many"] == 0
+    attn = model.layers[0].self_attn
+    attn.o_proj.update({"weight": attn.o_proj["weight"] + 0})  # a new array: not adopted
+    x = mx.ones((1, 128))
+    want = np.array(quant.quantized_matmul(x, attn.o_proj["weight"], attn.o_proj["scales"],
+                                           attn.o_proj["biases"], 32, 4))
+    _, step = logits(model, [9], monkeypatch)
+    assert step["tiled_matmul"] == 4 * layers - 1
+    assert np.array_equal(np.array(attn.o_proj(x)), want)
+    assert quant.adopt(None) == (0, 0)
+    _, forgotten = logits(model, [9], monkeypatch)
+    assert forgotten["tiled_matmul"] == 0

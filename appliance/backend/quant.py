@@ -147,7 +147,7 @@ def adopt(model: Any) -> tuple[int, int]:
     groups = 0
     for _, module in model.named_modules():
         for names in SIBLINGS:
-            members = [module.get(name) for name in names] if isinstance(module, dict) else []
+            members: list[Any] = [module.get(name) for name in names]
             if not members or not all(_fusable(m, members[0]) for m in members):
                 continue
             group = _group([_adopt_layer(m, tiling) for m in members])
@@ -329,7 +329,8 @@ def _quantized_matmul_with(fallback: Any, activations: str | None) -> Any:
                               biases: mx.array | None = None, transpose: bool = True,
                               group_size: int | None = None, bits: int | None = None,
                               mode: str = "affine", *, stream: Any = None) -> mx.array:
-        if stream is None and _layers and transpose and x.dtype == mx.float32:
+        if (stream is None and _layers and biases is not None and transpose
+                and x.dtype == mx.float32):
             # an adopted layer's own arrays: their checks were made when it was adopted
             done = _adopted(x, w, scales, biases, activations)
             if done is not None:

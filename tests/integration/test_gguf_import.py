@@ -340,6 +340,9 @@ def test_the_imported_model_answers_a_factual_question_through_the_daemon(
     finally:
         assert d.terminate() == 0
     assert "Paris" in (reply.choices[0].message.content or "")
+    # the daemon took its 30 layers' q/k/v and gate/up into the kernel's forms (tiles too,
+    # where x is rounded to 16 bits): the path the answer came through
+    assert "quantized layers adopted: groups=60 " in d.log.read_text()
 
 
 def test_float32_stores_the_dequantized_weights(tmp_path: Path) -> None:

@@ -155,8 +155,12 @@ def adopt(model: Any) -> tuple[int, int]:
                 _layers[id(m["weight"])] = (group, index)
                 grouped.add(id(m))
             groups += 1
+    # every other 4-bit layer, and a 4-bit embedding that is also the output layer (its
+    # as_linear makes the same call with its own arrays; one that is not would never be read)
+    tied = model.get("lm_head") is None
     for _, module in model.named_modules():
-        if id(module) not in grouped and _fusable(module, module) and tiling and module.bits == 4:
+        if (id(module) not in grouped and _fusable(module, module) and tiling and module.bits == 4
+                and (tied or not isinstance(module, nn.QuantizedEmbedding))):
             _layers[id(module["weight"])] = (_group([_adopt_layer(module, tiling)]), 0)
     tiled = sum(t.tiles.nbytes + 2 * t.scales.nbytes
                 for group, index in _layers.values() if (t := group.layers[index].tiled))
@@ -184,7 +188,8 @@ def _adopt_layer(layer: Any, tiling: bool) -> _Layer:
 
 
 def _fusable(layer: Any, first: Any) -> bool:
-    return (isinstance(layer, nn.QuantizedLinear) and layer.mode == "affine"
+    return (isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+            and layer.mode == "affine"
             and "biases" in layer and layer.bits in BITS and layer.group_size in GROUP_SIZES
             and layer.bits == first.bits and layer.group_size == first.group_size
             and layer["scales"].dtype == first["scales"].dtype

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx_lm import load
@@ -84,13 +83,13 @@ def test_tiles_and_groups_give_the_kernels_numbers(
     # difference moves the next layer's rounded x (3e-4 of the largest: test_mixed_archs's
     # bound for x rounded to 16 bits; 1.03e-4 seen on Gemma 3 with OpenBLAS preloaded)
     np.testing.assert_allclose(got, want, rtol=0, atol=3e-4 * np.abs(want).max())
-    # seven products a layer alone (q, k, v, o, gate, up, down; Phi-3's four): now one per
-    # group and one per other layer (o, down; Phi-3's four), all tiled, and an untied head;
-    # a tied one (an embedding's) as before
-    head = int(isinstance(model.get("lm_head"), nn.QuantizedLinear))
-    assert adopted["tiled_matmul"] == 4 * layers + head
+    # seven products a layer alone (q, k, v, o, gate, up, down; Phi-3's four) and the head:
+    # now one per group and one per other layer (o, down; Phi-3's four), and the head (its
+    # own layer, or the 4-bit embedding when tied), all tiled
     separate = 4 if arch == "phi3" else 7
-    assert adopted["quantized_matmul"] == alone["quantized_matmul"] - separate * layers - head
+    assert alone["quantized_matmul"] == separate * layers + 1
+    assert adopted["tiled_matmul"] == 4 * layers + 1
+    assert adopted["quantized_matmul"] == 0
     assert adopted["quantized_matmul_many"] == 0
 
 
@@ -115,7 +114,8 @@ def test_a_prompts_rows_and_changed_weights_take_ordinary_products(
     layers = len(model.layers)
     quant.adopt(model)
     _, prompt = logits(model, list(range(5, 5 + quant.KERNEL_ROWS + 1)), monkeypatch)
-    assert prompt["tiled_matmul"] == 4 * layers  # tiles take prompts of up to 256 rows
+    # tiles take prompts of up to 256 rows (four a layer and the tied head)
+    assert prompt["tiled_matmul"] == 4 * layers + 1
     _, prompt = logits(model, [5 + i % 4000 for i in range(quant.TILED_ROWS + 1)], monkeypatch)
     assert prompt["tiled_matmul"] == 0 and prompt["quantized_matmul_many"] == 0
     attn = model.layers[0].self_attn
@@ -124,8 +124,18 @@ def test_a_prompts_rows_and_changed_weights_take_ordinary_products(
     want = np.array(quant.quantized_matmul(x, attn.o_proj["weight"], attn.o_proj["scales"],
                                            attn.o_proj["biases"], 32, 4))
     _, step = logits(model, [9], monkeypatch)
-    assert step["tiled_matmul"] == 4 * layers - 1
+    assert step["tiled_matmul"] == 4 * layers
     assert np.array_equal(np.array(attn.o_proj(x)), want)
     assert quant.adopt(None) == (0, 0)
     _, forgotten = logits(model, [9], monkeypatch)
     assert forgotten["tiled_matmul"] == 0
+
+
+def test_an_embedding_is_tiled_only_where_it_is_the_output_layer(
+        models: dict[str, Path]) -> None:
+    assert quant.install() is None
+    for arch, tied in (("llama3", True), ("phi3", False)):
+        model = load(str(models[arch]))[0]
+        quant.adopt(model)
+        embedding = model.model.embed_tokens["weight"]
+        assert (id(embedding) in quant._layers) is tied, arch

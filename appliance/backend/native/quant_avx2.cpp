@@ -41,6 +41,10 @@ struct ColumnsI16 {
   template <int BITS, int LPG, class S>
   static columns_fn get() { return columns_i16_avx2<LPG, S>; }
 };
+struct Tiled {
+  template <int BITS, int LPG, class S>
+  static columns_fn get() { return tiled_avx2<S>; }
+};
 struct Dequant {
   template <int BITS, int LPG, class S>
   static columns_fn get() { return dequant_avx2<BITS, LPG, S>; }
@@ -48,11 +52,7 @@ struct Dequant {
 
 }  // namespace
 
-columns_fn avx2_tiled(Scales s) {
-  if (s == SCALES_F16) return tiled_avx2<F16>;
-  if (s == SCALES_BF16) return tiled_avx2<BF16>;
-  return tiled_avx2<F32>;
-}
+columns_fn avx2_tiled(Scales s) { return by_scales<Tiled, 4, 16>(s); }
 columns_fn avx2_columns(int bits, int lpg, Scales s) { return by_bits<Columns>(bits, lpg, s); }
 columns_fn avx2_columns_i16(int lpg, Scales s) { return by_lpg<ColumnsI16, 4>(lpg, s); }
 columns_fn avx2_dequant(int bits, int lpg, Scales s) { return by_bits<Dequant>(bits, lpg, s); }

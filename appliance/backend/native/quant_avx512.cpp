@@ -42,6 +42,10 @@ struct ColumnsI16 {
   template <int BITS, int LPG, class S>
   static columns_fn get() { return columns_i16_vnni<LPG, S>; }
 };
+struct Tiled {
+  template <int BITS, int LPG, class S>
+  static columns_fn get() { return tiled_vnni<S>; }
+};
 struct Dequant {
   template <int BITS, int LPG, class S>
   static columns_fn get() { return dequant_avx512<BITS, LPG, S>; }
@@ -49,11 +53,7 @@ struct Dequant {
 
 }  // namespace
 
-columns_fn vnni_tiled(Scales s) {
-  if (s == SCALES_F16) return tiled_vnni<F16>;
-  if (s == SCALES_BF16) return tiled_vnni<BF16>;
-  return tiled_vnni<F32>;
-}
+columns_fn vnni_tiled(Scales s) { return by_scales<Tiled, 4, 16>(s); }
 columns_fn avx512_columns(int bits, int lpg, Scales s) { return by_bits<Columns>(bits, lpg, s); }
 columns_fn vnni_columns_i16(int lpg, Scales s) { return by_lpg<ColumnsI16, 4>(lpg, s); }
 columns_fn avx512_dequant(int bits, int lpg, Scales s) { return by_bits<Dequant>(bits, lpg, s); }

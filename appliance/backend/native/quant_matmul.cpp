@@ -94,6 +94,10 @@ __attribute__((flatten)) void tiled_portable(const QArgs& a, int64_t n0, int64_t
   tiled_body<S, TPortable>(a, n0, n1);
 }
 
+struct PortableTiled {
+  template <int BITS, int LPG, class S>
+  static columns_fn get() { return tiled_portable<S>; }
+};
 struct PortableDequant {
   template <int BITS, int LPG, class S>
   static columns_fn get() { return dequant_portable<BITS, LPG, S>; }
@@ -181,9 +185,7 @@ columns_fn pick_tiled(mx::Dtype dtype) {
   if (simd() == AVX512 && vnni) return vnni_tiled(s);
   if (simd() != PORTABLE) return avx2_tiled(s);
 #endif
-  if (s == SCALES_F16) return tiled_portable<F16>;
-  if (s == SCALES_BF16) return tiled_portable<BF16>;
-  return tiled_portable<F32>;
+  return by_scales<PortableTiled, 4, 16>(s);
 }
 
 // How 4-bit products take x: in 16 bits where an AVX2 or AVX-512 variant runs (faster than

@@ -7,7 +7,8 @@
   (:mod:`~appliance.backend.quant`), malloc's thresholds (:mod:`~appliance.backend.heap`)
   and the cost profile the scheduler reads (:mod:`~appliance.backend.profile`);
   :func:`adopt` once it has loaded: its 4-bit weights tiled for the quantized kernel and
-  the products it takes of one input made as one.
+  the products it takes of one input made as one; on CUDA, its quantized kernels compiled.
+- :mod:`~appliance.backend.gpu`: MLX's CUDA kernel cache kept in the data directory.
 
 The kind of backend is read once from the installed MLX, without importing it (the
 process may still restart): Metal on macOS, CUDA where MLX's CUDA build is installed, the
@@ -111,12 +112,15 @@ def start(*, native: bool = True, fast_cpu_ops: bool = True) -> Backend:
     return backend
 
 
-def adopt(model: Any) -> int:
+def adopt(model: Any, backend: Backend) -> int:
     """Fit the loaded ``model`` to what :func:`start` set up: where the quantized kernel
     runs, its 4-bit weights tiled and the products its modules take of one input (q/k/v,
-    gate/up) made as one. The bytes this adds to the model's."""
-    from appliance.backend import quant
+    gate/up) made as one; on CUDA, its quantized products' kernels compiled now
+    (:mod:`~appliance.backend.gpu`). The bytes this adds to the model's."""
+    from appliance.backend import gpu, quant
 
+    if backend.kind == "cuda":
+        gpu.warm_quantized(model)
     groups, tiled = quant.adopt(model)
     if groups or tiled:
         log.info("quantized layers adopted: groups=%d tiles=%d bytes", groups, tiled)

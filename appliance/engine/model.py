@@ -95,7 +95,7 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
         slice_layers(model, lo, hi, edges=edges)
     if staged:
         mx.eval(model.parameters())
-    extra = backends.adopt(model)
+    extra = backends.adopt(model, backend)
     config = json.loads((path / "config.json").read_text())
     params: list[Any] = [kv[1] for kv in tree_flatten(model.parameters())]
     weight_bytes = sum(v.nbytes for v in params) + extra

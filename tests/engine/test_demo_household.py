@@ -22,6 +22,7 @@ from appliance.demo.template import render_turns
 from appliance.engine.core import Engine
 from appliance.engine.request import FinishEvent, GenerationRequest, TokenEvent, blocking_sink
 from appliance.service.chat_format import Delta, OutputParser, render_prompt
+from tests.devices import EXACT_BATCHES
 from tests.helpers import make_settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "home_assistant_requests.json"
@@ -130,6 +131,7 @@ def test_training_rows_learn_only_the_assistant_turns() -> None:
         assert "<|im_start|>" not in learnt and "user" not in learnt.split()
 
 
+@EXACT_BATCHES
 def test_a_short_rebuild_is_reproducible_and_writes_the_shipped_tokenizer(
         tmp_path: Path) -> None:
     """The full rebuild trains for about an hour on a 2-core CPU (the model's README says

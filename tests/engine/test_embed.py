@@ -9,10 +9,12 @@ from pathlib import Path
 
 from appliance.engine.embed import Embedder, EmbedJob, pooled
 from appliance.engine.model import load_model
+from tests.devices import EXACT_BATCHES
 
 ROWS = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12], [1, 2, 3, 4, 5, 6, 7], [13]]
 
 
+@EXACT_BATCHES
 def test_vectors_are_unit_length_and_do_not_depend_on_their_batch(tiny_model: Path) -> None:
     loaded = load_model(tiny_model, 0)
     together = pooled(loaded.model, ROWS, 0)
@@ -23,6 +25,7 @@ def test_vectors_are_unit_length_and_do_not_depend_on_their_batch(tiny_model: Pa
     assert together[0] == together[3] and together[0] != together[1]
 
 
+@EXACT_BATCHES
 def test_a_job_is_read_one_bounded_batch_per_step(tiny_model: Path) -> None:
     loaded = load_model(tiny_model, 0)
     embedder = Embedder(loaded.model, 0, batch_tokens=8)

@@ -16,6 +16,7 @@ from appliance.engine.request import (
     TokenEvent,
     blocking_sink,
 )
+from tests.devices import EXACT_BATCHES
 from tests.helpers import make_settings
 
 QUESTIONS = ["What is a list?", "Tell me about files.", "How do I sort numbers?",
@@ -71,6 +72,7 @@ def test_greedy_output_is_the_same_alone_and_in_a_batch(demo_engine: Engine) -> 
         assert a_fin.usage == b_fin.usage
 
 
+@EXACT_BATCHES
 def test_a_seeded_sample_does_not_depend_on_its_neighbours(demo_engine: Engine) -> None:
     sampling = SamplingParams(temperature=1.0, seed=1234)
     req = GenerationRequest(prompt=_prompt(demo_engine, QUESTIONS[0]), max_tokens=16,

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.devices import CPU_TUNING
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
 
 MMAPPED = """
@@ -40,6 +42,7 @@ def mmapped_growth(mode: str) -> int:
     return int(out.stdout.strip())
 
 
+@CPU_TUNING
 def test_a_big_buffer_comes_from_the_heap_once_kept() -> None:
     size = 40 * 1024 * 1024
     assert mmapped_growth("plain") >= size  # glibc's default: a fresh mapping

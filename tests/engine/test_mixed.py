@@ -18,6 +18,7 @@ from appliance.engine.request import GenerationRequest, RequestHandle, TokenEven
 from appliance.engine.runner import Runner
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.types import SchedulerConfig
+from tests.devices import EXACT_BATCHES
 from tests.helpers import NATIVE
 
 ATOL = 1e-4
@@ -49,6 +50,7 @@ def model(demo_model: Path) -> Any:
     return loaded.model
 
 
+@EXACT_BATCHES
 def test_each_part_of_a_mixed_forward_gets_its_own_forwards_numbers(model: Any) -> None:
     lengths = [40, 23, 57]
     inputs = [11, 12, 13]

@@ -21,6 +21,7 @@ from appliance.engine.request import GenerationRequest, RequestHandle
 from appliance.engine.runner import Runner
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.types import SchedulerConfig
+from tests.devices import EXACT_BATCHES
 from tests.engine.arch_models import CONFIGS, build
 from tests.helpers import NATIVE
 
@@ -70,6 +71,7 @@ def _batch(model: Any, lengths: list[int], lean: bool) -> DecodeBatch:
     return batch
 
 
+@EXACT_BATCHES
 @pytest.mark.parametrize(("arch", "bits"), CASES)
 def test_each_part_of_a_mixed_forward_gets_its_own_forwards_numbers(
         models: dict[str, Path], arch: str, bits: int) -> None:
@@ -125,6 +127,7 @@ def _reference(model: Any, prompt: list[int], n: int) -> list[int]:
     return [int(token) for token, _ in steps]
 
 
+@EXACT_BATCHES
 @pytest.mark.parametrize(("arch", "bits"), CASES)
 def test_greedy_output_through_the_engine_is_mlx_lms_alone(
         models: dict[str, Path], arch: str, bits: int) -> None:

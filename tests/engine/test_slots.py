@@ -15,6 +15,7 @@ import pytest
 from appliance.engine.batch import DecodeBatch, new_sequence_cache, prefill
 from appliance.engine.model import load_model
 from appliance.engine.slots import _copy
+from tests.devices import EXACT_BATCHES
 from tests.helpers import NATIVE
 
 ATOL = 1e-4
@@ -70,6 +71,7 @@ def _same(batch: DecodeBatch, seqs: dict[int, Alone], inputs: dict[int, int]) ->
     return out
 
 
+@EXACT_BATCHES
 def test_a_row_joins_and_leaves_without_copying_the_others(
         model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("appliance.engine.slots.AHEAD_BYTES", 1)  # the floor: a layer a step
@@ -104,6 +106,7 @@ def test_a_row_joins_and_leaves_without_copying_the_others(
     inputs.update(_same(batch, seqs, inputs))
 
 
+@EXACT_BATCHES
 def test_the_buffers_grow_one_layer_a_step(model: Any) -> None:
     batch = DecodeBatch(model, max_rows=2)
     assert batch.slots is not None
@@ -121,6 +124,7 @@ def test_the_buffers_grow_one_layer_a_step(model: Any) -> None:
     assert max(grew) == 1, "one layer a step"
 
 
+@EXACT_BATCHES
 @pytest.mark.parametrize("ahead", [1, 1 << 20])
 def test_a_free_slot_is_made_a_few_layers_a_step(model: Any, monkeypatch: pytest.MonkeyPatch,
                                                  ahead: int) -> None:
@@ -148,6 +152,7 @@ def test_a_free_slot_is_made_a_few_layers_a_step(model: Any, monkeypatch: pytest
     inputs.update(_same(batch, seqs, inputs))
 
 
+@EXACT_BATCHES
 def test_a_longer_row_joins_a_batch_of_short_ones(model: Any) -> None:
     """A row that starts before the buffers' window: each layer is copied into a new one,
     and the rows already in keep their numbers."""
@@ -166,6 +171,7 @@ def test_a_longer_row_joins_a_batch_of_short_ones(model: Any) -> None:
     assert batch.padded_len == 600 + 3
 
 
+@EXACT_BATCHES
 def test_a_row_taken_out_holds_its_own_kv(model: Any) -> None:
     batch = DecodeBatch(model)
     seqs = {0: Alone(model, 90, 0), 1: Alone(model, 50, 1)}
@@ -190,6 +196,7 @@ def test_a_row_spanning_its_whole_window_is_copied_out() -> None:
     assert (np.asarray(row) == 1).all()
 
 
+@EXACT_BATCHES
 def test_prompts_read_straight_into_an_empty_batch(model: Any,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Fresh prompts arriving together while nothing decodes are read by one forward into

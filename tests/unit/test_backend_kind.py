@@ -21,10 +21,15 @@ def test_macos_is_metal_and_linux_follows_the_installed_mlx_build(
             return "0.32.4"
         return real(name)
 
+    def without_cuda(name: str) -> str:
+        if name in backend.CUDA_DISTRIBUTIONS:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
     monkeypatch.setattr(importlib.metadata, "version", with_cuda)
     assert backend.installed_kind("linux") == "cuda"
-    monkeypatch.setattr(importlib.metadata, "version", real)
-    assert backend.installed_kind("linux") == "cpu"  # this machine: mlx-cpu
+    monkeypatch.setattr(importlib.metadata, "version", without_cuda)
+    assert backend.installed_kind("linux") == "cpu"
 
 
 @pytest.mark.parametrize("kind", ["metal", "cuda"])

@@ -15,11 +15,12 @@ mlx-lm's scaled variants, nn.RMSNorm): MLX has no CPU kernels for them, and thei
 of some fifteen operations took 140 and 67 us a call, 60 and 61 calls a decode step of the
 SmolLM-135M shape (9 and 4 ms of a 54 ms step at one row).
 
-Attention is computed as MLX's own CPU fallback computes it (scores by a matrix product,
-mask, softmax, a second product), with two differences: the query heads that share a KV head
-are stacked as rows of one product instead of broadcasting the keys, and the softmax is the
-vectorised one. A query row with nothing to attend to (left padding) gets zeros instead of
-NaN.
+Attention over prompt chunks is computed as MLX's own CPU fallback computes it (scores by
+a matrix product, mask, softmax, a second product), with two differences: the query heads
+that share a KV head are stacked as rows of one product instead of broadcasting the keys,
+and the softmax is the vectorised one. A decode step's (one query position) is one
+operation of the extension, which reads the cache's views where they lie. A query row with
+nothing to attend to (left padding) gets zeros instead of NaN.
 """
 
 from __future__ import annotations
@@ -151,6 +152,12 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
     multiple of KV); ``mask`` None, "causal", or boolean or additive, broadcastable to
     [B, H, Lq, L]."""
     b, h, lq, d = q.shape
+    if lq == 1:  # a decode step: one node, the cache's views read in place
+        if isinstance(mask, str):  # "causal": the last position sees every key
+            mask = None
+        elif mask is not None and mask.dtype not in (mx.bool_, mx.float32):
+            mask = mask.astype(mx.float32)
+        return _mlx_fast.decode_attention(q, k, v, scale, mask)
     kv, length = k.shape[1], k.shape[2]
     rep = h // kv
     scores = (q * scale).reshape(b, kv, rep * lq, d) @ k.swapaxes(-1, -2)

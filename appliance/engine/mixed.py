@@ -195,6 +195,8 @@ class Part:
     def heads(self, t: mx.array, n: int) -> mx.array:
         """This part's rows of a projection ``t`` [T, n * d], as [rows, n, length, d]."""
         rows = t if self.whole else t[self.start:self.start + self.rows * self.length]
+        if self.length == 1:  # the same order: a transpose would only add a graph node
+            return rows.reshape(self.rows, n, 1, -1)
         return rows.reshape(self.rows, self.length, n, -1).transpose(0, 2, 1, 3)
 
 
@@ -252,7 +254,8 @@ def _attention(arch: Arch, weights: Weights, attn: Any, x: mx.array, *, parts: l
         k = attn.rope(part.heads(keys, attn.n_kv_heads), offset=cache.offset)
         k, v = cache.update_and_fetch(k, part.heads(values, attn.n_kv_heads))
         o = sdpa(q, k, v, cache=cache, scale=attn.scale, mask=part.masks[layer])
-        out.append(o.transpose(0, 2, 1, 3).reshape(part.rows * part.length, -1))
+        out.append(o.reshape(part.rows, -1) if part.length == 1 else
+                   o.transpose(0, 2, 1, 3).reshape(part.rows * part.length, -1))
     return weights.linear(attn.o_proj, out[0] if len(out) == 1 else mx.concatenate(out))
 
 

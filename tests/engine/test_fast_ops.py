@@ -1,5 +1,5 @@
 """The fast CPU ops (appliance/backend/native/mlx_fast.cpp, appliance/backend/fast_ops.py): softmax,
-SwiGLU's gate, RoPE, RMSNorm and attention agree with MLX's own to float32 rounding in every shape,
+SwiGLU's gate, RoPE, RMSNorm and attention (a decode step's in one operation) agree with MLX's own to float32 rounding in every shape,
 offset and mask mlx-lm hands them; a row with nothing to attend to gives zeros, not NaN; the real model's
 logits and greedy tokens do not change; `appliance run` installs them and
 `--no-fast-cpu-ops` does not."""
@@ -10,9 +10,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 
 from appliance.backend import fast_ops
@@ -209,6 +211,69 @@ def test_attention_matches_mlx_sdpa(name: str) -> None:
         cols = mx.arange(length)
         boolean = mx.arange(length - lq, length)[:, None] >= cols[None]
         assert mx.array_equal(got, fast_ops.attention(q, k, v, 0.125, boolean)).item()
+
+
+def _attention64(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any) -> np.ndarray:
+    """softmax(q k^T * scale + mask) v in float64 (GQA by repeating the KV heads); a row
+    with nothing to attend to gives zeros."""
+    q64, k64, v64 = (np.array(a, dtype=np.float64) for a in (q, k, v))
+    rep = q64.shape[1] // k64.shape[1]
+    k64, v64 = np.repeat(k64, rep, axis=1), np.repeat(v64, rep, axis=1)
+    s = (q64 * scale) @ k64.transpose(0, 1, 3, 2)
+    if mask is not None:
+        m = np.broadcast_to(np.array(mask), s.shape)
+        s = np.where(m, s, -np.inf) if m.dtype == bool else s + m
+    top = s.max(-1, keepdims=True)
+    e = np.where(np.isfinite(s), np.exp(s - np.where(np.isfinite(top), top, 0)), 0)
+    total = e.sum(-1, keepdims=True)
+    return np.where(total > 0, e / np.where(total > 0, total, 1), 0) @ v64
+
+
+@pytest.mark.parametrize(("b", "h", "kv", "length", "kind"), [
+    (1, 9, 3, 1, None), (1, 9, 3, 70, None), (4, 8, 2, 300, "padding"),
+    (3, 4, 4, 17, "additive"), (2, 6, 3, 33, "additive, broadcast"), (2, 4, 2, 9, "none seen")])
+def test_decode_attention_reads_the_caches_views_in_place(b: int, h: int, kv: int, length: int,
+                                                          kind: str | None) -> None:
+    """A decode step's attention (one query position) in one operation, on views of bigger
+    buffers as the slots hand them: within float32 rounding of float64, and a row's bits
+    the same alone as in its batch."""
+    keys = mx.random.split(mx.random.key(8), 4)
+    q = mx.random.normal((b, h, 1, 64), key=keys[0])
+    k = mx.random.normal((b + 2, kv, length + 9, 64), key=keys[1])[:b, :, 4:4 + length]
+    v = mx.random.normal((b + 2, kv, length + 9, 64), key=keys[2])[:b, :, 4:4 + length]
+    mask: Any = None
+    if kind == "padding":
+        mask = mx.array([i * 3 for i in range(b)])[:, None, None, None] <= mx.arange(length)
+    elif kind == "additive":
+        mask = mx.random.normal((b, h, 1, length), key=keys[3])
+    elif kind == "additive, broadcast":
+        mask = mx.random.normal((length,), key=keys[3])
+    elif kind == "none seen":  # row 0 sees nothing (all padding): zeros, not NaN
+        mask = mx.array([[[[False] * length]], [[[True] * length]]])
+    got = fast_ops.attention(q, k, v, 0.125, mask)
+    assert got.shape == (b, h, 1, 64)
+    assert np.allclose(np.array(got), _attention64(q, k, v, 0.125, mask), rtol=1e-5, atol=1e-5)
+    for i in range(b):
+        row_mask = mask if mask is None or mask.ndim < 4 else mask[i:i + 1]
+        alone = fast_ops.attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], 0.125, row_mask)
+        assert mx.array_equal(alone, got[i:i + 1]).item()
+    if kind == "none seen":
+        assert not mx.any(got[0]).item()
+
+
+def test_decode_attention_refuses_what_it_cannot_read() -> None:
+    ext = fast_ops._extension()
+    q, k = mx.zeros((1, 4, 1, 8)), mx.zeros((1, 2, 5, 8))
+    with pytest.raises(ValueError, match="q \\[B, H, 1, D\\]"):
+        ext.decode_attention(mx.zeros((1, 4, 2, 8)), k, k, 1.0, None)
+    with pytest.raises(ValueError, match="multiple of KV"):
+        ext.decode_attention(q, mx.zeros((1, 3, 5, 8)), mx.zeros((1, 3, 5, 8)), 1.0, None)
+    with pytest.raises(ValueError, match="broadcast"):
+        ext.decode_attention(q, k, k, 1.0, mx.zeros((1, 4, 1, 6)))
+    with pytest.raises(ValueError, match="boolean or float32"):
+        ext.decode_attention(q, k, k, 1.0, mx.zeros((1, 4, 1, 5), dtype=mx.int32))
+    with pytest.raises(ValueError, match="float32 only"):
+        ext.decode_attention(q.astype(mx.float16), k, k, 1.0, None)
 
 
 def test_the_model_gives_the_same_logits_and_tokens(demo_model: Path,

@@ -16,7 +16,9 @@
 //    attention's causal mask applied as it reads (no masked copy of the scores);
 //  - silu_mul(a, b): a * sigmoid(a) * b, float32, same shapes (SwiGLU's gate);
 //  - rope(x, ...) and rms_norm(x, w, eps): mx.fast.rope's and mx.fast.rms_norm's
-//    arithmetic, which MLX has no CPU kernels for (see Rope and RmsNorm).
+//    arithmetic, which MLX has no CPU kernels for (see Rope and RmsNorm);
+//  - decode_attention(q, k, v, scale, mask): a decode step's attention in one node (see
+//    DecodeAttention).
 // They are exact to a few float32 ulps of the built-in ones (tests/engine/test_fast_ops.py).
 // appliance/backend/fast_ops.py builds attention and SwiGLU from them and installs those in
 // mlx-lm's model modules when MLX runs on the CPU.
@@ -409,6 +411,122 @@ class Rope : public mx::UnaryPrimitive {
   float scale_;
 };
 
+// Attention of one query position per row, a decode step's: softmax(q k^T * scale + mask) v
+// for q [B, H, 1, D] and k, v [B, KV, L, D] (H a multiple of KV), read where they lie: the
+// cache's keys and values are views of its buffers, so the composed form's scale, reshape,
+// transpose, two products and softmax (seven graph nodes a layer) are one here. The mask
+// (none, boolean or additive float32) is read by its own strides, broadcast to [B, H, 1, L].
+// Each (row, head) is summed in one fixed order, so a row's numbers do not depend on the
+// batch; a row with nothing to attend to gives zeros (as softmax_rows).
+FORCE_INLINE float dot(const float* a, const float* b, int64_t n) {
+  const int64_t nv = n - n % LANES;
+  vf acc = splat(0.0f);
+  for (int64_t i = 0; i < nv; i += LANES) acc += load(a + i) * load(b + i);
+  float s = 0.0f;
+  for (int l = 0; l < LANES; l++) s += acc[l];
+  for (int64_t i = nv; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+FORCE_INLINE void add_scaled(float* y, const float* x, float w, int64_t n) {
+  const int64_t nv = n - n % LANES;
+  for (int64_t i = 0; i < nv; i += LANES) store(y + i, load(y + i) + load(x + i) * w);
+  for (int64_t i = nv; i < n; i++) y[i] += x[i] * w;
+}
+
+enum MaskKind : int { NO_MASK = 0, BOOL_MASK = 1, ADD_MASK = 2 };
+
+struct Strided {  // an input's base and element strides of its four axes (0: broadcast)
+  const char* base;
+  int64_t st[4];
+};
+
+Strided strided(const mx::array& a) {
+  Strided s{a.data<char>(), {0, 0, 0, 0}};
+  const int nd = static_cast<int>(a.ndim());
+  for (int i = 0; i < nd; i++)
+    s.st[4 - nd + i] = a.shape(i) == 1 ? 0 : static_cast<int64_t>(a.strides()[i]);
+  return s;
+}
+
+HOT void decode_attention_heads(const Strided& q, const Strided& k, const Strided& v,
+                                const Strided& m, int kind, float* out, int64_t u0, int64_t u1,
+                                int64_t h_len, int64_t rep, int64_t l_len, int64_t d,
+                                float scale) {
+  std::vector<float> qs(static_cast<size_t>(d)), p(static_cast<size_t>(l_len));
+  for (int64_t u = u0; u < u1; u++) {
+    const int64_t b = u / h_len, h = u % h_len, g = h / rep;
+    const float* qv = reinterpret_cast<const float*>(q.base) + b * q.st[0] + h * q.st[1];
+    for (int64_t i = 0; i < d; i++) qs[i] = qv[i] * scale;
+    const float* kb = reinterpret_cast<const float*>(k.base) + b * k.st[0] + g * k.st[1];
+    for (int64_t j = 0; j < l_len; j++) p[j] = dot(qs.data(), kb + j * k.st[2], d);
+    if (kind == BOOL_MASK) {
+      const bool* mb = reinterpret_cast<const bool*>(m.base) + b * m.st[0] + h * m.st[1];
+      for (int64_t j = 0; j < l_len; j++) p[j] = mb[j * m.st[3]] ? p[j] : -INFINITY;
+    } else if (kind == ADD_MASK) {
+      const float* mb = reinterpret_cast<const float*>(m.base) + b * m.st[0] + h * m.st[1];
+      for (int64_t j = 0; j < l_len; j++) p[j] += mb[j * m.st[3]];
+    }
+    softmax_rows(p.data(), p.data(), 0, 1, l_len, 0);
+    float* o = out + u * d;
+    std::memset(o, 0, d * sizeof(float));
+    const float* vb = reinterpret_cast<const float*>(v.base) + b * v.st[0] + g * v.st[1];
+    for (int64_t j = 0; j < l_len; j++)
+      if (p[j] != 0.0f) add_scaled(o, vb + j * v.st[2], p[j], d);
+  }
+}
+
+class DecodeAttention : public mx::UnaryPrimitive {
+ public:
+  DecodeAttention(mx::Stream s, float scale, int kind)
+      : mx::UnaryPrimitive(s), scale_(scale), kind_(kind) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    // Views are read by their strides; only one whose last axis is not contiguous is copied.
+    std::vector<mx::array> direct, copied;
+    std::vector<size_t> at;
+    for (const auto& a : inputs) {
+      if (a.ndim() > 0 && a.strides().back() != 1 && a.shape(-1) != 1) {
+        at.push_back(direct.size());
+        copied.push_back(a);
+      } else {
+        enc.set_input_array(a);
+      }
+      direct.push_back(mx::array::unsafe_weak_copy(a));
+    }
+    staging::Staged staged = staging::stage(enc, copied);
+    for (size_t c = 0; c < at.size(); c++) direct[at[c]] = staged.ins[c];
+    enc.set_output_array(out);
+    enc.dispatch([direct = std::move(direct), staged = std::move(staged),
+                  out = mx::array::unsafe_weak_copy(out), scale = scale_,
+                  kind = kind_]() mutable {
+      staged.fill();
+      const mx::array &q = direct[0], &k = direct[1], &v = direct[2];
+      const int64_t b_len = q.shape(0), h_len = q.shape(1), d = q.shape(3);
+      const int64_t rep = h_len / k.shape(1), l_len = k.shape(2);
+      const Strided sq = strided(q), sk = strided(k), sv = strided(v);
+      const Strided sm = kind == NO_MASK ? Strided{nullptr, {0, 0, 0, 0}} : strided(direct[3]);
+      float* o = out.data<float>();
+      in_two(b_len * h_len, l_len * d, [&](int64_t u0, int64_t u1) {
+        decode_attention_heads(sq, sk, sv, sm, kind, o, u0, u1, h_len, rep, l_len, d, scale);
+      });
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("appliance decode_attention runs on the CPU only");
+  }
+  const char* name() const override { return "ApplianceDecodeAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const DecodeAttention&>(other);
+    return scale_ == o.scale_ && kind_ == o.kind_;
+  }
+
+ private:
+  float scale_;
+  int kind_;
+};
+
 mx::Stream cpu_stream() { return mx::to_stream({}, mx::Device::cpu); }
 
 mx::array softmax(const mx::array& x, int64_t causal) {
@@ -436,6 +554,37 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight, f
   if (w.ndim() != 1 || w.shape(0) != x.shape(-1))
     throw std::invalid_argument("rms_norm: weight must have the last axis's size");
   return mx::array(x.shape(), mx::float32, std::make_shared<RmsNorm>(s, eps), {x, w});
+}
+
+mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
+                           float scale, const std::optional<mx::array>& mask) {
+  require(q, "decode_attention");
+  require(k, "decode_attention");
+  require(v, "decode_attention");
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.shape(2) != 1)
+    throw std::invalid_argument("decode_attention: q [B, H, 1, D], k and v [B, KV, L, D]");
+  if (k.shape() != v.shape() || k.shape(0) != q.shape(0) || k.shape(3) != q.shape(3) ||
+      k.shape(1) == 0 || q.shape(1) % k.shape(1))
+    throw std::invalid_argument("decode_attention: k and v [B, KV, L, D], H a multiple of KV");
+  auto s = cpu_stream();
+  std::vector<mx::array> ins = {q, k, v};
+  int kind = NO_MASK;
+  if (mask) {
+    const mx::array& m = *mask;
+    if (m.dtype() != mx::bool_ && m.dtype() != mx::float32)
+      throw std::invalid_argument("decode_attention: the mask is boolean or float32");
+    const std::vector<int> want = {q.shape(0), q.shape(1), 1, k.shape(2)};
+    bool fits = m.ndim() >= 1 && m.ndim() <= 4;
+    for (int i = 0; fits && i < static_cast<int>(m.ndim()); i++) {
+      const int n = m.shape(i), w = want[4 - m.ndim() + i];
+      fits = n == w || n == 1;
+    }
+    if (!fits || m.shape(-1) != k.shape(2))
+      throw std::invalid_argument("decode_attention: the mask must broadcast to [B, H, 1, L]");
+    kind = m.dtype() == mx::bool_ ? BOOL_MASK : ADD_MASK;
+    ins.push_back(m);
+  }
+  return mx::array(q.shape(), mx::float32, std::make_shared<DecodeAttention>(s, scale, kind), ins);
 }
 
 // exp(-i * log(base) / half) for i < half, computed by MLX's own operations (as its
@@ -497,6 +646,11 @@ NB_MODULE(_mlx_fast, m) {
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base").none(),
         nb::arg("scale"), nb::arg("offset"), nb::arg("freqs").none(),
         "mx.fast.rope's arithmetic (float32; offset an int32 array: one, or one per batch row).");
+  m.def("decode_attention", &decode_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("scale"), nb::arg("mask").none(),
+        "softmax(q k^T * scale + mask) v for one query position: q [B, H, 1, D], k and v "
+        "[B, KV, L, D] (views read in place), mask None, boolean or float32 broadcast to "
+        "[B, H, 1, L] (float32).");
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("weight").none(), nb::arg("eps"),
         "mx.fast.rms_norm's arithmetic over the last axis (float32).");
   define_quant(m);

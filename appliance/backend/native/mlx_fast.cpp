@@ -418,23 +418,19 @@ class Rope : public mx::UnaryPrimitive {
 // (none, boolean or additive float32) is read by its own strides, broadcast to [B, H, 1, L].
 // Each (row, head) is summed in one fixed order, so a row's numbers do not depend on the
 // batch; a row with nothing to attend to gives zeros (as softmax_rows).
-FORCE_INLINE float dot(const float* a, const float* b, int64_t n) {
-  const int64_t nv = n - n % LANES;
-  vf acc = splat(0.0f);
-  for (int64_t i = 0; i < nv; i += LANES) acc += load(a + i) * load(b + i);
-  float s = 0.0f;
-  for (int l = 0; l < LANES; l++) s += acc[l];
-  for (int64_t i = nv; i < n; i++) s += a[i] * b[i];
-  return s;
-}
-
-FORCE_INLINE void add_scaled(float* y, const float* x, float w, int64_t n) {
-  const int64_t nv = n - n % LANES;
-  for (int64_t i = 0; i < nv; i += LANES) store(y + i, load(y + i) + load(x + i) * w);
-  for (int64_t i = nv; i < n; i++) y[i] += x[i] * w;
+// The sum of a vector's lanes, halves folded onto halves: a fixed order in a few steps
+// (a lane-by-lane sum is a chain of sixteen dependent additions, per key of the cache).
+FORCE_INLINE float hsum(vf v) {
+  float a[LANES];
+  store(a, v);
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; l++) a[l] += a[l + w];
+  return a[0];
 }
 
 enum MaskKind : int { NO_MASK = 0, BOOL_MASK = 1, ADD_MASK = 2 };
+
+constexpr int64_t ATTENTION_SPLIT = 1 << 20;  // elements of keys read (see eval_cpu)
 
 struct Strided {  // an input's base and element strides of its four axes (0: broadcast)
   const char* base;
@@ -449,30 +445,56 @@ Strided strided(const mx::array& a) {
   return s;
 }
 
+// Units are (batch row, KV head): each key and value row is read once for the query heads
+// that share it. Every (row, head)'s sums run in the same order whatever the unit holds.
 HOT void decode_attention_heads(const Strided& q, const Strided& k, const Strided& v,
                                 const Strided& m, int kind, float* out, int64_t u0, int64_t u1,
-                                int64_t h_len, int64_t rep, int64_t l_len, int64_t d,
+                                int64_t kv_len, int64_t rep, int64_t l_len, int64_t d,
                                 float scale) {
-  std::vector<float> qs(static_cast<size_t>(d)), p(static_cast<size_t>(l_len));
+  const int64_t h_len = kv_len * rep, dv = d - d % LANES;
+  std::vector<float> qs(static_cast<size_t>(rep * d)), p(static_cast<size_t>(rep * l_len));
   for (int64_t u = u0; u < u1; u++) {
-    const int64_t b = u / h_len, h = u % h_len, g = h / rep;
-    const float* qv = reinterpret_cast<const float*>(q.base) + b * q.st[0] + h * q.st[1];
-    for (int64_t i = 0; i < d; i++) qs[i] = qv[i] * scale;
-    const float* kb = reinterpret_cast<const float*>(k.base) + b * k.st[0] + g * k.st[1];
-    for (int64_t j = 0; j < l_len; j++) p[j] = dot(qs.data(), kb + j * k.st[2], d);
-    if (kind == BOOL_MASK) {
-      const bool* mb = reinterpret_cast<const bool*>(m.base) + b * m.st[0] + h * m.st[1];
-      for (int64_t j = 0; j < l_len; j++) p[j] = mb[j * m.st[3]] ? p[j] : -INFINITY;
-    } else if (kind == ADD_MASK) {
-      const float* mb = reinterpret_cast<const float*>(m.base) + b * m.st[0] + h * m.st[1];
-      for (int64_t j = 0; j < l_len; j++) p[j] += mb[j * m.st[3]];
+    const int64_t b = u / kv_len, g = u % kv_len;
+    for (int64_t r = 0; r < rep; r++) {
+      const float* qv = reinterpret_cast<const float*>(q.base) + b * q.st[0] + (g * rep + r) * q.st[1];
+      for (int64_t i = 0; i < d; i++) qs[r * d + i] = qv[i] * scale;
     }
-    softmax_rows(p.data(), p.data(), 0, 1, l_len, 0);
-    float* o = out + u * d;
-    std::memset(o, 0, d * sizeof(float));
+    const float* kb = reinterpret_cast<const float*>(k.base) + b * k.st[0] + g * k.st[1];
+    for (int64_t j = 0; j < l_len; j++) {
+      const float* kj = kb + j * k.st[2];
+      for (int64_t r = 0; r < rep; r++) {
+        const float* qr = qs.data() + r * d;
+        vf acc = splat(0.0f);
+        for (int64_t i = 0; i < dv; i += LANES) acc += load(qr + i) * load(kj + i);
+        float sum = hsum(acc);
+        for (int64_t i = dv; i < d; i++) sum += qr[i] * kj[i];
+        p[r * l_len + j] = sum;
+      }
+    }
+    for (int64_t r = 0; r < rep; r++) {
+      const int64_t h = g * rep + r;
+      float* pr = p.data() + r * l_len;
+      if (kind == BOOL_MASK) {
+        const bool* mb = reinterpret_cast<const bool*>(m.base) + b * m.st[0] + h * m.st[1];
+        for (int64_t j = 0; j < l_len; j++) pr[j] = mb[j * m.st[3]] ? pr[j] : -INFINITY;
+      } else if (kind == ADD_MASK) {
+        const float* mb = reinterpret_cast<const float*>(m.base) + b * m.st[0] + h * m.st[1];
+        for (int64_t j = 0; j < l_len; j++) pr[j] += mb[j * m.st[3]];
+      }
+      softmax_rows(pr, pr, 0, 1, l_len, 0);
+    }
+    float* o = out + (b * h_len + g * rep) * d;
+    std::memset(o, 0, rep * d * sizeof(float));
     const float* vb = reinterpret_cast<const float*>(v.base) + b * v.st[0] + g * v.st[1];
-    for (int64_t j = 0; j < l_len; j++)
-      if (p[j] != 0.0f) add_scaled(o, vb + j * v.st[2], p[j], d);
+    for (int64_t j = 0; j < l_len; j++) {
+      const float* vj = vb + j * v.st[2];
+      for (int64_t r = 0; r < rep; r++) {
+        const float w = p[r * l_len + j];
+        float* orow = o + r * d;
+        for (int64_t i = 0; i < dv; i += LANES) store(orow + i, load(orow + i) + load(vj + i) * w);
+        for (int64_t i = dv; i < d; i++) orow[i] += vj[i] * w;
+      }
+    }
   }
 }
 
@@ -503,14 +525,18 @@ class DecodeAttention : public mx::UnaryPrimitive {
                   kind = kind_]() mutable {
       staged.fill();
       const mx::array &q = direct[0], &k = direct[1], &v = direct[2];
-      const int64_t b_len = q.shape(0), h_len = q.shape(1), d = q.shape(3);
-      const int64_t rep = h_len / k.shape(1), l_len = k.shape(2);
+      const int64_t b_len = q.shape(0), kv_len = k.shape(1), d = q.shape(3);
+      const int64_t rep = q.shape(1) / kv_len, l_len = k.shape(2);
       const Strided sq = strided(q), sk = strided(k), sv = strided(v);
       const Strided sm = kind == NO_MASK ? Strided{nullptr, {0, 0, 0, 0}} : strided(direct[3]);
       float* o = out.data<float>();
-      in_two(b_len * h_len, l_len * d, [&](int64_t u0, int64_t u1) {
-        decode_attention_heads(sq, sk, sv, sm, kind, o, u0, u1, h_len, rep, l_len, d, scale);
-      });
+      // A thread of its own only for long contexts: a decode step calls this once a layer,
+      // and starting a thread costs more than a few hundred keys' work.
+      const auto heads = [&](int64_t u0, int64_t u1) {
+        decode_attention_heads(sq, sk, sv, sm, kind, o, u0, u1, kv_len, rep, l_len, d, scale);
+      };
+      if (b_len * kv_len * l_len * d < ATTENTION_SPLIT) heads(0, b_len * kv_len);
+      else in_two(b_len * kv_len, l_len * d, heads);
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {

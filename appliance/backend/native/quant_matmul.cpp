@@ -337,7 +337,10 @@ class QuantPool {
 
  private:
   static constexpr uint32_t CLOSED = 0x7fffffff;
-  static constexpr long PAUSES = 20000, YIELDS = 20000;
+  // About 0.1 ms of spinning, then a few yields: long enough for the next product of a step,
+  // short enough that the helper sleeps while the engine's thread builds the next step (on
+  // two cores it took that core: docs/decisions.md).
+  static constexpr long PAUSES = 2000, YIELDS = 200;
 
   QuantPool() {
     const char* env = std::getenv("APPLIANCE_QUANT_THREADS");

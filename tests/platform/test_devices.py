@@ -60,3 +60,32 @@ def test_metal_serves_greedy_like_mlx_lm_without_cpu_tuning(demo_model: Path) ->
                     "and an NVIDIA GPU")
 def test_cuda_serves_greedy_like_mlx_lm_without_cpu_tuning(demo_model: Path) -> None:
     _serve_and_compare(demo_model, "cuda")
+
+
+@pytest.mark.skipif(KIND != "cuda", reason="CUDA: needs MLX's CUDA build (appliance[cuda]) "
+                    "and an NVIDIA GPU")
+def test_cuda_compiles_a_4bit_models_kernels_at_load_into_the_data_dir(
+        demo_model: Path, tmp_path: Path) -> None:
+    """MLX compiles a 4-bit product's kernels at first use, about 20 s each on an H200: the
+    daemon does it while it loads, into its data directory (appliance/backend/gpu.py)."""
+    import os
+
+    from mlx_lm import convert
+
+    from tests.daemon import start_daemon
+
+    if os.environ.get("MLX_PTX_CACHE_DIR"):
+        pytest.skip("MLX_PTX_CACHE_DIR is set here: the daemon keeps the admin's choice")
+    model = tmp_path / "demo-4bit"
+    convert(str(demo_model), mlx_path=str(model), quantize=True, q_bits=4, q_group_size=32)
+    data = tmp_path / "data"
+    data.mkdir()
+    d = start_daemon(model, data)
+    try:
+        log = d.log.read_text()
+    finally:
+        assert d.terminate() == 0
+    cache = data / "cache" / "mlx-ptx"
+    assert f"MLX kernel cache: {cache}" in log, log[-2000:]
+    assert "quantized kernels warmed" in log, log[-2000:]
+    assert any(p.name.startswith("qmm") for p in cache.rglob("*")), sorted(cache.rglob("*"))

@@ -75,19 +75,21 @@ def keep_kernel_cache(kind: str, data_dir: Path) -> Path | None:
 
 def warm_quantized(model: Any, rows: tuple[int, ...] = WARM_ROWS) -> int:
     """Run one product of each distinct quantized layer (its sizes, bits, group size, mode
-    and dtype) at each of ``rows``, so that MLX compiles its kernels now. Logs and returns
-    how many products ran."""
+    and dtype) at each of ``rows``, so that MLX compiles its kernels now; a quantized
+    embedding only where the model has no ``lm_head`` (it is then the head). Logs and
+    returns how many products ran."""
     import mlx.core as mx
     import mlx.nn as nn
 
     seen: set[tuple[Any, ...]] = set()
     start = time.perf_counter()
     count = 0
+    tied = getattr(model, "lm_head", None) is None  # the embedding is then the head
     for _, module in model.named_modules():
         product: Any
         if isinstance(module, nn.QuantizedLinear):
             product = module
-        elif isinstance(module, nn.QuantizedEmbedding):  # a tied head reads it as a product
+        elif isinstance(module, nn.QuantizedEmbedding) and tied:
             product = module.as_linear
         else:
             continue

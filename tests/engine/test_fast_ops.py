@@ -231,7 +231,8 @@ def _attention64(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any)
 
 @pytest.mark.parametrize(("b", "h", "kv", "length", "kind"), [
     (1, 9, 3, 1, None), (1, 9, 3, 70, None), (4, 8, 2, 300, "padding"),
-    (3, 4, 4, 17, "additive"), (2, 6, 3, 33, "additive, broadcast"), (2, 4, 2, 9, "none seen")])
+    (3, 4, 4, 17, "additive"), (2, 6, 3, 33, "additive, broadcast"), (2, 4, 2, 9, "none seen"),
+    (4, 8, 4, 1100, "padding")])  # past ATTENTION_SPLIT: the batch on two threads, a row on one
 def test_decode_attention_reads_the_caches_views_in_place(b: int, h: int, kv: int, length: int,
                                                           kind: str | None) -> None:
     """A decode step's attention (one query position) in one operation, on views of bigger

@@ -45,5 +45,13 @@ def test_each_distinct_quantized_layer_runs_once_per_row_count(
     assert sorted(calls) == sorted((r, i, o) for r in rows for i, o in widths)
 
 
+def test_an_embedding_that_is_not_the_head_is_never_a_product() -> None:
+    model = _Model()
+    model.lm_head = nn.Linear(128, 64, bias=False)
+    nn.quantize(model, group_size=64, bits=4, class_predicate=lambda path, m: path == "embed")
+    nn.quantize(model, group_size=32, bits=8, class_predicate=lambda path, m: path == "eight")
+    assert gpu.warm_quantized(model, (1, 3)) == 2  # the 8-bit layer's alone
+
+
 def test_a_model_without_quantized_layers_warms_nothing() -> None:
     assert gpu.warm_quantized(nn.Sequential(nn.Linear(8, 8), nn.ReLU())) == 0

@@ -411,13 +411,6 @@ class Rope : public mx::UnaryPrimitive {
   float scale_;
 };
 
-// Attention of one query position per row, a decode step's: softmax(q k^T * scale + mask) v
-// for q [B, H, 1, D] and k, v [B, KV, L, D] (H a multiple of KV), read where they lie: the
-// cache's keys and values are views of its buffers, so the composed form's scale, reshape,
-// transpose, two products and softmax (seven graph nodes a layer) are one here. The mask
-// (none, boolean or additive float32) is read by its own strides, broadcast to [B, H, 1, L].
-// Each (row, head) is summed in one fixed order, so a row's numbers do not depend on the
-// batch; a row with nothing to attend to gives zeros (as softmax_rows).
 // The sum of a vector's lanes, halves folded onto halves: a fixed order in a few steps
 // (a lane-by-lane sum is a chain of sixteen dependent additions, per key of the cache).
 FORCE_INLINE float hsum(vf v) {
@@ -498,6 +491,13 @@ HOT void decode_attention_heads(const Strided& q, const Strided& k, const Stride
   }
 }
 
+// Attention of one query position per row, a decode step's: softmax(q k^T * scale + mask) v
+// for q [B, H, 1, D] and k, v [B, KV, L, D] (H a multiple of KV), read where they lie: the
+// cache's keys and values are views of its buffers, so the composed form's scale, reshape,
+// transpose, two products and softmax (seven graph nodes a layer) are one here. The mask
+// (none, boolean or additive float32) is read by its own strides, broadcast to [B, H, 1, L].
+// Each (row, head) is summed in one fixed order, so a row's numbers do not depend on the
+// batch; a row with nothing to attend to gives zeros (as softmax_rows).
 class DecodeAttention : public mx::UnaryPrimitive {
  public:
   DecodeAttention(mx::Stream s, float scale, int kind)

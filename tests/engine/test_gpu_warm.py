@@ -55,3 +55,21 @@ def test_an_embedding_that_is_not_the_head_is_never_a_product() -> None:
 
 def test_a_model_without_quantized_layers_warms_nothing() -> None:
     assert gpu.warm_quantized(nn.Sequential(nn.Linear(8, 8), nn.ReLU())) == 0
+
+
+@pytest.mark.parametrize(("kind", "warmed"), [("cuda", 1), ("cpu", 0), ("metal", 0)])
+def test_loading_warms_the_kernels_on_cuda_only(kind: str, warmed: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from appliance import backend
+    from appliance.backend import quant
+    from appliance.backend.profile import profile_for
+
+    calls: list[Any] = []
+    monkeypatch.setattr(gpu, "warm_quantized", lambda model: calls.append(model) or 0)
+    monkeypatch.setattr(quant, "adopt", lambda model: (0, 0))  # this process's kernel state
+    described = backend.Backend(kind=kind, device="Device(gpu, 0)", native=False, kernel=None,
+                                fast_ops=False, quant=None, heap="not tuned",
+                                profile=profile_for(False))
+    model = _Model()
+    assert backend.adopt(model, described) == 0
+    assert calls == [model] * warmed

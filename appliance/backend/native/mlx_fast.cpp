@@ -506,24 +506,14 @@ class DecodeAttention : public mx::UnaryPrimitive {
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
     // Views are read by their strides; only one whose last axis is not contiguous is copied.
-    std::vector<mx::array> direct, copied;
-    std::vector<size_t> at;
-    for (const auto& a : inputs) {
-      if (a.ndim() > 0 && a.strides().back() != 1 && a.shape(-1) != 1) {
-        at.push_back(direct.size());
-        copied.push_back(a);
-      } else {
-        enc.set_input_array(a);
-      }
-      direct.push_back(mx::array::unsafe_weak_copy(a));
-    }
-    staging::Staged staged = staging::stage(enc, copied);
-    for (size_t c = 0; c < at.size(); c++) direct[at[c]] = staged.ins[c];
+    staging::Staged staged = staging::stage(enc, inputs, [](const mx::array& a) {
+      return a.ndim() == 0 || a.strides().back() == 1 || a.shape(-1) == 1;
+    });
     enc.set_output_array(out);
-    enc.dispatch([direct = std::move(direct), staged = std::move(staged),
-                  out = mx::array::unsafe_weak_copy(out), scale = scale_,
-                  kind = kind_]() mutable {
+    enc.dispatch([staged = std::move(staged), out = mx::array::unsafe_weak_copy(out),
+                  scale = scale_, kind = kind_]() mutable {
       staged.fill();
+      const auto& direct = staged.ins;
       const mx::array &q = direct[0], &k = direct[1], &v = direct[2];
       const int64_t b_len = q.shape(0), kv_len = k.shape(1), d = q.shape(3);
       const int64_t rep = q.shape(1) / kv_len, l_len = k.shape(2);

@@ -63,11 +63,16 @@ struct Staged {
   }
 };
 
-inline Staged stage(mx::cpu::CommandEncoder& enc, const std::vector<mx::array>& inputs) {
+inline bool row_contiguous(const mx::array& a) { return a.flags().row_contiguous; }
+
+// `readable`: which inputs the task reads as they lie (by default the row-contiguous ones;
+// a primitive that reads strides takes more).
+inline Staged stage(mx::cpu::CommandEncoder& enc, const std::vector<mx::array>& inputs,
+                    bool (*readable)(const mx::array&) = row_contiguous) {
   Staged st;
   for (const auto& a : inputs) {
     enc.set_input_array(a);
-    if (a.flags().row_contiguous) {
+    if (readable(a)) {
       st.ins.push_back(mx::array::unsafe_weak_copy(a));
       continue;
     }

@@ -207,10 +207,7 @@ def _adopted(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
         return None
     group, index = entry
     layer = group.layers[index]
-    k = x.shape[-1]
-    rows = x.size // k if k else 0
-    if (layer.scales is not scales or layer.biases is not biases
-            or rows > (TILED_ROWS if layer.tiled is not None else KERNEL_ROWS)):
+    if layer.scales is not scales or layer.biases is not biases or not _fits(layer, x):
         return None
     pending = getattr(_pending, "last", None)
     if pending is not None and pending[0] is x and pending[1] is group:
@@ -218,19 +215,55 @@ def _adopted(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
         if out is not None:
             pending[2][index] = None
             return out
-    ext = fast_ops._extension()
-    if layer.tiled is not None:
-        outs = ext.tiled_matmul(x, *group.args)
-    elif len(group.layers) > 1:
-        act = -1 if activations is None else ACTIVATIONS.index(activations)
-        outs = ext.quantized_matmul_many(x, *group.args, act)
-    else:
+    computed = _compute(group, x, activations)
+    if computed is None:
         return None
-    out = outs[index]
-    if len(outs) > 1:
+    out = computed[index]
+    if len(computed) > 1:
+        outs: list[mx.array | None] = list(computed)
         outs[index] = None
         _pending.last = (x, group, outs)
     return out
+
+
+def _fits(layer: _Layer, x: mx.array) -> bool:
+    """Whether the adopted form takes x's rows (:data:`TILED_ROWS`, :data:`KERNEL_ROWS`)."""
+    k = x.shape[-1]
+    rows = x.size // k if k else 0
+    return rows <= (TILED_ROWS if layer.tiled is not None else KERNEL_ROWS)
+
+
+def _compute(group: _Group, x: mx.array, activations: str | None) -> list[mx.array] | None:
+    """Every product of ``group`` with x, as one operation; None for a lone layer that is
+    not tiled (MLX's call of it takes the kernel's plain path)."""
+    ext = fast_ops._extension()
+    if group.layers[0].tiled is not None:
+        return list(ext.tiled_matmul(x, *group.args))
+    if len(group.layers) > 1:
+        act = -1 if activations is None else ACTIVATIONS.index(activations)
+        return list(ext.quantized_matmul_many(x, *group.args, act))
+    return None
+
+
+def products(x: mx.array, linears: tuple[Any, ...]) -> list[mx.array] | None:
+    """Each of ``linears``' products with a float32 ``x`` [rows, K], as their module's calls
+    would give them (the same operation), where the layers were adopted as one group in
+    this order (q/k/v, gate/up: :data:`SIBLINGS`) or one tiled layer; else None, and the
+    caller calls each layer. For a forward that knows its siblings: one call, where each
+    layer's own goes through ``nn.QuantizedLinear`` and the switch."""
+    if not _original or x.dtype != mx.float32:
+        return None
+    entry = _layers.get(id(linears[0]["weight"]))
+    if entry is None or entry[1] != 0:
+        return None
+    group = entry[0]
+    if len(group.layers) != len(linears) or not _fits(group.layers[0], x):
+        return None
+    for layer, linear in zip(group.layers, linears, strict=True):
+        if (layer.w is not linear["weight"] or layer.scales is not linear["scales"]
+                or layer.biases is not linear["biases"]):
+            return None
+    return _compute(group, x, _switch_activations[0])
 
 
 def mlx_own() -> Any:

@@ -40,6 +40,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 
+from appliance.backend import quant
+
 Projections = Callable[["Weights", Any, mx.array], tuple[mx.array, mx.array, mx.array]]
 Mlp = Callable[["Weights", Any, mx.array], mx.array]
 Block = Callable[[Any, mx.array, Callable[[mx.array], mx.array], Callable[[mx.array], mx.array]],
@@ -71,8 +73,8 @@ class Arch:
 
 def _separate(weights: Weights, attn: Any, x: mx.array
               ) -> tuple[mx.array, mx.array, mx.array]:
-    return (weights.linear(attn.q_proj, x), weights.linear(attn.k_proj, x),
-            weights.linear(attn.v_proj, x))
+    q, k, v = weights.products(attn, ("q_proj", "k_proj", "v_proj"), x)
+    return q, k, v
 
 
 def _fused(weights: Weights, attn: Any, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
@@ -86,8 +88,8 @@ def _fused(weights: Weights, attn: Any, x: mx.array) -> tuple[mx.array, mx.array
 def _swiglu(weights: Weights, mlp: Any, x: mx.array) -> mx.array:
     """``down(swiglu(gate(x), up(x)))`` (Llama, Qwen 2 and 3)."""
     swiglu = sys.modules[type(mlp).__module__].swiglu
-    return weights.linear(mlp.down_proj, swiglu(weights.linear(mlp.gate_proj, x),
-                                                weights.linear(mlp.up_proj, x)))
+    gate, up = weights.products(mlp, ("gate_proj", "up_proj"), x)
+    return weights.linear(mlp.down_proj, swiglu(gate, up))
 
 
 def _swiglu_fused(weights: Weights, mlp: Any, x: mx.array) -> mx.array:
@@ -229,8 +231,17 @@ class Weights:
         """``linear(x)`` (mlx's ``nn.Linear``: ``x @ W.T``, plus the bias by ``addmm``)."""
         w = self._t.get(id(linear))
         if w is None:
-            return linear(x)
+            done = quant.products(x, (linear,))
+            return linear(x) if done is None else done[0]
         return mx.addmm(linear["bias"], x, w) if "bias" in linear else x @ w
+
+    def products(self, owner: Any, names: tuple[str, ...], x: mx.array) -> list[mx.array]:
+        """``[linear(owner.<name>, x) for name in names]``: one operation where the
+        backend took them as one group of quantized siblings (the operation their first
+        call through mlx-lm would make, without the calls' Python)."""
+        linears = tuple(owner[name] for name in names)
+        done = None if id(linears[0]) in self._t else quant.products(x, linears)
+        return [self.linear(linear, x) for linear in linears] if done is None else done
 
 
 def _per_head(norm: Any, t: mx.array, n: int) -> mx.array:

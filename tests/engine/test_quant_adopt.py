@@ -139,3 +139,33 @@ def test_an_embedding_is_tiled_only_where_it_is_the_output_layer(
         quant.adopt(model)
         embedding = model.model.embed_tokens["weight"]
         assert (id(embedding) in quant._layers) is tied, arch
+
+
+def test_products_gives_a_groups_outputs_in_one_call_or_none(
+        models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the riding forward asks for its siblings (quant.products): the outputs each
+    layer's own call gives, from one operation; None (each layer is then called) where the
+    layers are not one adopted group in that order, their weights changed, x has more rows
+    than the tiles take, or nothing was adopted."""
+    assert quant.install() is None
+    model = load(str(models["llama3"]))[0]
+    quant.adopt(model)
+    attn = model.layers[0].self_attn
+    qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+    x = mx.random.normal((3, attn.q_proj["weight"].shape[1] * 8), key=mx.random.key(4))
+    counted = Counted(fast_ops._extension())
+    with monkeypatch.context() as patch:
+        patch.setattr(fast_ops, "_extension", lambda: counted)
+        got = quant.products(x, qkv)
+    assert got is not None and counted.calls["tiled_matmul"] == 1
+    for out, layer in zip(got, qkv, strict=True):
+        assert np.array_equal(np.array(out), np.array(layer(x)))
+    assert quant.products(x, (attn.k_proj, attn.q_proj, attn.v_proj)) is None
+    assert quant.products(x, qkv[:2]) is None
+    assert quant.products(mx.ones((quant.TILED_ROWS + 1, x.shape[1])), qkv) is None
+    (o,) = quant.products(x, (attn.o_proj,)) or [None]
+    assert o is not None and np.array_equal(np.array(o), np.array(attn.o_proj(x)))
+    attn.v_proj.update({"weight": attn.v_proj["weight"] + 0})
+    assert quant.products(x, qkv) is None
+    quant.adopt(None)
+    assert quant.products(x, (attn.o_proj,)) is None

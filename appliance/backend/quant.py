@@ -233,25 +233,32 @@ def _fits(layer: _Layer, x: mx.array) -> bool:
     return rows <= (TILED_ROWS if layer.tiled is not None else KERNEL_ROWS)
 
 
-def _compute(group: _Group, x: mx.array, activations: str | None) -> list[mx.array] | None:
+def _compute(group: _Group, x: mx.array, activations: str | None,
+             residual: mx.array | None = None) -> list[mx.array] | None:
     """Every product of ``group`` with x, as one operation; None for a lone layer that is
-    not tiled (MLX's call of it takes the kernel's plain path)."""
+    not tiled (MLX's call of it takes the kernel's plain path). ``residual``: added to a
+    lone tiled layer's output in the same operation."""
     ext = fast_ops._extension()
     if group.layers[0].tiled is not None:
-        return list(ext.tiled_matmul(x, *group.args))
+        return list(ext.tiled_matmul(x, *group.args, residual))
+    if residual is not None:
+        return None
     if len(group.layers) > 1:
         act = -1 if activations is None else ACTIVATIONS.index(activations)
         return list(ext.quantized_matmul_many(x, *group.args, act))
     return None
 
 
-def products(x: mx.array, linears: tuple[Any, ...]) -> list[mx.array] | None:
+def products(x: mx.array, linears: tuple[Any, ...], residual: mx.array | None = None
+             ) -> list[mx.array] | None:
     """Each of ``linears``' products with a float32 ``x`` [rows, K], as their module's calls
     would give them (the same operation), where the layers were adopted as one group in
     this order (q/k/v, gate/up: :data:`SIBLINGS`) or one tiled layer; else None, and the
     caller calls each layer. For a forward that knows its siblings: one call, where each
-    layer's own goes through ``nn.QuantizedLinear`` and the switch."""
-    if not _original or x.dtype != mx.float32:
+    layer's own goes through ``nn.QuantizedLinear`` and the switch. ``residual`` (one tiled
+    layer): ``residual + linear(x)``, bit for bit, in the product's own operation."""
+    if not _original or x.dtype != mx.float32 or (
+            residual is not None and (len(linears) != 1 or residual.dtype != mx.float32)):
         return None
     entry = _layers.get(id(linears[0]["weight"]))
     if entry is None or entry[1] != 0:
@@ -263,7 +270,7 @@ def products(x: mx.array, linears: tuple[Any, ...]) -> list[mx.array] | None:
         if (layer.w is not linear["weight"] or layer.scales is not linear["scales"]
                 or layer.biases is not linear["biases"]):
             return None
-    return _compute(group, x, _switch_activations[0])
+    return _compute(group, x, _switch_activations[0], residual)
 
 
 def mlx_own() -> Any:

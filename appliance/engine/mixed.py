@@ -43,9 +43,11 @@ from mlx_lm.models.base import create_attention_mask
 from appliance.backend import quant
 
 Projections = Callable[["Weights", Any, mx.array], tuple[mx.array, mx.array, mx.array]]
-Mlp = Callable[["Weights", Any, mx.array], mx.array]
-Block = Callable[[Any, mx.array, Callable[[mx.array], mx.array], Callable[[mx.array], mx.array]],
-                 mx.array]
+Mlp = Callable[["Weights", Any, mx.array, "mx.array | None"], mx.array]
+Part_ = Callable[[mx.array, "mx.array | None"], mx.array]
+"""A block's attention or MLP: ``part(x, residual)`` is ``residual + part(x)`` (or ``part(x)``
+with no residual), the add made in the last product's own operation where it can be."""
+Block = Callable[[Any, mx.array, Part_, Part_], mx.array]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,39 +87,39 @@ def _fused(weights: Weights, attn: Any, x: mx.array) -> tuple[mx.array, mx.array
     return qkv[:, :q], qkv[:, q:k], qkv[:, k:]
 
 
-def _swiglu(weights: Weights, mlp: Any, x: mx.array) -> mx.array:
+def _swiglu(weights: Weights, mlp: Any, x: mx.array, residual: mx.array | None) -> mx.array:
     """``down(swiglu(gate(x), up(x)))`` (Llama, Qwen 2 and 3)."""
     swiglu = sys.modules[type(mlp).__module__].swiglu
     gate, up = weights.products(mlp, ("gate_proj", "up_proj"), x)
-    return weights.linear(mlp.down_proj, swiglu(gate, up))
+    return weights.linear(mlp.down_proj, swiglu(gate, up), residual)
 
 
-def _swiglu_fused(weights: Weights, mlp: Any, x: mx.array) -> mx.array:
+def _swiglu_fused(weights: Weights, mlp: Any, x: mx.array, residual: mx.array | None
+                  ) -> mx.array:
     """Phi-3's ``gate_up_proj``: the gate's half first."""
     swiglu = sys.modules[type(mlp).__module__].swiglu
     gate, up = mx.split(weights.linear(mlp.gate_up_proj, x), 2, axis=-1)
-    return weights.linear(mlp.down_proj, swiglu(gate, up))
+    return weights.linear(mlp.down_proj, swiglu(gate, up), residual)
 
 
-def _gelu(weights: Weights, mlp: Any, x: mx.array) -> mx.array:
+def _gelu(weights: Weights, mlp: Any, x: mx.array, residual: mx.array | None) -> mx.array:
     """Gemma 3's ``down(gelu_approx(gate(x)) * up(x))``."""
     return weights.linear(mlp.down_proj, nn.gelu_approx(weights.linear(mlp.gate_proj, x))
-                          * weights.linear(mlp.up_proj, x))
+                          * weights.linear(mlp.up_proj, x), residual)
 
 
-def _pre_norm(layer: Any, h: mx.array, attend: Callable[[mx.array], mx.array],
-              mlp: Callable[[mx.array], mx.array]) -> mx.array:
-    h = h + attend(layer.input_layernorm(h))
-    return h + mlp(layer.post_attention_layernorm(h))
+def _pre_norm(layer: Any, h: mx.array, attend: Part_, mlp: Part_) -> mx.array:
+    h = attend(layer.input_layernorm(h), h)  # h + attention
+    return mlp(layer.post_attention_layernorm(h), h)
 
 
-def _sandwich(layer: Any, h: mx.array, attend: Callable[[mx.array], mx.array],
-              mlp: Callable[[mx.array], mx.array]) -> mx.array:
+def _sandwich(layer: Any, h: mx.array, attend: Part_, mlp: Part_) -> mx.array:
     """Gemma 3: a norm before and after each of attention and MLP, residuals clipped in
     float16 (its module's ``clip_residual``)."""
     clip = sys.modules[type(layer).__module__].clip_residual
-    h = clip(h, layer.post_attention_layernorm(attend(layer.input_layernorm(h))))
-    return clip(h, layer.post_feedforward_layernorm(mlp(layer.pre_feedforward_layernorm(h))))
+    h = clip(h, layer.post_attention_layernorm(attend(layer.input_layernorm(h), None)))
+    return clip(h, layer.post_feedforward_layernorm(mlp(layer.pre_feedforward_layernorm(h),
+                                                        None)))
 
 
 def _one_mask(inner: Any, h: mx.array, cache: list[Any]) -> list[Any]:
@@ -227,13 +229,19 @@ class Weights:
             object.__setattr__(model, "_appliance_weights", weights)
         return weights
 
-    def linear(self, linear: Any, x: mx.array) -> mx.array:
-        """``linear(x)`` (mlx's ``nn.Linear``: ``x @ W.T``, plus the bias by ``addmm``)."""
+    def linear(self, linear: Any, x: mx.array, residual: mx.array | None = None) -> mx.array:
+        """``linear(x)`` (mlx's ``nn.Linear``: ``x @ W.T``, plus the bias by ``addmm``), and
+        ``residual + linear(x)`` with a residual (a 4-bit layer's product adds it in its own
+        operation: an MLX operation less a layer, the same bits)."""
         w = self._t.get(id(linear))
         if w is None:
-            done = quant.products(x, (linear,))
-            return linear(x) if done is None else done[0]
-        return mx.addmm(linear["bias"], x, w) if "bias" in linear else x @ w
+            done = quant.products(x, (linear,), residual)
+            if done is not None:
+                return done[0]
+            y = linear(x)
+        else:
+            y = mx.addmm(linear["bias"], x, w) if "bias" in linear else x @ w
+        return y if residual is None else residual + y
 
     def products(self, owner: Any, names: tuple[str, ...], x: mx.array) -> list[mx.array]:
         """``[linear(owner.<name>, x) for name in names]``: one operation where the
@@ -249,10 +257,11 @@ def _per_head(norm: Any, t: mx.array, n: int) -> mx.array:
     return norm(t.reshape(t.shape[0], n, -1)).reshape(t.shape[0], -1)
 
 
-def _attention(arch: Arch, weights: Weights, attn: Any, x: mx.array, *, parts: list[Part],
-               layer: int) -> mx.array:
+def _attention(arch: Arch, weights: Weights, attn: Any, x: mx.array,
+               residual: mx.array | None, *, parts: list[Part], layer: int) -> mx.array:
     """mlx-lm's ``Attention.__call__`` with the projections (and q/k norms) over every
-    part's rows at once and the rest per part. ``x``: [T, D], the parts' tokens in order."""
+    part's rows at once and the rest per part (plus ``residual``). ``x``: [T, D], the
+    parts' tokens in order."""
     sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
     queries, keys, values = arch.projections(weights, attn, x)
     if arch.qk_norm:
@@ -267,7 +276,8 @@ def _attention(arch: Arch, weights: Weights, attn: Any, x: mx.array, *, parts: l
         o = sdpa(q, k, v, cache=cache, scale=attn.scale, mask=part.masks[layer])
         out.append(o.reshape(part.rows, -1) if part.length == 1 else
                    o.transpose(0, 2, 1, 3).reshape(part.rows * part.length, -1))
-    return weights.linear(attn.o_proj, out[0] if len(out) == 1 else mx.concatenate(out))
+    return weights.linear(attn.o_proj, out[0] if len(out) == 1 else mx.concatenate(out),
+                          residual)
 
 
 def decode_mask(cache: Any, h: mx.array) -> Any:

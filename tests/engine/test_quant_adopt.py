@@ -144,7 +144,8 @@ def test_an_embedding_is_tiled_only_where_it_is_the_output_layer(
 def test_products_gives_a_groups_outputs_in_one_call_or_none(
         models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """What the riding forward asks for its siblings (quant.products): the outputs each
-    layer's own call gives, from one operation; None (each layer is then called) where the
+    layer's own call gives, from one operation (a lone layer's with a residual added, as
+    MLX adds it); None (each layer is then called) where the
     layers are not one adopted group in that order, their weights changed, x has more rows
     than the tiles take, or nothing was adopted."""
     assert quant.install() is None
@@ -165,6 +166,14 @@ def test_products_gives_a_groups_outputs_in_one_call_or_none(
     assert quant.products(mx.ones((quant.TILED_ROWS + 1, x.shape[1])), qkv) is None
     (o,) = quant.products(x, (attn.o_proj,)) or [None]
     assert o is not None and np.array_equal(np.array(o), np.array(attn.o_proj(x)))
+    # a residual is added in the product's operation, with the bits of MLX's add
+    r = mx.random.normal(o.shape, key=mx.random.key(5))
+    (added,) = quant.products(x, (attn.o_proj,), r) or [None]
+    assert added is not None and np.array_equal(np.array(added), np.array(r + attn.o_proj(x)))
+    assert quant.products(x, qkv, r) is None  # one weight only
+    with pytest.raises(ValueError, match="residual"):
+        fast_ops._extension().tiled_matmul(x, *quant._layers[id(attn.o_proj["weight"])][0].args,
+                                           mx.zeros((3, 5)))
     attn.v_proj.update({"weight": attn.v_proj["weight"] + 0})
     assert quant.products(x, qkv) is None
     quant.adopt(None)

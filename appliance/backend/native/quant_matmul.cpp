@@ -31,6 +31,7 @@
 // them side by side; this file chooses among them and holds the pool and MLX's primitives.
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -45,6 +46,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -572,18 +574,21 @@ class QuantDequant : public mx::UnaryPrimitive {
 // rounded once and the parts' columns go to the pool as one job, each part to its output.
 class QuantMatmul : public mx::Primitive {
  public:
-  // tiled: the parts' weights are tile()'s (4-bit, x in 16 bits), not MLX's.
-  QuantMatmul(mx::Stream s, int group, int bits, int act, bool tiled = false)
-      : mx::Primitive(s), group_(group), bits_(bits), act_(act), tiled_(tiled) {}
+  // tiled: the parts' weights are tile()'s (4-bit, x in 16 bits), not MLX's; residual: the
+  // last input is added to the (one) output once its sums are done (a layer's residual add).
+  QuantMatmul(mx::Stream s, int group, int bits, int act, bool tiled = false,
+              bool residual = false)
+      : mx::Primitive(s), group_(group), bits_(bits), act_(act), tiled_(tiled),
+        residual_(residual) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     staging::Staged staged;
     std::vector<mx::array> outs;
     auto& enc = prepare(stream(), inputs, outputs, staged, outs);
     enc.dispatch([staged = std::move(staged), outs = std::move(outs), group = group_,
-                  bits = bits_, act = act_, tiled = tiled_]() mutable {
+                  bits = bits_, act = act_, tiled = tiled_, residual = residual_]() mutable {
       staged.fill();
-      if (tiled) compute_tiled(staged.ins, outs, group);
+      if (tiled) compute_tiled(staged.ins, outs, group, residual);
       else compute(staged.ins, outs, group, bits, act);
     });
   }
@@ -593,12 +598,15 @@ class QuantMatmul : public mx::Primitive {
   const char* name() const override { return "ApplianceQuantizedMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const QuantMatmul&>(other);
-    return group_ == o.group_ && bits_ == o.bits_ && act_ == o.act_ && tiled_ == o.tiled_;
+    return group_ == o.group_ && bits_ == o.bits_ && act_ == o.act_ && tiled_ == o.tiled_ &&
+           residual_ == o.residual_;
   }
 
  private:
-  // in: x, then each part's tiles, scales and biases; out: each part's y [.., n].
-  static void compute_tiled(std::vector<mx::array>& in, std::vector<mx::array>& out, int group) {
+  // in: x, then each part's tiles, scales and biases (then the residual); out: each part's
+  // y [.., n].
+  static void compute_tiled(std::vector<mx::array>& in, std::vector<mx::array>& out, int group,
+                            bool residual) {
     const mx::array& x = in[0];
     const int64_t k = x.shape(-1), groups = k / group;
     const int64_t m = k ? static_cast<int64_t>(x.size()) / k : 0;
@@ -616,6 +624,11 @@ class QuantMatmul : public mx::Primitive {
       parts[p].y = out[p].data<float>();
     }
     run_columns(pick_tiled(in[2].dtype()), parts, k, TILE);
+    if (residual) {  // y + r per element, as MLX's add of the two gives it
+      float* y = out[0].data<float>();
+      const float* r = in.back().data<float>();
+      for (size_t i = 0, n = out[0].size(); i < n; i++) y[i] += r[i];
+    }
   }
 
   // in: x, then each part's w, scales and biases; out: each part's y.
@@ -670,7 +683,7 @@ class QuantMatmul : public mx::Primitive {
   }
 
   int group_, bits_, act_;
-  bool tiled_;
+  bool tiled_, residual_;
 };
 
 // The checks both entry points make of w, scales and biases; K.
@@ -747,7 +760,8 @@ std::vector<mx::array> quantized_matmul_many(const mx::array& x, const std::vect
 std::vector<mx::array> tiled_matmul(const mx::array& x, const std::vector<mx::array>& tiles,
                                     const std::vector<mx::array>& scales,
                                     const std::vector<mx::array>& biases,
-                                    const std::vector<int64_t>& ns, int group) {
+                                    const std::vector<int64_t>& ns, int group,
+                                    const std::optional<mx::array>& residual) {
   if (x.dtype() != mx::float32 || x.ndim() < 1)
     throw std::invalid_argument("tiled_matmul: x must be float32");
   if (tiles.empty() || scales.size() != tiles.size() || biases.size() != tiles.size() ||
@@ -775,9 +789,16 @@ std::vector<mx::array> tiled_matmul(const mx::array& x, const std::vector<mx::ar
     shapes.push_back(std::move(shape));
     for (const mx::array* a : {&tiles[p], &scales[p], &biases[p]}) ins.push_back(*a);
   }
+  if (residual) {
+    if (tiles.size() != 1 || residual->dtype() != mx::float32 || residual->shape() != shapes[0])
+      throw std::invalid_argument(
+          "tiled_matmul: a residual takes one weight and is float32 of the output's shape");
+    ins.push_back(*residual);
+  }
   const std::vector<mx::Dtype> dtypes(tiles.size(), mx::float32);
-  return mx::array::make_arrays(std::move(shapes), dtypes,
-                                std::make_shared<QuantMatmul>(s, group, 4, ACT_INT16, true), ins);
+  return mx::array::make_arrays(
+      std::move(shapes), dtypes,
+      std::make_shared<QuantMatmul>(s, group, 4, ACT_INT16, true, residual.has_value()), ins);
 }
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
@@ -802,8 +823,10 @@ void define_quant(nb::module_& m) {
         "job. A list of outputs, one per weight.");
   m.def("tiled_matmul", &tiled_matmul, nb::arg("x"), nb::arg("tiles"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("n"), nb::arg("group_size"),
+        nb::arg("residual") = nb::none(),
         "x @ W.T for each of several 4-bit weights W in appliance/backend/quant.py's tiles "
-        "(16 columns side by side), x rounded to 16 bits once; a list of outputs.");
+        "(16 columns side by side), x rounded to 16 bits once; a list of outputs. residual "
+        "(one weight only): added to the output, as residual + x @ W.T in MLX.");
   m.def("dequantize_blocked", &dequantize_blocked, nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
         "dequantize(w, scales, biases) as float32 [N, K], each row's K in the kernel's block "

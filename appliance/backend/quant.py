@@ -255,10 +255,12 @@ def products(x: mx.array, linears: tuple[Any, ...], residual: mx.array | None = 
     would give them (the same operation), where the layers were adopted as one group in
     this order (q/k/v, gate/up: :data:`SIBLINGS`) or one tiled layer; else None, and the
     caller calls each layer. For a forward that knows its siblings: one call, where each
-    layer's own goes through ``nn.QuantizedLinear`` and the switch. ``residual`` (one tiled
-    layer): ``residual + linear(x)``, bit for bit, in the product's own operation."""
+    layer's own goes through ``nn.QuantizedLinear`` and the switch, which adds a layer's own
+    ``bias`` (Qwen 2's q/k/v) after the product, as here. ``residual`` (one tiled layer
+    with no bias): ``residual + linear(x)``, bit for bit, in the product's own operation."""
     if not _original or x.dtype != mx.float32 or (
-            residual is not None and (len(linears) != 1 or residual.dtype != mx.float32)):
+            residual is not None and (len(linears) != 1 or residual.dtype != mx.float32
+                                      or "bias" in linears[0])):
         return None
     entry = _layers.get(id(linears[0]["weight"]))
     if entry is None or entry[1] != 0:
@@ -270,7 +272,11 @@ def products(x: mx.array, linears: tuple[Any, ...], residual: mx.array | None = 
         if (layer.w is not linear["weight"] or layer.scales is not linear["scales"]
                 or layer.biases is not linear["biases"]):
             return None
-    return _compute(group, x, _switch_activations[0], residual)
+    outs = _compute(group, x, _switch_activations[0], residual)
+    if outs is None:
+        return None
+    return [out + linear["bias"] if "bias" in linear else out
+            for out, linear in zip(outs, linears, strict=True)]
 
 
 def mlx_own() -> Any:

@@ -101,8 +101,10 @@ def model_dir(tmp_path: Path, demo_model: Path, arch: str, bits: int) -> Path:
     return build(tmp_path / f"{arch}-{bits}", demo_model, arch, bits=bits, seed=3)
 
 
-@pytest.mark.parametrize(("arch", "bits"), [("demo", 0), ("qwen2", 0), ("qwen3", 4)],
-                         ids=["llama-fp32", "qwen2-fp32", "qwen3-q4"])
+@pytest.mark.parametrize(("arch", "bits"), [("demo", 0), ("llama3", 4), ("qwen2", 0),
+                                           ("qwen2", 4), ("qwen3", 0), ("qwen3", 4)],
+                         ids=["llama-fp32", "llama-q4", "qwen2-fp32", "qwen2-q4", "qwen3-fp32",
+                              "qwen3-q4"])
 def test_two_machines_answer_as_one(tmp_path: Path, demo_model: Path,
                                     household: tuple[Path, dict[str, str]], arch: str,
                                     bits: int) -> None:

@@ -54,7 +54,7 @@ def _tokens(n: int, seed: int) -> list[int]:
 def models(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("archs")
     return {f"{arch}-{bits}": build(root / f"{arch}-{bits}", demo_model, arch, bits=bits)
-            for arch in CONFIGS for bits in (0, 4)}
+            for arch in [*CONFIGS, "qwen2"] for bits in (0, 4)}
 
 
 def _load(models: dict[str, Path], arch: str, bits: int) -> LoadedModel:
@@ -105,7 +105,9 @@ def test_each_part_of_a_mixed_forward_gets_its_own_forwards_numbers(
     assert mx.allclose(mixed.step([1, 2, 3]), after, atol=_atol(bits, after)).item()
 
 
-@pytest.mark.parametrize(("arch", "bits"), [c for c in CASES if c.values[0] in RIDES_IN_ENGINE])
+@pytest.mark.parametrize(("arch", "bits"), [
+    *(c for c in CASES if c.values[0] in RIDES_IN_ENGINE),
+    *(pytest.param("qwen2", bits, id=f"qwen2-{'q4' if bits else 'fp32'}") for bits in (0, 4))])
 def test_a_decode_step_has_the_bits_of_the_models_own_forward(
         models: dict[str, Path], arch: str, bits: int) -> None:
     """The plain decode step of a model that rides runs mixed_step: the same bits as

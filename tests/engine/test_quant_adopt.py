@@ -35,7 +35,7 @@ def on_cpu() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("adopt")
-    return {arch: build(root / arch, demo_model, arch, bits=4) for arch in ARCHS}
+    return {arch: build(root / arch, demo_model, arch, bits=4) for arch in [*ARCHS, "qwen2"]}
 
 
 class Counted:
@@ -178,3 +178,20 @@ def test_products_gives_a_groups_outputs_in_one_call_or_none(
     assert quant.products(x, qkv) is None
     quant.adopt(None)
     assert quant.products(x, (attn.o_proj,)) is None
+
+
+def test_products_add_a_layers_own_bias_as_its_call_does(models: dict[str, Path]) -> None:
+    """Qwen 2's q/k/v carry biases, which nn.QuantizedLinear adds after the product: the
+    group's one call adds each (and takes no residual past one)."""
+    assert quant.install() is None
+    model = load(str(models["qwen2"]))[0]
+    quant.adopt(model)
+    attn = model.layers[0].self_attn
+    qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+    assert all("bias" in layer for layer in qkv)
+    x = mx.random.normal((2, attn.q_proj["weight"].shape[1] * 8), key=mx.random.key(6))
+    got = quant.products(x, qkv)
+    assert got is not None
+    for out, layer in zip(got, qkv, strict=True):
+        assert np.array_equal(np.array(out), np.array(layer(x)))
+    assert quant.products(x, (attn.q_proj,), mx.zeros_like(got[0])) is None

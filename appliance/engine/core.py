@@ -329,11 +329,29 @@ class Engine:
             handles = list(self._open.values())
             self._open.clear()
         for h in handles:
-            h.emit(FinishEvent(FinishReason.ERROR, Usage(len(h.request.prompt), 0), error=reason,
-                               unavailable=True))
+            usage = self._end_record(h)
+            h.emit(FinishEvent(FinishReason.ERROR, usage, error=reason, unavailable=True))
         if self._embedder is not None:
             self._embedder.fail_all(reason)
         return len(handles)
+
+    def _end_record(self, h: RequestHandle) -> Usage:
+        """A request the supervisor ends: its usage so far, and, when the engine had taken
+        it, its ledger row (what it computed and sent stays counted, as for any request
+        that ends). The engine thread may be stuck or gone: its sequence is only read."""
+        runner = getattr(self, "_runner", None)  # None until the model has loaded
+        seq = None if runner is None else runner.seqs.get(h.rid)
+        if seq is None:  # never taken from the inbox: nothing computed
+            return Usage(len(h.request.prompt), 0)
+        usage = Usage(prompt_tokens=seq.n_prompt, completion_tokens=seq.generated,
+                      cached_tokens=seq.cached_tokens)
+        if h.claim_finish() and self._on_finish is not None:
+            try:
+                self._on_finish(seq.ledger_record(FinishReason.ERROR, usage, self._clock()))
+            except Exception:
+                log.exception("ledger hand-off failed rid=%d id=%s", h.rid,
+                              h.request.request_id)
+        return usage
 
     # ---- the engine thread ----
     def _main(self) -> None:

@@ -44,10 +44,10 @@ from appliance.backend import quant
 
 Projections = Callable[["Weights", Any, mx.array], tuple[mx.array, mx.array, mx.array]]
 Mlp = Callable[["Weights", Any, mx.array, "mx.array | None"], mx.array]
-Part_ = Callable[[mx.array, "mx.array | None"], mx.array]
+Sublayer = Callable[[mx.array, "mx.array | None"], mx.array]
 """A block's attention or MLP: ``part(x, residual)`` is ``residual + part(x)`` (or ``part(x)``
 with no residual), the add made in the last product's own operation where it can be."""
-Block = Callable[[Any, mx.array, Part_, Part_], mx.array]
+Block = Callable[[Any, mx.array, Sublayer, Sublayer], mx.array]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +108,12 @@ def _gelu(weights: Weights, mlp: Any, x: mx.array, residual: mx.array | None) ->
                           * weights.linear(mlp.up_proj, x), residual)
 
 
-def _pre_norm(layer: Any, h: mx.array, attend: Part_, mlp: Part_) -> mx.array:
+def _pre_norm(layer: Any, h: mx.array, attend: Sublayer, mlp: Sublayer) -> mx.array:
     h = attend(layer.input_layernorm(h), h)  # h + attention
     return mlp(layer.post_attention_layernorm(h), h)
 
 
-def _sandwich(layer: Any, h: mx.array, attend: Part_, mlp: Part_) -> mx.array:
+def _sandwich(layer: Any, h: mx.array, attend: Sublayer, mlp: Sublayer) -> mx.array:
     """Gemma 3: a norm before and after each of attention and MLP, residuals clipped in
     float16 (its module's ``clip_residual``)."""
     clip = sys.modules[type(layer).__module__].clip_residual

@@ -149,6 +149,7 @@ class RequestHandle:
         self._sink = sink
         self._cancelled = threading.Event()
         self._closed = False
+        self._claimed = False
         self._lock = threading.Lock()
         self.queue_s: float | None = None
         """Seconds from arrival to first admission, set by the engine thread when it admits
@@ -175,6 +176,16 @@ class RequestHandle:
             self._cancelled.set()
             return False
         return True
+
+    def claim_finish(self) -> bool:
+        """True for the one caller that ends this request (the engine thread, or the
+        supervisor failing the engine): it writes the ledger's row and then the finish
+        event, so a request that both try gets one row."""
+        with self._lock:
+            if self._claimed or self._closed:
+                return False
+            self._claimed = True
+            return True
 
     @property
     def finished(self) -> bool:

@@ -1,11 +1,12 @@
 """A dead or stalled engine through the real ``appliance serve``: every waiting request gets
-a clear 503 (none hangs), ``/health`` never says ok again, and the daemon exits with status
-70 so systemd or launchd start a fresh one. Faults come from ``APPLIANCE_TEST_FAULT``
+a clear 503 (none hangs) and its row in the ledger, ``/health`` never says ok again, and
+the daemon exits with status 70 so systemd or launchd start a fresh one. Faults come from ``APPLIANCE_TEST_FAULT``
 (see appliance/engine/faults.py): requests with ``max_tokens`` 13 trigger them."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import sqlite3
 import time
 from pathlib import Path
 
@@ -66,5 +67,11 @@ def test_a_dead_or_stalled_engine_answers_503_then_the_daemon_exits_70(
             d.kill()
     log = d.log.read_text()
     assert "engine not serving" in log and f"exiting with status {ENGINE_DOWN_EXIT}" in log
+    # the requests the supervisor ended are in the ledger, as any that ends (their usage
+    # so far counts toward quotas): at least the one that hit the fault
+    with sqlite3.connect(tmp_path / "appliance.db") as db:
+        ended = db.execute("select count(*) from ledger where finish_reason = 'error'"
+                           ).fetchone()[0]
+    assert ended >= 1
     if "stall" in fault:  # where the engine thread was stuck: the fault's sleep
         assert "the threads' stacks" in log and "faults.py" in log, log[-3000:]

@@ -3,6 +3,7 @@ what the household sees (docs/distributed.md, "When a machine fails")."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import sqlite3
@@ -39,10 +40,10 @@ def lost_at(log: Path) -> float:
 
 
 def stream_until(group: Group, key: str, fault: threading.Event, after: int = 3
-                 ) -> tuple[int, str]:
-    """A long answer; ``fault`` is set after ``after`` chunks. The chunks that came and
-    the stream's last event (the error, if it ended with one)."""
-    seen, last = 0, ""
+                 ) -> tuple[int, str, str]:
+    """A long answer; ``fault`` is set after ``after`` chunks. The chunks that came, the
+    stream's last event (the error, if it ended with one) and the request's id."""
+    seen, last, rid = 0, "", ""
     with httpx.stream("POST", group.rank0.url + "/v1/chat/completions", timeout=60,
                       headers={"Authorization": f"Bearer {key}"},
                       json={"model": served(group.rank0.url), "max_tokens": 2000,
@@ -52,14 +53,23 @@ def stream_until(group: Group, key: str, fault: threading.Event, after: int = 3
             if line.startswith("data: {"):
                 last = line
                 seen += 1
+                rid = rid or str(json.loads(line[6:]).get("id", "")).removeprefix("chatcmpl-")
                 if seen == after:
                     fault.set()
-    return seen, last
+    return seen, last, rid
 
 
 def ledger_ids(data: Path) -> set[str]:
     with sqlite3.connect(data / "appliance.db") as db:
         return {row[0] for row in db.execute("select request_id from ledger")}
+
+
+def ledger_row(data: Path, request_id: str) -> tuple[str, int] | None:
+    """The ledger's finish reason and output tokens of one request (None: no row)."""
+    with sqlite3.connect(data / "appliance.db") as db:
+        row = db.execute("select finish_reason, output_tokens from ledger where request_id = ?",
+                         (request_id,)).fetchone()
+    return None if row is None else (str(row[0]), int(row[1]))
 
 
 def settled_answer(group: Group, key: str) -> str:
@@ -71,11 +81,13 @@ def settled_answer(group: Group, key: str) -> str:
     return str(r.json()["id"]).removeprefix("chatcmpl-")
 
 
-def lose_mid_stream(group: Group, key: str, sig: signal.Signals, within: float) -> float:
+def lose_mid_stream(group: Group, key: str, sig: signal.Signals, within: float
+                    ) -> tuple[float, str, int]:
     """A long answer streaming, then ``sig`` to the follower: the answer ends with a clear
-    error, rank 0 logs the loss ``within`` seconds and exits 70. When the signal went."""
+    error, rank 0 logs the loss ``within`` seconds and exits 70. When the signal went, the
+    answer's request id and the chunks it got."""
     fault = threading.Event()
-    done: list[tuple[int, str]] = []
+    done: list[tuple[int, str, str]] = []
     streaming = threading.Thread(target=lambda: done.append(stream_until(group, key, fault)))
     streaming.start()
     assert fault.wait(60)
@@ -83,10 +95,10 @@ def lose_mid_stream(group: Group, key: str, sig: signal.Signals, within: float) 
     group.rank1.proc.send_signal(sig)
     streaming.join(60)
     assert group.rank0.proc.wait(60) == ENGINE_DOWN_EXIT
-    seen, last = done[0]
+    seen, last, rid = done[0]
     assert seen < 200 and "error" in last and "machine" in last, last
     assert lost_at(group.rank0.log) - at <= within
-    return at
+    return at, rid, seen
 
 
 def test_a_lost_machine_ends_the_answers_clearly_and_the_group_comes_back(
@@ -95,12 +107,13 @@ def test_a_lost_machine_ends_the_answers_clearly_and_the_group_comes_back(
     group = start_group(demo_model, data, log_name="killed.log")
     try:
         settled = settled_answer(group, key)
-        at = lose_mid_stream(group, key, signal.SIGKILL, 2.0)  # its socket closes at once
+        at, cut, _ = lose_mid_stream(group, key, signal.SIGKILL, 2.0)  # socket closes at once
     finally:
         group.rank1.stop()
         if group.rank0.proc.poll() is None:
             group.rank0.kill()
     assert settled in ledger_ids(data)  # every settled answer is in the ledger
+    assert ledger_row(data, cut) is not None, "the cut answer's usage was not recorded"
     # the service managers start both again: serving within 30 s of the fault
     again = start_group(demo_model, data, log_name="stopped.log")
     try:
@@ -109,7 +122,7 @@ def test_a_lost_machine_ends_the_answers_clearly_and_the_group_comes_back(
         assert again.health()["status"] == "ok"
         # a follower that stops answering (SIGSTOP) is caught by its missed beats
         settled = settled_answer(again, key)
-        lose_mid_stream(again, key, signal.SIGSTOP, 3.0 + 1.5)  # heartbeat_timeout, a beat
+        _, cut, chunks = lose_mid_stream(again, key, signal.SIGSTOP, 3.0 + 1.5)  # beats
         # woken, it finds rank 0 gone and leaves for its service manager to restart it
         again.rank1.proc.send_signal(signal.SIGCONT)
         assert again.rank1.proc.wait(30) == GROUP_LOST_EXIT
@@ -119,6 +132,9 @@ def test_a_lost_machine_ends_the_answers_clearly_and_the_group_comes_back(
         if again.rank0.proc.poll() is None:
             again.rank0.kill()
     assert settled in ledger_ids(data)
+    # the hung group's answer, ended by the supervisor, is counted with what it sent
+    row = ledger_row(data, cut)
+    assert row is not None and row[0] == "error" and row[1] >= max(1, chunks - 2), row
 
 
 def test_rank_0_serves_alone_until_the_other_machine_comes_back(

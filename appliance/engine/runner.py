@@ -450,9 +450,7 @@ class Runner:
         usage = Usage(prompt_tokens=s.n_prompt, completion_tokens=s.generated,
                       cached_tokens=s.cached_tokens)
         queued = None if s.admitted_at is None else s.admitted_at - s.arrival
-        # queued before the caller hears: its row is there (unless the supervisor, failing
-        # the engine, ended it first and wrote it)
-        if s.handle.claim_finish() and self.on_finish is not None:
+        if s.handle.claim_finish() and self.on_finish is not None:  # before the caller hears
             try:
                 self.on_finish(s.ledger_record(reason, usage, self.clock()))
             except Exception:

@@ -343,14 +343,8 @@ class Engine:
         seq = None if runner is None else runner.seqs.get(h.rid)
         if seq is None:  # never taken from the inbox: nothing computed
             return Usage(len(h.request.prompt), 0)
-        usage = Usage(prompt_tokens=seq.n_prompt, completion_tokens=seq.generated,
-                      cached_tokens=seq.cached_tokens)
-        if h.claim_finish() and self._on_finish is not None:
-            try:
-                self._on_finish(seq.ledger_record(FinishReason.ERROR, usage, self._clock()))
-            except Exception:
-                log.exception("ledger hand-off failed rid=%d id=%s", h.rid,
-                              h.request.request_id)
+        usage = seq.usage()
+        seq.hand_ledger(self._on_finish, FinishReason.ERROR, usage, self._clock())
         return usage
 
     # ---- the engine thread ----

@@ -447,15 +447,9 @@ class Runner:
         elif reason is FinishReason.CANCELLED:
             self.cancelled_total += 1
         ttft = None if s.first_token_at is None else s.first_token_at - s.arrival
-        usage = Usage(prompt_tokens=s.n_prompt, completion_tokens=s.generated,
-                      cached_tokens=s.cached_tokens)
+        usage = s.usage()
         queued = None if s.admitted_at is None else s.admitted_at - s.arrival
-        if s.handle.claim_finish() and self.on_finish is not None:  # before the caller hears
-            try:
-                self.on_finish(s.ledger_record(reason, usage, self.clock()))
-            except Exception:
-                log.exception("ledger hand-off failed rid=%d id=%s", s.rid,
-                              s.handle.request.request_id)
+        s.hand_ledger(self.on_finish, reason, usage, self.clock())  # before the caller hears
         s.handle.emit(FinishEvent(reason, usage, tail, error, ttft, s.preemptions,
                                   queue_s=queued, unavailable=unavailable))
         self._done(s.handle)

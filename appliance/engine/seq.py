@@ -3,7 +3,9 @@ sampler and text stream, and the times its ledger row and the scheduler's view n
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +18,8 @@ from appliance.sched.states import RequestState, check_transition
 from appliance.sched.types import SeqView
 from appliance.store.records import LedgerRecord
 from appliance.vocab import FinishReason
+
+log = logging.getLogger("appliance.engine.runner")  # a request's lines stay with the runner's
 
 
 @dataclass(slots=True, eq=False)
@@ -69,6 +73,24 @@ class Seq:
                         state=self.state.value, prompt_tokens=self.n_prompt,
                         prefilled=prefilled, generated=self.generated,
                         max_tokens=self.max_tokens, waited_s=now - self.arrival)
+
+    def usage(self) -> Usage:
+        """What this request has read and generated so far."""
+        return Usage(prompt_tokens=self.n_prompt, completion_tokens=self.generated,
+                     cached_tokens=self.cached_tokens)
+
+    def hand_ledger(self, on_finish: Callable[[LedgerRecord], None] | None,
+                    reason: FinishReason, usage: Usage, now: float) -> None:
+        """Queue this request's ledger row, once whoever ends it (the engine thread, or the
+        supervisor failing the engine: ``RequestHandle.claim_finish``); a hand-off that
+        fails is logged, never raised into the caller's finishing."""
+        if not self.handle.claim_finish() or on_finish is None:
+            return
+        try:
+            on_finish(self.ledger_record(reason, usage, now))
+        except Exception:
+            log.exception("ledger hand-off failed rid=%d id=%s", self.rid,
+                          self.handle.request.request_id)
 
     def ledger_record(self, reason: FinishReason, usage: Usage, now: float) -> LedgerRecord:
         """The ledger's record of this request: the engine's monotonic times (``now``: its

@@ -49,9 +49,10 @@ def mlx_fast() -> Extension | None:
         # two cores, and the build waits for the last to finish
         [f"{BACKEND}/native/{name}" for name in (
             "quant_avx512.cpp", "quant_matmul.cpp", "quant_avx2.cpp", "nanobind_runtime.cpp",
-            "mlx_fast.cpp")],
+            "mlx_fast.cpp", "decode_layer.cpp")],
         # without it an edit of the header alone leaves the extension "up to date"
-        depends=[f"{BACKEND}/native/quant_kernels.h"],
+        depends=[f"{BACKEND}/native/{name}" for name in (
+            "quant_kernels.h", "fast_kernels.h", "staging.h")],
         include_dirs=[os.path.join(nb, "include"), os.path.join(nb, "ext", "robin_map", "include"),
                       os.path.join(nb, "src"), os.path.join(mlx_dir, "include")],
         library_dirs=[os.path.join(mlx_dir, "lib")], libraries=["mlx"],

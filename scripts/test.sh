@@ -77,5 +77,5 @@ LD_PRELOAD="$PURE${OTHER_PRELOAD:+:$OTHER_PRELOAD}" APPLIANCE_NATIVE=off \
   tests/integration/test_backend_health.py \
   --ignore=tests/engine/test_fast_ops.py --ignore=tests/engine/test_skinny_matmul.py \
   --ignore=tests/engine/test_quant_kernel.py --ignore=tests/engine/test_quant_activations.py \
-  --ignore=tests/engine/test_quant_adopt.py \
+  --ignore=tests/engine/test_quant_adopt.py --ignore=tests/engine/test_decode_layer.py \
   --ignore=tests/engine/test_weighted_service.py --ignore=tests/engine/test_demo_model.py

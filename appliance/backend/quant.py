@@ -262,21 +262,39 @@ def products(x: mx.array, linears: tuple[Any, ...], residual: mx.array | None = 
             residual is not None and (len(linears) != 1 or residual.dtype != mx.float32
                                       or "bias" in linears[0])):
         return None
-    entry = _layers.get(id(linears[0]["weight"]))
-    if entry is None or entry[1] != 0:
+    group = _group_of(linears)
+    if group is None or not _fits(group.layers[0], x):
         return None
-    group = entry[0]
-    if len(group.layers) != len(linears) or not _fits(group.layers[0], x):
-        return None
-    for layer, linear in zip(group.layers, linears, strict=True):
-        if (layer.w is not linear["weight"] or layer.scales is not linear["scales"]
-                or layer.biases is not linear["biases"]):
-            return None
     outs = _compute(group, x, _switch_activations[0], residual)
     if outs is None:
         return None
     return [out + linear["bias"] if "bias" in linear else out
             for out, linear in zip(outs, linears, strict=True)]
+
+
+def _group_of(linears: tuple[Any, ...]) -> _Group | None:
+    """The adopted group that is exactly ``linears``, in this order, or None."""
+    entry = _layers.get(id(linears[0]["weight"]))
+    if entry is None or entry[1] != 0:
+        return None
+    group = entry[0]
+    if len(group.layers) != len(linears):
+        return None
+    for layer, linear in zip(group.layers, linears, strict=True):
+        if (layer.w is not linear["weight"] or layer.scales is not linear["scales"]
+                or layer.biases is not linear["biases"]):
+            return None
+    return group
+
+
+def tiled_args(linears: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """``tiled_matmul``'s arguments after x (tiles, scales, biases, n's, group size) for
+    ``linears`` where the kernel adopted them as one group of tiled layers, in this order
+    (:data:`SIBLINGS`, or one layer); else None."""
+    group = _group_of(linears) if _original else None
+    if group is None or group.layers[0].tiled is None:
+        return None
+    return group.args
 
 
 def mlx_own() -> Any:

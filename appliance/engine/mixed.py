@@ -40,7 +40,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 
-from appliance.backend import quant
+from appliance.backend import decode_layer, quant
 
 Projections = Callable[["Weights", Any, mx.array], tuple[mx.array, mx.array, mx.array]]
 Mlp = Callable[["Weights", Any, mx.array, "mx.array | None"], mx.array]
@@ -280,6 +280,24 @@ def _attention(arch: Arch, weights: Weights, attn: Any, x: mx.array,
                           residual)
 
 
+def _decode_layer(layer: decode_layer.Layer | None, h: mx.array, part: Part, i: int
+                  ) -> mx.array | None:
+    """Layer ``i`` of a plain decode step in one operation, its cache's buffers written as
+    ``update_and_fetch`` writes them; None where it cannot be (the caller goes on as before)."""
+    cache = part.cache[i]
+    window = getattr(cache, "decode_window", None)  # a slot cache's (appliance/engine/slots.py)
+    found = window() if layer is not None and window is not None else None
+    if found is None:
+        return None
+    assert layer is not None
+    keys, values, at, first = found
+    out = decode_layer.step(layer, h, keys, values, cache.offset, part.masks[i], at, first)
+    if out is None:
+        return None
+    cache.took(out[1], out[2])
+    return out[0]
+
+
 def decode_mask(cache: Any, h: mx.array) -> Any:
     """The decode rows' mask (``cache``: layer 0's batched cache); None when no row is
     left-padded, as a query at the end of its row sees every key."""
@@ -331,7 +349,14 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
                           arch.masks(inner, h[None, :len(chunk)], cache), start,
                           whole=not b and len(chunks) == 1))
         start += len(chunk)
+    # A plain decode step's layers in one operation each where the backend has it.
+    fused = decode_layer.plan(model, arch.qk_norm) \
+        if b and not chunks and arch.block is _pre_norm else None
     for i, layer in enumerate(inner.layers):
+        done = None if fused is None else _decode_layer(fused[i], h, parts[0], i)
+        if done is not None:
+            h = done
+            continue
         attn, mlp = layer.self_attn, layer.mlp
         h = arch.block(layer, h, partial(_attention, arch, weights, attn, parts=parts, layer=i),
                        partial(arch.mlp, weights, mlp))

@@ -155,6 +155,18 @@ class SlotKV:
         first, b = layout.start - self.base, layout.rows
         return self.keys[:b, :, first:at + n, :], self.values[:b, :, first:at + n, :]
 
+    def decode_window(self) -> tuple[mx.array, mx.array, int, int] | None:
+        """For a layer's decode step in one operation (appliance/backend/decode_layer.py):
+        the buffers, the index every row's new position is written at, the first index
+        attention reads; None while the buffers are yet to be made. The operation's new
+        buffers come back by :meth:`took`."""
+        if self.keys is None or self.values is None:
+            return None
+        return self.keys, self.values, self.layout.end - self.base, self.layout.start - self.base
+
+    def took(self, keys: mx.array, values: mx.array) -> None:
+        self.keys, self.values = keys, values
+
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None
                   ) -> Any:
         assert window_size is None

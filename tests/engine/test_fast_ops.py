@@ -229,19 +229,22 @@ def _attention64(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any)
     return np.where(total > 0, e / np.where(total > 0, total, 1), 0) @ v64
 
 
-@pytest.mark.parametrize(("b", "h", "kv", "length", "kind"), [
-    (1, 9, 3, 1, None), (1, 9, 3, 70, None), (4, 8, 2, 300, "padding"),
-    (3, 4, 4, 17, "additive"), (2, 6, 3, 33, "additive, broadcast"), (2, 4, 2, 9, "none seen"),
-    (4, 8, 4, 1100, "padding")])  # past ATTENTION_SPLIT: the batch on two threads, a row on one
+@pytest.mark.parametrize(("b", "h", "kv", "length", "kind", "d"), [
+    (1, 9, 3, 1, None, 64), (1, 9, 3, 70, None, 64), (4, 8, 2, 300, "padding", 64),
+    (3, 4, 4, 17, "additive", 64), (2, 6, 3, 33, "additive, broadcast", 64),
+    (2, 4, 2, 9, "none seen", 64),
+    # heads of 80 and 40 features: the keys one at a time, the outputs' tails
+    (3, 4, 2, 37, "padding", 80), (2, 4, 2, 21, None, 40),
+    (4, 8, 4, 1100, "padding", 64)])  # past ATTENTION_SPLIT: the batch on the threads
 def test_decode_attention_reads_the_caches_views_in_place(b: int, h: int, kv: int, length: int,
-                                                          kind: str | None) -> None:
+                                                          kind: str | None, d: int) -> None:
     """A decode step's attention (one query position) in one operation, on views of bigger
     buffers as the slots hand them: within float32 rounding of float64, and a row's bits
     the same alone as in its batch."""
     keys = mx.random.split(mx.random.key(8), 4)
-    q = mx.random.normal((b, h, 1, 64), key=keys[0])
-    k = mx.random.normal((b + 2, kv, length + 9, 64), key=keys[1])[:b, :, 4:4 + length]
-    v = mx.random.normal((b + 2, kv, length + 9, 64), key=keys[2])[:b, :, 4:4 + length]
+    q = mx.random.normal((b, h, 1, d), key=keys[0])
+    k = mx.random.normal((b + 2, kv, length + 9, d), key=keys[1])[:b, :, 4:4 + length]
+    v = mx.random.normal((b + 2, kv, length + 9, d), key=keys[2])[:b, :, 4:4 + length]
     mask: Any = None
     if kind == "padding":
         mask = mx.array([i * 3 for i in range(b)])[:, None, None, None] <= mx.arange(length)
@@ -252,7 +255,7 @@ def test_decode_attention_reads_the_caches_views_in_place(b: int, h: int, kv: in
     elif kind == "none seen":  # row 0 sees nothing (all padding): zeros, not NaN
         mask = mx.array([[[[False] * length]], [[[True] * length]]])
     got = fast_ops.attention(q, k, v, 0.125, mask)
-    assert got.shape == (b, h, 1, 64)
+    assert got.shape == (b, h, 1, d)
     assert np.allclose(np.array(got), _attention64(q, k, v, 0.125, mask), rtol=1e-5, atol=1e-5)
     for i in range(b):
         row_mask = mask if mask is None or mask.ndim < 4 else mask[i:i + 1]

@@ -56,6 +56,7 @@
 #include "mlx/primitives.h"
 #include "mlx/transforms.h"
 #include "mlx/utils.h"
+#include "fast_kernels.h"
 #include "staging.h"
 
 namespace nb = nanobind;
@@ -331,6 +332,51 @@ class RmsNorm : public mx::UnaryPrimitive {
   float eps_;
 };
 
+// RoPE of x [b_len, heads, t_len, d] into y: see Rope.
+void rope_apply(const float* src, float* dst, int64_t b_len, int64_t heads, int64_t t_len,
+                int64_t d, int dims, bool traditional, float scale, const int32_t* off,
+                bool per_row, const float* freq) {
+  const int64_t half = dims / 2;
+  // One row of cos and sin per (batch row, position), shared by every head.
+  std::vector<float> cs(static_cast<size_t>(b_len * t_len * half * 2));
+  for (int64_t b = 0; b < b_len; b++) {
+    const int32_t o = off[per_row ? b : 0];
+    for (int64_t t = 0; t < t_len; t++) {
+      const float pos = static_cast<float>(o + t) * scale;
+      float* row = cs.data() + (b * t_len + t) * half * 2;
+      for (int64_t i = 0; i < half; i++) {
+        const float theta = pos * freq[i];
+        row[i] = std::cos(theta);
+        row[half + i] = std::sin(theta);
+      }
+    }
+  }
+  // Vectors of D features: batch row b, head h, position t is vector (b * heads + h) * T + t.
+  in_two(b_len * heads * t_len, d, [&](int64_t v0, int64_t v1) {
+    for (int64_t v = v0; v < v1; v++) {
+      const int64_t t = v % t_len, b = v / (heads * t_len);
+      const float* c = cs.data() + (b * t_len + t) * half * 2;
+      const float* sn = c + half;
+      const float* xv = src + v * d;
+      float* yv = dst + v * d;
+      if (traditional) {
+        for (int64_t i = 0; i < half; i++) {
+          const float x1 = xv[2 * i], x2 = xv[2 * i + 1];
+          yv[2 * i] = x1 * c[i] - x2 * sn[i];
+          yv[2 * i + 1] = x1 * sn[i] + x2 * c[i];
+        }
+      } else {
+        for (int64_t i = 0; i < half; i++) {
+          const float x1 = xv[i], x2 = xv[half + i];
+          yv[i] = x1 * c[i] - x2 * sn[i];
+          yv[half + i] = x1 * sn[i] + x2 * c[i];
+        }
+      }
+      for (int64_t i = 2 * half; i < d; i++) yv[i] = xv[i];
+    }
+  });
+}
+
 // RoPE, as mx.fast.rope computes it (MLX has no CPU kernel for it: its fallback is some
 // fifteen operations, 140 us a call here, 60 calls a decode step of the SmolLM-135M shape).
 // x is [B, ..., T, D] (row-contiguous, at least 3 axes; the axes between the first and the
@@ -347,53 +393,10 @@ class Rope : public mx::UnaryPrimitive {
                                            scale = scale_](Arrays& in, mx::array& out) {
       const mx::array& x = in[0];
       const mx::array& offsets = in[1];
-      const mx::array& inv = in[2];
       const int64_t d = x.shape(-1), t_len = x.shape(-2), b_len = x.shape(0);
       const int64_t heads = static_cast<int64_t>(x.size()) / (b_len * t_len * d);
-      const int64_t half = dims / 2;
-      const int32_t* off = offsets.data<int32_t>();
-      const bool per_row = offsets.size() > 1;
-      const float* freq = inv.data<float>();
-      const float* src = x.data<float>();
-      float* dst = out.data<float>();
-      // One row of cos and sin per (batch row, position), shared by every head.
-      std::vector<float> cs(static_cast<size_t>(b_len * t_len * half * 2));
-      for (int64_t b = 0; b < b_len; b++) {
-        const int32_t o = off[per_row ? b : 0];
-        for (int64_t t = 0; t < t_len; t++) {
-          const float pos = static_cast<float>(o + t) * scale;
-          float* row = cs.data() + (b * t_len + t) * half * 2;
-          for (int64_t i = 0; i < half; i++) {
-            const float theta = pos * freq[i];
-            row[i] = std::cos(theta);
-            row[half + i] = std::sin(theta);
-          }
-        }
-      }
-      // Vectors of D features: batch row b, head h, position t is vector (b * heads + h) * T + t.
-      in_two(b_len * heads * t_len, d, [&](int64_t v0, int64_t v1) {
-        for (int64_t v = v0; v < v1; v++) {
-          const int64_t t = v % t_len, b = v / (heads * t_len);
-          const float* c = cs.data() + (b * t_len + t) * half * 2;
-          const float* sn = c + half;
-          const float* xv = src + v * d;
-          float* yv = dst + v * d;
-          if (traditional) {
-            for (int64_t i = 0; i < half; i++) {
-              const float x1 = xv[2 * i], x2 = xv[2 * i + 1];
-              yv[2 * i] = x1 * c[i] - x2 * sn[i];
-              yv[2 * i + 1] = x1 * sn[i] + x2 * c[i];
-            }
-          } else {
-            for (int64_t i = 0; i < half; i++) {
-              const float x1 = xv[i], x2 = xv[half + i];
-              yv[i] = x1 * c[i] - x2 * sn[i];
-              yv[half + i] = x1 * sn[i] + x2 * c[i];
-            }
-          }
-          for (int64_t i = 2 * half; i < d; i++) yv[i] = xv[i];
-        }
-      });
+      rope_apply(x.data<float>(), out.data<float>(), b_len, heads, t_len, d, dims, traditional,
+                 scale, offsets.data<int32_t>(), offsets.size() > 1, in[2].data<float>());
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
@@ -421,14 +424,12 @@ FORCE_INLINE float hsum(vf v) {
   return a[0];
 }
 
-enum MaskKind : int { NO_MASK = 0, BOOL_MASK = 1, ADD_MASK = 2 };
+constexpr int64_t ATTENTION_SPLIT = 1 << 14;  // elements of keys read (see attend)
 
-constexpr int64_t ATTENTION_SPLIT = 1 << 20;  // elements of keys read (see eval_cpu)
-
-struct Strided {  // an input's base and element strides of its four axes (0: broadcast)
-  const char* base;
-  int64_t st[4];
-};
+using fast_kernels::Strided;
+using fast_kernels::NO_MASK;
+using fast_kernels::BOOL_MASK;
+using fast_kernels::ADD_MASK;
 
 Strided strided(const mx::array& a) {
   Strided s{a.data<char>(), {0, 0, 0, 0}};
@@ -438,8 +439,41 @@ Strided strided(const mx::array& a) {
   return s;
 }
 
+// The sums of 16 vectors' lanes, one a lane, each in hsum's order: halves folded onto halves,
+// two vectors at a time (the same additions as 16 hsums, in a quarter of the operations).
+FORCE_INLINE vf hsum16(const vf* v) {
+  const vi lo1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const vi hi1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const vi lo2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const vi hi2 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  const vi lo3 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  const vi hi3 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+  const vi lo4 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  const vi hi4 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  vf h[8], q[4], e[2];
+  for (int i = 0; i < 8; i++)
+    h[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], lo1) +
+           __builtin_shuffle(v[2 * i], v[2 * i + 1], hi1);
+  for (int i = 0; i < 4; i++)
+    q[i] = __builtin_shuffle(h[2 * i], h[2 * i + 1], lo2) +
+           __builtin_shuffle(h[2 * i], h[2 * i + 1], hi2);
+  for (int i = 0; i < 2; i++)
+    e[i] = __builtin_shuffle(q[2 * i], q[2 * i + 1], lo3) +
+           __builtin_shuffle(q[2 * i], q[2 * i + 1], hi3);
+  return __builtin_shuffle(e[0], e[1], lo4) + __builtin_shuffle(e[0], e[1], hi4);
+}
+
+// One query row's dot product with one key, as 16 partial sums (lanes) and the tail's.
+FORCE_INLINE vf dot_lanes(const float* qr, const float* kj, int64_t dv) {
+  vf acc = splat(0.0f);
+  for (int64_t i = 0; i < dv; i += LANES) acc += load(qr + i) * load(kj + i);
+  return acc;
+}
+
 // Units are (batch row, KV head): each key and value row is read once for the query heads
-// that share it. Every (row, head)'s sums run in the same order whatever the unit holds.
+// that share it. Every (row, head)'s sums run in the same order whatever the unit holds: a
+// score is its 16 lanes folded by hsum's tree (16 keys at a time by hsum16, the same
+// additions) plus the tail's products; an output element sums its keys in order from 0.
 HOT void decode_attention_heads(const Strided& q, const Strided& k, const Strided& v,
                                 const Strided& m, int kind, float* out, int64_t u0, int64_t u1,
                                 int64_t kv_len, int64_t rep, int64_t l_len, int64_t d,
@@ -453,13 +487,21 @@ HOT void decode_attention_heads(const Strided& q, const Strided& k, const Stride
       for (int64_t i = 0; i < d; i++) qs[r * d + i] = qv[i] * scale;
     }
     const float* kb = reinterpret_cast<const float*>(k.base) + b * k.st[0] + g * k.st[1];
-    for (int64_t j = 0; j < l_len; j++) {
+    int64_t j0 = 0;
+    if (dv == d) {  // 16 keys at a time (no tail in a key's sum)
+      for (; j0 + LANES <= l_len; j0 += LANES)
+        for (int64_t r = 0; r < rep; r++) {
+          const float* qr = qs.data() + r * d;
+          vf part[LANES];
+          for (int l = 0; l < LANES; l++) part[l] = dot_lanes(qr, kb + (j0 + l) * k.st[2], dv);
+          store(p.data() + r * l_len + j0, hsum16(part));
+        }
+    }
+    for (int64_t j = j0; j < l_len; j++) {
       const float* kj = kb + j * k.st[2];
       for (int64_t r = 0; r < rep; r++) {
         const float* qr = qs.data() + r * d;
-        vf acc = splat(0.0f);
-        for (int64_t i = 0; i < dv; i += LANES) acc += load(qr + i) * load(kj + i);
-        float sum = hsum(acc);
+        float sum = hsum(dot_lanes(qr, kj, dv));
         for (int64_t i = dv; i < d; i++) sum += qr[i] * kj[i];
         p[r * l_len + j] = sum;
       }
@@ -477,18 +519,51 @@ HOT void decode_attention_heads(const Strided& q, const Strided& k, const Stride
       softmax_rows(pr, pr, 0, 1, l_len, 0);
     }
     float* o = out + (b * h_len + g * rep) * d;
-    std::memset(o, 0, rep * d * sizeof(float));
     const float* vb = reinterpret_cast<const float*>(v.base) + b * v.st[0] + g * v.st[1];
-    for (int64_t j = 0; j < l_len; j++) {
-      const float* vj = vb + j * v.st[2];
-      for (int64_t r = 0; r < rep; r++) {
-        const float w = p[r * l_len + j];
-        float* orow = o + r * d;
-        for (int64_t i = 0; i < dv; i += LANES) store(orow + i, load(orow + i) + load(vj + i) * w);
-        for (int64_t i = dv; i < d; i++) orow[i] += vj[i] * w;
+    // Each query row's output, four vectors at a time in registers over every key.
+    for (int64_t r = 0; r < rep; r++) {
+      const float* pr = p.data() + r * l_len;
+      float* orow = o + r * d;
+      int64_t i = 0;
+      for (; i + 4 * LANES <= dv; i += 4 * LANES) {
+        vf a0 = splat(0.0f), a1 = splat(0.0f), a2 = splat(0.0f), a3 = splat(0.0f);
+        for (int64_t j = 0; j < l_len; j++) {
+          const float* vj = vb + j * v.st[2] + i;
+          const float w = pr[j];
+          a0 = a0 + load(vj) * w;
+          a1 = a1 + load(vj + LANES) * w;
+          a2 = a2 + load(vj + 2 * LANES) * w;
+          a3 = a3 + load(vj + 3 * LANES) * w;
+        }
+        store(orow + i, a0);
+        store(orow + i + LANES, a1);
+        store(orow + i + 2 * LANES, a2);
+        store(orow + i + 3 * LANES, a3);
+      }
+      for (; i < dv; i += LANES) {
+        vf a = splat(0.0f);
+        for (int64_t j = 0; j < l_len; j++) a = a + load(vb + j * v.st[2] + i) * pr[j];
+        store(orow + i, a);
+      }
+      for (; i < d; i++) {
+        float a = 0.0f;
+        for (int64_t j = 0; j < l_len; j++) a += vb[j * v.st[2] + i] * pr[j];
+        orow[i] = a;
       }
     }
   }
+}
+
+void attend(const Strided& q, const Strided& k, const Strided& v, const Strided& m, int kind,
+            float* o, int64_t b_len, int64_t kv_len, int64_t rep, int64_t l_len, int64_t d,
+            float scale) {
+  // The units shared with the quantized products' threads, but for a short context's few.
+  const auto heads = [&](int64_t u0, int64_t u1) {
+    decode_attention_heads(q, k, v, m, kind, o, u0, u1, kv_len, rep, l_len, d, scale);
+  };
+  const int64_t units = b_len * kv_len;
+  if (units < 2 || units * l_len * d < ATTENTION_SPLIT) heads(0, units);
+  else fast_kernels::parallel(units, heads);
 }
 
 // Attention of one query position per row, a decode step's: softmax(q k^T * scale + mask) v
@@ -519,14 +594,7 @@ class DecodeAttention : public mx::UnaryPrimitive {
       const int64_t rep = q.shape(1) / kv_len, l_len = k.shape(2);
       const Strided sq = strided(q), sk = strided(k), sv = strided(v);
       const Strided sm = kind == NO_MASK ? Strided{nullptr, {0, 0, 0, 0}} : strided(direct[3]);
-      float* o = out.data<float>();
-      // A thread of its own only for long contexts: a decode step calls this once a layer,
-      // and starting a thread costs more than a few hundred keys' work.
-      const auto heads = [&](int64_t u0, int64_t u1) {
-        decode_attention_heads(sq, sk, sv, sm, kind, o, u0, u1, kv_len, rep, l_len, d, scale);
-      };
-      if (b_len * kv_len * l_len * d < ATTENTION_SPLIT) heads(0, b_len * kv_len);
-      else in_two(b_len * kv_len, l_len * d, heads);
+      attend(sq, sk, sv, sm, kind, out.data<float>(), b_len, kv_len, rep, l_len, d, scale);
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
@@ -651,7 +719,35 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
 
 }  // namespace
 
+namespace fast_kernels {
+
+void rms_norm_rows(const float* src, const float* pw, float* dst, int64_t rows, int64_t n,
+                   float eps) {
+  ::rms_norm_rows(src, pw, dst, rows, n, eps);
+}
+
+void silu_mul_span(const float* a, const float* b, float* y, int64_t n) {
+  ::silu_mul_span(a, b, y, n);
+}
+
+void rope_apply(const float* x, float* y, int64_t b_len, int64_t heads, int64_t t_len, int64_t d,
+                int dims, bool traditional, float scale, const int32_t* off, bool per_row,
+                const float* inv) {
+  ::rope_apply(x, y, b_len, heads, t_len, d, dims, traditional, scale, off, per_row, inv);
+}
+
+void decode_attention(const Strided& q, const Strided& k, const Strided& v, const Strided& m,
+                      int kind, float* out, int64_t b_len, int64_t kv_len, int64_t rep,
+                      int64_t l_len, int64_t d, float scale) {
+  ::attend(q, k, v, m, kind, out, b_len, kv_len, rep, l_len, d, scale);
+}
+
+mx::array rope_inv_freq(int half, float base) { return ::base_inv_freq(half, base); }
+
+}  // namespace fast_kernels
+
 void define_quant(nb::module_& m);  // quant_matmul.cpp
+void define_layer(nb::module_& m);  // decode_layer.cpp
 
 NB_MODULE(_mlx_fast, m) {
   m.doc() = "Vectorised softmax, SwiGLU gate, RoPE and RMSNorm for MLX on the CPU (appliance/backend/native/mlx_fast.cpp)";
@@ -670,5 +766,6 @@ NB_MODULE(_mlx_fast, m) {
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("weight").none(), nb::arg("eps"),
         "mx.fast.rms_norm's arithmetic over the last axis (float32).");
   define_quant(m);
+  define_layer(m);
   m.attr("mlx_version") = std::string(mx::version());
 }

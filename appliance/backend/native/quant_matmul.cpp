@@ -58,6 +58,7 @@
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
+#include "fast_kernels.h"
 #include "quant_kernels.h"
 #include "staging.h"
 
@@ -260,7 +261,12 @@ struct Task {
   columns_fn fn;
   const QArgs* args;
   int64_t n0, n1;
-  void run() const { fn(*args, n0, n1); }
+  void (*unit_fn)(const void*, int64_t, int64_t) = nullptr;  // else: unit_fn(ctx, n0, n1)
+  const void* ctx = nullptr;
+  void run() const {
+    if (unit_fn != nullptr) unit_fn(ctx, n0, n1);
+    else fn(*args, n0, n1);
+  }
 };
 
 // x [m, k] rounded as quantize_rows rounds it, in x's own order (the tiled kernel's): xq
@@ -608,27 +614,18 @@ class QuantMatmul : public mx::Primitive {
   static void compute_tiled(std::vector<mx::array>& in, std::vector<mx::array>& out, int group,
                             bool residual) {
     const mx::array& x = in[0];
-    const int64_t k = x.shape(-1), groups = k / group;
+    const int64_t k = x.shape(-1);
     const int64_t m = k ? static_cast<int64_t>(x.size()) / k : 0;
-    std::vector<int16_t> xq(static_cast<size_t>(m * k));
-    std::vector<float> xs(static_cast<size_t>(m * (k / IBLOCK))), xsum(static_cast<size_t>(m * groups));
-    quantize_plain(x.data<float>(), m, k, group, xq.data(), xs.data(), xsum.data());
-    const QArgs a{nullptr, m, k, k, 0, nullptr, 0, nullptr, nullptr, groups, group,
-                  __builtin_ctz(group), nullptr, xq.data(), xs.data(), xsum.data()};
-    std::vector<QArgs> parts(out.size(), a);
-    for (size_t p = 0; p < parts.size(); p++) {
-      parts[p].n = out[p].shape(-1);
-      parts[p].w = in[1 + 3 * p].data<uint32_t>();
-      parts[p].scales = in[2 + 3 * p].data<void>();
-      parts[p].biases = in[3 + 3 * p].data<void>();
-      parts[p].y = out[p].data<float>();
+    std::vector<fast_kernels::TiledWeight> ws(out.size());
+    std::vector<float*> ys(out.size());
+    for (size_t p = 0; p < out.size(); p++) {
+      ws[p] = {in[1 + 3 * p].data<void>(), in[2 + 3 * p].data<void>(),
+               in[3 + 3 * p].data<void>(), out[p].shape(-1)};
+      ys[p] = out[p].data<float>();
     }
-    run_columns(pick_tiled(in[2].dtype()), parts, k, TILE);
-    if (residual) {  // y + r per element, as MLX's add of the two gives it
-      float* y = out[0].data<float>();
-      const float* r = in.back().data<float>();
-      for (size_t i = 0, n = out[0].size(); i < n; i++) y[i] += r[i];
-    }
+    fast_kernels::tiled_products(x.data<float>(), m, k, group, in[2].dtype(), ws.data(),
+                                 ys.data(), static_cast<int>(out.size()),
+                                 residual ? in.back().data<float>() : nullptr);
   }
 
   // in: x, then each part's w, scales and biases; out: each part's y.
@@ -807,6 +804,43 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
 }
 
 }  // namespace
+
+namespace fast_kernels {
+
+void parallel_units(int64_t units, void (*f)(const void*, int64_t, int64_t), const void* ctx) {
+  auto& pool = QuantPool::get();
+  const int64_t pieces = std::min<int64_t>(units, 4 * pool.threads());
+  std::vector<Task> tasks;
+  for (int64_t i = 0; i < pieces; i++)
+    tasks.push_back({nullptr, nullptr, units * i / pieces, units * (i + 1) / pieces, f, ctx});
+  pool.run(tasks.data(), static_cast<int64_t>(tasks.size()));
+}
+
+void tiled_products(const float* x, int64_t m, int64_t k, int group, mx::Dtype scales,
+                    const TiledWeight* weights, float* const* ys, int count,
+                    const float* residual) {
+  const int64_t groups = k / group;
+  std::vector<int16_t> xq(static_cast<size_t>(m * k));
+  std::vector<float> xs(static_cast<size_t>(m * (k / IBLOCK))), xsum(static_cast<size_t>(m * groups));
+  quantize_plain(x, m, k, group, xq.data(), xs.data(), xsum.data());
+  const QArgs a{nullptr, m, k, k, 0, nullptr, 0, nullptr, nullptr, groups, group,
+                __builtin_ctz(group), nullptr, xq.data(), xs.data(), xsum.data()};
+  std::vector<QArgs> parts(static_cast<size_t>(count), a);
+  for (int p = 0; p < count; p++) {
+    parts[p].n = weights[p].n;
+    parts[p].w = static_cast<const uint32_t*>(weights[p].tiles);
+    parts[p].scales = weights[p].scales;
+    parts[p].biases = weights[p].biases;
+    parts[p].y = ys[p];
+  }
+  run_columns(pick_tiled(scales), parts, k, TILE);
+  if (residual != nullptr) {  // y + r per element, as MLX's add of the two gives it
+    float* y = ys[0];
+    for (int64_t i = 0, n = m * weights[0].n; i < n; i++) y[i] += residual[i];
+  }
+}
+
+}  // namespace fast_kernels
 
 void define_quant(nb::module_& m) {
   m.def("quantized_matmul", &quantized_matmul, nb::arg("x"), nb::arg("w"), nb::arg("scales"),

@@ -1,0 +1,277 @@
+// decode_layer: a pre-norm decoder layer's decode step (Llama, Qwen 2 and 3 with 4-bit tiled
+// weights) in one MLX operation.
+//
+// Built of the appliance's operations one by one, a layer's decode step is some twenty graph
+// nodes (norms, the products, views, RoPE, the KV cache's two slice updates and their views,
+// attention, SwiGLU), six hundred a step of SmolLM2. MLX handles each node on the engine's
+// thread (and a task to release its inputs), and its eval stops walking the graph while
+// more than ten tasks are in flight, so a step built ahead could not start until the one
+// before was three quarters done (docs/decisions.md). Here the layer is one node: the same
+// loops in the same order (fast_kernels.h), so its numbers are those of the nodes one by one,
+// bit for bit, and the KV buffers are written where they lie, as MLX's slice update writes
+// a buffer it may donate (else the output is a copy, as MLX's would be).
+//
+// In: h [B, D], the layer's KV buffers [R, KV, W, d] (rows 0..B-1 are the batch's), each
+// row's RoPE position [B] (int32), RoPE's inverse frequencies, the two norms' weights, q/k norm
+// weights and q/k/v biases where the model has them, q, k, v, o, gate, up and down as
+// tile()'s arrays (tiles, scales, biases each), the mask [.., L] where there is one. The new
+// position is written at `at` in every row; attention reads positions first..at.
+// Out: h + attention + MLP [B, D], the keys, the values.
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+#include "fast_kernels.h"
+#include "staging.h"
+
+namespace nb = nanobind;
+namespace mx = mlx::core;
+namespace fk = fast_kernels;
+
+namespace {
+
+constexpr int LINEARS = 7;  // q, k, v, o, gate, up, down
+
+struct Shape {
+  int group;
+  int64_t heads, kv, d, inter;
+  int dims;
+  bool traditional, qk_norm, bias;
+  int mask_kind;
+  int64_t at, first;
+  float rope_scale, attn_scale, eps_in, eps_post, eps_qk;
+  mx::Dtype scales;
+
+  bool operator==(const Shape&) const = default;
+
+  // Where each kind of input starts (see the header).
+  int norms() const { return 5; }
+  int qk() const { return 7; }
+  int biases() const { return qk_norm ? 9 : 7; }
+  int linears() const { return biases() + (bias ? 3 : 0); }
+  int mask() const { return linears() + 3 * LINEARS; }
+};
+
+fk::Strided strided(const mx::array& a) {  // broadcast axes (size 1) read with stride 0
+  fk::Strided s{a.data<char>(), {0, 0, 0, 0}};
+  const int nd = static_cast<int>(a.ndim());
+  for (int i = 0; i < nd; i++)
+    s.st[4 - nd + i] = a.shape(i) == 1 ? 0 : static_cast<int64_t>(a.strides()[i]);
+  return s;
+}
+
+void run(const Shape& s, std::vector<mx::array>& in, float* h_out, float* keys, float* values,
+         int64_t window) {
+  const mx::array& h = in[0];
+  const int64_t b = h.shape(0), dm = h.shape(1), hd = s.heads * s.d, kd = s.kv * s.d;
+  std::vector<float> x(b * dm), q(b * hd), k(b * kd), v(b * kd), qr(b * hd), kr(b * kd),
+      att(b * hd), mid(b * dm), gate(b * s.inter), up(b * s.inter);
+  // products of xin [b, kin] with linears `which` (their outputs ys, n columns each)
+  const auto product = [&](const float* xin, int64_t kin, std::initializer_list<int> which,
+                           std::initializer_list<float*> ys, std::initializer_list<int64_t> ns,
+                           const float* residual) {
+    std::vector<fk::TiledWeight> ws;
+    auto n = ns.begin();
+    for (int i : which) {
+      const int at = s.linears() + 3 * i;
+      ws.push_back({in[at].data<void>(), in[at + 1].data<void>(), in[at + 2].data<void>(), *n++});
+    }
+    fk::tiled_products(xin, b, kin, s.group, s.scales, ws.data(), std::data(ys),
+                       static_cast<int>(ws.size()), residual);
+  };
+  // attention: norm, q/k/v (+ biases, q/k norms), RoPE, the cache's new position, attention
+  fk::rms_norm_rows(h.data<float>(), in[s.norms()].data<float>(), x.data(), b, dm, s.eps_in);
+  product(x.data(), dm, {0, 1, 2}, {q.data(), k.data(), v.data()}, {hd, kd, kd}, nullptr);
+  if (s.bias) {
+    float* outs[3] = {q.data(), k.data(), v.data()};
+    const int64_t widths[3] = {hd, kd, kd};
+    for (int p = 0; p < 3; p++) {
+      const float* bias = in[s.biases() + p].data<float>();
+      for (int64_t r = 0; r < b; r++)
+        for (int64_t i = 0; i < widths[p]; i++) outs[p][r * widths[p] + i] += bias[i];
+    }
+  }
+  if (s.qk_norm) {
+    fk::rms_norm_rows(q.data(), in[s.qk()].data<float>(), q.data(), b * s.heads, s.d, s.eps_qk);
+    fk::rms_norm_rows(k.data(), in[s.qk() + 1].data<float>(), k.data(), b * s.kv, s.d, s.eps_qk);
+  }
+  const mx::array& offset = in[3];
+  const int32_t* off = offset.data<int32_t>();
+  const float* inv = in[4].data<float>();
+  fk::rope_apply(q.data(), qr.data(), b, s.heads, 1, s.d, s.dims, s.traditional, s.rope_scale,
+                 off, offset.size() > 1, inv);
+  fk::rope_apply(k.data(), kr.data(), b, s.kv, 1, s.d, s.dims, s.traditional, s.rope_scale, off,
+                 offset.size() > 1, inv);
+  for (int64_t r = 0; r < b; r++)
+    for (int64_t g = 0; g < s.kv; g++) {
+      const int64_t to = ((r * s.kv + g) * window + s.at) * s.d, from = (r * s.kv + g) * s.d;
+      std::memcpy(keys + to, kr.data() + from, s.d * sizeof(float));
+      std::memcpy(values + to, v.data() + from, s.d * sizeof(float));
+    }
+  const int64_t length = s.at + 1 - s.first;
+  const int64_t row = s.kv * window * s.d, head = window * s.d;
+  const fk::Strided sq{reinterpret_cast<const char*>(qr.data()), {hd, s.d, s.d, 1}};
+  const fk::Strided sk{reinterpret_cast<const char*>(keys + s.first * s.d), {row, head, s.d, 1}};
+  const fk::Strided sv{reinterpret_cast<const char*>(values + s.first * s.d), {row, head, s.d, 1}};
+  const fk::Strided sm = s.mask_kind == fk::NO_MASK ? fk::Strided{nullptr, {0, 0, 0, 0}}
+                                                    : strided(in[s.mask()]);
+  fk::decode_attention(sq, sk, sv, sm, s.mask_kind, att.data(), b, s.kv, s.heads / s.kv, length,
+                       s.d, s.attn_scale);
+  product(att.data(), hd, {3}, {mid.data()}, {dm}, h.data<float>());
+  // MLP: norm, gate and up, SwiGLU, down (+ the residual)
+  fk::rms_norm_rows(mid.data(), in[s.norms() + 1].data<float>(), x.data(), b, dm, s.eps_post);
+  product(x.data(), dm, {4, 5}, {gate.data(), up.data()}, {s.inter, s.inter}, nullptr);
+  fk::silu_mul_span(gate.data(), up.data(), gate.data(), b * s.inter);
+  product(gate.data(), s.inter, {6}, {h_out}, {dm}, mid.data());
+}
+
+class DecodeLayer : public mx::Primitive {
+ public:
+  DecodeLayer(mx::Stream stream, const Shape& s) : mx::Primitive(stream), s_(s) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    mx::array& h_out = outputs[0];
+    h_out.set_data(mx::allocator::malloc(h_out.nbytes()));
+    // The KV buffers: written in place where MLX would let a slice update donate them. Each
+    // output of a multi-output operation holds its own list of the inputs, so the outputs
+    // not being evaluated let go of theirs first (MLX detaches them all once this returns;
+    // it reads only the evaluated output's list), else no input would ever be donatable.
+    for (auto& out : outputs)
+      if (&out.inputs() != &inputs) out.inputs().clear();
+    bool copy[2];
+    for (int i = 0; i < 2; i++) {
+      const mx::array& buf = inputs[1 + i];
+      copy[i] = !(buf.flags().row_contiguous && buf.is_donatable());
+      if (copy[i]) outputs[1 + i].set_data(mx::allocator::malloc(outputs[1 + i].nbytes()));
+      else outputs[1 + i].copy_shared_buffer(buf);
+    }
+    // every input row-contiguous (a broadcast mask gets a contiguous copy)
+    staging::Staged staged = staging::stage(enc, inputs);
+    for (auto& out : outputs) enc.set_output_array(out);
+    enc.dispatch([staged = std::move(staged), h = mx::array::unsafe_weak_copy(outputs[0]),
+                  keys = mx::array::unsafe_weak_copy(outputs[1]),
+                  values = mx::array::unsafe_weak_copy(outputs[2]), s = s_, copy_k = copy[0],
+                  copy_v = copy[1]]() mutable {
+      staged.fill();
+      auto& in = staged.ins;
+      if (copy_k) std::memcpy(keys.data<char>(), in[1].data<char>(), keys.nbytes());
+      if (copy_v) std::memcpy(values.data<char>(), in[2].data<char>(), values.nbytes());
+      run(s, in, h.data<float>(), keys.data<float>(), values.data<float>(), keys.shape(2));
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("appliance decode_layer runs on the CPU only");
+  }
+  const char* name() const override { return "ApplianceDecodeLayer"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return s_ == static_cast<const DecodeLayer&>(other).s_;
+  }
+
+ private:
+  Shape s_;
+};
+
+void need(bool ok, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string("decode_layer: ") + what);
+}
+
+void need_f32(const mx::array& a, int64_t size, const char* what) {
+  need(a.dtype() == mx::float32 && a.ndim() == 1 && a.shape(0) == size, what);
+}
+
+// linears: q, k, v, o, gate, up, down, each as (tiles, scales, biases), 21 arrays.
+std::vector<mx::array> decode_layer(
+    const mx::array& h, const mx::array& keys, const mx::array& values, const mx::array& offset,
+    const std::optional<mx::array>& mask, const std::vector<mx::array>& norms,
+    const std::vector<mx::array>& qk_norms, const std::vector<mx::array>& biases,
+    const std::vector<mx::array>& linears, int group, int heads, int kv_heads, int dims,
+    bool traditional, const mx::array& inv_freq, float rope_scale, float attn_scale,
+    const std::vector<float>& eps, int at, int first) {
+  need(h.dtype() == mx::float32 && h.ndim() == 2, "h must be float32 [B, D]");
+  need(keys.dtype() == mx::float32 && keys.ndim() == 4 && keys.shape() == values.shape(),
+       "keys and values must be float32 [R, KV, W, d], one shape");
+  const int64_t b = h.shape(0), dm = h.shape(1), d = keys.shape(3);
+  need(keys.shape(1) == kv_heads && kv_heads > 0 && heads % kv_heads == 0,
+       "the buffers' heads must be the model's KV heads, a divisor of its heads");
+  need(b >= 1 && b <= keys.shape(0), "B rows must fit the buffers' rows");
+  need(first >= 0 && first <= at && at < keys.shape(2), "positions first..at must lie in W");
+  need(offset.dtype() == mx::int32 && offset.ndim() == 1 &&
+           (offset.size() == 1 || static_cast<int64_t>(offset.size()) == b),
+       "offset must be int32 [1] or [B]");
+  need(dims > 0 && dims % 2 == 0 && dims <= d, "RoPE dims must be even, at most d");
+  need(inv_freq.dtype() == mx::float32 && inv_freq.ndim() == 1 && inv_freq.shape(0) == dims / 2,
+       "inv_freq must be float32 [dims / 2]");
+  need(norms.size() == 2 && (qk_norms.empty() || qk_norms.size() == 2) &&
+           (biases.empty() || biases.size() == 3) && linears.size() == 3 * LINEARS &&
+           eps.size() == 3,
+       "two norms, none or two q/k norms, none or three biases, 21 linear arrays, three eps");
+  need(group == 32 || group == 64 || group == 128, "group size must be 32, 64 or 128");
+  need_f32(norms[0], dm, "norm weights must be float32 [D]");
+  need_f32(norms[1], dm, "norm weights must be float32 [D]");
+  for (const auto& w : qk_norms) need_f32(w, d, "q/k norm weights must be float32 [d]");
+  const int64_t widths[LINEARS] = {heads * d, kv_heads * d, kv_heads * d, dm, -1, -1, dm};
+  const int64_t inter = linears[3 * 4 + 1].shape(0) * 16;
+  const int64_t ks[LINEARS] = {dm, dm, dm, heads * d, dm, dm, inter};
+  for (int i = 0; i < 3 && !biases.empty(); i++)
+    need_f32(biases[i], widths[i], "q/k/v biases must be float32 of their outputs");
+  const mx::Dtype sd = linears[1].dtype();
+  for (int i = 0; i < LINEARS; i++) {
+    const mx::array &t = linears[3 * i], &sc = linears[3 * i + 1], &bi = linears[3 * i + 2];
+    const int64_t n = widths[i] < 0 ? inter : widths[i];
+    const int32_t tn = static_cast<int32_t>((n + 15) / 16);
+    need(t.dtype() == mx::uint8 && t.shape() == mx::Shape({tn, static_cast<int32_t>(ks[i] * 8)}),
+         "tiles must be uint8 [N / 16, K * 8] (N a multiple of 16)");
+    need(sc.shape() == mx::Shape({tn, static_cast<int32_t>(ks[i] / group), 16}) &&
+             bi.shape() == sc.shape() && sc.dtype() == sd && bi.dtype() == sd,
+         "scales and biases must be [N / 16, K / group, 16], one dtype");
+    need(n % 16 == 0 && ks[i] % group == 0, "N a multiple of 16, K of the group size");
+  }
+  Shape s{group, heads, kv_heads, d, inter, dims, traditional, !qk_norms.empty(), !biases.empty(),
+          fk::NO_MASK, at, first, rope_scale, attn_scale, eps[0], eps[1], eps[2], sd};
+  auto st = mx::to_stream({}, mx::Device::cpu);
+  std::vector<mx::array> ins = {h, keys, values, offset, inv_freq};
+  for (const auto* list : {&norms, &qk_norms, &biases, &linears})
+    ins.insert(ins.end(), list->begin(), list->end());
+  if (mask) {
+    const mx::array& m = *mask;
+    need(m.dtype() == mx::bool_ || m.dtype() == mx::float32, "the mask is boolean or float32");
+    need(m.ndim() >= 1 && m.ndim() <= 4 && m.shape(-1) == at + 1 - first &&
+             (m.ndim() < 4 || m.shape(0) == 1 || m.shape(0) == b),
+         "the mask must broadcast to [B, H, 1, L]");
+    s.mask_kind = m.dtype() == mx::bool_ ? fk::BOOL_MASK : fk::ADD_MASK;
+    ins.push_back(m);
+  }
+  return mx::array::make_arrays({h.shape(), keys.shape(), values.shape()},
+                                {mx::float32, mx::float32, mx::float32},
+                                std::make_shared<DecodeLayer>(st, s), ins);
+}
+
+}  // namespace
+
+void define_layer(nb::module_& m) {
+  m.def("decode_layer", &decode_layer, nb::arg("h"), nb::arg("keys"), nb::arg("values"),
+        nb::arg("offset"), nb::arg("mask").none(), nb::arg("norms"), nb::arg("qk_norms"),
+        nb::arg("biases"), nb::arg("linears"), nb::arg("group_size"), nb::arg("heads"),
+        nb::arg("kv_heads"), nb::arg("dims"), nb::arg("traditional"), nb::arg("inv_freq"),
+        nb::arg("rope_scale"), nb::arg("attn_scale"), nb::arg("eps"), nb::arg("at"),
+        nb::arg("first"),
+        "A pre-norm decoder layer's decode step (Llama, Qwen 2 and 3; tiled 4-bit weights) in one "
+        "operation: [h + attention + MLP, keys, values], the new KV at `at` of rows 0..B-1, "
+        "attention over first..at (appliance/backend/native/decode_layer.cpp).");
+  m.def("rope_inv_freq", &fk::rope_inv_freq, nb::arg("half"), nb::arg("base"),
+        "RoPE's inverse frequencies for a base, as rope computes them (float32 [half]).");
+}

@@ -1,0 +1,62 @@
+// fast_kernels.h: the loops of mlx_fast.cpp's and quant_matmul.cpp's operations, for
+// decode_layer.cpp, which runs a decoder layer's decode step through the same code in one
+// operation (so its numbers are those of the operations one by one, bit for bit).
+
+#pragma once
+
+#include <cstdint>
+
+#include "mlx/array.h"
+
+namespace fast_kernels {
+
+// mlx_fast.cpp
+void rms_norm_rows(const float* src, const float* pw, float* dst, int64_t rows, int64_t n,
+                   float eps);
+void silu_mul_span(const float* a, const float* b, float* y, int64_t n);
+
+// RoPE of x [b_len, heads, t_len, d] into y (Rope's arithmetic): off one position per batch
+// row (per_row) or one for all, inv the dims / 2 inverse frequencies.
+void rope_apply(const float* x, float* y, int64_t b_len, int64_t heads, int64_t t_len, int64_t d,
+                int dims, bool traditional, float scale, const int32_t* off, bool per_row,
+                const float* inv);
+
+// exp(-i * log(base) / half) for i < half, as MLX's RoPE fallback computes it (kept).
+mlx::core::array rope_inv_freq(int half, float base);
+
+struct Strided {  // an input's base and element strides of its four axes (0: broadcast)
+  const char* base;
+  int64_t st[4];
+};
+
+enum MaskKind : int { NO_MASK = 0, BOOL_MASK = 1, ADD_MASK = 2 };
+
+// DecodeAttention's arithmetic and threads: q [B, H, 1, D], k and v [B, KV, L, D] by strides,
+// the mask broadcast to [B, H, 1, L]; out [B, H, 1, D].
+void decode_attention(const Strided& q, const Strided& k, const Strided& v, const Strided& m,
+                      int kind, float* out, int64_t b_len, int64_t kv_len, int64_t rep,
+                      int64_t l_len, int64_t d, float scale);
+
+// quant_matmul.cpp: f(u0, u1) over [0, units) in pieces, on the caller and the quantized
+// products' helper threads (each unit once).
+void parallel_units(int64_t units, void (*f)(const void*, int64_t, int64_t), const void* ctx);
+
+template <class F>
+void parallel(int64_t units, const F& f) {
+  parallel_units(units, [](const void* c, int64_t u0, int64_t u1) {
+    (*static_cast<const F*>(c))(u0, u1);
+  }, &f);
+}
+
+// quant_matmul.cpp: y[p] = x @ W[p].T (+ residual for one weight) for tile()'s 4-bit weights.
+struct TiledWeight {
+  const void* tiles;
+  const void* scales;
+  const void* biases;
+  int64_t n;
+};
+void tiled_products(const float* x, int64_t m, int64_t k, int group, mlx::core::Dtype scales,
+                    const TiledWeight* weights, float* const* ys, int count,
+                    const float* residual);
+
+}  // namespace fast_kernels

@@ -1,0 +1,123 @@
+"""A decoder layer's decode step in one operation (appliance/backend/decode_layer.py,
+appliance/backend/native/decode_layer.cpp) on small random 4-bit models of the architectures
+it takes: every layer of a plain decode step goes through it, with the bits of the
+operations one by one (logits and KV buffers); a buffer someone else still holds is copied,
+not written; what it does not take goes the old way; bad arguments get a clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from appliance.backend import decode_layer
+from appliance.engine.model import load_model
+from tests.devices import CPU_TUNING
+from tests.engine.arch_models import build
+from tests.engine.test_mixed_archs import _batch
+
+pytestmark = CPU_TUNING
+
+TAKEN = ("llama3", "mistral", "qwen2", "qwen3")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("decode-layer")
+    made = {arch: build(root / arch, demo_model, arch, bits=4)
+            for arch in (*TAKEN, "phi3", "gemma3_text")}
+    made["llama3-fp32"] = build(root / "llama3-fp32", demo_model, "llama3", bits=0)
+    return made
+
+
+def _model(models: dict[str, Path], name: str) -> Any:
+    return load_model(models[name], fast_cpu_ops=True, native=True).model
+
+
+@pytest.mark.parametrize("arch", TAKEN)
+def test_each_layer_of_a_decode_step_is_one_operation_with_the_same_bits(
+        models: dict[str, Path], arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(models, arch)
+    plan = decode_layer.plan(model, qk_norm=arch == "qwen3")
+    assert plan is not None and all(layer is not None for layer in plan)
+    calls = []
+    step = decode_layer.step
+    monkeypatch.setattr(decode_layer, "step", lambda *a: calls.append(1) or step(*a))
+    one, plain = _batch(model, [40, 23, 57], lean=True), _batch(model, [40, 23, 57], lean=True)
+    inputs = [11, 12, 13]
+    for _ in range(3):
+        got = one.step(inputs)
+        with monkeypatch.context() as m:
+            m.setattr(decode_layer, "plan", lambda *a, **k: None)
+            want = plain.step(inputs)
+        assert mx.array_equal(got, want).item()
+        inputs = got.argmax(-1).tolist()
+    assert len(calls) == 3 * len(plan)
+    layout = one.slots.layers[0].layout
+    for a, b in zip(one.slots.layers, plain.slots.layers, strict=True):
+        assert a.base == b.base and a.keys is not None and b.keys is not None
+        for buf_a, buf_b in ((a.keys, b.keys), (a.values, b.values)):
+            assert buf_a is not None and buf_b is not None
+            start, end = layout.start - a.base, layout.end - a.base
+            assert mx.array_equal(buf_a[:3, :, start:end], buf_b[:3, :, start:end]).item()
+
+
+def _arguments(model: Any) -> tuple[decode_layer.Layer, mx.array, mx.array]:
+    plan = decode_layer.plan(model, qk_norm=False)
+    assert plan is not None and plan[0] is not None
+    layer = plan[0]
+    h = mx.random.normal((2, layer.norms[0].shape[0]), key=mx.random.key(3))
+    return layer, h, mx.array([5, 4], dtype=mx.int32)
+
+
+def _buffers(layer: decode_layer.Layer) -> tuple[mx.array, mx.array]:
+    shape = (3, layer.kv_heads, 8, layer.norms[0].shape[0] // layer.heads)
+    keys = mx.random.normal(shape, key=mx.random.key(1))
+    values = mx.random.normal(shape, key=mx.random.key(2))
+    mx.eval(keys, values)
+    return keys, values
+
+
+def test_a_buffer_held_elsewhere_is_copied_and_one_let_go_is_written_alike(
+        models: dict[str, Path]) -> None:
+    layer, h, offset = _arguments(_model(models, "llama3"))
+    keys, values = _buffers(layer)
+    before = mx.array(keys), mx.array(values)  # copies: the buffers themselves stay held
+    mx.eval(*before)
+    h1, k1, v1 = decode_layer.step(layer, h, keys, values, offset, None, 5, 2) or ()
+    mx.eval(h1, k1, v1)
+    assert mx.array_equal(keys, before[0]).item() and mx.array_equal(values, before[1]).item()
+    for new, old in ((k1, keys), (v1, values)):
+        assert not mx.array_equal(new[:2, :, 5], old[:2, :, 5]).item()  # written there
+        assert mx.array_equal(new[2], old[2]).item()                      # a row past B
+        assert mx.array_equal(new[:, :, :5], old[:, :, :5]).item()
+        assert mx.array_equal(new[:, :, 6:], old[:, :, 6:]).item()
+    keys, values = _buffers(layer)  # the same numbers, no one else holding them
+    h2, k2, v2 = decode_layer.step(layer, h, keys, values, offset, None, 5, 2) or ()
+    del keys, values
+    mx.eval(h2, k2, v2)
+    assert mx.array_equal(h1, h2).item() and mx.array_equal(k1, k2).item()
+    assert mx.array_equal(v1, v2).item()
+
+
+def test_bad_arguments_get_a_clear_error(models: dict[str, Path]) -> None:
+    layer, h, offset = _arguments(_model(models, "llama3"))
+    keys, values = _buffers(layer)
+    with pytest.raises(ValueError, match="positions first..at"):
+        decode_layer.step(layer, h, keys, values, offset, None, 8, 2)
+    with pytest.raises(ValueError, match="mask"):
+        decode_layer.step(layer, h, keys, values, offset, mx.ones((2, 1, 1, 3), mx.bool_), 5, 2)
+    with pytest.raises(ValueError, match="offset"):
+        decode_layer.step(layer, h, keys, values, mx.array([5, 4, 3], mx.int32), None, 5, 2)
+    with pytest.raises(ValueError, match="B rows"):
+        decode_layer.step(layer, mx.concatenate([h, h]), keys, values, offset[:1], None, 5, 2)
+    half = keys.astype(mx.float16)
+    assert decode_layer.step(layer, h, half, half, offset, None, 5, 2) is None
+
+
+@pytest.mark.parametrize("name", ["llama3-fp32", "phi3", "gemma3_text"])
+def test_what_it_does_not_take_goes_the_old_way(models: dict[str, Path], name: str) -> None:
+    """Float32 weights (no tiles), Phi-3's fused q/k/v, Gemma 3's norms and blocks."""
+    assert decode_layer.plan(_model(models, name), qk_norm=name == "gemma3_text") is None

@@ -26,21 +26,14 @@ _ATTR = "_appliance_decode_layers"
 
 
 class Layer(NamedTuple):
-    """One layer's arguments for the extension's ``decode_layer``, but for the step's."""
+    """One layer as the operation takes it."""
 
-    norms: list[mx.array]
-    qk_norms: list[mx.array]
-    biases: list[mx.array]
-    linears: list[mx.array]
-    group_size: int
+    native: Any
+    """The extension's ``DecodeLayerWeights``: its arrays and shape, checked once."""
+    hidden: int
     heads: int
     kv_heads: int
-    dims: int
-    traditional: bool
-    inv_freq: mx.array
-    rope_scale: float
-    attn_scale: float
-    eps: list[float]
+    head_dim: int
 
 
 def _norm(module: Any) -> bool:
@@ -78,20 +71,29 @@ def _layer(layer: Any, qk_norm: bool) -> Layer | None:
         return None
     groups = [quant.tiled_args(g) for g in (qkv, rest[:1], rest[1:3], rest[3:])]
     linears: list[mx.array] = []
+    widths: list[int] = []
     sizes = set()
     for g in groups:
         if g is None or any(n % 16 for n in g[3]):
             return None  # every layer tiled, in whole tiles (the operation's shapes)
-        tiles, scales, biases, _, group_size = g
+        tiles, scales, biases, ns, group_size = g
+        widths += ns
         sizes.add(group_size)
         for t, s, b in zip(tiles, scales, biases, strict=True):
             linears += [t, s, b]
     if len(sizes) != 1:
         return None
-    return Layer([n["weight"] for n in norms], [n["weight"] for n in qk],
-                 [x["bias"] for x in qkv] if any(biased) else [], linears, sizes.pop(),
-                 attn.n_heads, attn.n_kv_heads, attn.rope.dims, attn.rope.traditional, *rope,
-                 float(attn.scale), [norms[0].eps, norms[1].eps, qk[0].eps if qk else 0.0])
+    head_dim = widths[0] // attn.n_heads  # q's outputs, a head's each
+    try:
+        native = fast_ops._extension().decode_layer_weights(
+            [n["weight"] for n in norms], [n["weight"] for n in qk],
+            [x["bias"] for x in qkv] if any(biased) else [], linears, sizes.pop(), attn.n_heads,
+            attn.n_kv_heads, head_dim, attn.rope.dims, attn.rope.traditional, *rope,
+            float(attn.scale), [norms[0].eps, norms[1].eps, qk[0].eps if qk else 0.0])
+    except ValueError:  # shapes the operation does not take
+        return None
+    return Layer(native, int(norms[0]["weight"].shape[0]), attn.n_heads, attn.n_kv_heads,
+                 head_dim)
 
 
 def plan(model: Any, qk_norm: bool) -> list[Layer | None] | None:
@@ -118,9 +120,6 @@ def step(layer: Layer, h: mx.array, keys: mx.array, values: mx.array, offset: mx
     None where the step's arrays are not the operation's (another dtype)."""
     if h.dtype != mx.float32 or keys.dtype != mx.float32 or offset.dtype != mx.int32:
         return None
-    out = fast_ops._extension().decode_layer(
-        h, keys, values, offset, mask, layer.norms, layer.qk_norms, layer.biases,
-        layer.linears, layer.group_size, layer.heads, layer.kv_heads, layer.dims,
-        layer.traditional, layer.inv_freq, layer.rope_scale, layer.attn_scale, layer.eps,
-        at, first)
+    out = fast_ops._extension().decode_layer(h, keys, values, offset, mask, layer.native, at,
+                                              first)
     return out[0], out[1], out[2]

@@ -68,12 +68,12 @@ def _arguments(model: Any) -> tuple[decode_layer.Layer, mx.array, mx.array]:
     plan = decode_layer.plan(model, qk_norm=False)
     assert plan is not None and plan[0] is not None
     layer = plan[0]
-    h = mx.random.normal((2, layer.norms[0].shape[0]), key=mx.random.key(3))
+    h = mx.random.normal((2, layer.hidden), key=mx.random.key(3))
     return layer, h, mx.array([5, 4], dtype=mx.int32)
 
 
 def _buffers(layer: decode_layer.Layer) -> tuple[mx.array, mx.array]:
-    shape = (3, layer.kv_heads, 8, layer.norms[0].shape[0] // layer.heads)
+    shape = (3, layer.kv_heads, 8, layer.head_dim)
     keys = mx.random.normal(shape, key=mx.random.key(1))
     values = mx.random.normal(shape, key=mx.random.key(2))
     mx.eval(keys, values)

@@ -193,38 +193,37 @@ void need_f32(const mx::array& a, int64_t size, const char* what) {
   need(a.dtype() == mx::float32 && a.ndim() == 1 && a.shape(0) == size, what);
 }
 
+// A layer's weights and shape, checked once when the model is read (the inputs after h,
+// the buffers and the offsets: inv_freq, the norms, q/k norms, biases, linears).
+struct LayerWeights {
+  Shape s;  // but for at, first and the mask: each step's
+  std::vector<mx::array> arrays;
+  int64_t hidden;
+};
+
 // linears: q, k, v, o, gate, up, down, each as (tiles, scales, biases), 21 arrays.
-std::vector<mx::array> decode_layer(
-    const mx::array& h, const mx::array& keys, const mx::array& values, const mx::array& offset,
-    const std::optional<mx::array>& mask, const std::vector<mx::array>& norms,
-    const std::vector<mx::array>& qk_norms, const std::vector<mx::array>& biases,
-    const std::vector<mx::array>& linears, int group, int heads, int kv_heads, int dims,
-    bool traditional, const mx::array& inv_freq, float rope_scale, float attn_scale,
-    const std::vector<float>& eps, int at, int first) {
-  need(h.dtype() == mx::float32 && h.ndim() == 2, "h must be float32 [B, D]");
-  need(keys.dtype() == mx::float32 && keys.ndim() == 4 && keys.shape() == values.shape(),
-       "keys and values must be float32 [R, KV, W, d], one shape");
-  const int64_t b = h.shape(0), dm = h.shape(1), d = keys.shape(3);
-  need(keys.shape(1) == kv_heads && kv_heads > 0 && heads % kv_heads == 0,
-       "the buffers' heads must be the model's KV heads, a divisor of its heads");
-  need(b >= 1 && b <= keys.shape(0), "B rows must fit the buffers' rows");
-  need(first >= 0 && first <= at && at < keys.shape(2), "positions first..at must lie in W");
-  need(offset.dtype() == mx::int32 && offset.ndim() == 1 &&
-           (offset.size() == 1 || static_cast<int64_t>(offset.size()) == b),
-       "offset must be int32 [1] or [B]");
-  need(dims > 0 && dims % 2 == 0 && dims <= d, "RoPE dims must be even, at most d");
-  need(inv_freq.dtype() == mx::float32 && inv_freq.ndim() == 1 && inv_freq.shape(0) == dims / 2,
-       "inv_freq must be float32 [dims / 2]");
+LayerWeights layer_weights(const std::vector<mx::array>& norms,
+                           const std::vector<mx::array>& qk_norms,
+                           const std::vector<mx::array>& biases,
+                           const std::vector<mx::array>& linears, int group, int heads,
+                           int kv_heads, int head_dim, int dims, bool traditional,
+                           const mx::array& inv_freq, float rope_scale, float attn_scale,
+                           const std::vector<float>& eps) {
   need(norms.size() == 2 && (qk_norms.empty() || qk_norms.size() == 2) &&
            (biases.empty() || biases.size() == 3) && linears.size() == 3 * LINEARS &&
            eps.size() == 3,
        "two norms, none or two q/k norms, none or three biases, 21 linear arrays, three eps");
+  const int64_t d = head_dim, dm = norms[0].ndim() == 1 ? norms[0].shape(0) : 0;
+  need(kv_heads > 0 && heads % kv_heads == 0 && d > 0, "heads must be a multiple of KV heads");
+  need(dims > 0 && dims % 2 == 0 && dims <= d, "RoPE dims must be even, at most d");
+  need(inv_freq.dtype() == mx::float32 && inv_freq.ndim() == 1 && inv_freq.shape(0) == dims / 2,
+       "inv_freq must be float32 [dims / 2]");
   need(group == 32 || group == 64 || group == 128, "group size must be 32, 64 or 128");
   need_f32(norms[0], dm, "norm weights must be float32 [D]");
   need_f32(norms[1], dm, "norm weights must be float32 [D]");
   for (const auto& w : qk_norms) need_f32(w, d, "q/k norm weights must be float32 [d]");
   const int64_t widths[LINEARS] = {heads * d, kv_heads * d, kv_heads * d, dm, -1, -1, dm};
-  const int64_t inter = linears[3 * 4 + 1].shape(0) * 16;
+  const int64_t inter = linears[3 * 4 + 1].ndim() == 3 ? linears[3 * 4 + 1].shape(0) * 16 : 0;
   const int64_t ks[LINEARS] = {dm, dm, dm, heads * d, dm, dm, inter};
   for (int i = 0; i < 3 && !biases.empty(); i++)
     need_f32(biases[i], widths[i], "q/k/v biases must be float32 of their outputs");
@@ -233,19 +232,43 @@ std::vector<mx::array> decode_layer(
     const mx::array &t = linears[3 * i], &sc = linears[3 * i + 1], &bi = linears[3 * i + 2];
     const int64_t n = widths[i] < 0 ? inter : widths[i];
     const int32_t tn = static_cast<int32_t>((n + 15) / 16);
+    need(n > 0 && n % 16 == 0 && ks[i] % group == 0, "N a multiple of 16, K of the group size");
     need(t.dtype() == mx::uint8 && t.shape() == mx::Shape({tn, static_cast<int32_t>(ks[i] * 8)}),
-         "tiles must be uint8 [N / 16, K * 8] (N a multiple of 16)");
+         "tiles must be uint8 [N / 16, K * 8]");
     need(sc.shape() == mx::Shape({tn, static_cast<int32_t>(ks[i] / group), 16}) &&
              bi.shape() == sc.shape() && sc.dtype() == sd && bi.dtype() == sd,
          "scales and biases must be [N / 16, K / group, 16], one dtype");
-    need(n % 16 == 0 && ks[i] % group == 0, "N a multiple of 16, K of the group size");
   }
-  Shape s{group, heads, kv_heads, d, inter, dims, traditional, !qk_norms.empty(), !biases.empty(),
-          fk::NO_MASK, at, first, rope_scale, attn_scale, eps[0], eps[1], eps[2], sd};
-  auto st = mx::to_stream({}, mx::Device::cpu);
-  std::vector<mx::array> ins = {h, keys, values, offset, inv_freq};
+  LayerWeights w{{group, heads, kv_heads, d, inter, dims, traditional, !qk_norms.empty(),
+                  !biases.empty(), fk::NO_MASK, 0, 0, rope_scale, attn_scale, eps[0], eps[1],
+                  eps[2], sd},
+                 {inv_freq},
+                 dm};
   for (const auto* list : {&norms, &qk_norms, &biases, &linears})
-    ins.insert(ins.end(), list->begin(), list->end());
+    w.arrays.insert(w.arrays.end(), list->begin(), list->end());
+  return w;
+}
+
+std::vector<mx::array> decode_layer(const mx::array& h, const mx::array& keys,
+                                    const mx::array& values, const mx::array& offset,
+                                    const std::optional<mx::array>& mask,
+                                    const LayerWeights& w, int at, int first) {
+  Shape s = w.s;
+  need(h.dtype() == mx::float32 && h.ndim() == 2 && h.shape(1) == w.hidden,
+       "h must be float32 [B, D]");
+  need(keys.dtype() == mx::float32 && keys.ndim() == 4 && keys.shape() == values.shape() &&
+           keys.shape(1) == s.kv && keys.shape(3) == s.d,
+       "keys and values must be float32 [R, KV, W, d], one shape");
+  const int64_t b = h.shape(0);
+  need(b >= 1 && b <= keys.shape(0), "B rows must fit the buffers' rows");
+  need(first >= 0 && first <= at && at < keys.shape(2), "positions first..at must lie in W");
+  need(offset.dtype() == mx::int32 && offset.ndim() == 1 &&
+           (offset.size() == 1 || static_cast<int64_t>(offset.size()) == b),
+       "offset must be int32 [1] or [B]");
+  s.at = at;
+  s.first = first;
+  std::vector<mx::array> ins = {h, keys, values, offset};
+  ins.insert(ins.end(), w.arrays.begin(), w.arrays.end());
   if (mask) {
     const mx::array& m = *mask;
     need(m.dtype() == mx::bool_ || m.dtype() == mx::float32, "the mask is boolean or float32");
@@ -257,17 +280,24 @@ std::vector<mx::array> decode_layer(
   }
   return mx::array::make_arrays({h.shape(), keys.shape(), values.shape()},
                                 {mx::float32, mx::float32, mx::float32},
-                                std::make_shared<DecodeLayer>(st, s), ins);
+                                std::make_shared<DecodeLayer>(mx::to_stream({}, mx::Device::cpu), s),
+                                ins);
 }
 
 }  // namespace
 
 void define_layer(nb::module_& m) {
-  m.def("decode_layer", &decode_layer, nb::arg("h"), nb::arg("keys"), nb::arg("values"),
-        nb::arg("offset"), nb::arg("mask").none(), nb::arg("norms"), nb::arg("qk_norms"),
+  nb::class_<LayerWeights>(m, "DecodeLayerWeights",
+                           "A layer's arrays and shape for decode_layer, checked once.");
+  m.def("decode_layer_weights", &layer_weights, nb::arg("norms"), nb::arg("qk_norms"),
         nb::arg("biases"), nb::arg("linears"), nb::arg("group_size"), nb::arg("heads"),
-        nb::arg("kv_heads"), nb::arg("dims"), nb::arg("traditional"), nb::arg("inv_freq"),
-        nb::arg("rope_scale"), nb::arg("attn_scale"), nb::arg("eps"), nb::arg("at"),
+        nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("dims"), nb::arg("traditional"),
+        nb::arg("inv_freq"), nb::arg("rope_scale"), nb::arg("attn_scale"), nb::arg("eps"),
+        "A pre-norm layer's weights for decode_layer: its two norms, q/k norms and q/k/v "
+        "biases (none where it has none), q, k, v, o, gate, up and down as tiles, scales and "
+        "biases (21 arrays), its RoPE's inverse frequencies; checked once.");
+  m.def("decode_layer", &decode_layer, nb::arg("h"), nb::arg("keys"), nb::arg("values"),
+        nb::arg("offset"), nb::arg("mask").none(), nb::arg("layer"), nb::arg("at"),
         nb::arg("first"),
         "A pre-norm decoder layer's decode step (Llama, Qwen 2 and 3; tiled 4-bit weights) in one "
         "operation: [h + attention + MLP, keys, values], the new KV at `at` of rows 0..B-1, "

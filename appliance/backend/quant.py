@@ -155,12 +155,14 @@ def adopt(model: Any) -> tuple[int, int]:
                 _layers[id(m["weight"])] = (group, index)
                 grouped.add(id(m))
             groups += 1
-    # every other 4-bit layer, and a 4-bit embedding that is also the output layer (its
-    # as_linear makes the same call with its own arrays; one that is not would never be read)
+    # every other 4-bit layer, and an embedding that is also the output layer (its as_linear
+    # makes the same call with its own arrays; one that is not would never be read), 8-bit
+    # ones too: the output layer is a decode step's biggest product, and tiles take x in 16
+    # bits, two elements a multiply-add, where the float kernel takes one
     tied = model.get("lm_head") is None
     for _, module in model.named_modules():
-        if (id(module) not in grouped and _fusable(module, module) and tiling and module.bits == 4
-                and (tied or not isinstance(module, nn.QuantizedEmbedding))):
+        if (id(module) not in grouped and _fusable(module, module) and tiling
+                and (tied if isinstance(module, nn.QuantizedEmbedding) else module.bits == 4)):
             _layers[id(module["weight"])] = (_group([_adopt_layer(module, tiling)]), 0)
     tiled = sum(t.tiles.nbytes + 2 * t.scales.nbytes
                 for group, index in _layers.values() if (t := group.layers[index].tiled))
@@ -181,7 +183,8 @@ def _group(layers: list[_Layer]) -> _Group:
 
 def _adopt_layer(layer: Any, tiling: bool) -> _Layer:
     w, scales, biases = layer["weight"], layer["scales"], layer["biases"]
-    tiled = tile(w, scales, biases, layer.group_size) if tiling and layer.bits == 4 else None
+    tiled = tile(w, scales, biases, layer.group_size) if tiling and (
+        layer.bits == 4 or isinstance(layer, nn.QuantizedEmbedding)) else None
     if tiled is not None:
         mx.eval(*tiled[:3])
     return _Layer(w, scales, biases, layer.group_size, layer.bits, tiled)
@@ -240,7 +243,7 @@ def _compute(group: _Group, x: mx.array, activations: str | None,
     lone tiled layer's output in the same operation."""
     ext = fast_ops._extension()
     if group.layers[0].tiled is not None:
-        return list(ext.tiled_matmul(x, *group.args, residual))
+        return list(ext.tiled_matmul(x, *group.args, residual, group.layers[0].bits))
     if residual is not None:
         return None
     if len(group.layers) > 1:
@@ -289,10 +292,10 @@ def _group_of(linears: tuple[Any, ...]) -> _Group | None:
 
 def tiled_args(linears: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """``tiled_matmul``'s arguments after x (tiles, scales, biases, n's, group size) for
-    ``linears`` where the kernel adopted them as one group of tiled layers, in this order
-    (:data:`SIBLINGS`, or one layer); else None."""
+    ``linears`` where the kernel adopted them as one group of tiled 4-bit layers, in this
+    order (:data:`SIBLINGS`, or one layer); else None."""
     group = _group_of(linears) if _original else None
-    if group is None or group.layers[0].tiled is None:
+    if group is None or group.layers[0].tiled is None or group.layers[0].bits != 4:
         return None
     return group.args
 
@@ -335,28 +338,35 @@ def _dense(ext: Any, x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
 
 
 class Tiled(NamedTuple):
-    """A 4-bit weight as the tiled kernel reads it (quant_kernels.h, "Tiled 4-bit weights")."""
+    """A 4- or 8-bit weight as the tiled kernel reads it (quant_kernels.h, "Tiled 4-bit
+    weights")."""
 
     tiles: mx.array
-    """uint8 [ceil(n / 16), k * 8]: 16 columns side by side, 256 bytes a block of 32."""
+    """uint8 [ceil(n / 16), k * 8]: 16 columns side by side, 256 bytes a block of 32 (8
+    bits: k * 16, 512 bytes)."""
     scales: mx.array
     """[ceil(n / 16), k / group, 16], the dtype MLX stored (zero past n)."""
     biases: mx.array
     n: int
     group_size: int
+    bits: int = 4
 
 
 def tile(w: mx.array, scales: mx.array, biases: mx.array, group_size: int) -> Tiled:
-    """MLX's 4-bit ``w`` [n, k / 8] with its scales and biases [n, k / group] as tiles."""
+    """MLX's 4-bit ``w`` [n, k / 8] (8-bit: [n, k / 4]) with its scales and biases
+    [n, k / group] as tiles."""
     n = w.shape[0]
-    nibbles = np.array(w).view(np.uint8)  # little-endian: element 2i low, 2i + 1 high
-    values = np.stack((nibbles & 15, nibbles >> 4), axis=-1).reshape(n, -1)
+    raw = np.array(w).view(np.uint8)  # little-endian: 4 bits, element 2i low, 2i + 1 high
+    bits = 8 if raw.shape[1] == scales.shape[1] * group_size else 4
+    values = raw if bits == 8 else np.stack((raw & 15, raw >> 4), axis=-1).reshape(n, -1)
     k = values.shape[1]
     t = -(-n // 16)
     values = np.pad(values, ((0, t * 16 - n), (0, 0)))
-    # [tile, column, block, chunk, element] -> [tile, block, chunk, column, element]
-    v = values.reshape(t, 16, k // 32, 8, 4).transpose(0, 2, 3, 1, 4)
-    packed = (v[..., 0:2] | (v[..., 2:4] << 4)).astype(np.uint8).reshape(t, -1)
+    if bits == 8:  # [tile, column, block, chunk, element] -> [tile, block, chunk, column, element]
+        packed = values.reshape(t, 16, k // 32, 16, 2).transpose(0, 2, 3, 1, 4).reshape(t, -1)
+    else:
+        v = values.reshape(t, 16, k // 32, 8, 4).transpose(0, 2, 3, 1, 4)
+        packed = (v[..., 0:2] | (v[..., 2:4] << 4)).astype(np.uint8).reshape(t, -1)
 
     def side(a: mx.array) -> mx.array:
         raw = np.array(a.view(mx.uint16) if a.dtype != mx.float32 else a)
@@ -364,7 +374,8 @@ def tile(w: mx.array, scales: mx.array, biases: mx.array, group_size: int) -> Ti
         out = mx.array(np.ascontiguousarray(raw))
         return out.view(a.dtype) if a.dtype != mx.float32 else out
 
-    return Tiled(mx.array(packed), side(scales), side(biases), n, group_size)
+    return Tiled(mx.array(np.ascontiguousarray(packed)), side(scales), side(biases), n,
+                 group_size, bits)
 
 
 def tiled_matmul(x: mx.array, *parts: Tiled) -> list[mx.array]:
@@ -372,7 +383,7 @@ def tiled_matmul(x: mx.array, *parts: Tiled) -> list[mx.array]:
     ext = fast_ops._extension()
     return list(ext.tiled_matmul(x, [p.tiles for p in parts], [p.scales for p in parts],
                                  [p.biases for p in parts], [p.n for p in parts],
-                                 parts[0].group_size))
+                                 parts[0].group_size, None, parts[0].bits))
 
 
 def activations() -> str:

@@ -35,7 +35,9 @@ def on_cpu() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("adopt")
-    return {arch: build(root / arch, demo_model, arch, bits=4) for arch in [*ARCHS, "qwen2"]}
+    made = {arch: build(root / arch, demo_model, arch, bits=4) for arch in [*ARCHS, "qwen2"]}
+    made["llama3-q8"] = build(root / "llama3-q8", demo_model, "llama3", bits=8)
+    return made
 
 
 class Counted:
@@ -139,6 +141,23 @@ def test_an_embedding_is_tiled_only_where_it_is_the_output_layer(
         quant.adopt(model)
         embedding = model.model.embed_tokens["weight"]
         assert (id(embedding) in quant._layers) is tied, arch
+
+
+def test_an_8_bit_output_layer_is_tiled_and_other_8_bit_layers_are_not(
+        models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tied 8-bit embedding is the output layer, a decode step's biggest product: read
+    from tiles (x in 16 bits). The other 8-bit layers keep the float kernel."""
+    assert quant.install() is None
+    model = load(str(models["llama3-q8"]))[0]
+    tokens = [5, 41, 77]
+    want, alone = logits(model, tokens, monkeypatch)
+    quant.adopt(model)
+    got, adopted = logits(model, tokens, monkeypatch)
+    np.testing.assert_allclose(got, want, rtol=0, atol=3e-4 * np.abs(want).max())
+    assert alone["tiled_matmul"] == 0 and adopted["tiled_matmul"] == 1
+    group, _ = quant._layers[id(model.model.embed_tokens["weight"])]
+    assert group.layers[0].tiled is not None and group.layers[0].tiled.bits == 8
+    assert id(model.layers[0].self_attn.o_proj["weight"]) not in quant._layers  # not tiled
 
 
 def test_products_gives_a_groups_outputs_in_one_call_or_none(

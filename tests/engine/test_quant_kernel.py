@@ -4,8 +4,8 @@ ones with x in float and rounded to 16 bits), by the kernel and by the dense pat
 more than 32 rows take (dequantized weights into MLX's matmul), the same bits for a row alone and in
 a batch up to 32 rows, each SIMD variant (forced in a subprocess) agreeing with the others, what it
 does not take going to MLX unchanged, and the imported 4-bit SmolLM2 answering with MLX's own
-greedy tokens. The same for 4-bit weights in tiles of 16 columns (``quant.tile``), for products
-of one x made as one, and for inputs that are views."""
+greedy tokens. The same for 4- and 8-bit weights in tiles of 16 columns (``quant.tile``), for
+products of one x made as one, and for inputs that are views."""
 
 from __future__ import annotations
 
@@ -259,9 +259,8 @@ VARIANT = textwrap.dedent("""
         for act in ("float", "int16") if bits == 4 else (None,):
             y = quant.quantized_matmul(x, w, s, b, group, bits, act)
             out[f"{bits}/{group}/{k}/{act}"] = np.array(y).tolist()
-        if bits == 4:
-            y = quant.tiled_matmul(x, quant.tile(w, s, b, group))[0]
-            out[f"{bits}/{group}/{k}/tiled"] = np.array(y).tolist()
+        y = quant.tiled_matmul(x, quant.tile(w, s, b, group))[0]
+        out[f"{bits}/{group}/{k}/tiled"] = np.array(y).tolist()
         x = mx.array(rng.standard_normal((40, k)).astype(np.float32))
         y = quant.quantized_matmul(x, w, s, b, group, bits, path="dense")
         out[f"{bits}/{group}/{k}/dense"] = np.array(y).tolist()
@@ -380,14 +379,15 @@ def test_products_made_as_one_refuse_parts_that_do_not_match() -> None:
         many(x, [], [], [], 32, 4)
 
 
+@pytest.mark.parametrize("bits", quant.BITS)
 @pytest.mark.parametrize("group", quant.GROUP_SIZES)
 @pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
 def test_tiled_weights_match_float64_within_the_rounding_of_x(
-        group: int, scale_dtype: mx.Dtype) -> None:
+        bits: int, group: int, scale_dtype: mx.Dtype) -> None:
     # 300 columns: not a whole number of tiles
-    w, s, b, dense = packed(300, 2 * 384, 4, group, scale_dtype)
+    w, s, b, dense = packed(300, 2 * 384, bits, group, scale_dtype)
     tiled = quant.tile(w, s, b, group)
-    assert tiled.tiles.shape == (19, 2 * 384 * 8) and tiled.scales.dtype == scale_dtype
+    assert tiled.tiles.shape == (19, 2 * 384 * 2 * bits) and tiled.scales.dtype == scale_dtype
     for m in (1, 2, 3, 8, 9, 32):
         x = rows(m, 2 * 384, seed=m)
         got = np.array(quant.tiled_matmul(x, tiled)[0])
@@ -395,9 +395,10 @@ def test_tiled_weights_match_float64_within_the_rounding_of_x(
         assert_close(got, np.array(x).astype(np.float64) @ dense.T, x, dense, "int16")
 
 
-def test_tiled_weights_give_a_row_the_same_bits_alone_and_in_a_batch() -> None:
-    w, s, b, _ = packed(2000, 576, 4, 32)  # shared with the pool's helpers
-    parts = (quant.tile(w, s, b, 32), quant.tile(*packed(200, 576, 4, 32, seed=3)[:3], 32))
+@pytest.mark.parametrize("bits", quant.BITS)
+def test_tiled_weights_give_a_row_the_same_bits_alone_and_in_a_batch(bits: int) -> None:
+    w, s, b, _ = packed(2000, 576, bits, 32)  # shared with the pool's helpers
+    parts = (quant.tile(w, s, b, 32), quant.tile(*packed(200, 576, bits, 32, seed=3)[:3], 32))
     x = rows(32, 576)
     batch = [np.array(y) for y in quant.tiled_matmul(x, *parts)]
     for m in (1, 3, 8, 9, 31):
@@ -436,3 +437,7 @@ def test_tiled_products_refuse_what_does_not_match() -> None:
         ext.tiled_matmul(x, [t.tiles], [t.scales], [t.biases], [], 32)
     with pytest.raises(ValueError, match="group_size must be"):
         ext.tiled_matmul(x, [t.tiles], [t.scales], [t.biases], [40], 16)
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        ext.tiled_matmul(x, [t.tiles], [t.scales], [t.biases], [40], 32, None, 2)
+    with pytest.raises(ValueError, match="tiles must be uint8"):  # 4-bit tiles read as 8
+        ext.tiled_matmul(x, [t.tiles], [t.scales], [t.biases], [40], 32, None, 8)

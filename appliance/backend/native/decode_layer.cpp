@@ -89,7 +89,7 @@ void run(const Shape& s, std::vector<mx::array>& in, float* h_out, float* keys, 
       const int at = s.linears() + 3 * i;
       ws.push_back({in[at].data<void>(), in[at + 1].data<void>(), in[at + 2].data<void>(), *n++});
     }
-    fk::tiled_products(xin, b, kin, s.group, s.scales, ws.data(), std::data(ys),
+    fk::tiled_products(xin, b, kin, s.group, 4, s.scales, ws.data(), std::data(ys),
                        static_cast<int>(ws.size()), residual);
   };
   // attention: norm, q/k/v (+ biases, q/k norms), RoPE, the cache's new position, attention

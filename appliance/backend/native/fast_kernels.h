@@ -48,15 +48,16 @@ void parallel(int64_t units, const F& f) {
   }, &f);
 }
 
-// quant_matmul.cpp: y[p] = x @ W[p].T (+ residual for one weight) for tile()'s 4-bit weights.
+// quant_matmul.cpp: y[p] = x @ W[p].T (+ residual for one weight) for tile()'s 4- or 8-bit
+// weights.
 struct TiledWeight {
   const void* tiles;
   const void* scales;
   const void* biases;
   int64_t n;
 };
-void tiled_products(const float* x, int64_t m, int64_t k, int group, mlx::core::Dtype scales,
-                    const TiledWeight* weights, float* const* ys, int count,
-                    const float* residual);
+void tiled_products(const float* x, int64_t m, int64_t k, int group, int bits,
+                    mlx::core::Dtype scales, const TiledWeight* weights, float* const* ys,
+                    int count, const float* residual);
 
 }  // namespace fast_kernels

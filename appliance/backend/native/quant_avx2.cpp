@@ -27,10 +27,10 @@ __attribute__((target("avx2,fma,f16c"))) void dequant_avx2(const QArgs& a, int64
   dequant_body<BITS, LPG, S>(a, n0, n1);
 }
 
-template <class S>
+template <class S, int BITS>
 __attribute__((target("avx2,fma,f16c"), flatten))
 void tiled_avx2(const QArgs& a, int64_t n0, int64_t n1) {
-  tiled_body<S, TAvx2>(a, n0, n1);
+  tiled_body<S, TAvx2, BITS>(a, n0, n1);
 }
 
 struct Columns {
@@ -43,7 +43,7 @@ struct ColumnsI16 {
 };
 struct Tiled {
   template <int BITS, int LPG, class S>
-  static columns_fn get() { return tiled_avx2<S>; }
+  static columns_fn get() { return tiled_avx2<S, BITS>; }
 };
 struct Dequant {
   template <int BITS, int LPG, class S>
@@ -52,7 +52,9 @@ struct Dequant {
 
 }  // namespace
 
-columns_fn avx2_tiled(Scales s) { return by_scales<Tiled, 4, 16>(s); }
+columns_fn avx2_tiled(int bits, Scales s) {
+  return bits == 8 ? by_scales<Tiled, 8, 16>(s) : by_scales<Tiled, 4, 16>(s);
+}
 columns_fn avx2_columns(int bits, int lpg, Scales s) { return by_bits<Columns>(bits, lpg, s); }
 columns_fn avx2_columns_i16(int lpg, Scales s) { return by_lpg<ColumnsI16, 4>(lpg, s); }
 columns_fn avx2_dequant(int bits, int lpg, Scales s) { return by_bits<Dequant>(bits, lpg, s); }

@@ -28,10 +28,10 @@ void dequant_avx512(const QArgs& a, int64_t n0, int64_t n1) {
   dequant_body<BITS, LPG, S>(a, n0, n1);
 }
 
-template <class S>
+template <class S, int BITS>
 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), flatten))
 void tiled_vnni(const QArgs& a, int64_t n0, int64_t n1) {
-  tiled_body<S, TVnni>(a, n0, n1);
+  tiled_body<S, TVnni, BITS>(a, n0, n1);
 }
 
 struct Columns {
@@ -44,7 +44,7 @@ struct ColumnsI16 {
 };
 struct Tiled {
   template <int BITS, int LPG, class S>
-  static columns_fn get() { return tiled_vnni<S>; }
+  static columns_fn get() { return tiled_vnni<S, BITS>; }
 };
 struct Dequant {
   template <int BITS, int LPG, class S>
@@ -53,7 +53,9 @@ struct Dequant {
 
 }  // namespace
 
-columns_fn vnni_tiled(Scales s) { return by_scales<Tiled, 4, 16>(s); }
+columns_fn vnni_tiled(int bits, Scales s) {
+  return bits == 8 ? by_scales<Tiled, 8, 16>(s) : by_scales<Tiled, 4, 16>(s);
+}
 columns_fn avx512_columns(int bits, int lpg, Scales s) { return by_bits<Columns>(bits, lpg, s); }
 columns_fn vnni_columns_i16(int lpg, Scales s) { return by_lpg<ColumnsI16, 4>(lpg, s); }
 columns_fn avx512_dequant(int bits, int lpg, Scales s) { return by_bits<Dequant>(bits, lpg, s); }

@@ -50,11 +50,11 @@ enum Scales { SCALES_F32 = 0, SCALES_F16 = 1, SCALES_BF16 = 2 };
 columns_fn avx2_columns(int bits, int lpg, Scales s);      // quant_avx2.cpp
 columns_fn avx2_columns_i16(int lpg, Scales s);
 columns_fn avx2_dequant(int bits, int lpg, Scales s);
-columns_fn avx2_tiled(Scales s);
+columns_fn avx2_tiled(int bits, Scales s);
 columns_fn avx512_columns(int bits, int lpg, Scales s);    // quant_avx512.cpp
 columns_fn vnni_columns_i16(int lpg, Scales s);            // AVX-512 with VNNI
 columns_fn avx512_dequant(int bits, int lpg, Scales s);
-columns_fn vnni_tiled(Scales s);                           // AVX-512 with VNNI
+columns_fn vnni_tiled(int bits, Scales s);                 // AVX-512 with VNNI
 #endif
 
 // File-local: each file compiles its own copies into its variants, as the single file did,
@@ -514,8 +514,15 @@ QINLINE void dequant_body(const QArgs& a, int64_t n0, int64_t n1) {
 // (at most 32 * 15 * 32767 < 2^24), so any grouping of its products gives the same
 // integer; then per column, in order, acc = fma(sum, ws * xs, acc) per block and acc =
 // fma(wb, xsum, acc) per group: the same float steps in every variant, for any rows.
+//
+// 8-bit weights (a tied 8-bit embedding read as the output layer): a block is 512 bytes, 16
+// chunks of 32, chunk c for elements 2c and 2c + 1, byte 2j + h holding column j's element
+// 2c + h; widened to 16 bits, one multiply-add a chunk. A block's sum is exact in int32
+// (32 * 255 * 32767 < 2^31) and rounded to float once, the same in every variant.
 constexpr int TILE = 16;             // columns a tile holds
-constexpr int TBLOCK = 256;          // a tile's bytes per block of 32 elements
+constexpr int TBLOCK = 256;          // a tile's bytes per block of 32 elements (4-bit)
+
+constexpr int64_t tblock(int bits) { return bits == 8 ? 2 * TBLOCK : TBLOCK; }
 
 // 16 scales or biases from p as floats.
 QINLINE vf tile16(const float* p, F32) { return vload(p); }
@@ -557,6 +564,11 @@ struct TPortable {
       w.v[0][i] = p[i] & 15;
       w.v[1][i] = p[i] >> 4;
     }
+    return w;
+  }
+  static QINLINE W unpack8(const uint8_t* p) {
+    W w;
+    for (int i = 0; i < 32; i++) w.v[0][i] = p[i];
     return w;
   }
   static QINLINE I dot(I s, const W& w, int t, const int16_t* x) {
@@ -602,6 +614,13 @@ struct TAvx2 {
     }
     return w;
   }
+  static I16_AVX2 W unpack8(const uint8_t* p) {
+    W w;
+    for (int h = 0; h < 2; h++)
+      w.v[0][h] =
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+    return w;
+  }
   static I16_AVX2 I dot(I s, const W& w, int t, const int16_t* x) {
     const __m256i xv = _mm256_set1_epi32(pair_at(x));
     return I{_mm256_add_epi32(s.lo, _mm256_madd_epi16(w.v[t][0], xv)),
@@ -645,6 +664,10 @@ struct TVnni {
         _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return W{{_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)}};
   }
+  static I16_VNNI W unpack8(const uint8_t* p) {
+    return W{{_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+              _mm512_setzero_si512()}};
+  }
   static I16_VNNI I dot(I s, const W& w, int t, const int16_t* x) {
     return _mm512_dpwssd_epi32(s, w.v[t], _mm512_set1_epi32(pair_at(x)));
   }
@@ -660,12 +683,13 @@ struct TVnni {
 #endif
 
 // Tile t for rows r0..r0+R-1 of x: columns 16t.. of y.
-template <class S, class Ops, int R>
+template <class S, class Ops, int R, int BITS>
 inline void tile_rows(const QArgs& a, int64_t t, int64_t r0) {
   constexpr int CH = Ops::chains(R);
+  constexpr int64_t BLOCK = tblock(BITS);
   typedef typename S::raw raw;
   const int64_t blocks = a.k / IBLOCK, per = a.group / IBLOCK;
-  const uint8_t* wt = reinterpret_cast<const uint8_t*>(a.w) + t * blocks * TBLOCK;
+  const uint8_t* wt = reinterpret_cast<const uint8_t*>(a.w) + t * blocks * BLOCK;
   const raw* st = static_cast<const raw*>(a.scales) + t * a.groups * TILE;
   const raw* bt = static_cast<const raw*>(a.biases) + t * a.groups * TILE;
   typename Ops::F acc[R];
@@ -673,17 +697,28 @@ inline void tile_rows(const QArgs& a, int64_t t, int64_t r0) {
   for (int64_t g = 0; g < a.groups; g++) {
     const vf ws = tile16(st + g * TILE, S{});
     for (int64_t b = g * per; b < (g + 1) * per; b++) {
-      const uint8_t* wb = wt + b * TBLOCK;
+      const uint8_t* wb = wt + b * BLOCK;
       typename Ops::I sum[R][CH];
       for (int r = 0; r < R; r++)
         for (int c = 0; c < CH; c++) sum[r][c] = Ops::izero();
+      if constexpr (BITS == 8) {
+#pragma GCC unroll 16
+        for (int c = 0; c < 16; c++) {
+          const typename Ops::W w = Ops::unpack8(wb + 32 * c);
+          for (int r = 0; r < R; r++) {
+            const int16_t* x = a.xq + (r0 + r) * a.k + b * IBLOCK + 2 * c;
+            sum[r][c % CH] = Ops::dot(sum[r][c % CH], w, 0, x);
+          }
+        }
+      } else {
 #pragma GCC unroll 8
-      for (int c = 0; c < 8; c++) {
-        const typename Ops::W w = Ops::unpack(wb + 32 * c);
-        for (int r = 0; r < R; r++) {
-          const int16_t* x = a.xq + (r0 + r) * a.k + b * IBLOCK + 4 * c;
-          sum[r][(2 * c) % CH] = Ops::dot(sum[r][(2 * c) % CH], w, 0, x);
-          sum[r][(2 * c + 1) % CH] = Ops::dot(sum[r][(2 * c + 1) % CH], w, 1, x + 2);
+        for (int c = 0; c < 8; c++) {
+          const typename Ops::W w = Ops::unpack(wb + 32 * c);
+          for (int r = 0; r < R; r++) {
+            const int16_t* x = a.xq + (r0 + r) * a.k + b * IBLOCK + 4 * c;
+            sum[r][(2 * c) % CH] = Ops::dot(sum[r][(2 * c) % CH], w, 0, x);
+            sum[r][(2 * c + 1) % CH] = Ops::dot(sum[r][(2 * c + 1) % CH], w, 1, x + 2);
+          }
         }
       }
       for (int r = 0; r < R; r++) {
@@ -702,22 +737,22 @@ inline void tile_rows(const QArgs& a, int64_t t, int64_t r0) {
   }
 }
 
-template <class S, class Ops, int R>
+template <class S, class Ops, int R, int BITS>
 inline void tile_rows_of(const QArgs& a, int64_t t, int64_t r0, int64_t rows) {
   if constexpr (R == 1) {
-    tile_rows<S, Ops, 1>(a, t, r0);
+    tile_rows<S, Ops, 1, BITS>(a, t, r0);
   } else {
-    if (rows == R) tile_rows<S, Ops, R>(a, t, r0);
-    else tile_rows_of<S, Ops, R - 1>(a, t, r0, rows);
+    if (rows == R) tile_rows<S, Ops, R, BITS>(a, t, r0);
+    else tile_rows_of<S, Ops, R - 1, BITS>(a, t, r0, rows);
   }
 }
 
 // Columns [n0, n1) of a tiled product (n0 a multiple of 16).
-template <class S, class Ops>
+template <class S, class Ops, int BITS>
 inline void tiled_body(const QArgs& a, int64_t n0, int64_t n1) {
   for (int64_t t = n0 / TILE; t * TILE < n1; t++)
     for (int64_t r0 = 0; r0 < a.m; r0 += Ops::ROWS)
-      tile_rows_of<S, Ops, Ops::ROWS>(a, t, r0, std::min<int64_t>(Ops::ROWS, a.m - r0));
+      tile_rows_of<S, Ops, Ops::ROWS, BITS>(a, t, r0, std::min<int64_t>(Ops::ROWS, a.m - r0));
 }
 
 // The instance of a variant V (a struct whose get<BITS, LPG, S>() returns it) for a

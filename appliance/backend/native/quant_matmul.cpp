@@ -92,14 +92,14 @@ struct PortableColumnsI16 {
   template <int BITS, int LPG, class S>
   static columns_fn get() { return columns_i16_portable<LPG, S>; }
 };
-template <class S>
+template <class S, int BITS>
 __attribute__((flatten)) void tiled_portable(const QArgs& a, int64_t n0, int64_t n1) {
-  tiled_body<S, TPortable>(a, n0, n1);
+  tiled_body<S, TPortable, BITS>(a, n0, n1);
 }
 
 struct PortableTiled {
   template <int BITS, int LPG, class S>
-  static columns_fn get() { return tiled_portable<S>; }
+  static columns_fn get() { return tiled_portable<S, BITS>; }
 };
 struct PortableDequant {
   template <int BITS, int LPG, class S>
@@ -178,17 +178,17 @@ columns_fn pick_i16(int group, mx::Dtype dtype) {
 }
 
 // The tiled 4-bit kernel (quant_kernels.h, "Tiled 4-bit weights") for the processor.
-columns_fn pick_tiled(mx::Dtype dtype) {
+columns_fn pick_tiled(int bits, mx::Dtype dtype) {
   const Scales s = scales_of(dtype);
 #if defined(__x86_64__)
   static const bool vnni = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni");
   }();
-  if (simd() == AVX512 && vnni) return vnni_tiled(s);
-  if (simd() != PORTABLE) return avx2_tiled(s);
+  if (simd() == AVX512 && vnni) return vnni_tiled(bits, s);
+  if (simd() != PORTABLE) return avx2_tiled(bits, s);
 #endif
-  return by_scales<PortableTiled, 4, 16>(s);
+  return bits == 8 ? by_scales<PortableTiled, 8, 16>(s) : by_scales<PortableTiled, 4, 16>(s);
 }
 
 // How 4-bit products take x: in 16 bits where an AVX2 or AVX-512 variant runs (faster than
@@ -594,7 +594,7 @@ class QuantMatmul : public mx::Primitive {
     enc.dispatch([staged = std::move(staged), outs = std::move(outs), group = group_,
                   bits = bits_, act = act_, tiled = tiled_, residual = residual_]() mutable {
       staged.fill();
-      if (tiled) compute_tiled(staged.ins, outs, group, residual);
+      if (tiled) compute_tiled(staged.ins, outs, group, bits, residual);
       else compute(staged.ins, outs, group, bits, act);
     });
   }
@@ -612,7 +612,7 @@ class QuantMatmul : public mx::Primitive {
   // in: x, then each part's tiles, scales and biases (then the residual); out: each part's
   // y [.., n].
   static void compute_tiled(std::vector<mx::array>& in, std::vector<mx::array>& out, int group,
-                            bool residual) {
+                            int bits, bool residual) {
     const mx::array& x = in[0];
     const int64_t k = x.shape(-1);
     const int64_t m = k ? static_cast<int64_t>(x.size()) / k : 0;
@@ -623,7 +623,7 @@ class QuantMatmul : public mx::Primitive {
                in[3 + 3 * p].data<void>(), out[p].shape(-1)};
       ys[p] = out[p].data<float>();
     }
-    fast_kernels::tiled_products(x.data<float>(), m, k, group, in[2].dtype(), ws.data(),
+    fast_kernels::tiled_products(x.data<float>(), m, k, group, bits, in[2].dtype(), ws.data(),
                                  ys.data(), static_cast<int>(out.size()),
                                  residual ? in.back().data<float>() : nullptr);
   }
@@ -751,14 +751,14 @@ std::vector<mx::array> quantized_matmul_many(const mx::array& x, const std::vect
                                 std::make_shared<QuantMatmul>(s, group, bits, act), ins);
 }
 
-// The products of x with tile()'s 4-bit weights (quant_kernels.h, "Tiled 4-bit weights"):
-// part p's tiles uint8 [ceil(n / 16), k / 32 * 256], scales and biases [ceil(n / 16),
-// k / group, 16], n[p] columns.
+// The products of x with tile()'s 4- or 8-bit weights (quant_kernels.h, "Tiled 4-bit
+// weights"): part p's tiles uint8 [ceil(n / 16), k / 32 * 256 (512 for 8 bits)], scales and
+// biases [ceil(n / 16), k / group, 16], n[p] columns.
 std::vector<mx::array> tiled_matmul(const mx::array& x, const std::vector<mx::array>& tiles,
                                     const std::vector<mx::array>& scales,
                                     const std::vector<mx::array>& biases,
                                     const std::vector<int64_t>& ns, int group,
-                                    const std::optional<mx::array>& residual) {
+                                    const std::optional<mx::array>& residual, int bits) {
   if (x.dtype() != mx::float32 || x.ndim() < 1)
     throw std::invalid_argument("tiled_matmul: x must be float32");
   if (tiles.empty() || scales.size() != tiles.size() || biases.size() != tiles.size() ||
@@ -766,6 +766,7 @@ std::vector<mx::array> tiled_matmul(const mx::array& x, const std::vector<mx::ar
     throw std::invalid_argument("tiled_matmul: one scales, biases and n for each tiles");
   if (group != 32 && group != 64 && group != 128)
     throw std::invalid_argument("tiled_matmul: group_size must be 32, 64 or 128");
+  if (bits != 4 && bits != 8) throw std::invalid_argument("tiled_matmul: bits must be 4 or 8");
   const int64_t k = x.shape(-1);
   if (k % group) throw std::invalid_argument("tiled_matmul: K must be a multiple of group_size");
   auto s = mx::to_stream({}, mx::Device::cpu);
@@ -773,10 +774,11 @@ std::vector<mx::array> tiled_matmul(const mx::array& x, const std::vector<mx::ar
   std::vector<mx::Shape> shapes;
   for (size_t p = 0; p < tiles.size(); p++) {
     const int32_t t = static_cast<int32_t>((ns[p] + TILE - 1) / TILE);
-    const mx::Shape tshape = {t, static_cast<int32_t>(k / IBLOCK * TBLOCK)};
+    const mx::Shape tshape = {t, static_cast<int32_t>(k / IBLOCK * tblock(bits))};
     const mx::Shape sshape = {t, static_cast<int32_t>(k / group), TILE};
     if (tiles[p].dtype() != mx::uint8 || tiles[p].shape() != tshape)
-      throw std::invalid_argument("tiled_matmul: tiles must be uint8 [ceil(n / 16), K * 8]");
+      throw std::invalid_argument(
+          "tiled_matmul: tiles must be uint8 [ceil(n / 16), K * 8] (K * 16 for 8 bits)");
     if (scales[p].shape() != sshape || biases[p].shape() != sshape ||
         scales[p].dtype() != scales[0].dtype() || biases[p].dtype() != scales[0].dtype())
       throw std::invalid_argument(
@@ -795,7 +797,7 @@ std::vector<mx::array> tiled_matmul(const mx::array& x, const std::vector<mx::ar
   const std::vector<mx::Dtype> dtypes(tiles.size(), mx::float32);
   return mx::array::make_arrays(
       std::move(shapes), dtypes,
-      std::make_shared<QuantMatmul>(s, group, 4, ACT_INT16, true, residual.has_value()), ins);
+      std::make_shared<QuantMatmul>(s, group, bits, ACT_INT16, true, residual.has_value()), ins);
 }
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
@@ -816,8 +818,8 @@ void parallel_units(int64_t units, void (*f)(const void*, int64_t, int64_t), con
   pool.run(tasks.data(), static_cast<int64_t>(tasks.size()));
 }
 
-void tiled_products(const float* x, int64_t m, int64_t k, int group, mx::Dtype scales,
-                    const TiledWeight* weights, float* const* ys, int count,
+void tiled_products(const float* x, int64_t m, int64_t k, int group, int bits,
+                    mx::Dtype scales, const TiledWeight* weights, float* const* ys, int count,
                     const float* residual) {
   const int64_t groups = k / group;
   std::vector<int16_t> xq(static_cast<size_t>(m * k));
@@ -833,7 +835,7 @@ void tiled_products(const float* x, int64_t m, int64_t k, int group, mx::Dtype s
     parts[p].biases = weights[p].biases;
     parts[p].y = ys[p];
   }
-  run_columns(pick_tiled(scales), parts, k, TILE);
+  run_columns(pick_tiled(bits, scales), parts, k, TILE);
   if (residual != nullptr) {  // y + r per element, as MLX's add of the two gives it
     float* y = ys[0];
     for (int64_t i = 0, n = m * weights[0].n; i < n; i++) y[i] += residual[i];
@@ -857,8 +859,8 @@ void define_quant(nb::module_& m) {
         "job. A list of outputs, one per weight.");
   m.def("tiled_matmul", &tiled_matmul, nb::arg("x"), nb::arg("tiles"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("n"), nb::arg("group_size"),
-        nb::arg("residual") = nb::none(),
-        "x @ W.T for each of several 4-bit weights W in appliance/backend/quant.py's tiles "
+        nb::arg("residual") = nb::none(), nb::arg("bits") = 4,
+        "x @ W.T for each of several 4- (or 8-) bit weights W in appliance/backend/quant.py's tiles "
         "(16 columns side by side), x rounded to 16 bits once; a list of outputs. residual "
         "(one weight only): added to the output, as residual + x @ W.T in MLX.");
   m.def("dequantize_blocked", &dequantize_blocked, nb::arg("w"), nb::arg("scales"),

@@ -10,8 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages: OpenBLAS (fast CPU matmuls for MLX), Chromium (browser tests) and systemd
-# (only its `systemd-analyze verify`, which checks our unit file; nothing starts systemd).
+# Debian packages: OpenBLAS (fast CPU matmuls for MLX), Chromium (browser tests), systemd
+# (only its `systemd-analyze verify`, which checks our unit file; nothing starts systemd) and
+# shellcheck (install.sh is checked with it).
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   missing=()
   dpkg -s libopenblas0-pthread >/dev/null 2>&1 || missing+=(libopenblas0-pthread)
@@ -19,6 +20,7 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   dpkg -s systemd >/dev/null 2>&1 || missing+=(systemd)
   command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)  # appliance/backend/native/skinny_matmul.c
   command -v g++ >/dev/null 2>&1 || missing+=(g++)              # appliance/backend/native/mlx_fast.cpp
+  command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)  # install.sh's own check
   if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
   fi

@@ -4,12 +4,12 @@ twenty nodes a layer one by one on the engine's thread, and cannot walk ahead of
 few).
 
 :func:`plan` reads a loaded model's layers once: those it takes are pre-norm Llama, Qwen 2
-and Qwen 3 blocks (mlx-lm's modules: RMSNorm, nn.RoPE or Llama 3's RoPE, attention with or without q/k/v
-biases or q/k norms, SwiGLU) whose seven linear layers the quantized kernel adopted as tiles
-(:func:`appliance.backend.quant.tiled_args`), with the fast operations installed, so the
-operation computes what the operations one by one compute, bit for bit. Any other layer,
-and any step that is not a plain decode step over a slot cache's buffers, goes the way it
-went before (appliance/engine/mixed.py).
+and Qwen 3 blocks (mlx-lm's modules: RMSNorm, nn.RoPE or Llama 3's RoPE, attention with or
+without q/k/v biases or q/k norms, SwiGLU) whose seven linear layers the quantized kernel
+adopted as 4-bit tiles (:func:`appliance.backend.quant.tiled_args`), with the fast operations
+installed, so the operation computes what the operations one by one compute, bit for bit.
+Any other layer, and any step that is not a plain decode step over a slot cache's buffers,
+goes the way it went before (appliance/engine/mixed.py).
 """
 
 from __future__ import annotations

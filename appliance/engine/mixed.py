@@ -286,10 +286,9 @@ def _decode_layer(layer: decode_layer.Layer | None, h: mx.array, part: Part, i: 
     ``update_and_fetch`` writes them; None where it cannot be (the caller goes on as before)."""
     cache = part.cache[i]
     window = getattr(cache, "decode_window", None)  # a slot cache's (appliance/engine/slots.py)
-    found = window() if layer is not None and window is not None else None
-    if found is None:
+    found = window() if window is not None else None
+    if layer is None or found is None:
         return None
-    assert layer is not None
     keys, values, at, first = found
     out = decode_layer.step(layer, h, keys, values, cache.offset, part.masks[i], at, first)
     if out is None:

@@ -278,10 +278,10 @@ std::vector<mx::array> decode_layer(const mx::array& h, const mx::array& keys,
     s.mask_kind = m.dtype() == mx::bool_ ? fk::BOOL_MASK : fk::ADD_MASK;
     ins.push_back(m);
   }
+  auto stream = mx::to_stream({}, mx::Device::cpu);
   return mx::array::make_arrays({h.shape(), keys.shape(), values.shape()},
                                 {mx::float32, mx::float32, mx::float32},
-                                std::make_shared<DecodeLayer>(mx::to_stream({}, mx::Device::cpu), s),
-                                ins);
+                                std::make_shared<DecodeLayer>(stream, s), ins);
 }
 
 }  // namespace

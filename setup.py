@@ -52,7 +52,7 @@ def mlx_fast() -> Extension | None:
             "mlx_fast.cpp", "decode_layer.cpp")],
         # without it an edit of the header alone leaves the extension "up to date"
         depends=[f"{BACKEND}/native/{name}" for name in (
-            "quant_kernels.h", "fast_kernels.h", "staging.h")],
+            "quant_kernels.h", "fast_kernels.h", "lane_sums.h", "staging.h")],
         include_dirs=[os.path.join(nb, "include"), os.path.join(nb, "ext", "robin_map", "include"),
                       os.path.join(nb, "src"), os.path.join(mlx_dir, "include")],
         library_dirs=[os.path.join(mlx_dir, "lib")], libraries=["mlx"],
@@ -96,6 +96,7 @@ if sys.platform == "linux" and os.environ.get("APPLIANCE_DEFER_NATIVE") != "1":
     _compile_in_parallel()
     ext_modules.append(Extension("appliance.backend._skinny_matmul",
                                  [f"{BACKEND}/native/skinny_matmul.c"],
+                                 depends=[f"{BACKEND}/native/lane_sums.h"],
                                  libraries=["dl", "pthread"], extra_compile_args=NATIVE,
                                  optional=True))
     if (ext := mlx_fast()) is not None:

@@ -65,14 +65,6 @@ struct Shape {
   int mask() const { return linears() + 3 * LINEARS; }
 };
 
-fk::Strided strided(const mx::array& a) {  // broadcast axes (size 1) read with stride 0
-  fk::Strided s{a.data<char>(), {0, 0, 0, 0}};
-  const int nd = static_cast<int>(a.ndim());
-  for (int i = 0; i < nd; i++)
-    s.st[4 - nd + i] = a.shape(i) == 1 ? 0 : static_cast<int64_t>(a.strides()[i]);
-  return s;
-}
-
 void run(const Shape& s, std::vector<mx::array>& in, float* h_out, float* keys, float* values,
          int64_t window) {
   const mx::array& h = in[0];
@@ -127,7 +119,7 @@ void run(const Shape& s, std::vector<mx::array>& in, float* h_out, float* keys, 
   const fk::Strided sk{reinterpret_cast<const char*>(keys + s.first * s.d), {row, head, s.d, 1}};
   const fk::Strided sv{reinterpret_cast<const char*>(values + s.first * s.d), {row, head, s.d, 1}};
   const fk::Strided sm = s.mask_kind == fk::NO_MASK ? fk::Strided{nullptr, {0, 0, 0, 0}}
-                                                    : strided(in[s.mask()]);
+                                                    : fk::strided(in[s.mask()]);
   fk::decode_attention(sq, sk, sv, sm, s.mask_kind, att.data(), b, s.kv, s.heads / s.kv, length,
                        s.d, s.attn_scale);
   product(att.data(), hd, {3}, {mid.data()}, {dm}, h.data<float>());

@@ -29,6 +29,9 @@ struct Strided {  // an input's base and element strides of its four axes (0: br
   int64_t st[4];
 };
 
+// a's base and strides, an axis of size 1 read with stride 0 (broadcast), 4 axes aligned right.
+Strided strided(const mlx::core::array& a);
+
 enum MaskKind : int { NO_MASK = 0, BOOL_MASK = 1, ADD_MASK = 2 };
 
 // DecodeAttention's arithmetic and threads: q [B, H, 1, D], k and v [B, KV, L, D] by strides,

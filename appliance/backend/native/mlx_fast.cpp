@@ -57,6 +57,7 @@
 #include "mlx/transforms.h"
 #include "mlx/utils.h"
 #include "fast_kernels.h"
+#include "lane_sums.h"
 #include "staging.h"
 
 namespace nb = nanobind;
@@ -431,37 +432,7 @@ using fast_kernels::NO_MASK;
 using fast_kernels::BOOL_MASK;
 using fast_kernels::ADD_MASK;
 
-Strided strided(const mx::array& a) {
-  Strided s{a.data<char>(), {0, 0, 0, 0}};
-  const int nd = static_cast<int>(a.ndim());
-  for (int i = 0; i < nd; i++)
-    s.st[4 - nd + i] = a.shape(i) == 1 ? 0 : static_cast<int64_t>(a.strides()[i]);
-  return s;
-}
-
-// The sums of 16 vectors' lanes, one a lane, each in hsum's order: halves folded onto halves,
-// two vectors at a time (the same additions as 16 hsums, in a quarter of the operations).
-FORCE_INLINE vf hsum16(const vf* v) {
-  const vi lo1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  const vi hi1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-  const vi lo2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-  const vi hi2 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-  const vi lo3 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-  const vi hi3 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-  const vi lo4 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-  const vi hi4 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-  vf h[8], q[4], e[2];
-  for (int i = 0; i < 8; i++)
-    h[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], lo1) +
-           __builtin_shuffle(v[2 * i], v[2 * i + 1], hi1);
-  for (int i = 0; i < 4; i++)
-    q[i] = __builtin_shuffle(h[2 * i], h[2 * i + 1], lo2) +
-           __builtin_shuffle(h[2 * i], h[2 * i + 1], hi2);
-  for (int i = 0; i < 2; i++)
-    e[i] = __builtin_shuffle(q[2 * i], q[2 * i + 1], lo3) +
-           __builtin_shuffle(q[2 * i], q[2 * i + 1], hi3);
-  return __builtin_shuffle(e[0], e[1], lo4) + __builtin_shuffle(e[0], e[1], hi4);
-}
+using fast_kernels::strided;
 
 // One query row's dot product with one key, as 16 partial sums (lanes) and the tail's.
 FORCE_INLINE vf dot_lanes(const float* qr, const float* kj, int64_t dv) {
@@ -472,7 +443,7 @@ FORCE_INLINE vf dot_lanes(const float* qr, const float* kj, int64_t dv) {
 
 // Units are (batch row, KV head): each key and value row is read once for the query heads
 // that share it. Every (row, head)'s sums run in the same order whatever the unit holds: a
-// score is its 16 lanes folded by hsum's tree (16 keys at a time by hsum16, the same
+// score is its 16 lanes folded by hsum's tree (16 keys at a time by lane_sums16, the same
 // additions) plus the tail's products; an output element sums its keys in order from 0.
 HOT void decode_attention_heads(const Strided& q, const Strided& k, const Strided& v,
                                 const Strided& m, int kind, float* out, int64_t u0, int64_t u1,
@@ -494,7 +465,7 @@ HOT void decode_attention_heads(const Strided& q, const Strided& k, const Stride
           const float* qr = qs.data() + r * d;
           vf part[LANES];
           for (int l = 0; l < LANES; l++) part[l] = dot_lanes(qr, kb + (j0 + l) * k.st[2], dv);
-          store(p.data() + r * l_len + j0, hsum16(part));
+          store(p.data() + r * l_len + j0, lane_sums16(part));
         }
     }
     for (int64_t j = j0; j < l_len; j++) {
@@ -743,6 +714,14 @@ void decode_attention(const Strided& q, const Strided& k, const Strided& v, cons
 }
 
 mx::array rope_inv_freq(int half, float base) { return ::base_inv_freq(half, base); }
+
+Strided strided(const mx::array& a) {
+  Strided s{a.data<char>(), {0, 0, 0, 0}};
+  const int nd = static_cast<int>(a.ndim());
+  for (int i = 0; i < nd; i++)
+    s.st[4 - nd + i] = a.shape(i) == 1 ? 0 : static_cast<int64_t>(a.strides()[i]);
+  return s;
+}
 
 }  // namespace fast_kernels
 

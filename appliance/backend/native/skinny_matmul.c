@@ -50,6 +50,8 @@
 #include <sched.h>
 #include <string.h>
 
+#include "lane_sums.h"
+
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 enum { LANES = 16, MAX_ROWS = 8, GROUP_ROWS = 32, GROUP_COLUMNS = 64 };
 
@@ -80,36 +82,8 @@ unsigned long appliance_skinny_gemv_calls(void) { return __atomic_load_n(&n_gemv
 /* 1 when OpenBLAS's gemm and gemv were found after this library, else 0. */
 int appliance_skinny_active(void) { return next_sgemm != NULL && next_sgemv != NULL; }
 
-typedef int ivec __attribute__((vector_size(LANES * sizeof(int))));
-
 static inline void store(float *c, float alpha, float beta, float dot) {
     *c = beta == 0.0f ? alpha * dot : alpha * dot + beta * *c;
-}
-
-/* Every lane sum of 16 accumulators at once: lane r of the result is the sum of v[r]'s
- * lanes, each by the same tree (lanes l and l + 8, then 4, 2 and 1 apart), whatever its
- * neighbours. Summing each accumulator's lanes one by one took about as long as the
- * products themselves for k = 576. */
-static inline __attribute__((always_inline)) vec reduce16(const vec *v) {
-    const ivec lo1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const ivec hi1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-    const ivec lo2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-    const ivec hi2 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-    const ivec lo3 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-    const ivec hi3 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-    const ivec lo4 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-    const ivec hi4 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-    vec h[8], q[4], e[2];  /* 2 accumulators per vector (8 lanes each), then 4, 8 */
-    for (int i = 0; i < 8; i++)
-        h[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], lo1) +
-               __builtin_shuffle(v[2 * i], v[2 * i + 1], hi1);
-    for (int i = 0; i < 4; i++)
-        q[i] = __builtin_shuffle(h[2 * i], h[2 * i + 1], lo2) +
-               __builtin_shuffle(h[2 * i], h[2 * i + 1], hi2);
-    for (int i = 0; i < 2; i++)
-        e[i] = __builtin_shuffle(q[2 * i], q[2 * i + 1], lo3) +
-               __builtin_shuffle(q[2 * i], q[2 * i + 1], hi3);
-    return __builtin_shuffle(e[0], e[1], lo4) + __builtin_shuffle(e[0], e[1], hi4);
 }
 
 /* C[M x N] (+)= A[M x k] . B[N x k]^T: M rows by N columns of C, with M * N <= 24
@@ -138,7 +112,7 @@ static inline __attribute__((always_inline)) void tile(
         }
     }
     float sums[32] __attribute__((aligned(64)));
-    for (int t = 0; t < M * N; t += 16) *(vec *)(sums + t) = reduce16(acc + t);
+    for (int t = 0; t < M * N; t += 16) *(vec *)(sums + t) = lane_sums16(acc + t);
     for (int j = 0; j < N; j++) {
         const float *w = b + (long)j * ldb;
         for (int i = 0; i < M; i++) {

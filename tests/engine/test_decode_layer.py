@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from appliance.backend import decode_layer
@@ -95,11 +96,14 @@ def test_a_buffer_held_elsewhere_is_copied_and_one_let_go_is_written_alike(
         assert mx.array_equal(new[:, :, :5], old[:, :, :5]).item()
         assert mx.array_equal(new[:, :, 6:], old[:, :, 6:]).item()
     keys, values = _buffers(layer)  # the same numbers, no one else holding them
+    where = [np.asarray(b).ctypes.data for b in (keys, values)]
     h2, k2, v2 = decode_layer.step(layer, h, keys, values, offset, None, 5, 2) or ()
     del keys, values
     mx.eval(h2, k2, v2)
     assert mx.array_equal(h1, h2).item() and mx.array_equal(k1, k2).item()
     assert mx.array_equal(v1, v2).item()
+    # written where they lay (donated, as MLX's slice update would), not copied
+    assert [np.asarray(b).ctypes.data for b in (k2, v2)] == where
 
 
 def test_bad_arguments_get_a_clear_error(models: dict[str, Path]) -> None:

@@ -50,6 +50,12 @@ struct Dequant {
   static columns_fn get() { return dequant_avx2<BITS, LPG, S>; }
 };
 
+__attribute__((target("avx2,fma,f16c")))
+void round_plain_avx2(const float* x, int64_t m, int64_t k, int group, int16_t* xq, float* xs,
+                      float* xsum) {
+  round_plain_body(x, m, k, group, xq, xs, xsum);
+}
+
 }  // namespace
 
 columns_fn avx2_tiled(int bits, Scales s) {
@@ -58,6 +64,8 @@ columns_fn avx2_tiled(int bits, Scales s) {
 columns_fn avx2_columns(int bits, int lpg, Scales s) { return by_bits<Columns>(bits, lpg, s); }
 columns_fn avx2_columns_i16(int lpg, Scales s) { return by_lpg<ColumnsI16, 4>(lpg, s); }
 columns_fn avx2_dequant(int bits, int lpg, Scales s) { return by_bits<Dequant>(bits, lpg, s); }
+
+round_fn avx2_round_plain() { return round_plain_avx2; }
 
 }  // namespace quant_kernels
 

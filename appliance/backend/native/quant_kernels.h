@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -56,6 +57,14 @@ columns_fn vnni_columns_i16(int lpg, Scales s);            // AVX-512 with VNNI
 columns_fn avx512_dequant(int bits, int lpg, Scales s);
 columns_fn vnni_tiled(int bits, Scales s);                 // AVX-512 with VNNI
 #endif
+
+// x [m, k] rounded for the tiled kernel (see "Tiles" below): xq [m, k], each block's scale
+// xs [m, k / 32], each weight group's sum xsum [m, k / group]. Compiled per variant: the
+// baseline build calls libm for each element's nearbyint, the variants round 16 at a time.
+typedef void (*round_fn)(const float* x, int64_t m, int64_t k, int group, int16_t* xq,
+                         float* xs, float* xsum);
+round_fn avx2_round_plain();    // quant_avx2.cpp
+round_fn avx512_round_plain();  // quant_avx512.cpp
 
 // File-local: each file compiles its own copies into its variants, as the single file did,
 // and the linker shares none between files built for different instruction sets.
@@ -540,6 +549,32 @@ QINLINE vf tile16(const uint16_t* p, BF16) {
   vf f;
   std::memcpy(&f, &bits, sizeof(f));
   return f;
+}
+
+// x rounded per block of 32 to at most XLEVELS in magnitude (nearbyint: ties to even, the
+// same integer in every variant), in x's own order.
+QINLINE void round_plain_body(const float* x, int64_t m, int64_t k, int group, int16_t* xq,
+                              float* xs, float* xsum) {
+  const int64_t blocks = k / IBLOCK, groups = k / group, per = group / IBLOCK;
+  for (int64_t r = 0; r < m; r++) {
+    for (int64_t g = 0; g < groups; g++) xsum[r * groups + g] = 0.f;
+    for (int64_t b = 0; b < blocks; b++) {
+      const float* xb = x + r * k + b * IBLOCK;
+      float amax = 0.f;
+      for (int i = 0; i < IBLOCK; i++) amax = std::max(amax, std::fabs(xb[i]));
+      const float scale = amax / XLEVELS, inv = amax > 0.f ? XLEVELS / amax : 0.f;
+      int16_t* qb = xq + r * k + b * IBLOCK;
+      for (int i = 0; i < IBLOCK; i++)
+        qb[i] = static_cast<int16_t>(
+            std::min(XLEVELS, std::max(-XLEVELS, std::nearbyint(xb[i] * inv))));
+      int32_t sum = 0;
+      for (int i = 0; i < IBLOCK; i++) sum += qb[i];
+      xs[r * blocks + b] = scale;
+      // fused in every variant (a variant with FMA would contract a plain multiply-add)
+      float& gsum = xsum[r * groups + b / per];
+      gsum = __builtin_fmaf(scale, static_cast<float>(sum), gsum);
+    }
+  }
 }
 
 QINLINE int32_t pair_at(const int16_t* x) {

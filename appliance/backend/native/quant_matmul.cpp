@@ -271,26 +271,21 @@ struct Task {
 
 // x [m, k] rounded as quantize_rows rounds it, in x's own order (the tiled kernel's): xq
 // [m, k], each block's scale xs [m, k / 32], each weight group's sum xsum [m, k / group].
+void round_plain_portable(const float* x, int64_t m, int64_t k, int group, int16_t* xq,
+                          float* xs, float* xsum) {
+  round_plain_body(x, m, k, group, xq, xs, xsum);
+}
+
 void quantize_plain(const float* x, int64_t m, int64_t k, int group, int16_t* xq, float* xs,
                     float* xsum) {
-  const int64_t blocks = k / IBLOCK, groups = k / group, per = group / IBLOCK;
-  for (int64_t r = 0; r < m; r++) {
-    for (int64_t g = 0; g < groups; g++) xsum[r * groups + g] = 0.f;
-    for (int64_t b = 0; b < blocks; b++) {
-      const float* xb = x + r * k + b * IBLOCK;
-      float amax = 0.f;
-      for (int i = 0; i < IBLOCK; i++) amax = std::max(amax, std::fabs(xb[i]));
-      const float scale = amax / XLEVELS, inv = amax > 0.f ? XLEVELS / amax : 0.f;
-      int32_t sum = 0;
-      for (int i = 0; i < IBLOCK; i++) {
-        const float v = std::min(XLEVELS, std::max(-XLEVELS, std::nearbyint(xb[i] * inv)));
-        xq[r * k + b * IBLOCK + i] = static_cast<int16_t>(v);
-        sum += static_cast<int32_t>(v);
-      }
-      xs[r * blocks + b] = scale;
-      xsum[r * groups + b / per] += scale * static_cast<float>(sum);
-    }
-  }
+  static const round_fn variant = []() -> round_fn {
+#if defined(__x86_64__)
+    if (simd() == AVX512) return avx512_round_plain();
+    if (simd() == AVX2) return avx2_round_plain();
+#endif
+    return round_plain_portable;
+  }();
+  variant(x, m, k, group, xq, xs, xsum);
 }
 
 // A small pool of persistent helpers sharing a product's columns with the caller. The

@@ -8,12 +8,16 @@ and Qwen 3 blocks (mlx-lm's modules: RMSNorm, nn.RoPE or Llama 3's RoPE, attenti
 without q/k/v biases or q/k norms, SwiGLU) whose seven linear layers the quantized kernel
 adopted as 4-bit tiles (:func:`appliance.backend.quant.tiled_args`), with the fast operations
 installed, so the operation computes what the operations one by one compute, bit for bit.
-Any other layer, and any step that is not a plain decode step over a slot cache's buffers,
-goes the way it went before (appliance/engine/mixed.py).
+Prompt chunks may ride in the step (their own sequences' plain KV caches): the decode rows
+keep those bits, a chunk's attention is summed in another order than the matrix products of
+its own forward. Any other layer,
+and any step whose decode rows are not over a slot cache's buffers, goes the way it went
+before (appliance/engine/mixed.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import mlx.core as mx
@@ -113,13 +117,20 @@ def plan(model: Any, qk_norm: bool) -> list[Layer | None] | None:
 
 
 def step(layer: Layer, h: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
-         mask: mx.array | None, at: int, first: int
-         ) -> tuple[mx.array, mx.array, mx.array] | None:
+         mask: mx.array | None, at: int, first: int,
+         chunks: Sequence[tuple[mx.array, mx.array, int, int]] = ()) -> list[mx.array] | None:
     """``h`` [B, D] through the layer, its new keys and values written at ``at`` of rows
-    0..B-1 of the buffers [R, KV, W, d], attention over ``first..at``: (h, keys, values).
-    None where the step's arrays are not the operation's (another dtype)."""
-    if h.dtype != mx.float32 or keys.dtype != mx.float32 or offset.dtype != mx.int32:
+    0..B-1 of the buffers [R, KV, W, d], attention over ``first..at``: [h, keys, values].
+    None where the step's arrays are not the operation's (another dtype).
+
+    ``chunks``: prompt chunks riding in the step, each (keys, values, offset, length) of its
+    sequence's buffers [1, KV, W, d] with room for its tokens, which are rows after the B of
+    ``h``; their keys and values follow in the result, written at offset.. (their queries
+    attend causally over their own sequence)."""
+    if (h.dtype != mx.float32 or keys.dtype != mx.float32 or offset.dtype != mx.int32
+            or any(k.dtype != mx.float32 for k, _, _, _ in chunks)):
         return None
-    out = fast_ops._extension().decode_layer(h, keys, values, offset, mask, layer.native, at,
-                                              first)
-    return out[0], out[1], out[2]
+    return fast_ops._extension().decode_layer(
+        h, keys, values, offset, mask, layer.native, at, first,
+        [a for k, v, _, _ in chunks for a in (k, v)], [c[2] for c in chunks],
+        [c[3] for c in chunks])

@@ -39,6 +39,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import KVCache
 
 from appliance.backend import decode_layer, quant
 
@@ -280,20 +281,49 @@ def _attention(arch: Arch, weights: Weights, attn: Any, x: mx.array,
                           residual)
 
 
-def _decode_layer(layer: decode_layer.Layer | None, h: mx.array, part: Part, i: int
+def _room(cache: KVCache, n: int, like: mx.array) -> tuple[mx.array, mx.array]:
+    """A sequence's buffers with room for ``n`` more positions, grown as mlx-lm's
+    ``KVCache.update_and_fetch`` grows them (``like``: the layer's keys' dtype and sizes)."""
+    prev = cache.offset
+    if cache.keys is None or prev + n > cache.keys.shape[2]:
+        shape = (1, like.shape[1], (cache.step + n - 1) // cache.step * cache.step,
+                 like.shape[3])
+        new_k, new_v = mx.zeros(shape, like.dtype), mx.zeros(shape, like.dtype)
+        if cache.keys is None:
+            cache.keys, cache.values = new_k, new_v
+        else:
+            if prev % cache.step:
+                cache.keys, cache.values = cache.keys[..., :prev, :], cache.values[..., :prev, :]
+            cache.keys = mx.concatenate([cache.keys, new_k], axis=2)
+            cache.values = mx.concatenate([cache.values, new_v], axis=2)
+    assert cache.values is not None
+    return cache.keys, cache.values
+
+
+def _decode_layer(layer: decode_layer.Layer | None, h: mx.array, parts: list[Part], i: int
                   ) -> mx.array | None:
-    """Layer ``i`` of a plain decode step in one operation, its cache's buffers written as
-    ``update_and_fetch`` writes them; None where it cannot be (the caller goes on as before)."""
+    """Layer ``i`` of a decode step in one operation, with any prompt chunks riding in it,
+    every cache's buffers written as ``update_and_fetch`` writes them; None where it cannot
+    be (the caller goes on as before)."""
+    part, chunks = parts[0], parts[1:]
     cache = part.cache[i]
     window = getattr(cache, "decode_window", None)  # a slot cache's (appliance/engine/slots.py)
     found = window() if window is not None else None
-    if layer is None or found is None:
+    if (layer is None or found is None
+            or any(type(c.cache[i]) is not KVCache or c.masks[i] not in (None, "causal")
+                   for c in chunks)):
         return None
     keys, values, at, first = found
-    out = decode_layer.step(layer, h, keys, values, cache.offset, part.masks[i], at, first)
+    riding = [(*_room(c.cache[i], c.length, keys), c.cache[i].offset, c.length) for c in chunks]
+    out = decode_layer.step(layer, h, keys, values, cache.offset, part.masks[i], at, first,
+                            riding)
     if out is None:
         return None
     cache.took(out[1], out[2])
+    for c, k, v in zip(chunks, out[3::2], out[4::2], strict=True):
+        own = c.cache[i]
+        own.keys, own.values = k, v
+        own.offset += c.length
     return out[0]
 
 
@@ -348,11 +378,12 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
                           arch.masks(inner, h[None, :len(chunk)], cache), start,
                           whole=not b and len(chunks) == 1))
         start += len(chunk)
-    # A plain decode step's layers in one operation each where the backend has it.
+    # A decode step's layers, chunks riding or not, in one operation each where the backend
+    # has it (products of at most the tiled kernel's rows).
     fused = decode_layer.plan(model, arch.qk_norm) \
-        if b and not chunks and arch.block is _pre_norm else None
+        if b and arch.block is _pre_norm and len(tokens) <= quant.TILED_ROWS else None
     for i, layer in enumerate(inner.layers):
-        done = None if fused is None else _decode_layer(fused[i], h, parts[0], i)
+        done = None if fused is None else _decode_layer(fused[i], h, parts, i)
         if done is not None:
             h = done
             continue

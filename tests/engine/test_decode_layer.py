@@ -1,8 +1,10 @@
 """A decoder layer's decode step in one operation (appliance/backend/decode_layer.py,
 appliance/backend/native/decode_layer.cpp) on small random 4-bit models of the architectures
 it takes: every layer of a plain decode step goes through it, with the bits of the
-operations one by one (logits and KV buffers); a buffer someone else still holds is copied,
-not written; what it does not take goes the old way; bad arguments get a clear error."""
+operations one by one (logits and KV buffers); prompt chunks ride in it, the decode rows
+keeping those bits and the chunks their numbers; a buffer someone else still holds is
+copied, not written; what it does not take goes the old way; bad arguments get a clear
+error."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ import numpy as np
 import pytest
 
 from appliance.backend import decode_layer
+from appliance.engine.batch import new_sequence_cache, prefill
 from appliance.engine.model import load_model
 from tests.devices import CPU_TUNING
 from tests.engine.arch_models import build
-from tests.engine.test_mixed_archs import _batch
+from tests.engine.test_mixed_archs import _batch, _tokens
 
 pytestmark = CPU_TUNING
 
@@ -63,6 +66,56 @@ def test_each_layer_of_a_decode_step_is_one_operation_with_the_same_bits(
             assert buf_a is not None and buf_b is not None
             start, end = layout.start - a.base, layout.end - a.base
             assert mx.array_equal(buf_a[:3, :, start:end], buf_b[:3, :, start:end]).item()
+
+
+@pytest.mark.parametrize("arch", TAKEN)
+def test_prompt_chunks_ride_in_the_operation(
+        models: dict[str, Path], arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh prompt's chunk and a later chunk of a prompt read before ride in the step:
+    the decode rows get the bits of the operations one by one, the chunks their numbers
+    (attention summed in another order), each cache its positions; a chunk's buffers that
+    someone else still holds are copied, not written."""
+    model = _model(models, arch)
+    plan = decode_layer.plan(model, qk_norm=arch == "qwen3")
+    assert plan is not None
+    rode = []
+    step = decode_layer.step
+    monkeypatch.setattr(decode_layer, "step", lambda *a: rode.append(len(a[8])) or step(*a))
+
+    def run(fused: bool) -> tuple[mx.array, mx.array | None, list[Any], list[Any], Any]:
+        batch = _batch(model, [40, 23, 57], lean=True)
+        fresh, deep = new_sequence_cache(model), new_sequence_cache(model)
+        prefill(model, deep, _tokens(30, 9), False)
+        held = [mx.array(c.keys) for c in deep], [c.keys for c in deep]
+        chunks = [(fresh, _tokens(19, 7), True), (deep, _tokens(12, 8), False)]
+        with monkeypatch.context() as m:
+            if not fused:
+                m.setattr(decode_layer, "plan", lambda *a, **k: None)
+            logits, lasts = batch.step_mixed([11, 12, 13], chunks)
+            after = batch.step([1, 2, 3])
+        for before, still in zip(*held, strict=True):  # (mlx-lm's cache updates the object)
+            assert mx.array_equal(before, still).item() or not fused  # copied, not written
+        assert lasts[1] is None
+        return logits, lasts[0], fresh, deep, after
+
+    logits, last, fresh, deep, after = run(True)
+    assert rode == [2] * len(plan) + [0] * len(plan)
+    want, want_last, fresh_want, deep_want, after_want = run(False)
+    assert mx.array_equal(logits, want).item()
+    assert last is not None and want_last is not None
+    assert mx.allclose(last, want_last, atol=1e-4 * mx.abs(want_last).max().item()).item()
+    assert mx.allclose(after, after_want, atol=1e-4 * mx.abs(after_want).max().item()).item()
+    for got, ref in ((fresh, fresh_want), (deep, deep_want)):
+        assert [c.offset for c in got] == [c.offset for c in ref] == [ref[0].offset] * len(plan)
+        n = ref[0].offset
+        # layer 0's keys and values come before any attention: the same bits
+        assert mx.array_equal(got[0].keys[..., :n, :], ref[0].keys[..., :n, :]).item()
+        assert mx.array_equal(got[0].values[..., :n, :], ref[0].values[..., :n, :]).item()
+        for a, b in zip(got, ref, strict=True):
+            assert a.keys.shape == b.keys.shape
+            want_keys = b.keys[..., :n, :]
+            worst = mx.abs(a.keys[..., :n, :] - want_keys).max().item()
+            assert worst <= 1e-4 * mx.abs(want_keys).max().item(), worst
 
 
 def _arguments(model: Any) -> tuple[decode_layer.Layer, mx.array, mx.array]:

@@ -17,6 +17,12 @@
 // tile()'s arrays (tiles, scales, biases each), the mask [.., L] where there is one. The new
 // position is written at `at` in every row; attention reads positions first..at.
 // Out: h + attention + MLP [B, D], the keys, the values.
+//
+// Prompt chunks may ride in the step (a mixed tick, appliance/engine/mixed.py): their tokens
+// are rows after the batch's in h, through the same products; each chunk writes its keys and
+// values into its own sequence's buffers (outputs after the batch's) and its queries attend
+// causally over them. The batch's rows get the bits they get alone; a chunk's attention is
+// summed in another order than its own forward's (a matrix product there).
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
@@ -52,6 +58,8 @@ struct Shape {
   bool traditional, qk_norm, bias;
   int mask_kind;
   int64_t at, first;
+  int64_t rows;                 // the decode batch's rows (the first of h's)
+  std::vector<int64_t> chunks;  // per prompt chunk riding after them: its offset and length
   float rope_scale, attn_scale, eps_in, eps_post, eps_qk;
   mx::Dtype scales;
 
@@ -63,14 +71,20 @@ struct Shape {
   int biases() const { return qk_norm ? 9 : 7; }
   int linears() const { return biases() + (bias ? 3 : 0); }
   int mask() const { return linears() + 3 * LINEARS; }
+  // chunk c's key and value buffers (after the mask, where there is one)
+  int chunk_kv(int c) const { return mask() + (mask_kind == fk::NO_MASK ? 0 : 1) + 2 * c; }
+  int64_t count() const { return static_cast<int64_t>(chunks.size() / 2); }
 };
 
-void run(const Shape& s, std::vector<mx::array>& in, float* h_out, float* keys, float* values,
-         int64_t window) {
+// kv: the decode buffers' keys and values, then each chunk's (outputs, written in place).
+void run(const Shape& s, std::vector<mx::array>& in, float* h_out,
+         std::vector<mx::array>& kv) {
   const mx::array& h = in[0];
-  const int64_t b = h.shape(0), dm = h.shape(1), hd = s.heads * s.d, kd = s.kv * s.d;
-  std::vector<float> x(b * dm), q(b * hd), k(b * kd), v(b * kd), qr(b * hd), kr(b * kd),
-      att(b * hd), mid(b * dm), gate(b * s.inter), up(b * s.inter);
+  // m rows through the products: the decode batch's b, then the chunks' tokens
+  const int64_t m = h.shape(0), b = s.rows, dm = h.shape(1), hd = s.heads * s.d,
+                kd = s.kv * s.d;
+  std::vector<float> x(m * dm), q(m * hd), k(m * kd), v(m * kd), qr(m * hd), kr(m * kd),
+      att(m * hd), mid(m * dm), gate(m * s.inter), up(m * s.inter);
   // products of xin [b, kin] with linears `which` (their outputs ys, n columns each)
   const auto product = [&](const float* xin, int64_t kin, std::initializer_list<int> which,
                            std::initializer_list<float*> ys, std::initializer_list<int64_t> ns,
@@ -81,52 +95,80 @@ void run(const Shape& s, std::vector<mx::array>& in, float* h_out, float* keys, 
       const int at = s.linears() + 3 * i;
       ws.push_back({in[at].data<void>(), in[at + 1].data<void>(), in[at + 2].data<void>(), *n++});
     }
-    fk::tiled_products(xin, b, kin, s.group, 4, s.scales, ws.data(), std::data(ys),
+    fk::tiled_products(xin, m, kin, s.group, 4, s.scales, ws.data(), std::data(ys),
                        static_cast<int>(ws.size()), residual);
   };
   // attention: norm, q/k/v (+ biases, q/k norms), RoPE, the cache's new position, attention
-  fk::rms_norm_rows(h.data<float>(), in[s.norms()].data<float>(), x.data(), b, dm, s.eps_in);
+  fk::rms_norm_rows(h.data<float>(), in[s.norms()].data<float>(), x.data(), m, dm, s.eps_in);
   product(x.data(), dm, {0, 1, 2}, {q.data(), k.data(), v.data()}, {hd, kd, kd}, nullptr);
   if (s.bias) {
     float* outs[3] = {q.data(), k.data(), v.data()};
     const int64_t widths[3] = {hd, kd, kd};
     for (int p = 0; p < 3; p++) {
       const float* bias = in[s.biases() + p].data<float>();
-      for (int64_t r = 0; r < b; r++)
+      for (int64_t r = 0; r < m; r++)
         for (int64_t i = 0; i < widths[p]; i++) outs[p][r * widths[p] + i] += bias[i];
     }
   }
   if (s.qk_norm) {
-    fk::rms_norm_rows(q.data(), in[s.qk()].data<float>(), q.data(), b * s.heads, s.d, s.eps_qk);
-    fk::rms_norm_rows(k.data(), in[s.qk() + 1].data<float>(), k.data(), b * s.kv, s.d, s.eps_qk);
+    fk::rms_norm_rows(q.data(), in[s.qk()].data<float>(), q.data(), m * s.heads, s.d, s.eps_qk);
+    fk::rms_norm_rows(k.data(), in[s.qk() + 1].data<float>(), k.data(), m * s.kv, s.d, s.eps_qk);
   }
+  // each row's position: a decode row's own (or the batch's one), a chunk token's in its prompt
   const mx::array& offset = in[3];
   const int32_t* off = offset.data<int32_t>();
+  std::vector<int32_t> pos(static_cast<size_t>(m));
+  for (int64_t r = 0; r < b; r++) pos[r] = off[offset.size() > 1 ? r : 0];
+  for (int64_t c = 0, r = b; c < s.count(); c++)
+    for (int64_t i = 0; i < s.chunks[2 * c + 1]; i++) pos[r++] = static_cast<int32_t>(s.chunks[2 * c] + i);
   const float* inv = in[4].data<float>();
-  fk::rope_apply(q.data(), qr.data(), b, s.heads, 1, s.d, s.dims, s.traditional, s.rope_scale,
-                 off, offset.size() > 1, inv);
-  fk::rope_apply(k.data(), kr.data(), b, s.kv, 1, s.d, s.dims, s.traditional, s.rope_scale, off,
-                 offset.size() > 1, inv);
-  for (int64_t r = 0; r < b; r++)
+  fk::rope_apply(q.data(), qr.data(), m, s.heads, 1, s.d, s.dims, s.traditional, s.rope_scale,
+                 pos.data(), true, inv);
+  fk::rope_apply(k.data(), kr.data(), m, s.kv, 1, s.d, s.dims, s.traditional, s.rope_scale,
+                 pos.data(), true, inv);
+  // the new keys and values where they go: row r's of buffer [R, KV, W, d] at position p
+  const auto put = [&](float* keys, float* values, int64_t window, int64_t r, int64_t from_row,
+                       int64_t p) {
     for (int64_t g = 0; g < s.kv; g++) {
-      const int64_t to = ((r * s.kv + g) * window + s.at) * s.d, from = (r * s.kv + g) * s.d;
+      const int64_t to = ((r * s.kv + g) * window + p) * s.d, from = (from_row * s.kv + g) * s.d;
       std::memcpy(keys + to, kr.data() + from, s.d * sizeof(float));
       std::memcpy(values + to, v.data() + from, s.d * sizeof(float));
     }
-  const int64_t length = s.at + 1 - s.first;
-  const int64_t row = s.kv * window * s.d, head = window * s.d;
-  const fk::Strided sq{reinterpret_cast<const char*>(qr.data()), {hd, s.d, s.d, 1}};
-  const fk::Strided sk{reinterpret_cast<const char*>(keys + s.first * s.d), {row, head, s.d, 1}};
-  const fk::Strided sv{reinterpret_cast<const char*>(values + s.first * s.d), {row, head, s.d, 1}};
-  const fk::Strided sm = s.mask_kind == fk::NO_MASK ? fk::Strided{nullptr, {0, 0, 0, 0}}
-                                                    : fk::strided(in[s.mask()]);
-  fk::decode_attention(sq, sk, sv, sm, s.mask_kind, att.data(), b, s.kv, s.heads / s.kv, length,
-                       s.d, s.attn_scale);
+  };
+  const fk::Strided none{nullptr, {0, 0, 0, 0}};
+  const int64_t rep = s.heads / s.kv;
+  if (b > 0) {
+    float *keys = kv[0].data<float>(), *values = kv[1].data<float>();
+    const int64_t window = kv[0].shape(2);
+    for (int64_t r = 0; r < b; r++) put(keys, values, window, r, r, s.at);
+    const int64_t length = s.at + 1 - s.first;
+    const int64_t row = s.kv * window * s.d, head = window * s.d;
+    const fk::Strided sq{reinterpret_cast<const char*>(qr.data()), {hd, s.d, s.d, 1}};
+    const fk::Strided sk{reinterpret_cast<const char*>(keys + s.first * s.d), {row, head, s.d, 1}};
+    const fk::Strided sv{reinterpret_cast<const char*>(values + s.first * s.d), {row, head, s.d, 1}};
+    const fk::Strided sm = s.mask_kind == fk::NO_MASK ? none : fk::strided(in[s.mask()]);
+    fk::decode_attention(sq, sk, sv, sm, s.mask_kind, att.data(), b, s.kv, rep, length, s.d,
+                         s.attn_scale);
+  }
+  // each chunk: its tokens' keys and values into its own buffers [1, KV, W, d], then causal
+  // attention of its queries over its sequence's keys (one query a row)
+  for (int64_t c = 0, r0 = b; c < s.count(); c++) {
+    const int64_t at = s.chunks[2 * c], n = s.chunks[2 * c + 1];
+    float *keys = kv[2 + 2 * c].data<float>(), *values = kv[3 + 2 * c].data<float>();
+    const int64_t window = kv[2 + 2 * c].shape(2), head = window * s.d;
+    for (int64_t i = 0; i < n; i++) put(keys, values, window, 0, r0 + i, at + i);
+    const fk::Strided sq{reinterpret_cast<const char*>(qr.data() + r0 * hd), {hd, s.d, s.d, 1}};
+    const fk::Strided sk{reinterpret_cast<const char*>(keys), {0, head, s.d, 1}};
+    const fk::Strided sv{reinterpret_cast<const char*>(values), {0, head, s.d, 1}};
+    fk::decode_attention(sq, sk, sv, none, fk::NO_MASK, att.data() + r0 * hd, n, s.kv, rep,
+                         at + n, s.d, s.attn_scale, at);
+    r0 += n;
+  }
   product(att.data(), hd, {3}, {mid.data()}, {dm}, h.data<float>());
   // MLP: norm, gate and up, SwiGLU, down (+ the residual)
-  fk::rms_norm_rows(mid.data(), in[s.norms() + 1].data<float>(), x.data(), b, dm, s.eps_post);
+  fk::rms_norm_rows(mid.data(), in[s.norms() + 1].data<float>(), x.data(), m, dm, s.eps_post);
   product(x.data(), dm, {4, 5}, {gate.data(), up.data()}, {s.inter, s.inter}, nullptr);
-  fk::silu_mul_span(gate.data(), up.data(), gate.data(), b * s.inter);
+  fk::silu_mul_span(gate.data(), up.data(), gate.data(), m * s.inter);
   product(gate.data(), s.inter, {6}, {h_out}, {dm}, mid.data());
 }
 
@@ -144,25 +186,29 @@ class DecodeLayer : public mx::Primitive {
     // it reads only the evaluated output's list), else no input would ever be donatable.
     for (auto& out : outputs)
       if (&out.inputs() != &inputs) out.inputs().clear();
-    bool copy[2];
-    for (int i = 0; i < 2; i++) {
-      const mx::array& buf = inputs[1 + i];
-      copy[i] = !(buf.flags().row_contiguous && buf.is_donatable());
-      if (copy[i]) outputs[1 + i].set_data(mx::allocator::malloc(outputs[1 + i].nbytes()));
+    // outputs 1.. are the buffers: the decode batch's two (inputs 1, 2), then each chunk's
+    std::vector<int> from = {1, 2};
+    for (int c = 0; c < s_.count(); c++) from.insert(from.end(), {s_.chunk_kv(c), s_.chunk_kv(c) + 1});
+    std::vector<bool> copy;
+    for (size_t i = 0; i < from.size(); i++) {
+      const mx::array& buf = inputs[from[i]];
+      copy.push_back(!(buf.flags().row_contiguous && buf.is_donatable()));
+      if (copy.back()) outputs[1 + i].set_data(mx::allocator::malloc(outputs[1 + i].nbytes()));
       else outputs[1 + i].copy_shared_buffer(buf);
     }
     // every input row-contiguous (a broadcast mask gets a contiguous copy)
     staging::Staged staged = staging::stage(enc, inputs);
     for (auto& out : outputs) enc.set_output_array(out);
+    std::vector<mx::array> kv;
+    for (size_t i = 1; i < outputs.size(); i++) kv.push_back(mx::array::unsafe_weak_copy(outputs[i]));
     enc.dispatch([staged = std::move(staged), h = mx::array::unsafe_weak_copy(outputs[0]),
-                  keys = mx::array::unsafe_weak_copy(outputs[1]),
-                  values = mx::array::unsafe_weak_copy(outputs[2]), s = s_, copy_k = copy[0],
-                  copy_v = copy[1]]() mutable {
+                  kv = std::move(kv), from = std::move(from), copy = std::move(copy),
+                  s = s_]() mutable {
       staged.fill();
       auto& in = staged.ins;
-      if (copy_k) std::memcpy(keys.data<char>(), in[1].data<char>(), keys.nbytes());
-      if (copy_v) std::memcpy(values.data<char>(), in[2].data<char>(), values.nbytes());
-      run(s, in, h.data<float>(), keys.data<float>(), values.data<float>(), keys.shape(2));
+      for (size_t i = 0; i < kv.size(); i++)
+        if (copy[i]) std::memcpy(kv[i].data<char>(), in[from[i]].data<char>(), kv[i].nbytes());
+      run(s, in, h.data<float>(), kv);
     });
   }
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -232,8 +278,8 @@ LayerWeights layer_weights(const std::vector<mx::array>& norms,
          "scales and biases must be [N / 16, K / group, 16], one dtype");
   }
   LayerWeights w{{group, heads, kv_heads, d, inter, dims, traditional, !qk_norms.empty(),
-                  !biases.empty(), fk::NO_MASK, 0, 0, rope_scale, attn_scale, eps[0], eps[1],
-                  eps[2], sd},
+                  !biases.empty(), fk::NO_MASK, 0, 0, 0, {}, rope_scale, attn_scale, eps[0],
+                  eps[1], eps[2], sd},
                  {inv_freq},
                  dm};
   for (const auto* list : {&norms, &qk_norms, &biases, &linears})
@@ -244,15 +290,33 @@ LayerWeights layer_weights(const std::vector<mx::array>& norms,
 std::vector<mx::array> decode_layer(const mx::array& h, const mx::array& keys,
                                     const mx::array& values, const mx::array& offset,
                                     const std::optional<mx::array>& mask,
-                                    const LayerWeights& w, int at, int first) {
+                                    const LayerWeights& w, int at, int first,
+                                    const std::vector<mx::array>& chunk_kv,
+                                    const std::vector<int64_t>& chunk_at,
+                                    const std::vector<int64_t>& chunk_len) {
   Shape s = w.s;
   need(h.dtype() == mx::float32 && h.ndim() == 2 && h.shape(1) == w.hidden,
-       "h must be float32 [B, D]");
-  need(keys.dtype() == mx::float32 && keys.ndim() == 4 && keys.shape() == values.shape() &&
-           keys.shape(1) == s.kv && keys.shape(3) == s.d,
-       "keys and values must be float32 [R, KV, W, d], one shape");
-  const int64_t b = h.shape(0);
+       "h must be float32 [B + T, D]");
+  const auto buffers = [&](const mx::array& k, const mx::array& v) {
+    return k.dtype() == mx::float32 && k.ndim() == 4 && k.shape() == v.shape() &&
+           k.shape(1) == s.kv && k.shape(3) == s.d;
+  };
+  need(buffers(keys, values), "keys and values must be float32 [R, KV, W, d], one shape");
+  need(chunk_kv.size() == 2 * chunk_at.size() && chunk_at.size() == chunk_len.size(),
+       "each chunk needs its keys, values, offset and length");
+  int64_t tokens = 0;
+  for (size_t c = 0; c < chunk_at.size(); c++) {
+    const mx::array &ck = chunk_kv[2 * c], &cv = chunk_kv[2 * c + 1];
+    need(buffers(ck, cv) && ck.shape(0) == 1, "a chunk's keys and values must be float32 "
+         "[1, KV, W, d], one shape");
+    need(chunk_len[c] >= 1 && chunk_at[c] >= 0 && chunk_at[c] + chunk_len[c] <= ck.shape(2),
+         "a chunk's positions must lie in its buffers");
+    tokens += chunk_len[c];
+    s.chunks.insert(s.chunks.end(), {chunk_at[c], chunk_len[c]});
+  }
+  const int64_t b = h.shape(0) - tokens;
   need(b >= 1 && b <= keys.shape(0), "B rows must fit the buffers' rows");
+  s.rows = b;
   need(first >= 0 && first <= at && at < keys.shape(2), "positions first..at must lie in W");
   need(offset.dtype() == mx::int32 && offset.ndim() == 1 &&
            (offset.size() == 1 || static_cast<int64_t>(offset.size()) == b),
@@ -270,9 +334,11 @@ std::vector<mx::array> decode_layer(const mx::array& h, const mx::array& keys,
     s.mask_kind = m.dtype() == mx::bool_ ? fk::BOOL_MASK : fk::ADD_MASK;
     ins.push_back(m);
   }
+  std::vector<mx::Shape> shapes = {h.shape(), keys.shape(), values.shape()};
+  for (const auto& a : chunk_kv) shapes.push_back(a.shape());
+  ins.insert(ins.end(), chunk_kv.begin(), chunk_kv.end());
   auto stream = mx::to_stream({}, mx::Device::cpu);
-  return mx::array::make_arrays({h.shape(), keys.shape(), values.shape()},
-                                {mx::float32, mx::float32, mx::float32},
+  return mx::array::make_arrays(shapes, std::vector<mx::Dtype>(shapes.size(), mx::float32),
                                 std::make_shared<DecodeLayer>(stream, s), ins);
 }
 
@@ -290,10 +356,14 @@ void define_layer(nb::module_& m) {
         "biases (21 arrays), its RoPE's inverse frequencies; checked once.");
   m.def("decode_layer", &decode_layer, nb::arg("h"), nb::arg("keys"), nb::arg("values"),
         nb::arg("offset"), nb::arg("mask").none(), nb::arg("layer"), nb::arg("at"),
-        nb::arg("first"),
+        nb::arg("first"), nb::arg("chunk_kv") = std::vector<mx::array>{},
+        nb::arg("chunk_at") = std::vector<int64_t>{}, nb::arg("chunk_len") = std::vector<int64_t>{},
         "A pre-norm decoder layer's decode step (Llama, Qwen 2 and 3; tiled 4-bit weights) in one "
         "operation: [h + attention + MLP, keys, values], the new KV at `at` of rows 0..B-1, "
-        "attention over first..at (appliance/backend/native/decode_layer.cpp).");
+        "attention over first..at (appliance/backend/native/decode_layer.cpp). Prompt chunks "
+        "may ride after the B rows of h: chunk c's length tokens at positions chunk_at[c].., "
+        "its keys and values (chunk_kv[2c], [2c + 1], [1, KV, W, d]) written there and "
+        "returned after the batch's, its queries attending causally over its own keys.");
   m.def("rope_inv_freq", &fk::rope_inv_freq, nb::arg("half"), nb::arg("base"),
         "RoPE's inverse frequencies for a base, as rope computes them (float32 [half]).");
 }

@@ -35,10 +35,12 @@ Strided strided(const mlx::core::array& a);
 enum MaskKind : int { NO_MASK = 0, BOOL_MASK = 1, ADD_MASK = 2 };
 
 // DecodeAttention's arithmetic and threads: q [B, H, 1, D], k and v [B, KV, L, D] by strides,
-// the mask broadcast to [B, H, 1, L]; out [B, H, 1, D].
+// the mask broadcast to [B, H, 1, L]; out [B, H, 1, D]. causal >= 0: row b attends to keys
+// 0..causal + b only (a prompt chunk's queries over its sequence's keys, k and v read with
+// stride 0 across rows).
 void decode_attention(const Strided& q, const Strided& k, const Strided& v, const Strided& m,
                       int kind, float* out, int64_t b_len, int64_t kv_len, int64_t rep,
-                      int64_t l_len, int64_t d, float scale);
+                      int64_t l_len, int64_t d, float scale, int64_t causal = -1);
 
 // quant_matmul.cpp: f(u0, u1) over [0, units) in pieces, on the caller and the quantized
 // products' helper threads (each unit once).

@@ -445,14 +445,17 @@ FORCE_INLINE vf dot_lanes(const float* qr, const float* kj, int64_t dv) {
 // that share it. Every (row, head)'s sums run in the same order whatever the unit holds: a
 // score is its 16 lanes folded by hsum's tree (16 keys at a time by lane_sums16, the same
 // additions) plus the tail's products; an output element sums its keys in order from 0.
+// causal >= 0: row b attends to keys 0..causal + b only (a prompt chunk's queries, one a row,
+// over their sequence's keys); else every row to all l_len.
 HOT void decode_attention_heads(const Strided& q, const Strided& k, const Strided& v,
                                 const Strided& m, int kind, float* out, int64_t u0, int64_t u1,
-                                int64_t kv_len, int64_t rep, int64_t l_len, int64_t d,
-                                float scale) {
+                                int64_t kv_len, int64_t rep, int64_t keys_len, int64_t d,
+                                float scale, int64_t causal) {
   const int64_t h_len = kv_len * rep, dv = d - d % LANES;
-  std::vector<float> qs(static_cast<size_t>(rep * d)), p(static_cast<size_t>(rep * l_len));
+  std::vector<float> qs(static_cast<size_t>(rep * d)), p(static_cast<size_t>(rep * keys_len));
   for (int64_t u = u0; u < u1; u++) {
     const int64_t b = u / kv_len, g = u % kv_len;
+    const int64_t l_len = causal < 0 ? keys_len : std::min(keys_len, causal + b + 1);
     for (int64_t r = 0; r < rep; r++) {
       const float* qv = reinterpret_cast<const float*>(q.base) + b * q.st[0] + (g * rep + r) * q.st[1];
       for (int64_t i = 0; i < d; i++) qs[r * d + i] = qv[i] * scale;
@@ -465,7 +468,7 @@ HOT void decode_attention_heads(const Strided& q, const Strided& k, const Stride
           const float* qr = qs.data() + r * d;
           vf part[LANES];
           for (int l = 0; l < LANES; l++) part[l] = dot_lanes(qr, kb + (j0 + l) * k.st[2], dv);
-          store(p.data() + r * l_len + j0, lane_sums16(part));
+          store(p.data() + r * keys_len + j0, lane_sums16(part));
         }
     }
     for (int64_t j = j0; j < l_len; j++) {
@@ -474,12 +477,12 @@ HOT void decode_attention_heads(const Strided& q, const Strided& k, const Stride
         const float* qr = qs.data() + r * d;
         float sum = hsum(dot_lanes(qr, kj, dv));
         for (int64_t i = dv; i < d; i++) sum += qr[i] * kj[i];
-        p[r * l_len + j] = sum;
+        p[r * keys_len + j] = sum;
       }
     }
     for (int64_t r = 0; r < rep; r++) {
       const int64_t h = g * rep + r;
-      float* pr = p.data() + r * l_len;
+      float* pr = p.data() + r * keys_len;
       if (kind == BOOL_MASK) {
         const bool* mb = reinterpret_cast<const bool*>(m.base) + b * m.st[0] + h * m.st[1];
         for (int64_t j = 0; j < l_len; j++) pr[j] = mb[j * m.st[3]] ? pr[j] : -INFINITY;
@@ -493,7 +496,7 @@ HOT void decode_attention_heads(const Strided& q, const Strided& k, const Stride
     const float* vb = reinterpret_cast<const float*>(v.base) + b * v.st[0] + g * v.st[1];
     // Each query row's output, four vectors at a time in registers over every key.
     for (int64_t r = 0; r < rep; r++) {
-      const float* pr = p.data() + r * l_len;
+      const float* pr = p.data() + r * keys_len;
       float* orow = o + r * d;
       int64_t i = 0;
       for (; i + 4 * LANES <= dv; i += 4 * LANES) {
@@ -527,10 +530,10 @@ HOT void decode_attention_heads(const Strided& q, const Strided& k, const Stride
 
 void attend(const Strided& q, const Strided& k, const Strided& v, const Strided& m, int kind,
             float* o, int64_t b_len, int64_t kv_len, int64_t rep, int64_t l_len, int64_t d,
-            float scale) {
+            float scale, int64_t causal = -1) {
   // The units shared with the quantized products' threads, but for a short context's few.
   const auto heads = [&](int64_t u0, int64_t u1) {
-    decode_attention_heads(q, k, v, m, kind, o, u0, u1, kv_len, rep, l_len, d, scale);
+    decode_attention_heads(q, k, v, m, kind, o, u0, u1, kv_len, rep, l_len, d, scale, causal);
   };
   const int64_t units = b_len * kv_len;
   if (units < 2 || units * l_len * d < ATTENTION_SPLIT) heads(0, units);
@@ -709,8 +712,8 @@ void rope_apply(const float* x, float* y, int64_t b_len, int64_t heads, int64_t 
 
 void decode_attention(const Strided& q, const Strided& k, const Strided& v, const Strided& m,
                       int kind, float* out, int64_t b_len, int64_t kv_len, int64_t rep,
-                      int64_t l_len, int64_t d, float scale) {
-  ::attend(q, k, v, m, kind, out, b_len, kv_len, rep, l_len, d, scale);
+                      int64_t l_len, int64_t d, float scale, int64_t causal) {
+  ::attend(q, k, v, m, kind, out, b_len, kv_len, rep, l_len, d, scale, causal);
 }
 
 mx::array rope_inv_freq(int half, float base) { return ::base_inv_freq(half, base); }

@@ -284,20 +284,20 @@ def _attention(arch: Arch, weights: Weights, attn: Any, x: mx.array,
 def _room(cache: KVCache, n: int, like: mx.array) -> tuple[mx.array, mx.array]:
     """A sequence's buffers with room for ``n`` more positions, grown as mlx-lm's
     ``KVCache.update_and_fetch`` grows them (``like``: the layer's keys' dtype and sizes)."""
-    prev = cache.offset
-    if cache.keys is None or prev + n > cache.keys.shape[2]:
+    prev, keys, values = cache.offset, cache.keys, cache.values
+    if keys is None or values is None or prev + n > keys.shape[2]:
         shape = (1, like.shape[1], (cache.step + n - 1) // cache.step * cache.step,
                  like.shape[3])
         new_k, new_v = mx.zeros(shape, like.dtype), mx.zeros(shape, like.dtype)
-        if cache.keys is None:
-            cache.keys, cache.values = new_k, new_v
+        if keys is None or values is None:
+            keys, values = new_k, new_v
         else:
             if prev % cache.step:
-                cache.keys, cache.values = cache.keys[..., :prev, :], cache.values[..., :prev, :]
-            cache.keys = mx.concatenate([cache.keys, new_k], axis=2)
-            cache.values = mx.concatenate([cache.values, new_v], axis=2)
-    assert cache.values is not None
-    return cache.keys, cache.values
+                keys, values = keys[..., :prev, :], values[..., :prev, :]
+            keys = mx.concatenate([keys, new_k], axis=2)
+            values = mx.concatenate([values, new_v], axis=2)
+        cache.keys, cache.values = keys, values
+    return keys, values
 
 
 def _decode_layer(layer: decode_layer.Layer | None, h: mx.array, parts: list[Part], i: int

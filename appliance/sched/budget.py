@@ -110,7 +110,9 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     * Floor: when that leaves prefill less than ``prefill_floor`` forward fixed costs the
       objectives cannot be met here, and the tick gets the most efficient chunk on top of
       the decode step, so a slow machine reads prompts at its best pace. Riding, the floor
-      is ``prefill_floor`` times a ``min_chunk`` chunk's riding time.
+      is ``prefill_floor`` times a ``min_chunk`` chunk's riding time, but no more than keeps
+      the tick within :data:`BURST_STEPS` decode steps (a riding chunk has no fixed cost to
+      spread), and at least one such chunk.
     * Patient share: while someone is ``present``, work that can wait gets no more than
       keeps the tick within reading one arrival (``arrival_tokens``) alone, and at least a
       ``min_chunk`` chunk (riding, also at least ``prefill_floor`` times a riding chunk's
@@ -131,6 +133,8 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     smallest = (costs.ride(objectives.min_chunk, 0, decode_rows) if riding
                 else costs.prefill(objectives.min_chunk))
     floor = objectives.prefill_floor * (smallest if riding else costs.chunk_fixed())
+    if riding:  # no fixed cost to spread: within BURST_STEPS decode steps, one chunk at least
+        floor = max(smallest, min(floor, (BURST_STEPS - 1) * decode_s))
     patient = None
     if present:
         arrival = costs.prefill(objectives.arrival_tokens)

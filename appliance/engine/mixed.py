@@ -25,7 +25,9 @@ one-row step's cost beyond its products (a one-row step of the SmolLM-135M shape
 2,500, 120 of them products). The hidden states are 2-D ``[tokens, hidden]``, so no linear
 layer flattens and unflattens a 3-D input; each linear weight is transposed once
 (:class:`Weights`), not at every call; and decode rows none of which is left-padded get no
-mask (a query at the end of its row sees every key anyway).
+mask (a query at the end of its row sees every key anyway). Where the backend has a
+layer's step in one operation (appliance/backend/decode_layer.py: tiled 4-bit pre-norm
+layers on the CPU), each layer of a decode step, chunks riding or not, is that operation.
 """
 
 from __future__ import annotations

@@ -11,11 +11,12 @@
 // bit for bit, and the KV buffers are written where they lie, as MLX's slice update writes
 // a buffer it may donate (else the output is a copy, as MLX's would be).
 //
-// In: h [B, D], the layer's KV buffers [R, KV, W, d] (rows 0..B-1 are the batch's), each
-// row's RoPE position [B] (int32), RoPE's inverse frequencies, the two norms' weights, q/k norm
-// weights and q/k/v biases where the model has them, q, k, v, o, gate, up and down as
-// tile()'s arrays (tiles, scales, biases each), the mask [.., L] where there is one. The new
-// position is written at `at` in every row; attention reads positions first..at.
+// In: h [B, D] (then the chunks' rows, below), the layer's KV buffers [R, KV, W, d] (rows
+// 0..B-1 are the batch's), each row's RoPE position [B] (int32), RoPE's inverse frequencies,
+// the two norms' weights, q/k norm weights and q/k/v biases where the model has them, q, k,
+// v, o, gate, up and down as tile()'s arrays (tiles, scales, biases each), the mask [.., L]
+// where there is one, each chunk's key and value buffers. The new position is written at
+// `at` in every row; attention reads positions first..at.
 // Out: h + attention + MLP [B, D], the keys, the values.
 //
 // Prompt chunks may ride in the step (a mixed tick, appliance/engine/mixed.py): their tokens
@@ -120,7 +121,8 @@ void run(const Shape& s, std::vector<mx::array>& in, float* h_out,
   std::vector<int32_t> pos(static_cast<size_t>(m));
   for (int64_t r = 0; r < b; r++) pos[r] = off[offset.size() > 1 ? r : 0];
   for (int64_t c = 0, r = b; c < s.count(); c++)
-    for (int64_t i = 0; i < s.chunks[2 * c + 1]; i++) pos[r++] = static_cast<int32_t>(s.chunks[2 * c] + i);
+    for (int64_t i = 0; i < s.chunks[2 * c + 1]; i++)
+      pos[r++] = static_cast<int32_t>(s.chunks[2 * c] + i);
   const float* inv = in[4].data<float>();
   fk::rope_apply(q.data(), qr.data(), m, s.heads, 1, s.d, s.dims, s.traditional, s.rope_scale,
                  pos.data(), true, inv);
@@ -137,15 +139,16 @@ void run(const Shape& s, std::vector<mx::array>& in, float* h_out,
   };
   const fk::Strided none{nullptr, {0, 0, 0, 0}};
   const int64_t rep = s.heads / s.kv;
-  if (b > 0) {
+  {  // the decode rows: row r's new position at `at` of its slot, attention over first..at
     float *keys = kv[0].data<float>(), *values = kv[1].data<float>();
     const int64_t window = kv[0].shape(2);
     for (int64_t r = 0; r < b; r++) put(keys, values, window, r, r, s.at);
     const int64_t length = s.at + 1 - s.first;
     const int64_t row = s.kv * window * s.d, head = window * s.d;
     const fk::Strided sq{reinterpret_cast<const char*>(qr.data()), {hd, s.d, s.d, 1}};
-    const fk::Strided sk{reinterpret_cast<const char*>(keys + s.first * s.d), {row, head, s.d, 1}};
-    const fk::Strided sv{reinterpret_cast<const char*>(values + s.first * s.d), {row, head, s.d, 1}};
+    const char *k0 = reinterpret_cast<const char*>(keys + s.first * s.d),
+               *v0 = reinterpret_cast<const char*>(values + s.first * s.d);
+    const fk::Strided sk{k0, {row, head, s.d, 1}}, sv{v0, {row, head, s.d, 1}};
     const fk::Strided sm = s.mask_kind == fk::NO_MASK ? none : fk::strided(in[s.mask()]);
     fk::decode_attention(sq, sk, sv, sm, s.mask_kind, att.data(), b, s.kv, rep, length, s.d,
                          s.attn_scale);
@@ -188,7 +191,8 @@ class DecodeLayer : public mx::Primitive {
       if (&out.inputs() != &inputs) out.inputs().clear();
     // outputs 1.. are the buffers: the decode batch's two (inputs 1, 2), then each chunk's
     std::vector<int> from = {1, 2};
-    for (int c = 0; c < s_.count(); c++) from.insert(from.end(), {s_.chunk_kv(c), s_.chunk_kv(c) + 1});
+    for (int c = 0; c < s_.count(); c++)
+      from.insert(from.end(), {s_.chunk_kv(c), s_.chunk_kv(c) + 1});
     std::vector<bool> copy;
     for (size_t i = 0; i < from.size(); i++) {
       const mx::array& buf = inputs[from[i]];
@@ -200,7 +204,8 @@ class DecodeLayer : public mx::Primitive {
     staging::Staged staged = staging::stage(enc, inputs);
     for (auto& out : outputs) enc.set_output_array(out);
     std::vector<mx::array> kv;
-    for (size_t i = 1; i < outputs.size(); i++) kv.push_back(mx::array::unsafe_weak_copy(outputs[i]));
+    for (size_t i = 1; i < outputs.size(); i++)
+      kv.push_back(mx::array::unsafe_weak_copy(outputs[i]));
     enc.dispatch([staged = std::move(staged), h = mx::array::unsafe_weak_copy(outputs[0]),
                   kv = std::move(kv), from = std::move(from), copy = std::move(copy),
                   s = s_]() mutable {

@@ -186,10 +186,12 @@ class PrefillAllowance:
         return self._fresh_forward and computed == 0 and n >= remaining and not self.riding
 
     def size(self, remaining: int, computed: int, *, grant: bool = False,
-             patient: bool = False, urgent: bool = False) -> int:
+             patient: bool = False, urgent: bool = False, turn: bool = False) -> int:
         """Tokens a prompt with ``remaining`` tokens left after ``computed`` may read now.
         ``grant``: a due grant, sized against the whole share whatever is spent.
         ``patient``: work that can wait (a background prompt). ``urgent``: a voice command.
+        ``turn``: a chat turn or voice command (not background work, short: see
+        :meth:`_whole`).
 
         Work that can wait, and any chunk that leaves its prompt unfinished, gets only the
         budget's patient share, and no more than the most efficient chunk (but riding in
@@ -215,7 +217,7 @@ class PrefillAllowance:
         n = self._within(limit, computed)
         first = not self.spent_any or grant
         if n < remaining:
-            if first and computed == 0 and self._whole(remaining, limit, urgent):
+            if first and computed == 0 and self._whole(remaining, limit, urgent, turn):
                 return remaining
             n = min(n, self._within(seconds - self.slack, computed))
             if riding:
@@ -242,18 +244,23 @@ class PrefillAllowance:
             return self.costs.ride(tokens, computed, self.rows)
         return self.costs.prefill(tokens, computed, overhead=overhead)
 
-    def _whole(self, remaining: int, limit: float, urgent: bool) -> bool:
+    def _whole(self, remaining: int, limit: float, urgent: bool, turn: bool) -> bool:
         """Whether a fresh prompt that does not fit ``limit`` is read whole anyway. Read in
-        forwards of its own: when it costs at most two ``min_chunk`` forwards (split, a
-        short chat turn would wait a tick for its first token and pay a second fixed
-        cost). Riding in the decode step, where a split costs no forward's fixed cost:
-        when it costs at most :data:`WHOLE_RIDING` times the time left (a split would leave
-        a stub), and a voice command (``urgent``) as when read apart: its wait is the one the
-        household hears, a stream's longer gap is not."""
+        forwards of its own: a chat turn or voice command (``turn``), whose first token its
+        person waits for with nothing streaming (split, it would wait a tick, a decode step
+        of other people's streams, for each piece: seven pieces of a 60-token turn beside
+        five long streams made 250-290 ms of a 95 ms read), and anything that costs at most
+        two ``min_chunk`` forwards (split, it would pay a second fixed cost). Riding in the
+        decode step, where a split costs no forward's fixed cost: when it costs at most
+        :data:`WHOLE_RIDING` times the time left (a split would leave a stub), and a voice
+        command (``urgent``) as when read apart: its wait is the one the household hears, a
+        stream's longer gap is not."""
         costs = self.costs
         assert costs is not None
         cost = self._cost(remaining, 0)
         if self.riding and cost <= WHOLE_RIDING * limit:
+            return True
+        if not self.riding and turn:
             return True
         return (urgent or not self.riding) and cost <= 2 * costs.prefill(self.min_chunk)
 

@@ -369,7 +369,8 @@ class Scheduler:
             if i and allowance.exhausted():
                 break  # the rest stay due, first in line next tick
             n = allowance.size(s.remaining, s.computed, grant=i == 0,
-                               patient=self._patient(s), urgent=s.klass is Klass.VOICE)
+                               patient=self._patient(s), urgent=s.klass is Klass.VOICE,
+                               turn=self._turn(s))
             if n <= 0:
                 break
             self._chunk(chunks, allowance, s, n)
@@ -378,7 +379,7 @@ class Scheduler:
             if allowance.exhausted():
                 break
             n = allowance.size(s.remaining, s.computed, patient=self._patient(s),
-                               urgent=s.klass is Klass.VOICE)
+                               urgent=s.klass is Klass.VOICE, turn=self._turn(s))
             if n <= 0:
                 break
             if finishing and n < s.remaining:
@@ -396,6 +397,10 @@ class Scheduler:
         return (s.klass is Klass.BACKGROUND or s.rid in self._in_pieces
                 or (s.klass is not Klass.VOICE
                     and s.remaining > self._turn_tokens))
+
+    def _turn(self, s: SeqView) -> bool:
+        """A chat turn or voice command: not background work, at most ``_turn_tokens``."""
+        return s.klass is not Klass.BACKGROUND and s.remaining <= self._turn_tokens
 
     @property
     def _turn_tokens(self) -> int:

@@ -376,3 +376,27 @@ def test_what_an_even_chunk_leaves_starts_no_other_prompt_with_a_crumb() -> None
         plan = s.step(0.0, views, costs=costs).prefill
         assert plan[0][0] == 3 and plan[0][1] < 24 + extra  # even, not the whole share
         assert all(n >= objectives.min_chunk for _, n in plan[1:]), (extra, plan)
+
+
+def test_a_chat_turn_beside_someone_elses_streams_is_read_whole_in_its_own_forward() -> None:
+    """bob has nothing streaming, so his turn does not ride in alice's decode step: it is
+    read in a forward of its own, whole, even where the streams' ITL target would leave it
+    a few tokens a tick (each piece would wait a decode step of alice's streams). alice's
+    own turn beside her streams rides and is split as before; a document of bob's too."""
+    # a 4-bit model on a CPU: a forward's fixed cost is small beside its tokens'
+    costs = trained_riding(Machine(d0=0.007, d1=0.0011, d2=0.004, p0=0.005, p1=1.1, p2=1.0))
+    assert costs.prefill(60) > 2 * costs.prefill(8)
+    step = costs.decode(5, 1001)
+    objectives = TickObjectives(itl_target_s=step + costs.prefill(10), prefill_floor=0)
+    streams = [seq(i, D, kv=1000, user="alice") for i in (1, 2, 3, 4, 5)]
+    s = Scheduler(SchedulerConfig(objectives=objectives))
+    plan = s.step(0.0, [*streams, seq(6, P, prompt=60, user="bob")], costs=costs)
+    assert not plan.ride and plan.prefill == ((6, 60),)
+    s = Scheduler(SchedulerConfig(objectives=objectives))
+    plan = s.step(0.0, [*streams, seq(6, P, prompt=60, user="alice")], costs=costs)
+    ((_, n),) = plan.prefill
+    assert plan.ride and n < 60
+    s = Scheduler(SchedulerConfig(objectives=objectives))
+    plan = s.step(0.0, [*streams, seq(6, P, prompt=600, user="bob")], costs=costs)
+    ((_, n),) = plan.prefill
+    assert n < 60

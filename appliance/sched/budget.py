@@ -110,9 +110,7 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     * Floor: when that leaves prefill less than ``prefill_floor`` forward fixed costs the
       objectives cannot be met here, and the tick gets the most efficient chunk on top of
       the decode step, so a slow machine reads prompts at its best pace. Riding, the floor
-      is ``prefill_floor`` times a ``min_chunk`` chunk's riding time, but no more than keeps
-      the tick within :data:`BURST_STEPS` decode steps (a riding chunk has no fixed cost to
-      spread), and at least one such chunk.
+      is ``prefill_floor`` times a ``min_chunk`` chunk's riding time.
     * Patient share: while someone is ``present``, work that can wait gets no more than
       keeps the tick within reading one arrival (``arrival_tokens``) alone, and at least a
       ``min_chunk`` chunk (riding, also at least ``prefill_floor`` times a riding chunk's
@@ -133,8 +131,6 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     smallest = (costs.ride(objectives.min_chunk, 0, decode_rows) if riding
                 else costs.prefill(objectives.min_chunk))
     floor = objectives.prefill_floor * (smallest if riding else costs.chunk_fixed())
-    if riding:  # no fixed cost to spread: within BURST_STEPS decode steps, one chunk at least
-        floor = max(smallest, min(floor, (BURST_STEPS - 1) * decode_s))
     patient = None
     if present:
         arrival = costs.prefill(objectives.arrival_tokens)
@@ -248,8 +244,8 @@ class PrefillAllowance:
         """Whether a fresh prompt that does not fit ``limit`` is read whole anyway. Read in
         forwards of its own: a chat turn or voice command (``turn``), whose first token its
         person waits for with nothing streaming (split, it would wait a tick, a decode step
-        of other people's streams, for each piece: seven pieces of a 60-token turn beside
-        five long streams made 250-290 ms of a 95 ms read), and anything that costs at most
+        of other people's streams, for each piece: docs/decisions.md), and anything that
+        costs at most
         two ``min_chunk`` forwards (split, it would pay a second fixed cost). Riding in the
         decode step, where a split costs no forward's fixed cost: when it costs at most
         :data:`WHOLE_RIDING` times the time left (a split would leave a stub), and a voice

@@ -362,7 +362,8 @@ void define_layer(nb::module_& m) {
   m.def("decode_layer", &decode_layer, nb::arg("h"), nb::arg("keys"), nb::arg("values"),
         nb::arg("offset"), nb::arg("mask").none(), nb::arg("layer"), nb::arg("at"),
         nb::arg("first"), nb::arg("chunk_kv") = std::vector<mx::array>{},
-        nb::arg("chunk_at") = std::vector<int64_t>{}, nb::arg("chunk_len") = std::vector<int64_t>{},
+        nb::arg("chunk_at") = std::vector<int64_t>{},
+        nb::arg("chunk_len") = std::vector<int64_t>{},
         "A pre-norm decoder layer's decode step (Llama, Qwen 2 and 3; tiled 4-bit weights) in one "
         "operation: [h + attention + MLP, keys, values], the new KV at `at` of rows 0..B-1, "
         "attention over first..at (appliance/backend/native/decode_layer.cpp). Prompt chunks "

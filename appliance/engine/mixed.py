@@ -311,10 +311,12 @@ def _decode_layer(layer: decode_layer.Layer | None, h: mx.array, parts: list[Par
     cache = part.cache[i]
     window = getattr(cache, "decode_window", None)  # a slot cache's (appliance/engine/slots.py)
     found = window() if window is not None else None
-    if (layer is None or found is None
+    if (layer is None or found is None or h.dtype != mx.float32
+            or found[0].dtype != mx.float32
             or any(type(c.cache[i]) is not KVCache or c.masks[i] not in (None, "causal")
+                   or (c.cache[i].keys is not None and c.cache[i].keys.dtype != mx.float32)
                    for c in chunks)):
-        return None
+        return None  # before a chunk's buffers grow: the old way grows them as it would
     keys, values, at, first = found
     riding = [(*_room(c.cache[i], c.length, keys), c.cache[i].offset, c.length) for c in chunks]
     out = decode_layer.step(layer, h, keys, values, cache.offset, part.masks[i], at, first,

@@ -4,8 +4,10 @@ mlx_lm.load reads, through the real command; bad files get one clear line and le
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -324,7 +326,7 @@ def test_the_bundled_smollm2_is_imported_as_a_4_bit_instruct_model(smollm2: Path
     assert config["num_hidden_layers"] == 30 and config["vocab_size"] == 49152
 
 
-def test_the_imported_model_answers_a_factual_question_through_the_daemon(
+def test_the_imported_model_answers_through_the_daemon_alone_and_beside_a_stream(
         smollm2: Path, tmp_path: Path) -> None:
     from openai import OpenAI
 
@@ -332,14 +334,36 @@ def test_the_imported_model_answers_a_factual_question_through_the_daemon(
 
     keys = make_household(tmp_path)
     d = start_daemon(smollm2, tmp_path)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
     try:
         client = OpenAI(base_url=d.url + "/v1", api_key=keys["bob"])
         reply = client.chat.completions.create(
+            model="smollm2-135m-instruct", max_tokens=24, temperature=0, messages=question)
+        # a question while bob's own story streams: read riding in its decode steps
+        story = client.chat.completions.create(
+            model="smollm2-135m-instruct", max_tokens=96, temperature=0, stream=True,
+            messages=[{"role": "user", "content": "Tell me a long story about the sea."}])
+        chunks = iter(story)
+        told = ""
+        while not told:  # its first text: the story decodes (the first chunk is the role)
+            told = next(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        beside = client.chat.completions.create(
             model="smollm2-135m-instruct", max_tokens=24, temperature=0,
-            messages=[{"role": "user", "content": "What is the capital of France?"}])
+            messages=[{"role": "user", "content": "Which city is the capital of France?"}])
+        told += "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        rode = 0.0
+        for _ in range(50):  # the counters reach /metrics when the engine goes idle
+            found = re.search(r"^appliance_engine_mixed_forwards_total (\S+)$",
+                              d.client(keys["alice"]).get("/metrics").text, re.M)
+            rode = float(found.group(1)) if found else 0.0
+            if rode:
+                break
+            time.sleep(0.2)
     finally:
         assert d.terminate() == 0
     assert "Paris" in (reply.choices[0].message.content or "")
+    assert "Paris" in (beside.choices[0].message.content or "") and len(told.split()) > 20
+    assert rode > 0, "the second question's chunk rode in the story's decode steps"
     # the daemon took its 30 layers' q/k/v and gate/up into the kernel's forms (tiles too,
     # where x is rounded to 16 bits): the path the answer came through
     assert "quantized layers adopted: groups=60 " in d.log.read_text()

@@ -10,9 +10,8 @@ adopted as 4-bit tiles (:func:`appliance.backend.quant.tiled_args`), with the fa
 installed, so the operation computes what the operations one by one compute, bit for bit.
 Prompt chunks may ride in the step (their own sequences' plain KV caches): the decode rows
 keep those bits, a chunk's attention is summed in another order than the matrix products of
-its own forward. Any other layer,
-and any step whose decode rows are not over a slot cache's buffers, goes the way it went
-before (appliance/engine/mixed.py).
+its own forward. Any other layer, and any step whose decode rows are not over a slot cache's
+buffers, goes the way it went before (appliance/engine/mixed.py).
 """
 
 from __future__ import annotations

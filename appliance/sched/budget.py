@@ -245,12 +245,11 @@ class PrefillAllowance:
         forwards of its own: a chat turn or voice command (``turn``), whose first token its
         person waits for with nothing streaming (split, it would wait a tick, a decode step
         of other people's streams, for each piece: docs/decisions.md), and anything that
-        costs at most
-        two ``min_chunk`` forwards (split, it would pay a second fixed cost). Riding in the
-        decode step, where a split costs no forward's fixed cost: when it costs at most
-        :data:`WHOLE_RIDING` times the time left (a split would leave a stub), and a voice
-        command (``urgent``) as when read apart: its wait is the one the household hears, a
-        stream's longer gap is not."""
+        costs at most two ``min_chunk`` forwards (split, it would pay a second fixed cost).
+        Riding in the decode step, where a split costs no forward's fixed cost: when it costs
+        at most :data:`WHOLE_RIDING` times the time left (a split would leave a stub), and a
+        voice command (``urgent``) as when read apart: its wait is the one the household
+        hears, a stream's longer gap is not."""
         costs = self.costs
         assert costs is not None
         cost = self._cost(remaining, 0)

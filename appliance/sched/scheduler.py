@@ -317,13 +317,9 @@ class Scheduler:
         (about a decode step sooner), for about the same tick (riding saves the forward's
         fixed cost; a short prompt's reading costs the rest either way). Beside the
         person's own streams (one client's many requests) it rides as before."""
-        unread = [s for s in readable if s.klass is not Klass.BACKGROUND and s.computed == 0
-                  and s.generated == 0]
-        short = self._turn_tokens
-        turns = [s for s in unread if s.remaining <= short]
+        turns = [s for s in readable if self._turn(s) and s.computed == 0 and s.generated == 0]
         streaming = {s.user for s in decoding}
-        self.ride = not any(s.klass is not Klass.BACKGROUND and s.generated == 0
-                            and s.remaining <= short and s.user not in streaming
+        self.ride = not any(self._turn(s) and s.generated == 0 and s.user not in streaming
                             for s in readable)
         costs = self._costs
         if costs is None:

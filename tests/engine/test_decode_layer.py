@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from appliance.backend import decode_layer
+from appliance.backend import decode_layer, fast_ops
 from appliance.engine.batch import new_sequence_cache, prefill
 from appliance.engine.model import load_model
 from tests.devices import CPU_TUNING
@@ -172,6 +172,22 @@ def test_bad_arguments_get_a_clear_error(models: dict[str, Path]) -> None:
         decode_layer.step(layer, mx.concatenate([h, h]), keys, values, offset[:1], None, 5, 2)
     half = keys.astype(mx.float16)
     assert decode_layer.step(layer, h, half, half, offset, None, 5, 2) is None
+    # a chunk riding after the two decode rows: its buffers [1, KV, W, d], room for its tokens
+    rows = mx.concatenate([h, h[:1]])
+    own = keys[:1], values[:1]
+    assert decode_layer.step(layer, rows, keys, values, offset, None, 5, 2,
+                             [(*own, 3, 1)]) is not None
+    with pytest.raises(ValueError, match="positions must lie in its buffers"):
+        decode_layer.step(layer, rows, keys, values, offset, None, 5, 2, [(*own, 8, 1)])
+    with pytest.raises(ValueError, match=r"\[1, KV, W, d\]"):
+        decode_layer.step(layer, rows, keys, values, offset, None, 5, 2, [(keys, values, 3, 1)])
+    with pytest.raises(ValueError, match="B rows"):  # more chunk tokens than rows after B
+        decode_layer.step(layer, rows, keys, values, offset, None, 5, 2, [(*own, 0, 3)])
+    with pytest.raises(ValueError, match="each chunk needs"):
+        fast_ops._extension().decode_layer(rows, keys, values, offset, None, layer.native, 5, 2,
+                                           [own[0]], [3], [1])
+    assert decode_layer.step(layer, rows, keys, values, offset, None, 5, 2,
+                             [(own[0].astype(mx.float16), own[1], 3, 1)]) is None
 
 
 @pytest.mark.parametrize("name", ["llama3-fp32", "phi3", "gemma3_text"])

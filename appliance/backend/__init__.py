@@ -6,7 +6,8 @@
   (:mod:`~appliance.backend.fast_ops`), the quantized matrix product
   (:mod:`~appliance.backend.quant`), malloc's thresholds (:mod:`~appliance.backend.heap`)
   and the cost profile the scheduler reads (:mod:`~appliance.backend.profile`);
-  :func:`adopt` once it has loaded: its 4-bit weights tiled for the quantized kernel and
+  :func:`adopt` once it has loaded: on the CPU a quantized model's 16-bit arrays in
+  float32, its 4-bit weights tiled for the quantized kernel and
   the products it takes of one input made as one; on CUDA, its quantized kernels compiled.
 - :mod:`~appliance.backend.gpu`: MLX's CUDA kernel cache kept in the data directory.
 
@@ -113,7 +114,8 @@ def start(*, native: bool = True, fast_cpu_ops: bool = True) -> Backend:
 
 
 def adopt(model: Any, backend: Backend) -> int:
-    """Fit the loaded ``model`` to what :func:`start` set up: where the quantized kernel
+    """Fit the loaded ``model`` to what :func:`start` set up: on the CPU, a quantized
+    model's 16-bit parameters in float32 (:func:`float32_on_cpu`); where the quantized kernel
     runs, its 4-bit weights tiled and the products its modules take of one input (q/k/v,
     gate/up) made as one; on CUDA, its quantized products' kernels compiled now
     (:mod:`~appliance.backend.gpu`). The bytes this adds to the model's."""
@@ -121,7 +123,32 @@ def adopt(model: Any, backend: Backend) -> int:
 
     if backend.kind == "cuda":
         gpu.warm_quantized(model)
+    if backend.kind == "cpu" and (widened := float32_on_cpu(model)):
+        log.info("16-bit parameters of a quantized model computed in float32: arrays=%d",
+                 widened)
     groups, tiled = quant.adopt(model)
     if groups or tiled:
         log.info("quantized layers adopted: groups=%d tiles=%d bytes", groups, tiled)
     return tiled
+
+
+def float32_on_cpu(model: Any) -> int:
+    """Cast a quantized model's float16 and bfloat16 arrays (scales, biases, norms) to
+    float32; how many were cast. MLX's CPU has no 16-bit arithmetic of its own: a 4-bit
+    product with bfloat16 activations takes about 8 times the float32 one, and none of the
+    appliance's kernels take 16-bit activations (a bfloat16 4-bit model stepped 100 times
+    slower than the same weights in float32, docs/decisions.md). Unquantized 16-bit models
+    are left as they are: casting their matrices would double the model's memory."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+    if not any(isinstance(m, quantized) for _, m in model.named_modules()):
+        return 0
+    narrow = (mx.float16, mx.bfloat16)
+    arrays: list[Any] = [kv[1] for kv in tree_flatten(model.parameters())]
+    count = sum(1 for v in arrays if v.dtype in narrow)
+    if count:
+        model.set_dtype(mx.float32, predicate=lambda dtype: dtype in narrow)
+    return count

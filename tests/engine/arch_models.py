@@ -48,9 +48,11 @@ per-architecture tests leave it out; its q/k/v biases are checked by the decode 
 test, and the two-machine tests use it (mlx_lm pipelines it)."""
 
 
-def build(out: Path, demo_model: Path, arch: str, *, bits: int = 0, seed: int = 0) -> Path:
-    """A model directory for ``arch`` (a key of :data:`CONFIGS`, or qwen2), quantized to ``bits`` with
-    ``nn.quantize`` (group size 32) when asked."""
+def build(out: Path, demo_model: Path, arch: str, *, bits: int = 0, seed: int = 0,
+          dtype: Any = mx.float32) -> Path:
+    """A model directory for ``arch`` (a key of :data:`CONFIGS`, or qwen2), its float
+    parameters in ``dtype``, quantized to ``bits`` with ``nn.quantize`` (group size 32) when
+    asked (as mlx-lm's convert does it: cast, then quantized)."""
     from mlx_lm.utils import _get_classes
 
     config = dict(QWEN2 if arch == "qwen2" else CONFIGS[arch])
@@ -60,6 +62,7 @@ def build(out: Path, demo_model: Path, arch: str, *, bits: int = 0, seed: int = 
     # nn.Linear's default init keeps activations small; norms of 1 + w (Gemma) stay near 1.
     model.update(nn.utils.tree_map(lambda p: p * 0.5 if p.ndim == 1 and arch.startswith(
         "gemma") else p, model.parameters()))
+    model.set_dtype(dtype)
     if bits:
         nn.quantize(model, group_size=32, bits=bits)
         config["quantization"] = {"group_size": 32, "bits": bits}

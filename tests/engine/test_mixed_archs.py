@@ -12,11 +12,12 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 
 from appliance.engine.batch import DecodeBatch, new_sequence_cache, prefill
 from appliance.engine.mixed import mixed_step, supports_mixed
-from appliance.engine.model import LoadedModel, load_model
+from appliance.engine.model import LoadedModel, hidden_dtype, kv_bytes_per_token, load_model
 from appliance.engine.request import GenerationRequest, RequestHandle
 from appliance.engine.runner import Runner
 from appliance.sched.scheduler import Scheduler
@@ -129,13 +130,10 @@ def _reference(model: Any, prompt: list[int], n: int) -> list[int]:
     return [int(token) for token, _ in steps]
 
 
-@EXACT_BATCHES
-@pytest.mark.parametrize(("arch", "bits"), CASES)
-def test_greedy_output_through_the_engine_is_mlx_lms_alone(
-        models: dict[str, Path], arch: str, bits: int) -> None:
+def _served(loaded: LoadedModel) -> Runner:
     """Two streams decode; a long prompt and two short ones arrive while they do (read in
-    chunks of 8 beside them): each stream's tokens are those mlx-lm generates for it alone."""
-    loaded = _load(models, arch, bits)
+    chunks of 8 beside them): each stream's tokens must be those mlx-lm generates for it
+    alone. The runner, for what it counted."""
     got: dict[int, list[int]] = {}
 
     def record(request: GenerationRequest, phase: str) -> None:
@@ -170,7 +168,37 @@ def test_greedy_output_through_the_engine_is_mlx_lms_alone(
         assert tokens, "every request produced a token"
         assert tokens == _reference(loaded.model, prompt, n)[:len(tokens)]
     assert sum(len(t) for t in got.values()) > 40  # not all cut short by an end-of-text token
+    return runner
+
+
+@EXACT_BATCHES
+@pytest.mark.parametrize(("arch", "bits"), CASES)
+def test_greedy_output_through_the_engine_is_mlx_lms_alone(
+        models: dict[str, Path], arch: str, bits: int) -> None:
+    runner = _served(_load(models, arch, bits))
     if arch in RIDES_IN_ENGINE:
         assert runner.mixed_forwards >= 4, "the prompts' chunks rode in decode steps"
     else:
         assert runner.mixed_forwards == 0
+
+
+@EXACT_BATCHES
+@pytest.mark.parametrize("arch", ["llama3", "qwen3"])
+def test_a_bfloat16_4bit_model_is_computed_in_float32_on_the_cpu(
+        tmp_path: Path, demo_model: Path, arch: str) -> None:
+    """A 4-bit model as mlx-lm's convert writes it, scales and norms in bfloat16 (the MLX
+    models households download), computes in float32 on the CPU, where MLX has no 16-bit
+    arithmetic of its own and the appliance's kernels take float32: every float array is
+    cast at load, the hidden states and KV cache are float32 (and the KV budget counts 4
+    bytes), and its prompts ride in the decode step as a float32 model's do."""
+    path = build(tmp_path / arch, demo_model, arch, bits=4, dtype=mx.bfloat16)
+    saved = mx.load(str(path / "model.safetensors"))
+    assert isinstance(saved, dict)
+    assert saved["model.norm.weight"].dtype == mx.bfloat16  # as written
+    loaded = load_model(path, fast_cpu_ops=True, native=NATIVE)
+    floats = [v.dtype for _, v in tree_flatten(loaded.model.parameters())
+              if mx.issubdtype(v.dtype, mx.floating)]
+    assert floats and set(floats) == {mx.float32}
+    assert hidden_dtype(loaded.model) == mx.float32
+    assert loaded.kv_bytes_per_token == kv_bytes_per_token(loaded.config, 4)
+    assert _served(loaded).mixed_forwards >= 4

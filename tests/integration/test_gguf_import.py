@@ -369,6 +369,35 @@ def test_the_imported_model_answers_through_the_daemon_alone_and_beside_a_stream
     assert "quantized layers adopted: groups=60 " in d.log.read_text()
 
 
+def test_an_mlx_4_bit_model_in_bfloat16_answers_through_the_daemon(
+        smollm2: Path, tmp_path: Path) -> None:
+    """The same weights written as MLX's 4-bit models are published (mlx-lm's convert:
+    scales and norms in bfloat16; group size 32 as the file's, since quantizing this small
+    model twice at 64 loses its answers), served on the CPU: computed in float32 (MLX's CPU
+    has no 16-bit arithmetic; a step took 100 times as long), and the answer is right."""
+    from mlx_lm import convert
+    from openai import OpenAI
+
+    from tests.daemon import make_household, start_daemon
+
+    dense, model = tmp_path / "dense", tmp_path / "smollm2-bf16-4bit"
+    convert(str(smollm2), str(dense), dequantize=True)
+    convert(str(dense), str(model), quantize=True, q_group_size=32, q_bits=4,
+            dtype="bfloat16")
+    keys = make_household(tmp_path)
+    d = start_daemon(model, tmp_path)
+    try:
+        reply = OpenAI(base_url=d.url + "/v1", api_key=keys["bob"]).chat.completions.create(
+            model="smollm2-135m-instruct", max_tokens=24, temperature=0,
+            messages=[{"role": "user", "content": "What is the capital of France?"}])
+    finally:
+        assert d.terminate() == 0
+    assert "Paris" in (reply.choices[0].message.content or "")
+    log = d.log.read_text()
+    assert "16-bit parameters of a quantized model computed in float32" in log
+    assert "quantized layers adopted: groups=60 " in log
+
+
 def test_float32_stores_the_dequantized_weights(tmp_path: Path) -> None:
     gguf = write_gguf(tmp_path / "tiny-q8.gguf", quant="Q8_0")
     out = tmp_path / "tiny-f32"

@@ -60,15 +60,20 @@ def breakdown() -> None:
         setattr(DecodeBatch, name, timed(name, getattr(DecodeBatch, name)))
 
 
-def run(loaded: LoadedModel, rows: int, tokens: int, look_ahead: bool
+FILLER = "The keeper wrote down the weather, the ships and the lamp's hours in his log. "
+
+
+def run(loaded: LoadedModel, rows: int, tokens: int, look_ahead: bool, context: int = 0
         ) -> tuple[dict[str, float], list[list[int]]]:
     tok = loaded.tokenizer
+    filler = FILLER * (context // 16)  # about 16 tokens a sentence
     runner = Runner(loaded, Scheduler(SchedulerConfig(max_batch_size=rows)), time.monotonic,
                     None, look_ahead=look_ahead)
     sinks: list[list[object]] = [[] for _ in range(rows)]
     for i, sink in enumerate(sinks):
         prompt = tuple(tok.apply_chat_template(
-            [{"role": "user", "content": f"{QUESTION} ({i})"}], add_generation_prompt=True))
+            [{"role": "user", "content": f"({i}) {filler}{QUESTION}"}],
+            add_generation_prompt=True))
         runner.take([RequestHandle(GenerationRequest(prompt=prompt, max_tokens=tokens),
                                    sink.append)])
     SPENT.clear()
@@ -90,6 +95,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--context", type=int, default=0,
+                    help="about this many tokens of filler before each row's question")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time graph building and MLX's evaluation calls (means)")
     a = ap.parse_args()
@@ -100,7 +107,7 @@ def main() -> None:
     streams: dict[bool, list[list[int]]] = {}
     for _ in range(a.reps):
         for ahead in (False, True):  # interleaved: the machine's load falls on both alike
-            figures, streams[ahead] = run(loaded, a.rows, a.tokens, ahead)
+            figures, streams[ahead] = run(loaded, a.rows, a.tokens, ahead, a.context)
             results[ahead].append(figures)
     assert streams[False] == streams[True], "building ahead changed the tokens"
     for ahead in (False, True):

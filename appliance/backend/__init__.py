@@ -133,22 +133,28 @@ def adopt(model: Any, backend: Backend) -> int:
 
 
 def float32_on_cpu(model: Any) -> int:
-    """Cast a quantized model's float16 and bfloat16 arrays (scales, biases, norms) to
-    float32; how many were cast. MLX's CPU has no 16-bit arithmetic of its own: a 4-bit
-    product with bfloat16 activations takes about 8 times the float32 one, and none of the
-    appliance's kernels take 16-bit activations (a bfloat16 4-bit model stepped 100 times
-    slower than the same weights in float32, docs/decisions.md). Unquantized 16-bit models
-    are left as they are: casting their matrices would double the model's memory."""
+    """Cast a quantized model's float16 and bfloat16 arrays to float32 (norms, biases, an
+    embedding's scales: what makes its hidden states 16-bit), all but its linear layers'
+    own scales and biases (the products read them as they are, in float32 arithmetic, and
+    cast they would take twice the memory); how many were cast. MLX's CPU has no 16-bit
+    arithmetic of its own: a 4-bit product with bfloat16 activations takes about 8 times
+    the float32 one, and none of the appliance's kernels take 16-bit activations (a
+    bfloat16 4-bit model stepped 100 times slower than the same weights in float32,
+    docs/decisions.md). Unquantized 16-bit models are left as they are: casting their
+    matrices would double the model's memory."""
     import mlx.core as mx
     import mlx.nn as nn
-    from mlx.utils import tree_flatten
 
-    quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
-    if not any(isinstance(m, quantized) for _, m in model.named_modules()):
+    modules = [m for _, m in model.named_modules()]
+    if not any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for m in modules):
         return 0
-    narrow = (mx.float16, mx.bfloat16)
-    arrays: list[Any] = [kv[1] for kv in tree_flatten(model.parameters())]
-    count = sum(1 for v in arrays if v.dtype in narrow)
-    if count:
-        model.set_dtype(mx.float32, predicate=lambda dtype: dtype in narrow)
+    count = 0
+    for module in modules:
+        kept = ("scales", "biases") if isinstance(module, nn.QuantizedLinear) else ()
+        cast = {name: value.astype(mx.float32) for name, value in module.items()
+                if isinstance(value, mx.array) and name not in kept
+                and value.dtype in (mx.float16, mx.bfloat16)}
+        if cast:
+            module.update(cast)
+            count += len(cast)
     return count

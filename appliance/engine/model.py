@@ -97,9 +97,13 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
         mx.eval(model.parameters())
     extra = backends.adopt(model, backend)
     config = json.loads((path / "config.json").read_text())
-    params: list[Any] = [kv[1] for kv in tree_flatten(model.parameters())]
-    weight_bytes = sum(v.nbytes for v in params) + extra
-    dtype = params[0].dtype if params else mx.float32
+    flat: Any = tree_flatten(model.parameters())
+    named: list[tuple[str, Any]] = list(flat)
+    weight_bytes = sum(v.nbytes for _, v in named) + extra
+    # the activations' dtype (and the KV cache's): a norm's or a plain weight's, not a
+    # quantized layer's scales (left 16-bit on the CPU) or its packed integers
+    dtype = next((v.dtype for name, v in named if mx.issubdtype(v.dtype, mx.floating)
+                  and not name.endswith((".scales", ".biases"))), mx.float32)
     dtype_size = 2 if dtype in (mx.bfloat16, mx.float16) else 4
     model_limit = int(config.get("max_position_embeddings")
                       or config.get("text_config", {}).get("max_position_embeddings") or 4096)

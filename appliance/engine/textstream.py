@@ -18,6 +18,7 @@ class TextStream:
         After a stop string completes, ``stopped`` is set and the text before it is returned.
         """
         self._detok.add_token(token)
+        _release_space(self._detok)
         self._held += self._detok.last_segment
         return self._release()
 
@@ -56,3 +57,15 @@ class TextStream:
                     best = n
                     break
         return best
+
+
+def _release_space(detok: Any) -> None:
+    """mlx-lm's byte-level detokenizer holds a token that is one space back until the next
+    one, so that it can drop it if it begins the text; past the beginning it drops nothing,
+    so the space is text now. Held, it reached the client with the next token: a gap of two
+    decode steps in the stream wherever the model wrote a lone space."""
+    held = getattr(detok, "_unflushed", None)
+    if held and detok.text and getattr(detok, "_decode_bytes", None) is not None \
+            and detok._decode_bytes(held) == " ":
+        detok.text += " "
+        detok._unflushed = ""

@@ -72,6 +72,12 @@ def bundled_gguf() -> Path | None:
     return None
 
 
+def ollama_folder(ref: str) -> str:
+    """The models folder's name for Ollama's ``NAME[:TAG]`` (``llama3.2:3b`` -> ``llama3.2-3b``:
+    what ``appliance serve --model`` then takes)."""
+    return ref.replace("/", "--").replace(":", "-")
+
+
 def import_model(source: str, models_dir: Path, out: str | None = None,
                  float32: bool = False) -> int:
     """``appliance model import``: a GGUF file, ``ollama:NAME[:TAG]`` from a local Ollama
@@ -88,7 +94,7 @@ def import_model(source: str, models_dir: Path, out: str | None = None,
         elif source.startswith("ollama:"):
             ref = source[len("ollama:"):]
             path = gguf.ollama_blob(ref)
-            name = ref.replace("/", "--").replace(":", "-")
+            name = ollama_folder(ref)
         else:
             path = Path(source).expanduser()
             name = path.stem.lower()

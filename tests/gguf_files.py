@@ -148,3 +148,19 @@ def write_gguf(path: Path, *, arch: str = "llama", quant: str = "Q8_0", hidden: 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def ollama_store(root: Path, name: str = "tiny", tag: str = "q8") -> Path:
+    """An Ollama store as Ollama keeps one under ~/.ollama/models, with one model: its
+    manifest names a template layer and the model layer, a small GGUF (:func:`write_gguf`)."""
+    import json
+
+    blob = root / "blobs" / "sha256-0123abcd"
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    write_gguf(blob, quant="Q8_0")
+    manifest = root / "manifests" / "registry.ollama.ai" / "library" / name / tag
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"layers": [
+        {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256-ffff"},
+        {"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:0123abcd"}]}))
+    return root

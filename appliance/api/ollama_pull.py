@@ -6,11 +6,18 @@ does not list it.
 - Another model, an admin: a real download of that Hugging Face repo into the models folder
   (``appliance model pull`` does the same), one progress line per file. It is served after
   a restart with ``--model <repo>``: one daemon serves one model.
+- An Ollama name, an admin (``ollama:NAME[:TAG]``, or a name without a slash, as Ollama's
+  own client spells them: ``llama3.2:3b``): the model's GGUF imported from this machine's
+  Ollama store (``appliance model import ollama:NAME`` does the same), so a household moving
+  from Ollama brings its models with ``ollama pull``. Not in the store: 404, naming where
+  it looked. The import runs in a process of its own; a failure ends the stream with an
+  error line (422 unstreamed) and leaves nothing in the models folder.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +29,7 @@ from appliance.api.errors import ApiError, bad_request
 from appliance.api.ollama_models import matches, model_facts, ollama_name
 from appliance.api.ollama_schemas import ModelBody
 from appliance.api.ollama_stream import line, stream_response
-from appliance.models import PULL_PATTERNS
+from appliance.models import PULL_PATTERNS, ollama_folder
 from appliance.service.services import Services
 
 
@@ -65,6 +72,38 @@ async def _pull_lines(repo: str, target: Path) -> AsyncIterator[dict[str, Any]]:
     yield {"status": "success"}
 
 
+def _ollama_ref(wanted: str) -> str | None:
+    """The Ollama ``NAME[:TAG]`` a pull names, or None for a Hugging Face repo id."""
+    if wanted.startswith("ollama:"):
+        return wanted.removeprefix("ollama:")
+    return None if "/" in wanted else wanted
+
+
+async def _import_lines(ref: str, blob: Path, target: Path) -> AsyncIterator[dict[str, Any]]:
+    digest, size = blob.name.replace("-", ":", 1), blob.stat().st_size
+    yield {"status": "pulling manifest"}
+    if (target / "config.json").is_file():
+        yield {"status": f"already imported into {target.name}"}
+    else:
+        yield {"status": f"importing {ref}", "digest": digest, "total": size, "completed": 0}
+        # in a process of its own: the file is read whole, and the daemon keeps serving
+        done = await anyio.run_process(
+            [sys.executable, "-m", "appliance", "model", "import", f"ollama:{ref}", "--out",
+             str(target)], check=False)
+        said = done.stdout.decode(errors="replace").splitlines()
+        if done.returncode != 0:
+            error = next((x for x in reversed(said) if x.startswith("error: ")), None)
+            raise RuntimeError(error.removeprefix("error: ") if error else
+                               f"the import exited with {done.returncode}")
+        for note in said:
+            if note.startswith("note: "):
+                yield {"status": note}
+        yield {"status": f"importing {ref}", "digest": digest, "total": size, "completed": size}
+    yield {"status": "writing manifest"}
+    yield {"status": f"success: restart with --model {target.name} to serve it"}
+    yield {"status": "success"}
+
+
 async def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
     try:
         async for item in lines:
@@ -90,6 +129,9 @@ async def pull_response(services: Services, who: Principal, body: ModelBody) -> 
         raise ApiError(404, f"model '{wanted}' not found; this server serves "
                        f"'{ollama_name(services.model.name)}' and only an admin may pull "
                        "another model", param="model")
+    ref = _ollama_ref(wanted)
+    if ref is not None:
+        return await _import_response(ref, services.models_dir, body.stream)
     repo = wanted.removesuffix(":latest")
     if repo.count("/") != 1:
         raise bad_request(f"'{wanted}' is not a Hugging Face repo id like "
@@ -103,4 +145,24 @@ async def pull_response(services: Services, who: Principal, body: ModelBody) -> 
     except Exception as exc:
         raise ApiError(502, f"pull failed: {exc.__class__.__name__}: {exc}",
                        "server_error") from None
+    return {"status": "success"}
+
+
+async def _import_response(ref: str, models_dir: Path, stream: bool) -> Any:
+    from appliance import gguf
+
+    try:
+        blob = gguf.ollama_blob(ref)
+    except gguf.ImportRefused as exc:
+        raise ApiError(404, f"model '{ref}' not found: {exc}. A Hugging Face repo id has a "
+                       "slash ('mlx-community/Qwen2.5-1.5B-Instruct-4bit').",
+                       param="model") from None
+    target = models_dir / ollama_folder(ref)
+    if stream:
+        return stream_response(_ndjson(_import_lines(ref, blob, target)))
+    try:
+        async for _ in _import_lines(ref, blob, target):
+            pass
+    except Exception as exc:
+        raise ApiError(422, f"import failed: {exc}", "invalid_request_error") from None
     return {"status": "success"}

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.gguf_files import write_gguf
+from tests.gguf_files import ollama_store, write_gguf
 
 
 def run_import(source: str, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -303,15 +303,7 @@ def test_a_byte_level_vocabulary_splits_text_as_its_file_says(
 
 def test_an_ollama_model_is_found_in_its_store(tmp_path: Path) -> None:
     """manifest -> the model layer's blob, as Ollama keeps them under ~/.ollama/models."""
-    store = tmp_path / "ollama"
-    blob = store / "blobs" / "sha256-0123abcd"
-    blob.parent.mkdir(parents=True)
-    write_gguf(blob, quant="Q8_0")
-    manifest = store / "manifests" / "registry.ollama.ai" / "library" / "tiny" / "q8"
-    manifest.parent.mkdir(parents=True)
-    manifest.write_text(json.dumps({"layers": [
-        {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256-ffff"},
-        {"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:0123abcd"}]}))
+    store = ollama_store(tmp_path / "ollama")
     out = tmp_path / "from-ollama"
     done = run_import("ollama:tiny:q8", out, OLLAMA_MODELS=str(store))
     assert done.returncode == 0, done.stdout + done.stderr

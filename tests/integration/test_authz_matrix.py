@@ -88,6 +88,8 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("GET", "/manage/users", None, 303, 403, 200),
     ("POST", "/manage/users", {"name": "webuser{n}", "password": "longenough1"}, 401, 403, 303),
     ("POST", "/manage/users/{carol}", {"weight": "1.5"}, 401, 403, 303),
+    ("GET", "/manage/models", None, 303, 403, 200),
+    ("POST", "/manage/models", {"source": "ollama:nothing-here"}, 401, 403, 404),
     ("GET", "/settings", None, 303, 200, 200),
     ("POST", "/settings/preferences", {"theme": "system"}, 401, 303, 303),
     ("POST", "/settings/household", {"household_prompt": ""}, 401, 403, 303),

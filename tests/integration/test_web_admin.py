@@ -11,6 +11,7 @@ import pytest
 from appliance.service.services import Services
 from appliance.store import limits, users
 from tests.browser.support import HOSTILE, browser
+from tests.gguf_files import ollama_store
 from tests.helpers import PASSWORD, LiveServer, live_server, make_settings
 
 
@@ -138,3 +139,36 @@ def test_members_manage_only_their_own_keys(server: LiveServer) -> None:
     with server.client("bob") as bob_api:
         names = [k["name"] for k in bob_api.get("/me/keys").json()]
         assert "mine" in names  # made for bob, whatever user_id the form claimed
+
+
+def test_an_admin_brings_a_model_in_from_the_ollama_store(
+        server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Models page: an Ollama model imported from this machine's store (the same import
+    as `appliance model import`, in a process of its own) is listed after; what the form
+    cannot take gets the reason, as text, and leaves nothing."""
+    store = ollama_store(tmp_path / "ollama")
+    monkeypatch.setenv("OLLAMA_MODELS", str(store))
+    models = server.daemon.settings.models_dir
+    with browser(server.url, "alice") as alice:
+        listed = alice.get("/manage/models")
+        assert listed.status_code == 200 and "No models in the models folder yet" in listed.text
+        r = alice.post("/manage/models", data={"source": "tiny:q8"})
+        assert r.status_code == 201 and "Imported tiny-q8." in r.text
+        assert "--model tiny-q8" in r.text and "<td>tiny-q8</td>" in r.text
+        assert (models / "tiny-q8" / "config.json").is_file()
+        again = alice.post("/manage/models", data={"source": "ollama:tiny:q8"})
+        assert again.status_code == 200 and "tiny-q8 is here already." in again.text
+        missing = alice.post("/manage/models", data={"source": "llama3.2:3b"})
+        assert missing.status_code == 404 and "no Ollama model" in missing.text
+        for bad in ("mlx-community/Qwen3-4B-4bit", "model.gguf", ""):
+            refused = alice.post("/manage/models", data={"source": bad})
+            assert refused.status_code == 400 and "the full path of a .gguf file" in refused.text
+        hostile = alice.post("/manage/models", data={"source": HOSTILE})
+        assert hostile.status_code in (400, 404) and "<script>window" not in hostile.text
+        broken = tmp_path / "broken.gguf"
+        broken.write_bytes(b"GGUF" + b"\0" * 64)
+        cut = alice.post("/manage/models", data={"source": str(broken)})
+        assert cut.status_code == 422 and "Could not import" in cut.text
+    assert sorted(p.name for p in models.iterdir()) == ["tiny-q8"]
+    with browser(server.url, "bob") as bob:
+        assert bob.get("/manage/models").status_code == 403

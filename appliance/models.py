@@ -109,13 +109,16 @@ async def import_apart(source: str, target: Path) -> list[str]:
 
     import anyio
 
+    log.info("model import started: folder=%s", target.name)
     done = await anyio.run_process([sys.executable, "-m", "appliance", "model", "import",
                                     source, "--out", str(target)], check=False)
     said = done.stdout.decode(errors="replace").splitlines()
     if done.returncode != 0:
+        log.warning("model import failed: folder=%s exit=%d", target.name, done.returncode)
         error = next((x for x in reversed(said) if x.startswith("error: ")), None)
         raise ImportFailed(error.removeprefix("error: ") if error else
                            f"the import exited with {done.returncode}")
+    log.info("model import done: folder=%s", target.name)
     return [line.removeprefix("note: ") for line in said if line.startswith("note: ")]
 
 

@@ -78,6 +78,15 @@ def ollama_folder(ref: str) -> str:
     return ref.replace("/", "--").replace(":", "-")
 
 
+def as_ollama(text: str) -> str | None:
+    """The Ollama ``NAME[:TAG]`` that ``text`` names: ``ollama:NAME[:TAG]``, or a name
+    without a slash as Ollama's own client spells them (``llama3.2:3b``); None for anything
+    else (a Hugging Face repo id, a path)."""
+    if text.startswith("ollama:"):
+        return text.removeprefix("ollama:")
+    return text if text and "/" not in text else None
+
+
 def import_source(source: str, models_dir: Path) -> tuple[Path, Path]:
     """The GGUF file an import reads and the folder it writes by default, for ``source``: a
     GGUF file's path, ``ollama:NAME[:TAG]`` from a local Ollama store, or ``smollm2`` (the

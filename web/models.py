@@ -15,7 +15,7 @@ from litestar import Request, Response, Router, get, post
 from litestar.response import Redirect, Template
 
 from appliance.api.auth import admin_only
-from appliance.models import ImportFailed, import_apart, import_source
+from appliance.models import ImportFailed, as_ollama, import_apart, import_source
 from appliance.service.services import Services
 from web.common import PAGE, form_fields, is_htmx, page, services
 
@@ -46,14 +46,12 @@ def _source(text: str) -> str:
     """What the form names, as ``appliance model import`` takes it; ValueError if nothing
     it can take (a relative path, a repo id: the pull downloads those)."""
     text = text.strip()
-    if text == "smollm2" or text.startswith("ollama:"):
+    if text == "smollm2" or (text.endswith(".gguf") and Path(text).expanduser().is_absolute()):
         return text
-    if text.endswith(".gguf"):
-        if Path(text).expanduser().is_absolute():
-            return text
-    elif text and "/" not in text and "\\" not in text:
-        return f"ollama:{text}"
-    raise ValueError(f"Give {HINT}.")
+    ref = None if text.endswith(".gguf") else as_ollama(text)
+    if ref is None:
+        raise ValueError(f"Give {HINT}.")
+    return f"ollama:{ref}"
 
 
 @get("/manage/models", opt=PAGE)

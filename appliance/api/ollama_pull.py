@@ -28,7 +28,7 @@ from appliance.api.errors import ApiError, bad_request
 from appliance.api.ollama_models import matches, model_facts, ollama_name
 from appliance.api.ollama_schemas import ModelBody
 from appliance.api.ollama_stream import line, stream_response
-from appliance.models import PULL_PATTERNS, ImportFailed, import_apart, import_source
+from appliance.models import PULL_PATTERNS, ImportFailed, as_ollama, import_apart, import_source
 from appliance.service.services import Services
 
 
@@ -71,13 +71,6 @@ async def _pull_lines(repo: str, target: Path) -> AsyncIterator[dict[str, Any]]:
     yield {"status": "success"}
 
 
-def _ollama_ref(wanted: str) -> str | None:
-    """The Ollama ``NAME[:TAG]`` a pull names, or None for a Hugging Face repo id."""
-    if wanted.startswith("ollama:"):
-        return wanted.removeprefix("ollama:")
-    return None if "/" in wanted else wanted
-
-
 async def _import_lines(ref: str, blob: Path, target: Path) -> AsyncIterator[dict[str, Any]]:
     digest, size = blob.name.replace("-", ":", 1), blob.stat().st_size
     yield {"status": "pulling manifest"}
@@ -118,7 +111,7 @@ async def pull_response(services: Services, who: Principal, body: ModelBody) -> 
         raise ApiError(404, f"model '{wanted}' not found; this server serves "
                        f"'{ollama_name(services.model.name)}' and only an admin may pull "
                        "another model", param="model")
-    ref = _ollama_ref(wanted)
+    ref = as_ollama(wanted)
     if ref is not None:
         return await _import_response(ref, services.models_dir, body.stream)
     repo = wanted.removesuffix(":latest")

@@ -390,9 +390,7 @@ class Scheduler:
         ``arrival_tokens`` left, not a voice command) even when it would fit whole, so a
         chat turn beside it never waits out a long tick (docs/decisions.md, "Work that can
         wait")."""
-        return (s.klass is Klass.BACKGROUND or s.rid in self._in_pieces
-                or (s.klass is not Klass.VOICE
-                    and s.remaining > self._turn_tokens))
+        return s.rid in self._in_pieces or (s.klass is not Klass.VOICE and not self._turn(s))
 
     def _turn(self, s: SeqView) -> bool:
         """A chat turn or voice command: not background work, at most ``_turn_tokens``."""

@@ -42,6 +42,8 @@ def health(state: State) -> Response[dict[str, Any]]:
     loaded = services.engine.loaded
     if loaded is not None:  # what computes: appliance/backend
         body["backend"] = loaded.backend.describe()
+        body["kv_cache"] = {"dtype": loaded.kv_dtype,
+                            "bytes_per_token": loaded.kv_bytes_per_token}
     if group is not None:  # the machines serving the model together
         body["distributed"] = group
     if reason is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -115,10 +116,13 @@ def start(*, native: bool = True, fast_cpu_ops: bool = True) -> Backend:
 
 def adopt(model: Any, backend: Backend) -> int:
     """Fit the loaded ``model`` to what :func:`start` set up: on the CPU, a quantized
-    model's 16-bit parameters in float32 (:func:`float32_on_cpu`); where the quantized kernel
-    runs, its 4-bit weights tiled and the products its modules take of one input (q/k/v,
-    gate/up) made as one; on CUDA, its quantized products' kernels compiled now
-    (:mod:`~appliance.backend.gpu`). The bytes this adds to the model's."""
+    model's 16-bit parameters in float32 (:func:`float32_on_cpu`) and its KV cache in float16
+    (:func:`half_kv`); where the quantized kernel runs, its 4-bit weights tiled and the
+    products its modules take of one input (q/k/v, gate/up) made as one; on CUDA, its
+    quantized products' kernels compiled now (:mod:`~appliance.backend.gpu`). The bytes this
+    adds to the model's."""
+    import mlx.core as mx
+
     from appliance.backend import gpu, quant
 
     if backend.kind == "cuda":
@@ -126,10 +130,27 @@ def adopt(model: Any, backend: Backend) -> int:
     if backend.kind == "cpu" and (widened := float32_on_cpu(model)):
         log.info("16-bit parameters of a quantized model computed in float32: arrays=%d",
                  widened)
+    if half_kv(model, backend):  # where its layers' caches can (appliance/engine/kvcache.py)
+        model.appliance_kv_dtype = mx.float16
     groups, tiled = quant.adopt(model)
     if groups or tiled:
         log.info("quantized layers adopted: groups=%d tiles=%d bytes", groups, tiled)
     return tiled
+
+
+def half_kv(model: Any, backend: Backend) -> bool:
+    """Whether the model's KV cache is kept in float16: a quantized model computed in float32
+    on the CPU, where the appliance's kernels read a 16-bit cache (half the bytes a decode step
+    reads, half the KV budget's; llama.cpp keeps float16 too). ``APPLIANCE_KV_DTYPE=float32``
+    keeps float32 (numbers bit for bit mlx-lm's)."""
+    import mlx.nn as nn
+
+    wanted = os.environ.get("APPLIANCE_KV_DTYPE", "float16")
+    if wanted not in ("float16", "float32"):
+        raise ValueError(f"APPLIANCE_KV_DTYPE must be float16 or float32, not {wanted!r}")
+    return (wanted == "float16" and backend.kind == "cpu" and backend.fast_ops
+            and any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+                    for _, m in model.named_modules()))
 
 
 def float32_on_cpu(model: Any) -> int:

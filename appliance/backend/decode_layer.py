@@ -126,8 +126,9 @@ def step(layer: Layer, h: mx.array, keys: mx.array, values: mx.array, offset: mx
     sequence's buffers [1, KV, W, d] with room for its tokens, which are rows after the B of
     ``h``; their keys and values follow in the result, written at offset.. (their queries
     attend causally over their own sequence)."""
-    if (h.dtype != mx.float32 or keys.dtype != mx.float32 or offset.dtype != mx.int32
-            or any(k.dtype != mx.float32 for k, _, _, _ in chunks)):
+    if (h.dtype != mx.float32 or keys.dtype not in (mx.float32, mx.float16)
+            or values.dtype != keys.dtype or offset.dtype != mx.int32
+            or any(k.dtype != keys.dtype or v.dtype != keys.dtype for k, v, _, _ in chunks)):
         return None
     return fast_ops._extension().decode_layer(
         h, keys, values, offset, mask, layer.native, at, first,

@@ -149,8 +149,8 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
               mask: mx.array | str | None) -> mx.array:
     """softmax(q k^T * scale + mask) v for q [B, H, Lq, D], k and v [B, KV, L, D] (H a
-    multiple of KV); ``mask`` None, "causal", or boolean or additive, broadcastable to
-    [B, H, Lq, L]."""
+    multiple of KV; float32, or float16 read as float32); ``mask`` None, "causal", or
+    boolean or additive, broadcastable to [B, H, Lq, L]."""
     b, h, lq, d = q.shape
     if lq == 1:  # a decode step: one node, the cache's views read in place
         if isinstance(mask, str):  # "causal": the last position sees every key
@@ -158,6 +158,8 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
         elif mask is not None and mask.dtype not in (mx.bool_, mx.float32):
             mask = mask.astype(mx.float32)
         return _mlx_fast.decode_attention(q, k, v, scale, mask)
+    if k.dtype != mx.float32:  # a cache kept in float16 (appliance/engine/kvcache.py)
+        k, v = k.astype(mx.float32), v.astype(mx.float32)
     kv, length = k.shape[1], k.shape[2]
     rep = h // kv
     scores = (q * scale).reshape(b, kv, rep * lq, d) @ k.swapaxes(-1, -2)
@@ -230,7 +232,8 @@ def _attention_with(fallback: Any) -> Any:
                                      cache: Any, scale: float, mask: Any,
                                      sinks: Any = None) -> mx.array:
         if (sinks is not None or hasattr(cache, "bits") or queries.dtype != mx.float32
-                or keys.dtype != mx.float32 or queries.shape[1] % keys.shape[1]):
+                or keys.dtype not in (mx.float32, mx.float16) or values.dtype != keys.dtype
+                or queries.shape[1] % keys.shape[1]):
             return fallback(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         return attention(queries, keys, values, scale, mask)
     return scaled_dot_product_attention

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from appliance.engine.kvcache import batch_cache, kv_dtype, sequence_cache
 from appliance.engine.mixed import mixed_step, restore_offsets, save_offsets, supports_mixed
 from appliance.engine.slots import SlotBatch, SlotState
 
@@ -37,7 +38,7 @@ def last_logits(model: Any, x: mx.array, cache: list[Any]) -> mx.array:
 
 
 def new_sequence_cache(model: Any) -> list[Any]:
-    return list(make_prompt_cache(model))
+    return sequence_cache(model)
 
 
 def plain_kv(model: Any) -> bool:
@@ -51,7 +52,7 @@ def prefill_batch(model: Any, prompts: list[list[int]]) -> tuple[list[Any], mx.a
     longest = max(len(p) for p in prompts)
     pads = [longest - len(p) for p in prompts]
     x = mx.array([[0] * pad + p for pad, p in zip(pads, prompts, strict=True)])
-    cache = [BatchKVCache(pads) for _ in make_prompt_cache(model)]
+    cache = batch_cache(model, pads)
     logits = last_logits(model, x, cache)
     mx.eval(logits)
     return cache, logits
@@ -136,7 +137,7 @@ class DecodeBatch:
         """Told each change of the rows (a model split across machines: the others make
         the same changes to their own batches, appliance/distributed/plan.py)."""
         self.rids: list[int] = []
-        self.slots = SlotBatch(len(make_prompt_cache(model)), max_rows) \
+        self.slots = SlotBatch(len(make_prompt_cache(model)), max_rows, kv_dtype(model)) \
             if plain_kv(model) else None
         self.merged = MergedKV()
         self.lean = supports_mixed(model) and self.slots is not None

@@ -44,6 +44,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 from appliance.backend import decode_layer, quant
+from appliance.engine.kvcache import PLAIN
 
 Projections = Callable[["Weights", Any, mx.array], tuple[mx.array, mx.array, mx.array]]
 Mlp = Callable[["Weights", Any, mx.array, "mx.array | None"], mx.array]
@@ -312,9 +313,9 @@ def _decode_layer(layer: decode_layer.Layer | None, h: mx.array, parts: list[Par
     window = getattr(cache, "decode_window", None)  # a slot cache's (appliance/engine/slots.py)
     found = window() if window is not None else None
     if (layer is None or found is None or h.dtype != mx.float32
-            or found[0].dtype != mx.float32
-            or any(type(c.cache[i]) is not KVCache or c.masks[i] not in (None, "causal")
-                   or (c.cache[i].keys is not None and c.cache[i].keys.dtype != mx.float32)
+            or found[0].dtype not in (mx.float32, mx.float16)
+            or any(type(c.cache[i]) not in PLAIN or c.masks[i] not in (None, "causal")
+                   or (c.cache[i].keys is not None and c.cache[i].keys.dtype != found[0].dtype)
                    for c in chunks)):
         return None  # before a chunk's buffers grow: the old way grows them as it would
     keys, values, at, first = found

@@ -30,6 +30,9 @@ class LoadedModel:
     is_demo: bool
     ctx_limit: int
     kv_bytes_per_token: int
+    kv_dtype: str
+    """What the KV cache is kept in ("float16" on the CPU for a quantized model,
+    appliance/engine/kvcache.py; else the model's activations' dtype)."""
     weight_bytes: int
     config: dict[str, Any]
     backend: Backend
@@ -83,6 +86,7 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
     from mlx_lm import load
 
     from appliance import backend as backends
+    from appliance.engine.kvcache import kv_dtype
 
     backend = backends.start(native=native, fast_cpu_ops=fast_cpu_ops)
     staged = layers is not None or split is not None
@@ -104,7 +108,8 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
     # quantized layer's scales (left 16-bit on the CPU) or its packed integers
     dtype = next((v.dtype for name, v in named if mx.issubdtype(v.dtype, mx.floating)
                   and not name.endswith((".scales", ".biases"))), mx.float32)
-    dtype_size = 2 if dtype in (mx.bfloat16, mx.float16) else 4
+    kv = kv_dtype(model) or dtype
+    dtype_size = 2 if kv in (mx.bfloat16, mx.float16) else 4
     model_limit = int(config.get("max_position_embeddings")
                       or config.get("text_config", {}).get("max_position_embeddings") or 4096)
     ctx_limit = ctx_size or model_limit
@@ -112,10 +117,12 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
     loaded = LoadedModel(
         model=model, tokenizer=tokenizer, name=name, path=path,
         is_demo=bool(config.get("appliance_demo")), ctx_limit=ctx_limit,
-        kv_bytes_per_token=kv_bytes_per_token(config, dtype_size), weight_bytes=weight_bytes,
+        kv_bytes_per_token=kv_bytes_per_token(config, dtype_size),
+        kv_dtype=str(kv).removeprefix("mlx.core."), weight_bytes=weight_bytes,
         config=config, backend=backend)
-    log.info("model loaded: path=%s weights=%d bytes ctx=%d kv_per_token=%d demo=%s",
-             path, weight_bytes, ctx_limit, loaded.kv_bytes_per_token, loaded.is_demo)
+    log.info("model loaded: path=%s weights=%d bytes ctx=%d kv_per_token=%d kv=%s demo=%s",
+             path, weight_bytes, ctx_limit, loaded.kv_bytes_per_token, loaded.kv_dtype,
+             loaded.is_demo)
     return loaded
 
 

@@ -28,6 +28,8 @@ import numpy as np
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache
 
+from appliance.engine import kvcache
+
 ROOM = 64
 """A new window has room for at least this many more positions after its rows (and half of
 it before them), and for a quarter of its rows' span if that is more: growth by a fixed
@@ -105,8 +107,11 @@ class SlotKV:
     """One layer's keys and values, [row capacity, KV heads, window, head dim] each; what a
     model's attention calls (``offset``, ``update_and_fetch``, ``make_mask``)."""
 
-    def __init__(self, layout: SlotLayout) -> None:
+    def __init__(self, layout: SlotLayout, dtype: Any | None = None) -> None:
         self.layout = layout
+        self.dtype = dtype
+        """The dtype keys and values are kept in (appliance/engine/kvcache.py), else the
+        model's own."""
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.base = 0
@@ -140,6 +145,8 @@ class SlotKV:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write every row's ``n`` new positions at the layout's end; return the positions
         attention reads, the new ones included (the layout moves on after the forward)."""
+        if self.dtype is not None:
+            keys, values = keys.astype(self.dtype), values.astype(self.dtype)
         if self.keys is None and self.pending is not None:
             self.reallocate(*self.pending, (keys, values))
             self.pending = None
@@ -214,9 +221,9 @@ class SlotKV:
 class SlotBatch:
     """The batch's KV in every layer (:class:`SlotKV`, one :class:`SlotLayout`)."""
 
-    def __init__(self, n_layers: int, max_rows: int) -> None:
+    def __init__(self, n_layers: int, max_rows: int, dtype: Any | None = None) -> None:
         self.layout = SlotLayout()
-        self.layers = [SlotKV(self.layout) for _ in range(n_layers)]
+        self.layers = [SlotKV(self.layout, dtype) for _ in range(n_layers)]
         self.max_rows = max_rows
         self.reallocations = 0
         """Layer buffers copied into new ones (growth, more rows, a row before the window)."""
@@ -401,7 +408,7 @@ class SlotBatch:
         out = []
         for c in self.layers:
             k, v = c.row(i)
-            cache = KVCache()
+            cache = kvcache.like(k)
             cache.keys, cache.values = _copy(k, c.capacity), _copy(v, c.capacity)
             cache.offset = int(k.shape[2])
             out.append(cache)

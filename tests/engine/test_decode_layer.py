@@ -111,11 +111,14 @@ def test_prompt_chunks_ride_in_the_operation(
         # layer 0's keys and values come before any attention: the same bits
         assert mx.array_equal(got[0].keys[..., :n, :], ref[0].keys[..., :n, :]).item()
         assert mx.array_equal(got[0].values[..., :n, :], ref[0].values[..., :n, :]).item()
+        # a quantized model's cache is float16 on the CPU (appliance/engine/kvcache.py):
+        # keys whose float32 values differ by rounding may round a float16 step apart
+        assert got[0].keys.dtype == mx.float16
         for a, b in zip(got, ref, strict=True):
             assert a.keys.shape == b.keys.shape
             want_keys = b.keys[..., :n, :]
             worst = mx.abs(a.keys[..., :n, :] - want_keys).max().item()
-            assert worst <= 1e-4 * mx.abs(want_keys).max().item(), worst
+            assert worst <= (1e-4 + 2**-10) * mx.abs(want_keys).max().item(), worst
 
 
 def _arguments(model: Any) -> tuple[decode_layer.Layer, mx.array, mx.array]:
@@ -170,8 +173,17 @@ def test_bad_arguments_get_a_clear_error(models: dict[str, Path]) -> None:
         decode_layer.step(layer, h, keys, values, mx.array([5, 4, 3], mx.int32), None, 5, 2)
     with pytest.raises(ValueError, match="B rows"):
         decode_layer.step(layer, mx.concatenate([h, h]), keys, values, offset[:1], None, 5, 2)
+    # float16 buffers are taken (a cache kept in 16 bits); bfloat16 or mixed ones are not
     half = keys.astype(mx.float16)
-    assert decode_layer.step(layer, h, half, half, offset, None, 5, 2) is None
+    assert decode_layer.step(layer, h, half, half, offset, None, 5, 2) is not None
+    brain = keys.astype(mx.bfloat16)
+    assert decode_layer.step(layer, h, brain, brain, offset, None, 5, 2) is None
+    assert decode_layer.step(layer, h, half, values, offset, None, 5, 2) is None
+    assert decode_layer.step(layer, mx.concatenate([h, h[:1]]), keys, values, offset, None,
+                             5, 2, [(half[:1], half[:1], 3, 1)]) is None
+    with pytest.raises(ValueError, match="one shape and dtype"):  # past the Python check
+        fast_ops._extension().decode_layer(h, half, values, offset, None, layer.native, 5, 2,
+                                           [], [], [])
     # a chunk riding after the two decode rows: its buffers [1, KV, W, d], room for its tokens
     rows = mx.concatenate([h, h[:1]])
     own = keys[:1], values[:1]

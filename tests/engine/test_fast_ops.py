@@ -265,6 +265,33 @@ def test_decode_attention_reads_the_caches_views_in_place(b: int, h: int, kv: in
         assert not mx.any(got[0]).item()
 
 
+@pytest.mark.parametrize(("b", "kv", "length", "d", "kind"), [
+    (1, 3, 1, 64, None), (2, 3, 150, 64, "padding"), (3, 2, 70, 40, "additive"),
+    (4, 4, 1100, 64, "padding")])  # several blocks of 64 widened, a tail of keys and features
+def test_decode_attention_reads_a_float16_cache_as_its_float32_values(
+        b: int, kv: int, length: int, d: int, kind: str | None) -> None:
+    """A cache kept in float16 (appliance/engine/kvcache.py) is read as the float32 values
+    it holds: the bits of attention over those values cast, views read in place."""
+    keys = mx.random.split(mx.random.key(5), 4)
+    q = mx.random.normal((b, 3 * kv, 1, d), key=keys[0])
+    k = mx.random.normal((b + 1, kv, length + 5, d), key=keys[1]).astype(mx.float16)
+    v = mx.random.normal((b + 1, kv, length + 5, d), key=keys[2]).astype(mx.float16)
+    k, v = k[:b, :, 3:3 + length], v[:b, :, 3:3 + length]
+    mask: Any = None
+    if kind == "padding":
+        mask = mx.array([i * 3 for i in range(b)])[:, None, None, None] <= mx.arange(length)
+    elif kind == "additive":
+        mask = mx.random.normal((b, 3 * kv, 1, length), key=keys[3])
+    got = fast_ops.attention(q, k, v, 0.125, mask)
+    want = fast_ops.attention(q, k.astype(mx.float32), v.astype(mx.float32), 0.125, mask)
+    assert got.dtype == mx.float32 and mx.array_equal(got, want).item()
+    # a prompt's queries (more than one position) read it through a cast
+    many = mx.concatenate([q, q * 0.5], axis=2)
+    assert mx.array_equal(fast_ops.attention(many, k, v, 0.125, None),
+                          fast_ops.attention(many, k.astype(mx.float32), v.astype(mx.float32),
+                                             0.125, None)).item()
+
+
 def test_decode_attention_refuses_what_it_cannot_read() -> None:
     ext = fast_ops._extension()
     q, k = mx.zeros((1, 4, 1, 8)), mx.zeros((1, 2, 5, 8))
@@ -278,6 +305,10 @@ def test_decode_attention_refuses_what_it_cannot_read() -> None:
         ext.decode_attention(q, k, k, 1.0, mx.zeros((1, 4, 1, 5), dtype=mx.int32))
     with pytest.raises(ValueError, match="float32 only"):
         ext.decode_attention(q.astype(mx.float16), k, k, 1.0, None)
+    with pytest.raises(ValueError, match="both float32 or both float16"):
+        ext.decode_attention(q, k.astype(mx.float16), k, 1.0, None)
+    with pytest.raises(ValueError, match="both float32 or both float16"):
+        ext.decode_attention(q, k.astype(mx.bfloat16), k.astype(mx.bfloat16), 1.0, None)
 
 
 def test_the_model_gives_the_same_logits_and_tokens(demo_model: Path,

@@ -189,9 +189,9 @@ def test_a_bfloat16_4bit_model_is_computed_in_float32_on_the_cpu(
     """A 4-bit model as mlx-lm's convert writes it, scales and norms in bfloat16 (the MLX
     models households download), computes in float32 on the CPU, where MLX has no 16-bit
     arithmetic of its own and the appliance's kernels take float32: every float array is
-    cast at load but the linear layers' scales and biases, the hidden states and KV cache
-    are float32 (and the KV budget counts 4 bytes), and its prompts ride in the decode step
-    as a float32 model's do."""
+    cast at load but the linear layers' scales and biases, the hidden states are float32,
+    the KV cache float16 (appliance/engine/kvcache.py; the KV budget counts 2 bytes), and
+    its prompts ride in the decode step as a float32 model's do."""
     path = build(tmp_path / arch, demo_model, arch, bits=4, dtype=mx.bfloat16)
     saved = mx.load(str(path / "model.safetensors"))
     assert isinstance(saved, dict)
@@ -204,5 +204,7 @@ def test_a_bfloat16_4bit_model_is_computed_in_float32_on_the_cpu(
     assert quantization and {floats[n] for n in quantization} == {mx.bfloat16}
     assert {floats[n] for n in floats.keys() - quantization} == {mx.float32}
     assert hidden_dtype(loaded.model) == mx.float32
-    assert loaded.kv_bytes_per_token == kv_bytes_per_token(loaded.config, 4)
+    half = NATIVE  # the cache is kept in 16 bits where the appliance's kernels read it
+    assert loaded.kv_dtype == ("float16" if half else "float32")
+    assert loaded.kv_bytes_per_token == kv_bytes_per_token(loaded.config, 2 if half else 4)
     assert _served(loaded).mixed_forwards >= 4

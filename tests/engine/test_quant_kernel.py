@@ -264,6 +264,11 @@ VARIANT = textwrap.dedent("""
         x = mx.array(rng.standard_normal((40, k)).astype(np.float32))
         y = quant.quantized_matmul(x, w, s, b, group, bits, path="dense")
         out[f"{bits}/{group}/{k}/dense"] = np.array(y).tolist()
+    # a KV cache kept in float16, widened by the variant (appliance/engine/kvcache.py)
+    q = mx.array(rng.standard_normal((2, 6, 1, 40)).astype(np.float32))
+    kv = mx.array(rng.standard_normal((2, 2, 150, 40)).astype(np.float16))
+    y = quant.fast_ops._extension().decode_attention(q, kv, kv * 0.5, 0.2, None)
+    out["attention/float16"] = np.array(y).tolist()
     print(json.dumps(out))
 """)
 
@@ -289,7 +294,7 @@ def test_each_simd_variant_agrees_with_the_others() -> None:
             a, b = np.array(got[key]), np.array(base[key])
             # int16 and tiled: exact integer sums, the same float steps; dense: s * q exact
             # for 16-bit scales, then the same sgemm: the same bits
-            if key.endswith(("int16", "tiled", "dense")):
+            if key.endswith(("int16", "tiled", "dense", "float16")):
                 assert np.array_equal(a, b), (name, key)
             else:
                 np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max(),

@@ -18,11 +18,15 @@ def test_health_names_the_backend_the_daemon_really_runs(tiny_model: Path,
                                                          tmp_path: Path) -> None:
     d = start_daemon(tiny_model, tmp_path)
     try:
-        backend = httpx.get(d.url + "/health", timeout=10).json()["backend"]
+        health = httpx.get(d.url + "/health", timeout=10).json()
+        backend = health["backend"]
         maps = Path(f"/proc/{d.proc.pid}/maps").read_text()
     finally:
         assert d.terminate() == 0
     assert backend["kind"] == installed_kind()
+    # an unquantized model's cache in its own dtype (a 4-bit one's: tests/integration/
+    # test_gguf_import.py)
+    assert health["kv_cache"]["dtype"] == "float32" and health["kv_cache"]["bytes_per_token"] > 0
     if backend["kind"] != "cpu":  # Metal and CUDA: MLX as shipped, none of the CPU's tuning
         assert backend["device"] == "Device(gpu, 0)" and not backend["native"]
         assert backend["kernel"] is None and backend["quant"] is None

@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from appliance.backend import installed_kind
 from tests.gguf_files import ollama_store, write_gguf
+from tests.helpers import NATIVE
 
 
 def run_import(source: str, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -351,6 +353,7 @@ def test_the_imported_model_answers_through_the_daemon_alone_and_beside_a_stream
             if rode:
                 break
             time.sleep(0.2)
+        health = d.client(keys["alice"]).get("/health").json()
     finally:
         assert d.terminate() == 0
     assert "Paris" in (reply.choices[0].message.content or "")
@@ -359,6 +362,11 @@ def test_the_imported_model_answers_through_the_daemon_alone_and_beside_a_stream
     # the daemon took its 30 layers' q/k/v and gate/up into the kernel's forms (tiles too,
     # where x is rounded to 16 bits): the path the answer came through
     assert "quantized layers adopted: groups=60 " in d.log.read_text()
+    # its KV cache in float16 where the native kernels read it (appliance/engine/kvcache.py):
+    # 30 layers x 3 KV heads x 64 features x K and V x 2 bytes
+    half = NATIVE and installed_kind() == "cpu"
+    assert health["kv_cache"] == {"dtype": "float16" if half else "float32",
+                                  "bytes_per_token": 30 * 3 * 64 * 2 * (2 if half else 4)}
 
 
 def test_an_mlx_4_bit_model_in_bfloat16_answers_through_the_daemon(

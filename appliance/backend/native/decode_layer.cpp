@@ -11,8 +11,8 @@
 // bit for bit, and the KV buffers are written where they lie, as MLX's slice update writes
 // a buffer it may donate (else the output is a copy, as MLX's would be).
 //
-// In: h [B, D] (then the chunks' rows, below), the layer's KV buffers [R, KV, W, d] (rows
-// 0..B-1 are the batch's), each row's RoPE position [B] (int32), RoPE's inverse frequencies,
+// In: h [B, D] (then the chunks' rows, below), the layer's KV buffers [R, KV, W, d] (float32,
+// or float16 where the cache is kept in 16 bits; rows 0..B-1 are the batch's), each row's RoPE position [B] (int32), RoPE's inverse frequencies,
 // the two norms' weights, q/k norm weights and q/k/v biases where the model has them, q, k,
 // v, o, gate, up and down as tile()'s arrays (tiles, scales, biases each), the mask [.., L]
 // where there is one, each chunk's key and value buffers. The new position is written at
@@ -129,26 +129,33 @@ void run(const Shape& s, std::vector<mx::array>& in, float* h_out,
   fk::rope_apply(k.data(), kr.data(), m, s.kv, 1, s.d, s.dims, s.traditional, s.rope_scale,
                  pos.data(), true, inv);
   // the new keys and values where they go: row r's of buffer [R, KV, W, d] at position p
-  const auto put = [&](float* keys, float* values, int64_t window, int64_t r, int64_t from_row,
+  // (a float16 cache's rounded to nearest, as MLX's cast rounds them)
+  const bool half = kv[0].dtype() == mx::float16;
+  const int64_t esize = half ? 2 : 4;
+  const auto put = [&](char* keys, char* values, int64_t window, int64_t r, int64_t from_row,
                        int64_t p) {
     for (int64_t g = 0; g < s.kv; g++) {
       const int64_t to = ((r * s.kv + g) * window + p) * s.d, from = (from_row * s.kv + g) * s.d;
-      std::memcpy(keys + to, kr.data() + from, s.d * sizeof(float));
-      std::memcpy(values + to, v.data() + from, s.d * sizeof(float));
+      if (half) {
+        fk::narrow_half(kr.data() + from, reinterpret_cast<uint16_t*>(keys) + to, s.d);
+        fk::narrow_half(v.data() + from, reinterpret_cast<uint16_t*>(values) + to, s.d);
+      } else {
+        std::memcpy(keys + to * 4, kr.data() + from, s.d * sizeof(float));
+        std::memcpy(values + to * 4, v.data() + from, s.d * sizeof(float));
+      }
     }
   };
   const fk::Strided none{nullptr, {0, 0, 0, 0}};
   const int64_t rep = s.heads / s.kv;
   {  // the decode rows: row r's new position at `at` of its slot, attention over first..at
-    float *keys = kv[0].data<float>(), *values = kv[1].data<float>();
+    char *keys = kv[0].data<char>(), *values = kv[1].data<char>();
     const int64_t window = kv[0].shape(2);
     for (int64_t r = 0; r < b; r++) put(keys, values, window, r, r, s.at);
     const int64_t length = s.at + 1 - s.first;
     const int64_t row = s.kv * window * s.d, head = window * s.d;
     const fk::Strided sq{reinterpret_cast<const char*>(qr.data()), {hd, s.d, s.d, 1}};
-    const char *k0 = reinterpret_cast<const char*>(keys + s.first * s.d),
-               *v0 = reinterpret_cast<const char*>(values + s.first * s.d);
-    const fk::Strided sk{k0, {row, head, s.d, 1}}, sv{v0, {row, head, s.d, 1}};
+    const char *k0 = keys + s.first * s.d * esize, *v0 = values + s.first * s.d * esize;
+    const fk::Strided sk{k0, {row, head, s.d, 1}, half}, sv{v0, {row, head, s.d, 1}, half};
     const fk::Strided sm = s.mask_kind == fk::NO_MASK ? none : fk::strided(in[s.mask()]);
     fk::decode_attention(sq, sk, sv, sm, s.mask_kind, att.data(), b, s.kv, rep, length, s.d,
                          s.attn_scale);
@@ -157,12 +164,11 @@ void run(const Shape& s, std::vector<mx::array>& in, float* h_out,
   // attention of its queries over its sequence's keys (one query a row)
   for (int64_t c = 0, r0 = b; c < s.count(); c++) {
     const int64_t at = s.chunks[2 * c], n = s.chunks[2 * c + 1];
-    float *keys = kv[2 + 2 * c].data<float>(), *values = kv[3 + 2 * c].data<float>();
+    char *keys = kv[2 + 2 * c].data<char>(), *values = kv[3 + 2 * c].data<char>();
     const int64_t window = kv[2 + 2 * c].shape(2), head = window * s.d;
     for (int64_t i = 0; i < n; i++) put(keys, values, window, 0, r0 + i, at + i);
     const fk::Strided sq{reinterpret_cast<const char*>(qr.data() + r0 * hd), {hd, s.d, s.d, 1}};
-    const fk::Strided sk{reinterpret_cast<const char*>(keys), {0, head, s.d, 1}};
-    const fk::Strided sv{reinterpret_cast<const char*>(values), {0, head, s.d, 1}};
+    const fk::Strided sk{keys, {0, head, s.d, 1}, half}, sv{values, {0, head, s.d, 1}, half};
     fk::decode_attention(sq, sk, sv, none, fk::NO_MASK, att.data() + r0 * hd, n, s.kv, rep,
                          at + n, s.d, s.attn_scale, at);
     r0 += n;
@@ -303,17 +309,19 @@ std::vector<mx::array> decode_layer(const mx::array& h, const mx::array& keys,
   need(h.dtype() == mx::float32 && h.ndim() == 2 && h.shape(1) == w.hidden,
        "h must be float32 [B + T, D]");
   const auto buffers = [&](const mx::array& k, const mx::array& v) {
-    return k.dtype() == mx::float32 && k.ndim() == 4 && k.shape() == v.shape() &&
-           k.shape(1) == s.kv && k.shape(3) == s.d;
+    return k.dtype() == keys.dtype() && v.dtype() == keys.dtype() && k.ndim() == 4 &&
+           k.shape() == v.shape() && k.shape(1) == s.kv && k.shape(3) == s.d;
   };
-  need(buffers(keys, values), "keys and values must be float32 [R, KV, W, d], one shape");
+  need(keys.dtype() == mx::float32 || keys.dtype() == mx::float16,
+       "keys and values must be float32 or float16");
+  need(buffers(keys, values), "keys and values must be [R, KV, W, d], one shape and dtype");
   need(chunk_kv.size() == 2 * chunk_at.size() && chunk_at.size() == chunk_len.size(),
        "each chunk needs its keys, values, offset and length");
   int64_t tokens = 0;
   for (size_t c = 0; c < chunk_at.size(); c++) {
     const mx::array &ck = chunk_kv[2 * c], &cv = chunk_kv[2 * c + 1];
-    need(buffers(ck, cv) && ck.shape(0) == 1, "a chunk's keys and values must be float32 "
-         "[1, KV, W, d], one shape");
+    need(buffers(ck, cv) && ck.shape(0) == 1, "a chunk's keys and values must be "
+         "[1, KV, W, d], one shape, the decode buffers' dtype");
     need(chunk_len[c] >= 1 && chunk_at[c] >= 0 && chunk_at[c] + chunk_len[c] <= ck.shape(2),
          "a chunk's positions must lie in its buffers");
     tokens += chunk_len[c];
@@ -343,8 +351,9 @@ std::vector<mx::array> decode_layer(const mx::array& h, const mx::array& keys,
   for (const auto& a : chunk_kv) shapes.push_back(a.shape());
   ins.insert(ins.end(), chunk_kv.begin(), chunk_kv.end());
   auto stream = mx::to_stream({}, mx::Device::cpu);
-  return mx::array::make_arrays(shapes, std::vector<mx::Dtype>(shapes.size(), mx::float32),
-                                std::make_shared<DecodeLayer>(stream, s), ins);
+  std::vector<mx::Dtype> dtypes(shapes.size(), keys.dtype());
+  dtypes[0] = mx::float32;
+  return mx::array::make_arrays(shapes, dtypes, std::make_shared<DecodeLayer>(stream, s), ins);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@ mlx::core::array rope_inv_freq(int half, float base);
 struct Strided {  // an input's base and element strides of its four axes (0: broadcast)
   const char* base;
   int64_t st[4];
+  bool half = false;  // float16 elements (a KV cache's), else float32 (or a mask's own type)
 };
 
 // a's base and strides, an axis of size 1 read with stride 0 (broadcast), 4 axes aligned right.
@@ -34,13 +35,20 @@ Strided strided(const mlx::core::array& a);
 
 enum MaskKind : int { NO_MASK = 0, BOOL_MASK = 1, ADD_MASK = 2 };
 
-// DecodeAttention's arithmetic and threads: q [B, H, 1, D], k and v [B, KV, L, D] by strides,
+// DecodeAttention's arithmetic and threads: q [B, H, 1, D], k and v [B, KV, L, D] by strides
+// (float32, or both float16: read into float32 as they are loaded),
 // the mask broadcast to [B, H, 1, L]; out [B, H, 1, D]. causal >= 0: row b attends to keys
 // 0..causal + b only (a prompt chunk's queries over its sequence's keys, k and v read with
 // stride 0 across rows).
 void decode_attention(const Strided& q, const Strided& k, const Strided& v, const Strided& m,
                       int kind, float* out, int64_t b_len, int64_t kv_len, int64_t rep,
                       int64_t l_len, int64_t d, float scale, int64_t causal = -1);
+
+// quant_matmul.cpp: a KV cache kept in float16 (its bits), n rows of d values (row stride
+// `stride`) widened to floats packed [n, d], and n floats narrowed rounded to nearest even
+// (as MLX casts); the quantized kernels' instruction set (APPLIANCE_SIMD), the same bits.
+void widen_half(const uint16_t* src, int64_t stride, int64_t n, int64_t d, float* dst);
+void narrow_half(const float* src, uint16_t* dst, int64_t n);
 
 // quant_matmul.cpp: f(u0, u1) over [0, units) in pieces, on the caller and the quantized
 // products' helper threads (each unit once).

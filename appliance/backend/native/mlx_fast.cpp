@@ -40,6 +40,7 @@
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <type_traits>
 #include <vector>
 
 #include "mlx/version.h"
@@ -447,37 +448,61 @@ FORCE_INLINE vf dot_lanes(const float* qr, const float* kj, int64_t dv) {
 // additions) plus the tail's products; an output element sums its keys in order from 0.
 // causal >= 0: row b attends to keys 0..causal + b only (a prompt chunk's queries, one a row,
 // over their sequence's keys); else every row to all l_len.
-HOT void decode_attention_heads(const Strided& q, const Strided& k, const Strided& v,
-                                const Strided& m, int kind, float* out, int64_t u0, int64_t u1,
-                                int64_t kv_len, int64_t rep, int64_t keys_len, int64_t d,
-                                float scale, int64_t causal) {
+// T: the keys' and values' elements, float or float16's bits (uint16_t), widened HALF_BLOCK
+// positions at a time into floats, once for the query heads that share them; then the same
+// sums as float's.
+constexpr int64_t HALF_BLOCK = 64;
+
+template <class T>
+FORCE_INLINE void heads_body(const Strided& q, const Strided& k, const Strided& v,
+                             const Strided& m, int kind, float* out, int64_t u0, int64_t u1,
+                             int64_t kv_len, int64_t rep, int64_t keys_len, int64_t d,
+                             float scale, int64_t causal) {
+  constexpr bool wide = std::is_same_v<T, float>;
   const int64_t h_len = kv_len * rep, dv = d - d % LANES;
   std::vector<float> qs(static_cast<size_t>(rep * d)), p(static_cast<size_t>(rep * keys_len));
+  std::vector<float> buf(wide ? 0 : static_cast<size_t>(HALF_BLOCK * d));
   for (int64_t u = u0; u < u1; u++) {
     const int64_t b = u / kv_len, g = u % kv_len;
     const int64_t l_len = causal < 0 ? keys_len : std::min(keys_len, causal + b + 1);
+    const int64_t block = wide ? std::max<int64_t>(l_len, 1) : HALF_BLOCK;
     for (int64_t r = 0; r < rep; r++) {
       const float* qv = reinterpret_cast<const float*>(q.base) + b * q.st[0] + (g * rep + r) * q.st[1];
       for (int64_t i = 0; i < d; i++) qs[r * d + i] = qv[i] * scale;
     }
-    const float* kb = reinterpret_cast<const float*>(k.base) + b * k.st[0] + g * k.st[1];
-    int64_t j0 = 0;
-    if (dv == d) {  // 16 keys at a time (no tail in a key's sum)
-      for (; j0 + LANES <= l_len; j0 += LANES)
+    // keys c0..c1 - 1 as floats at kc (row stride ks); a block is a multiple of 16 keys, so
+    // the keys summed one by one are the last l_len % 16 as before
+    const T* kb = reinterpret_cast<const T*>(k.base) + b * k.st[0] + g * k.st[1];
+    for (int64_t c0 = 0; c0 < l_len; c0 += block) {
+      const int64_t c1 = std::min(l_len, c0 + block);
+      const float* kc;
+      int64_t ks;
+      if constexpr (wide) {
+        kc = kb + c0 * k.st[2];
+        ks = k.st[2];
+      } else {
+        fast_kernels::widen_half(kb + c0 * k.st[2], k.st[2], c1 - c0, d, buf.data());
+        kc = buf.data();
+        ks = d;
+      }
+      int64_t j = c0;
+      if (dv == d) {  // 16 keys at a time (no tail in a key's sum)
+        for (; j + LANES <= c1; j += LANES)
+          for (int64_t r = 0; r < rep; r++) {
+            const float* qr = qs.data() + r * d;
+            vf part[LANES];
+            for (int l = 0; l < LANES; l++) part[l] = dot_lanes(qr, kc + (j - c0 + l) * ks, dv);
+            store(p.data() + r * keys_len + j, lane_sums16(part));
+          }
+      }
+      for (; j < c1; j++) {
+        const float* kj = kc + (j - c0) * ks;
         for (int64_t r = 0; r < rep; r++) {
           const float* qr = qs.data() + r * d;
-          vf part[LANES];
-          for (int l = 0; l < LANES; l++) part[l] = dot_lanes(qr, kb + (j0 + l) * k.st[2], dv);
-          store(p.data() + r * keys_len + j0, lane_sums16(part));
+          float sum = hsum(dot_lanes(qr, kj, dv));
+          for (int64_t i = dv; i < d; i++) sum += qr[i] * kj[i];
+          p[r * keys_len + j] = sum;
         }
-    }
-    for (int64_t j = j0; j < l_len; j++) {
-      const float* kj = kb + j * k.st[2];
-      for (int64_t r = 0; r < rep; r++) {
-        const float* qr = qs.data() + r * d;
-        float sum = hsum(dot_lanes(qr, kj, dv));
-        for (int64_t i = dv; i < d; i++) sum += qr[i] * kj[i];
-        p[r * keys_len + j] = sum;
       }
     }
     for (int64_t r = 0; r < rep; r++) {
@@ -493,39 +518,69 @@ HOT void decode_attention_heads(const Strided& q, const Strided& k, const Stride
       softmax_rows(pr, pr, 0, 1, l_len, 0);
     }
     float* o = out + (b * h_len + g * rep) * d;
-    const float* vb = reinterpret_cast<const float*>(v.base) + b * v.st[0] + g * v.st[1];
-    // Each query row's output, four vectors at a time in registers over every key.
-    for (int64_t r = 0; r < rep; r++) {
-      const float* pr = p.data() + r * keys_len;
-      float* orow = o + r * d;
-      int64_t i = 0;
-      for (; i + 4 * LANES <= dv; i += 4 * LANES) {
-        vf a0 = splat(0.0f), a1 = splat(0.0f), a2 = splat(0.0f), a3 = splat(0.0f);
-        for (int64_t j = 0; j < l_len; j++) {
-          const float* vj = vb + j * v.st[2] + i;
-          const float w = pr[j];
-          a0 = a0 + load(vj) * w;
-          a1 = a1 + load(vj + LANES) * w;
-          a2 = a2 + load(vj + 2 * LANES) * w;
-          a3 = a3 + load(vj + 3 * LANES) * w;
+    const T* vb = reinterpret_cast<const T*>(v.base) + b * v.st[0] + g * v.st[1];
+    // Each query row's output, four vectors at a time in registers over every key of a
+    // block (carried from block to block through the output: the same additions in order).
+    for (int64_t c0 = 0; c0 < std::max<int64_t>(l_len, 1); c0 += block) {
+      const int64_t c1 = std::min(l_len, c0 + block);
+      const float* vc;
+      int64_t vs;
+      if constexpr (wide) {
+        vc = vb + c0 * v.st[2];
+        vs = v.st[2];
+      } else {
+        fast_kernels::widen_half(vb + c0 * v.st[2], v.st[2], c1 - c0, d, buf.data());
+        vc = buf.data();
+        vs = d;
+      }
+      const auto from = [&](const float* at) { return c0 ? load(at) : splat(0.0f); };
+      for (int64_t r = 0; r < rep; r++) {
+        const float* pr = p.data() + r * keys_len;
+        float* orow = o + r * d;
+        int64_t i = 0;
+        for (; i + 4 * LANES <= dv; i += 4 * LANES) {
+          vf a0 = from(orow + i), a1 = from(orow + i + LANES), a2 = from(orow + i + 2 * LANES),
+             a3 = from(orow + i + 3 * LANES);
+          for (int64_t j = c0; j < c1; j++) {
+            const float* vj = vc + (j - c0) * vs + i;
+            const float w = pr[j];
+            a0 = a0 + load(vj) * w;
+            a1 = a1 + load(vj + LANES) * w;
+            a2 = a2 + load(vj + 2 * LANES) * w;
+            a3 = a3 + load(vj + 3 * LANES) * w;
+          }
+          store(orow + i, a0);
+          store(orow + i + LANES, a1);
+          store(orow + i + 2 * LANES, a2);
+          store(orow + i + 3 * LANES, a3);
         }
-        store(orow + i, a0);
-        store(orow + i + LANES, a1);
-        store(orow + i + 2 * LANES, a2);
-        store(orow + i + 3 * LANES, a3);
-      }
-      for (; i < dv; i += LANES) {
-        vf a = splat(0.0f);
-        for (int64_t j = 0; j < l_len; j++) a = a + load(vb + j * v.st[2] + i) * pr[j];
-        store(orow + i, a);
-      }
-      for (; i < d; i++) {
-        float a = 0.0f;
-        for (int64_t j = 0; j < l_len; j++) a += vb[j * v.st[2] + i] * pr[j];
-        orow[i] = a;
+        for (; i < dv; i += LANES) {
+          vf a = from(orow + i);
+          for (int64_t j = c0; j < c1; j++) a = a + load(vc + (j - c0) * vs + i) * pr[j];
+          store(orow + i, a);
+        }
+        for (; i < d; i++) {
+          float a = c0 ? orow[i] : 0.0f;
+          for (int64_t j = c0; j < c1; j++) a += vc[(j - c0) * vs + i] * pr[j];
+          orow[i] = a;
+        }
       }
     }
   }
+}
+
+HOT void decode_attention_heads(const Strided& q, const Strided& k, const Strided& v,
+                                const Strided& m, int kind, float* out, int64_t u0, int64_t u1,
+                                int64_t kv_len, int64_t rep, int64_t keys_len, int64_t d,
+                                float scale, int64_t causal) {
+  heads_body<float>(q, k, v, m, kind, out, u0, u1, kv_len, rep, keys_len, d, scale, causal);
+}
+
+HOT void decode_attention_heads_half(const Strided& q, const Strided& k, const Strided& v,
+                                     const Strided& m, int kind, float* out, int64_t u0,
+                                     int64_t u1, int64_t kv_len, int64_t rep, int64_t keys_len,
+                                     int64_t d, float scale, int64_t causal) {
+  heads_body<uint16_t>(q, k, v, m, kind, out, u0, u1, kv_len, rep, keys_len, d, scale, causal);
 }
 
 void attend(const Strided& q, const Strided& k, const Strided& v, const Strided& m, int kind,
@@ -533,7 +588,8 @@ void attend(const Strided& q, const Strided& k, const Strided& v, const Strided&
             float scale, int64_t causal = -1) {
   // The units shared with the quantized products' threads, but for a short context's few.
   const auto heads = [&](int64_t u0, int64_t u1) {
-    decode_attention_heads(q, k, v, m, kind, o, u0, u1, kv_len, rep, l_len, d, scale, causal);
+    (k.half ? decode_attention_heads_half : decode_attention_heads)(
+        q, k, v, m, kind, o, u0, u1, kv_len, rep, l_len, d, scale, causal);
   };
   const int64_t units = b_len * kv_len;
   if (units < 2 || units * l_len * d < ATTENTION_SPLIT) heads(0, units);
@@ -617,8 +673,8 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight, f
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
                            float scale, const std::optional<mx::array>& mask) {
   require(q, "decode_attention");
-  require(k, "decode_attention");
-  require(v, "decode_attention");
+  if (k.dtype() != v.dtype() || (k.dtype() != mx::float32 && k.dtype() != mx::float16))
+    throw std::invalid_argument("decode_attention: k and v both float32 or both float16");
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.shape(2) != 1)
     throw std::invalid_argument("decode_attention: q [B, H, 1, D], k and v [B, KV, L, D]");
   if (k.shape() != v.shape() || k.shape(0) != q.shape(0) || k.shape(3) != q.shape(3) ||
@@ -719,7 +775,7 @@ void decode_attention(const Strided& q, const Strided& k, const Strided& v, cons
 mx::array rope_inv_freq(int half, float base) { return ::base_inv_freq(half, base); }
 
 Strided strided(const mx::array& a) {
-  Strided s{a.data<char>(), {0, 0, 0, 0}};
+  Strided s{a.data<char>(), {0, 0, 0, 0}, a.dtype() == mx::float16};
   const int nd = static_cast<int>(a.ndim());
   for (int i = 0; i < nd; i++)
     s.st[4 - nd + i] = a.shape(i) == 1 ? 0 : static_cast<int64_t>(a.strides()[i]);
@@ -743,8 +799,8 @@ NB_MODULE(_mlx_fast, m) {
   m.def("decode_attention", &decode_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("scale"), nb::arg("mask").none(),
         "softmax(q k^T * scale + mask) v for one query position: q [B, H, 1, D], k and v "
-        "[B, KV, L, D] (views read in place), mask None, boolean or float32 broadcast to "
-        "[B, H, 1, L] (float32).");
+        "[B, KV, L, D] (views read in place; float32, or both float16), mask None, boolean "
+        "or float32 broadcast to [B, H, 1, L] (float32).");
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("weight").none(), nb::arg("eps"),
         "mx.fast.rms_norm's arithmetic over the last axis (float32).");
   define_quant(m);

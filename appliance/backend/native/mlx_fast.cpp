@@ -448,10 +448,11 @@ FORCE_INLINE vf dot_lanes(const float* qr, const float* kj, int64_t dv) {
 // additions) plus the tail's products; an output element sums its keys in order from 0.
 // causal >= 0: row b attends to keys 0..causal + b only (a prompt chunk's queries, one a row,
 // over their sequence's keys); else every row to all l_len.
-// T: the keys' and values' elements, float or float16's bits (uint16_t), widened HALF_BLOCK
-// positions at a time into floats, once for the query heads that share them; then the same
-// sums as float's.
-constexpr int64_t HALF_BLOCK = 64;
+// Keys and values go KEY_BLOCK positions at a time, each block's rows read for every query
+// head that shares them while they are in the L1 cache (a value pass over the whole length
+// per head read a long context's values from memory once a head). T: their elements, float
+// or float16's bits (uint16_t, widened a block at a time into floats); the same sums.
+constexpr int64_t KEY_BLOCK = 64;
 
 template <class T>
 FORCE_INLINE void heads_body(const Strided& q, const Strided& k, const Strided& v,
@@ -461,11 +462,10 @@ FORCE_INLINE void heads_body(const Strided& q, const Strided& k, const Strided& 
   constexpr bool wide = std::is_same_v<T, float>;
   const int64_t h_len = kv_len * rep, dv = d - d % LANES;
   std::vector<float> qs(static_cast<size_t>(rep * d)), p(static_cast<size_t>(rep * keys_len));
-  std::vector<float> buf(wide ? 0 : static_cast<size_t>(HALF_BLOCK * d));
+  std::vector<float> buf(wide ? 0 : static_cast<size_t>(KEY_BLOCK * d));
   for (int64_t u = u0; u < u1; u++) {
     const int64_t b = u / kv_len, g = u % kv_len;
     const int64_t l_len = causal < 0 ? keys_len : std::min(keys_len, causal + b + 1);
-    const int64_t block = wide ? std::max<int64_t>(l_len, 1) : HALF_BLOCK;
     for (int64_t r = 0; r < rep; r++) {
       const float* qv = reinterpret_cast<const float*>(q.base) + b * q.st[0] + (g * rep + r) * q.st[1];
       for (int64_t i = 0; i < d; i++) qs[r * d + i] = qv[i] * scale;
@@ -473,8 +473,8 @@ FORCE_INLINE void heads_body(const Strided& q, const Strided& k, const Strided& 
     // keys c0..c1 - 1 as floats at kc (row stride ks); a block is a multiple of 16 keys, so
     // the keys summed one by one are the last l_len % 16 as before
     const T* kb = reinterpret_cast<const T*>(k.base) + b * k.st[0] + g * k.st[1];
-    for (int64_t c0 = 0; c0 < l_len; c0 += block) {
-      const int64_t c1 = std::min(l_len, c0 + block);
+    for (int64_t c0 = 0; c0 < l_len; c0 += KEY_BLOCK) {
+      const int64_t c1 = std::min(l_len, c0 + KEY_BLOCK);
       const float* kc;
       int64_t ks;
       if constexpr (wide) {
@@ -521,8 +521,8 @@ FORCE_INLINE void heads_body(const Strided& q, const Strided& k, const Strided& 
     const T* vb = reinterpret_cast<const T*>(v.base) + b * v.st[0] + g * v.st[1];
     // Each query row's output, four vectors at a time in registers over every key of a
     // block (carried from block to block through the output: the same additions in order).
-    for (int64_t c0 = 0; c0 < std::max<int64_t>(l_len, 1); c0 += block) {
-      const int64_t c1 = std::min(l_len, c0 + block);
+    for (int64_t c0 = 0; c0 < std::max<int64_t>(l_len, 1); c0 += KEY_BLOCK) {
+      const int64_t c1 = std::min(l_len, c0 + KEY_BLOCK);
       const float* vc;
       int64_t vs;
       if constexpr (wide) {

@@ -470,21 +470,23 @@ FORCE_INLINE void heads_body(const Strided& q, const Strided& k, const Strided& 
       const float* qv = reinterpret_cast<const float*>(q.base) + b * q.st[0] + (g * rep + r) * q.st[1];
       for (int64_t i = 0; i < d; i++) qs[r * d + i] = qv[i] * scale;
     }
-    // keys c0..c1 - 1 as floats at kc (row stride ks); a block is a multiple of 16 keys, so
-    // the keys summed one by one are the last l_len % 16 as before
+    // rows c0..c1 - 1 of the unit's keys or values as floats, and their row stride (a
+    // float16 cache's widened into buf)
+    const auto rows = [&](const T* base, int64_t stride, int64_t c0,
+                          int64_t c1) -> std::pair<const float*, int64_t> {
+      if constexpr (wide) {
+        return {base + c0 * stride, stride};
+      } else {
+        fast_kernels::widen_half(base + c0 * stride, stride, c1 - c0, d, buf.data());
+        return {buf.data(), d};
+      }
+    };
+    // a block is a multiple of 16 keys, so the keys summed one by one are the last
+    // l_len % 16 as before
     const T* kb = reinterpret_cast<const T*>(k.base) + b * k.st[0] + g * k.st[1];
     for (int64_t c0 = 0; c0 < l_len; c0 += KEY_BLOCK) {
       const int64_t c1 = std::min(l_len, c0 + KEY_BLOCK);
-      const float* kc;
-      int64_t ks;
-      if constexpr (wide) {
-        kc = kb + c0 * k.st[2];
-        ks = k.st[2];
-      } else {
-        fast_kernels::widen_half(kb + c0 * k.st[2], k.st[2], c1 - c0, d, buf.data());
-        kc = buf.data();
-        ks = d;
-      }
+      const auto [kc, ks] = rows(kb, k.st[2], c0, c1);
       int64_t j = c0;
       if (dv == d) {  // 16 keys at a time (no tail in a key's sum)
         for (; j + LANES <= c1; j += LANES)
@@ -523,16 +525,7 @@ FORCE_INLINE void heads_body(const Strided& q, const Strided& k, const Strided& 
     // block (carried from block to block through the output: the same additions in order).
     for (int64_t c0 = 0; c0 < std::max<int64_t>(l_len, 1); c0 += KEY_BLOCK) {
       const int64_t c1 = std::min(l_len, c0 + KEY_BLOCK);
-      const float* vc;
-      int64_t vs;
-      if constexpr (wide) {
-        vc = vb + c0 * v.st[2];
-        vs = v.st[2];
-      } else {
-        fast_kernels::widen_half(vb + c0 * v.st[2], v.st[2], c1 - c0, d, buf.data());
-        vc = buf.data();
-        vs = d;
-      }
+      const auto [vc, vs] = rows(vb, v.st[2], c0, c1);
       const auto from = [&](const float* at) { return c0 ? load(at) : splat(0.0f); };
       for (int64_t r = 0; r < rep; r++) {
         const float* pr = p.data() + r * keys_len;

@@ -46,3 +46,15 @@ def test_health_names_the_backend_the_daemon_really_runs(tiny_model: Path,
         assert "_mlx_fast" not in maps
     assert "/libopenblas" in maps
     assert loaded_libraries()  # /proc is readable here: the maps above are real
+
+
+def test_a_kv_dtype_the_daemon_cannot_keep_stops_it_with_a_clear_error(
+        tiny_model: Path, tmp_path: Path) -> None:
+    d = start_daemon(tiny_model, tmp_path, env={"APPLIANCE_KV_DTYPE": "float8"}, wait=False)
+    try:
+        code = d.proc.wait(timeout=120)
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+    assert code != 0
+    assert "APPLIANCE_KV_DTYPE must be float16 or float32, not 'float8'" in d.log.read_text()

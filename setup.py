@@ -52,7 +52,8 @@ def mlx_fast() -> Extension | None:
             "mlx_fast.cpp", "decode_layer.cpp")],
         # without it an edit of the header alone leaves the extension "up to date"
         depends=[f"{BACKEND}/native/{name}" for name in (
-            "quant_kernels.h", "fast_kernels.h", "lane_sums.h", "staging.h")],
+            "quant_kernels.h", "fast_kernels.h", "lane_sums.h", "staging.h",
+            "attention_heads.inc")],
         include_dirs=[os.path.join(nb, "include"), os.path.join(nb, "ext", "robin_map", "include"),
                       os.path.join(nb, "src"), os.path.join(mlx_dir, "include")],
         library_dirs=[os.path.join(mlx_dir, "lib")], libraries=["mlx"],

@@ -12,10 +12,11 @@
 // a buffer it may donate (else the output is a copy, as MLX's would be).
 //
 // In: h [B, D] (then the chunks' rows, below), the layer's KV buffers [R, KV, W, d] (float32,
-// or float16 where the cache is kept in 16 bits; rows 0..B-1 are the batch's), each row's RoPE position [B] (int32), RoPE's inverse frequencies,
-// the two norms' weights, q/k norm weights and q/k/v biases where the model has them, q, k,
-// v, o, gate, up and down as tile()'s arrays (tiles, scales, biases each), the mask [.., L]
-// where there is one, each chunk's key and value buffers. The new position is written at
+// or float16 where the cache is kept in 16 bits; rows 0..B-1 are the batch's), each row's
+// RoPE position [B] (int32), RoPE's inverse frequencies, the two norms' weights, q/k norm
+// weights and q/k/v biases where the model has them, q, k, v, o, gate, up and down as
+// tile()'s arrays (tiles, scales, biases each), the mask [.., L] where there is one, each
+// chunk's key and value buffers. The new position is written at
 // `at` in every row; attention reads positions first..at.
 // Out: h + attention + MLP [B, D], the keys, the values.
 //

@@ -44,11 +44,11 @@ void decode_attention(const Strided& q, const Strided& k, const Strided& v, cons
                       int kind, float* out, int64_t b_len, int64_t kv_len, int64_t rep,
                       int64_t l_len, int64_t d, float scale, int64_t causal = -1);
 
-// quant_matmul.cpp: a KV cache kept in float16 (its bits), n rows of d values (row stride
-// `stride`) widened to floats packed [n, d], and n floats narrowed rounded to nearest even
-// (as MLX casts); the quantized kernels' instruction set (APPLIANCE_SIMD), the same bits.
-void widen_half(const uint16_t* src, int64_t stride, int64_t n, int64_t d, float* dst);
+// quant_matmul.cpp: n floats narrowed to float16 (a KV cache kept in 16 bits, its bits),
+// rounded to nearest even as MLX casts, by the quantized kernels' instruction set; that
+// instruction set (APPLIANCE_SIMD): 0 portable, 1 AVX2, 2 AVX-512.
 void narrow_half(const float* src, uint16_t* dst, int64_t n);
+int simd_level();
 
 // quant_matmul.cpp: f(u0, u1) over [0, units) in pieces, on the caller and the quantized
 // products' helper threads (each unit once).

@@ -43,6 +43,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "mlx/version.h"
 // mlx/backend/cpu/encoder.h is MLX's private header: it is read only from the versions this
 // file was checked with; another MLX builds the package without this extension (the pure
@@ -435,145 +439,113 @@ using fast_kernels::ADD_MASK;
 
 using fast_kernels::strided;
 
-// One query row's dot product with one key, as 16 partial sums (lanes) and the tail's.
-FORCE_INLINE vf dot_lanes(const float* qr, const float* kj, int64_t dv) {
-  vf acc = splat(0.0f);
-  for (int64_t i = 0; i < dv; i += LANES) acc += load(qr + i) * load(kj + i);
-  return acc;
-}
+constexpr int64_t KEY_BLOCK = 64;  // value positions a pass reads for every head (.inc)
 
-// Units are (batch row, KV head): each key and value row is read once for the query heads
-// that share it. Every (row, head)'s sums run in the same order whatever the unit holds: a
-// score is its 16 lanes folded by hsum's tree (16 keys at a time by lane_sums16, the same
-// additions) plus the tail's products; an output element sums its keys in order from 0.
-// causal >= 0: row b attends to keys 0..causal + b only (a prompt chunk's queries, one a row,
-// over their sequence's keys); else every row to all l_len.
-// Keys and values go KEY_BLOCK positions at a time, each block's rows read for every query
-// head that shares them while they are in the L1 cache (a value pass over the whole length
-// per head read a long context's values from memory once a head). T: their elements, float
-// or float16's bits (uint16_t, widened a block at a time into floats); the same sums.
-constexpr int64_t KEY_BLOCK = 64;
+// Keys and values are read through a loader L: L::at gives 16 elements as floats, L::one
+// one (L::T: float, or float16's bits for a cache kept in 16 bits). attention_heads.inc holds
+// the loop, compiled here for the fast ops' clones and, for a float16 cache, once more per
+// instruction set below (F16C's conversions are intrinsics, which `target_clones` code
+// cannot call).
+struct LoadF32 {
+  typedef float T;
+  static FORCE_INLINE vf at(const float* p) { return load(p); }
+  static FORCE_INLINE float one(const float* p) { return *p; }
+};
 
-template <class T>
-FORCE_INLINE void heads_body(const Strided& q, const Strided& k, const Strided& v,
-                             const Strided& m, int kind, float* out, int64_t u0, int64_t u1,
-                             int64_t kv_len, int64_t rep, int64_t keys_len, int64_t d,
-                             float scale, int64_t causal) {
-  constexpr bool wide = std::is_same_v<T, float>;
-  const int64_t h_len = kv_len * rep, dv = d - d % LANES;
-  std::vector<float> qs(static_cast<size_t>(rep * d)), p(static_cast<size_t>(rep * keys_len));
-  std::vector<float> buf(wide ? 0 : static_cast<size_t>(KEY_BLOCK * d));
-  for (int64_t u = u0; u < u1; u++) {
-    const int64_t b = u / kv_len, g = u % kv_len;
-    const int64_t l_len = causal < 0 ? keys_len : std::min(keys_len, causal + b + 1);
-    for (int64_t r = 0; r < rep; r++) {
-      const float* qv = reinterpret_cast<const float*>(q.base) + b * q.st[0] + (g * rep + r) * q.st[1];
-      for (int64_t i = 0; i < d; i++) qs[r * d + i] = qv[i] * scale;
-    }
-    // rows c0..c1 - 1 of the unit's keys or values as floats, and their row stride (a
-    // float16 cache's widened into buf)
-    const auto rows = [&](const T* base, int64_t stride, int64_t c0,
-                          int64_t c1) -> std::pair<const float*, int64_t> {
-      if constexpr (wide) {
-        return {base + c0 * stride, stride};
-      } else {
-        fast_kernels::widen_half(base + c0 * stride, stride, c1 - c0, d, buf.data());
-        return {buf.data(), d};
-      }
-    };
-    // a block is a multiple of 16 keys, so the keys summed one by one are the last
-    // l_len % 16 as before
-    const T* kb = reinterpret_cast<const T*>(k.base) + b * k.st[0] + g * k.st[1];
-    for (int64_t c0 = 0; c0 < l_len; c0 += KEY_BLOCK) {
-      const int64_t c1 = std::min(l_len, c0 + KEY_BLOCK);
-      const auto [kc, ks] = rows(kb, k.st[2], c0, c1);
-      int64_t j = c0;
-      if (dv == d) {  // 16 keys at a time (no tail in a key's sum)
-        for (; j + LANES <= c1; j += LANES)
-          for (int64_t r = 0; r < rep; r++) {
-            const float* qr = qs.data() + r * d;
-            vf part[LANES];
-            for (int l = 0; l < LANES; l++) part[l] = dot_lanes(qr, kc + (j - c0 + l) * ks, dv);
-            store(p.data() + r * keys_len + j, lane_sums16(part));
-          }
-      }
-      for (; j < c1; j++) {
-        const float* kj = kc + (j - c0) * ks;
-        for (int64_t r = 0; r < rep; r++) {
-          const float* qr = qs.data() + r * d;
-          float sum = hsum(dot_lanes(qr, kj, dv));
-          for (int64_t i = dv; i < d; i++) sum += qr[i] * kj[i];
-          p[r * keys_len + j] = sum;
-        }
-      }
-    }
-    for (int64_t r = 0; r < rep; r++) {
-      const int64_t h = g * rep + r;
-      float* pr = p.data() + r * keys_len;
-      if (kind == BOOL_MASK) {
-        const bool* mb = reinterpret_cast<const bool*>(m.base) + b * m.st[0] + h * m.st[1];
-        for (int64_t j = 0; j < l_len; j++) pr[j] = mb[j * m.st[3]] ? pr[j] : -INFINITY;
-      } else if (kind == ADD_MASK) {
-        const float* mb = reinterpret_cast<const float*>(m.base) + b * m.st[0] + h * m.st[1];
-        for (int64_t j = 0; j < l_len; j++) pr[j] += mb[j * m.st[3]];
-      }
-      softmax_rows(pr, pr, 0, 1, l_len, 0);
-    }
-    float* o = out + (b * h_len + g * rep) * d;
-    const T* vb = reinterpret_cast<const T*>(v.base) + b * v.st[0] + g * v.st[1];
-    // Each query row's output, four vectors at a time in registers over every key of a
-    // block (carried from block to block through the output: the same additions in order).
-    for (int64_t c0 = 0; c0 < std::max<int64_t>(l_len, 1); c0 += KEY_BLOCK) {
-      const int64_t c1 = std::min(l_len, c0 + KEY_BLOCK);
-      const auto [vc, vs] = rows(vb, v.st[2], c0, c1);
-      const auto from = [&](const float* at) { return c0 ? load(at) : splat(0.0f); };
-      for (int64_t r = 0; r < rep; r++) {
-        const float* pr = p.data() + r * keys_len;
-        float* orow = o + r * d;
-        int64_t i = 0;
-        for (; i + 4 * LANES <= dv; i += 4 * LANES) {
-          vf a0 = from(orow + i), a1 = from(orow + i + LANES), a2 = from(orow + i + 2 * LANES),
-             a3 = from(orow + i + 3 * LANES);
-          for (int64_t j = c0; j < c1; j++) {
-            const float* vj = vc + (j - c0) * vs + i;
-            const float w = pr[j];
-            a0 = a0 + load(vj) * w;
-            a1 = a1 + load(vj + LANES) * w;
-            a2 = a2 + load(vj + 2 * LANES) * w;
-            a3 = a3 + load(vj + 3 * LANES) * w;
-          }
-          store(orow + i, a0);
-          store(orow + i + LANES, a1);
-          store(orow + i + 2 * LANES, a2);
-          store(orow + i + 3 * LANES, a3);
-        }
-        for (; i < dv; i += LANES) {
-          vf a = from(orow + i);
-          for (int64_t j = c0; j < c1; j++) a = a + load(vc + (j - c0) * vs + i) * pr[j];
-          store(orow + i, a);
-        }
-        for (; i < d; i++) {
-          float a = c0 ? orow[i] : 0.0f;
-          for (int64_t j = c0; j < c1; j++) a += vc[(j - c0) * vs + i] * pr[j];
-          orow[i] = a;
-        }
-      }
-    }
+struct LoadHalf {  // element by element: a processor without F16C, or not x86
+  typedef uint16_t T;
+  static FORCE_INLINE float one(const uint16_t* p) {
+    _Float16 h;
+    std::memcpy(&h, p, sizeof(h));
+    return static_cast<float>(h);
   }
-}
+  static FORCE_INLINE vf at(const uint16_t* p) {
+    float f[LANES];
+    for (int l = 0; l < LANES; l++) f[l] = one(p + l);
+    return load(f);
+  }
+};
+
+#include "attention_heads.inc"
 
 HOT void decode_attention_heads(const Strided& q, const Strided& k, const Strided& v,
                                 const Strided& m, int kind, float* out, int64_t u0, int64_t u1,
                                 int64_t kv_len, int64_t rep, int64_t keys_len, int64_t d,
                                 float scale, int64_t causal) {
-  heads_body<float>(q, k, v, m, kind, out, u0, u1, kv_len, rep, keys_len, d, scale, causal);
+  heads_body<LoadF32>(q, k, v, m, kind, out, u0, u1, kv_len, rep, keys_len, d, scale, causal);
 }
 
 HOT void decode_attention_heads_half(const Strided& q, const Strided& k, const Strided& v,
                                      const Strided& m, int kind, float* out, int64_t u0,
                                      int64_t u1, int64_t kv_len, int64_t rep, int64_t keys_len,
                                      int64_t d, float scale, int64_t causal) {
-  heads_body<uint16_t>(q, k, v, m, kind, out, u0, u1, kv_len, rep, keys_len, d, scale, causal);
+  heads_body<LoadHalf>(q, k, v, m, kind, out, u0, u1, kv_len, rep, keys_len, d, scale, causal);
+}
+
+typedef void (*heads_fn)(const Strided&, const Strided&, const Strided&, const Strided&, int,
+                         float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                         int64_t);
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+namespace avx512 {
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")
+struct LoadHalf {
+  typedef uint16_t T;
+  static FORCE_INLINE vf at(const uint16_t* p) {
+    const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    vf r;
+    std::memcpy(&r, &v, sizeof(r));
+    return r;
+  }
+  static FORCE_INLINE float one(const uint16_t* p) { return _cvtsh_ss(*p); }
+};
+#include "attention_heads.inc"
+void heads_half(const Strided& q, const Strided& k, const Strided& v, const Strided& m, int kind,
+                float* out, int64_t u0, int64_t u1, int64_t kv_len, int64_t rep,
+                int64_t keys_len, int64_t d, float scale, int64_t causal) {
+  heads_body<LoadHalf>(q, k, v, m, kind, out, u0, u1, kv_len, rep, keys_len, d, scale, causal);
+}
+#pragma GCC pop_options
+}  // namespace avx512
+
+namespace avx2 {
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+struct LoadHalf {
+  typedef uint16_t T;
+  static FORCE_INLINE vf at(const uint16_t* p) {
+    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+    vf r;
+    std::memcpy(&r, &lo, sizeof(lo));
+    std::memcpy(reinterpret_cast<char*>(&r) + sizeof(lo), &hi, sizeof(hi));
+    return r;
+  }
+  static FORCE_INLINE float one(const uint16_t* p) { return _cvtsh_ss(*p); }
+};
+#include "attention_heads.inc"
+void heads_half(const Strided& q, const Strided& k, const Strided& v, const Strided& m, int kind,
+                float* out, int64_t u0, int64_t u1, int64_t kv_len, int64_t rep,
+                int64_t keys_len, int64_t d, float scale, int64_t causal) {
+  heads_body<LoadHalf>(q, k, v, m, kind, out, u0, u1, kv_len, rep, keys_len, d, scale, causal);
+}
+#pragma GCC pop_options
+}  // namespace avx2
+#endif
+
+// A float16 cache's attention for the quantized kernels' instruction set (APPLIANCE_SIMD): the
+// same sums in each, its elements converted as they are loaded.
+heads_fn half_heads() {
+  static const heads_fn chosen = []() -> heads_fn {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    const int simd = fast_kernels::simd_level();
+    if (simd == 2) return avx512::heads_half;
+    if (simd == 1) return avx2::heads_half;
+#endif
+    return decode_attention_heads_half;
+  }();
+  return chosen;
 }
 
 void attend(const Strided& q, const Strided& k, const Strided& v, const Strided& m, int kind,
@@ -581,7 +553,7 @@ void attend(const Strided& q, const Strided& k, const Strided& v, const Strided&
             float scale, int64_t causal = -1) {
   // The units shared with the quantized products' threads, but for a short context's few.
   const auto heads = [&](int64_t u0, int64_t u1) {
-    (k.half ? decode_attention_heads_half : decode_attention_heads)(
+    (k.half ? half_heads() : decode_attention_heads)(
         q, k, v, m, kind, o, u0, u1, kv_len, rep, l_len, d, scale, causal);
   };
   const int64_t units = b_len * kv_len;

@@ -57,19 +57,6 @@ void round_plain_avx2(const float* x, int64_t m, int64_t k, int group, int16_t* 
 }
 
 __attribute__((target("avx2,fma,f16c")))
-void widen_avx2(const uint16_t* src, int64_t stride, int64_t n, int64_t d, float* dst) {
-  for (int64_t l = 0; l < n; l++) {
-    const uint16_t* row = src + l * stride;
-    float* out = dst + l * d;
-    int64_t i = 0;
-    for (; i + 8 <= d; i += 8)
-      _mm256_storeu_ps(out + i,
-                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i))));
-    for (; i < d; i++) out[i] = half_value(row[i]);
-  }
-}
-
-__attribute__((target("avx2,fma,f16c")))
 void narrow_avx2(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -88,7 +75,6 @@ columns_fn avx2_columns_i16(int lpg, Scales s) { return by_lpg<ColumnsI16, 4>(lp
 columns_fn avx2_dequant(int bits, int lpg, Scales s) { return by_bits<Dequant>(bits, lpg, s); }
 
 round_fn avx2_round_plain() { return round_plain_avx2; }
-widen_fn avx2_widen() { return widen_avx2; }
 narrow_fn avx2_narrow() { return narrow_avx2; }
 
 }  // namespace quant_kernels

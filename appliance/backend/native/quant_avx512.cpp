@@ -58,19 +58,6 @@ void round_plain_avx512(const float* x, int64_t m, int64_t k, int group, int16_t
 }
 
 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
-void widen_avx512(const uint16_t* src, int64_t stride, int64_t n, int64_t d, float* dst) {
-  for (int64_t l = 0; l < n; l++) {
-    const uint16_t* row = src + l * stride;
-    float* out = dst + l * d;
-    int64_t i = 0;
-    for (; i + 16 <= d; i += 16)
-      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(
-                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i))));
-    for (; i < d; i++) out[i] = half_value(row[i]);
-  }
-}
-
-__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
 void narrow_avx512(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -89,7 +76,6 @@ columns_fn vnni_columns_i16(int lpg, Scales s) { return by_lpg<ColumnsI16, 4>(lp
 columns_fn avx512_dequant(int bits, int lpg, Scales s) { return by_bits<Dequant>(bits, lpg, s); }
 
 round_fn avx512_round_plain() { return round_plain_avx512; }
-widen_fn avx512_widen() { return widen_avx512; }
 narrow_fn avx512_narrow() { return narrow_avx512; }
 
 }  // namespace quant_kernels

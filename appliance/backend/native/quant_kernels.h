@@ -66,16 +66,12 @@ typedef void (*round_fn)(const float* x, int64_t m, int64_t k, int group, int16_
 round_fn avx2_round_plain();    // quant_avx2.cpp
 round_fn avx512_round_plain();  // quant_avx512.cpp
 
-// A KV cache kept in float16 (mlx_fast.cpp's attention reads it, decode_layer.cpp writes it):
-// n rows of d values (row stride `stride` elements) widened to floats, packed [n, d]; n floats
-// narrowed to float16, rounded to nearest even as MLX casts. Exact: the same bits in every
-// variant (F16C's conversions where there are, the compiler's elsewhere).
-typedef void (*widen_fn)(const uint16_t* src, int64_t stride, int64_t n, int64_t d, float* dst);
+// A KV cache kept in float16 (decode_layer.cpp writes it): n floats narrowed to float16,
+// rounded to nearest even as MLX casts. The same bits in every variant (F16C's conversion
+// where there is one, the compiler's elsewhere).
 typedef void (*narrow_fn)(const float* src, uint16_t* dst, int64_t n);
-widen_fn avx2_widen();      // quant_avx2.cpp
-narrow_fn avx2_narrow();
-widen_fn avx512_widen();    // quant_avx512.cpp
-narrow_fn avx512_narrow();
+narrow_fn avx2_narrow();    // quant_avx2.cpp
+narrow_fn avx512_narrow();  // quant_avx512.cpp
 
 // File-local: each file compiles its own copies into its variants, as the single file did,
 // and the linker shares none between files built for different instruction sets.
@@ -95,13 +91,8 @@ QINLINE vf vload(const float* p) {
   return v;
 }
 
-// One float16 (its bits) as a float, and a float as float16 rounded to nearest even: the
-// variants' tails, and the portable variant's every element.
-QINLINE float half_value(uint16_t bits) {
-  _Float16 v;
-  std::memcpy(&v, &bits, sizeof(v));
-  return static_cast<float>(v);
-}
+// A float as float16 rounded to nearest even: the variants' tails, and the portable
+// variant's every element.
 QINLINE uint16_t half_bits(float f) {
   const _Float16 v = static_cast<_Float16>(f);
   uint16_t bits;

@@ -288,11 +288,6 @@ void quantize_plain(const float* x, int64_t m, int64_t k, int group, int16_t* xq
   variant(x, m, k, group, xq, xs, xsum);
 }
 
-void widen_portable(const uint16_t* src, int64_t stride, int64_t n, int64_t d, float* dst) {
-  for (int64_t l = 0; l < n; l++)
-    for (int64_t i = 0; i < d; i++) dst[l * d + i] = half_value(src[l * stride + i]);
-}
-
 void narrow_portable(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; i++) dst[i] = half_bits(src[i]);
 }
@@ -813,16 +808,7 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
 
 namespace fast_kernels {
 
-void widen_half(const uint16_t* src, int64_t stride, int64_t n, int64_t d, float* dst) {
-  static const widen_fn variant = []() -> widen_fn {
-#if defined(__x86_64__)
-    if (simd() == AVX512) return avx512_widen();
-    if (simd() == AVX2) return avx2_widen();
-#endif
-    return widen_portable;
-  }();
-  variant(src, stride, n, d, dst);
-}
+int simd_level() { return static_cast<int>(simd()); }
 
 void narrow_half(const float* src, uint16_t* dst, int64_t n) {
   static const narrow_fn variant = []() -> narrow_fn {

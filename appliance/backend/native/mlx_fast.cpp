@@ -40,7 +40,6 @@
 #include <mutex>
 #include <thread>
 #include <utility>
-#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__)

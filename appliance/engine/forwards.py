@@ -11,6 +11,7 @@ changes no request. What a token, a finish or a failure does to a request is the
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -251,28 +252,33 @@ class Forwards:
         return _outcomes(rows, tokens, failed), reads
 
     # ---- prefill ----
-    def prefill(self, chunks: list[tuple[Seq, int]]) -> list[Reads]:
-        """Read prefill chunks in forwards of their own. Fresh prompts read whole in this
-        tick go through the model together (left-padded, one row each in a batched KV cache:
-        still isolated); everything else (partial chunks, prompt-cache hits) one sequence
-        at a time."""
+    def prefill(self, chunks: list[tuple[Seq, int]]) -> Iterator[Reads]:
+        """Read prefill chunks in forwards of their own, yielding each forward's reads as it
+        ends, so a prompt read to its end shows its first token before the tick's next
+        forward runs (a chat turn read beside the end of someone's document waited for it:
+        docs/decisions/first-token-before-the-next-forward.md). Fresh prompts read
+        whole in this tick go through the model together (left-padded, one row each in a
+        batched KV cache: still isolated), first; everything else (partial chunks,
+        prompt-cache hits) one sequence at a time."""
         whole: list[Seq] = []
         parts: list[tuple[Seq, int]] = []
         if chunks:
             self._ahead = None  # its buffers may be written: a prompt read into the batch
         if self.link is not None:
-            return self._read_chunks(chunks) if chunks else []
+            if chunks:
+                yield from self._read_chunks(chunks)
+            return
         for s, n in chunks:
             if self.plain_kv and s.computed == 0 and n == len(s.tokens):
                 whole.append(s)
             else:
                 parts.append((s, n))
-        out: list[Reads] = []
         if len(whole) > 1:
-            out += self._prefill_together(whole)
+            yield from self._prefill_together(whole)
         else:
             parts = [(s, len(s.tokens)) for s in whole] + parts
-        return out + [Reads([self._prefill_one(s, n)]) for s, n in parts]
+        for s, n in parts:
+            yield Reads([self._prefill_one(s, n)])
 
     def _read_chunks(self, chunks: list[tuple[Seq, int]]) -> list[Reads]:
         """Every chunk in one forward of its own (a model split across machines): each

@@ -265,3 +265,54 @@ def test_a_chat_turn_of_someone_with_nothing_streaming_is_read_before_the_step(
                        what="the turn finished and the stream still going")
         _drain(stream)
     assert read == {2: {"prefill"}, 1: {"ride"}}, read
+
+
+def test_a_chat_turn_shows_its_first_token_before_the_ticks_next_forward(
+        demo_model: Path) -> None:
+    """bob's chat turn and the end of alice's document are read in one tick, in forwards of
+    their own (the turn first). bob's first token goes out as soon as his forward ends, not
+    after alice's forward too: the turn's TTFT is its own reading, not the tick's."""
+    hold = threading.Event()
+    release = threading.Event()
+    order: list[str] = []  # forwards and bob's first token, in the engine thread's order
+
+    def meter(kind: str, rows: int, tokens: int, offset: int, measured: float) -> float:
+        order.append(f"{kind}:{tokens}@{offset}")
+        if kind == "decode" and hold.is_set() and not release.is_set():
+            release.wait(timeout=60)
+        return slow_cpu(kind, rows, tokens, offset, measured)
+
+    def bob_sink(ev: object) -> None:
+        if isinstance(ev, TokenEvent) and "bob" not in order:
+            order.append("bob")
+        bob.put(ev)
+
+    bob: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+    with _metered_engine(demo_model, meter, itl_target_ms=400.0, prefill_chunk_size=48,
+                         prompt_cache_entries=0) as engine:
+        try:
+            ban_eos = _ban_eos(engine)
+            stream: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+            engine.submit(GenerationRequest(prompt=(5, 6, 7), max_tokens=STREAM_TOKENS,
+                                            sampling=ban_eos, user_id=1), blocking_sink(stream))
+            doc: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+            engine.submit(GenerationRequest(prompt=tuple(range(10, 130)), max_tokens=2,
+                                            sampling=ban_eos, user_id=1), blocking_sink(doc))
+            wait_until(lambda: any(s.state == "prefilling" and s.prefilled > 0
+                                   for s in engine.snapshot.slots),
+                       what="alice's document read in part")
+            hold.set()
+            wait_until(lambda: bool(order) and order[-1].startswith("decode"),
+                       what="the engine inside a decode step")
+            turn = _chat(engine, "What is a list?")
+            engine.submit(GenerationRequest(prompt=turn, max_tokens=2, user_id=2), bob_sink)
+            release.set()
+            _drain(bob)
+            _drain(doc)
+        finally:
+            release.set()  # before the engine stops: its thread may be held in the meter
+    at = order.index("bob")
+    assert order[at - 1] == f"prefill:{len(turn)}@0", order  # his own forward, just before
+    # and a forward of alice's document came after it in the same tick, not before it
+    assert any(o.startswith("prefill:") and not o.endswith("@0") for o in order[at:at + 2]), \
+        order

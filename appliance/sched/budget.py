@@ -15,6 +15,12 @@ BURST_STEPS = 2.5
 the ITL max goal (3 times the p50, about one step) less the cost model's error
 (docs/decisions.md, "Riding ticks")."""
 
+PRESENT_TICK = 0.5
+"""While someone is present, a tick spent on work that can wait is planned to last this share
+of reading one arrival alone: the arrival then waits for the tick in flight and its own
+reading, 1.5 times its solo TTFT as planned, which leaves room for the cost model's error
+within the 2x goal (docs/decisions/present-tick.md)."""
+
 WHOLE_RIDING = 1.2
 """A fresh prompt riding in the decode step is read whole, not split, when it costs at most
 this many times what the tick has left: split, its first token waits a tick for the stub;
@@ -133,7 +139,7 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     floor = objectives.prefill_floor * (smallest if riding else costs.chunk_fixed())
     patient = None
     if present:
-        arrival = costs.prefill(objectives.arrival_tokens)
+        arrival = PRESENT_TICK * costs.prefill(objectives.arrival_tokens)
         least = (max(smallest, objectives.prefill_floor * costs.chunk_fixed(riding=True))
                  if riding else smallest)
         patient = max(least, min(share, arrival - decode_s))

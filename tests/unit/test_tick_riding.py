@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from appliance.backend.profile import CPU_KERNEL, KERNEL_ROWS, WIDE_ROWS
-from appliance.sched.budget import BURST_STEPS, TickObjectives, tick_budget
+from appliance.sched.budget import BURST_STEPS, PRESENT_TICK, TickObjectives, tick_budget
 from appliance.sched.cost import STEP_SHARE as WIDE_SHARE
 from appliance.sched.cost import CostModel
 from appliance.sched.scheduler import Scheduler
@@ -115,7 +115,7 @@ def test_while_present_a_riding_chunk_of_work_that_can_wait_pays_its_own_fixed_c
     objectives = TickObjectives()
     budget = tick_budget(costs, objectives, 4, 500, present=True)
     assert budget.riding and budget.patient_s is not None
-    arrival = costs.prefill(objectives.arrival_tokens)
+    arrival = PRESENT_TICK * costs.prefill(objectives.arrival_tokens)
     # reading a chat turn alone leaves less than a min_chunk chunk beside the step
     assert arrival - budget.decode_s < costs.ride(objectives.min_chunk, 0, 4)
     fixed = costs.chunk_fixed(riding=True)
@@ -126,7 +126,8 @@ def test_while_present_a_riding_chunk_of_work_that_can_wait_pays_its_own_fixed_c
     slow = trained_riding()
     budget = tick_budget(slow, objectives, 4, 500, present=True)
     assert budget.patient_s == pytest.approx(max(slow.ride(objectives.min_chunk, 0, 4), min(
-        budget.prefill_s, slow.prefill(objectives.arrival_tokens) - budget.decode_s)))
+        budget.prefill_s,
+        PRESENT_TICK * slow.prefill(objectives.arrival_tokens) - budget.decode_s)))
 
 
 def test_a_tick_rides_only_when_the_engine_reads_chunks_in_a_decode_step_that_runs() -> None:

@@ -182,6 +182,7 @@ class Runner:
         if not self.seqs:
             if self._counters_dirty:  # gone idle: persist the last tick's counters now
                 self.flush_counters()
+                self.timing.report_longest()
             return False
         now = self.clock()
         self.timing.begin()
@@ -190,6 +191,8 @@ class Runner:
                                    cache_tokens=cached // self.loaded.kv_bytes_per_token,
                                    costs=self.costs)
         self._served = {}
+        chunks = [(rid, n, self.seqs[rid].computed) for rid, n in plan.prefill
+                  if rid in self.seqs]
         self._apply(plan, now)
         decoded = self._forwards(plan)
         self._join()
@@ -199,8 +202,8 @@ class Runner:
         self.ticks += 1
         self._counters_dirty = True
         budget = self.scheduler.budget
-        self.timing.end(self.ticks, None if budget is None else budget.target_s,
-                        sum(n for _, n in plan.prefill), plan.ride)
+        self.timing.end(self.ticks, None if budget is None else budget.target_s, chunks,
+                        plan.ride)
         if now - self._counters_at >= COUNTERS_EVERY_S:
             self.flush_counters()
             self._counters_at = now

@@ -17,6 +17,12 @@ TICK_LOG = 2048
 OVER_TARGET = 2.0
 """A tick that takes more than this many times its target is logged and counted (the cost
 model mispredicted, or the machine was busy): what stalls a stream shows in the log."""
+LONGEST_EVERY_S = 60.0
+"""While the engine works, the longest ticks of each such spell are logged with why they
+were long (a run's worst gaps are these ticks: docs/engine.md, "The tick log")."""
+LONGEST_KEPT = 3
+MISPREDICTED = 1.5
+"""A tick whose forwards took more than this many times the cost model's prediction."""
 
 Meter = Callable[[str, int, int, int, float], float]
 """Test hook: (``decode``|``prefill``, rows, tokens per row, KV offset, measured seconds)
@@ -43,6 +49,31 @@ class TickRecord:
     """The whole tick by the engine's timer: its forwards and everything between them
     (rows joining and leaving the batch, prompt-cache copies, the plan). Where it is well
     above ``measured_s``, a stream's gap came from work the cost model does not see."""
+    tick: int = 0
+    chunks: tuple[tuple[int, int, int], ...] = ()
+    """The prompt chunks read: (request id, tokens, positions already read) each."""
+    ride: bool = False
+    """The chunks rode in the decode step's forward."""
+
+    @property
+    def why(self) -> str:
+        """Why the tick lasted what it did: ``host`` (work between the forwards that the
+        cost model does not see), ``mispredicted`` (the forwards took well over the
+        prediction), ``untimed`` (prefill sized in tokens) or ``planned`` (the plan's
+        budget asked for this much: see ``target_ms``)."""
+        if self.wall_s - self.measured_s > max(0.5 * self.measured_s, 0.01):
+            return "host"
+        if self.measured_s > MISPREDICTED * self.predicted_s:
+            return "mispredicted"
+        return "untimed" if self.target_s is None else "planned"
+
+    def describe(self) -> str:
+        chunks = ",".join(f"{rid}:{n}@{k}" for rid, n, k in self.chunks) or "-"
+        return (f"tick={self.tick} wall_ms={self.wall_s * 1e3:.0f} "
+                f"measured_ms={self.measured_s * 1e3:.0f} "
+                f"predicted_ms={self.predicted_s * 1e3:.0f} "
+                f"target_ms={(self.target_s or 0) * 1e3:.0f} decode_rows={self.decode_rows} "
+                f"ride={self.ride} chunks={chunks} why={self.why}")
 
 
 class TickTiming:
@@ -61,6 +92,9 @@ class TickTiming:
         self._rows = 0
         self._began = 0.0
         self._waited = 0.0
+        self.longest: list[TickRecord] = []
+        """The longest ticks of the spell since they were last logged, longest first."""
+        self._longest_since: float | None = None
 
     def begin(self) -> None:
         self._measured = self._predicted = 0.0
@@ -91,21 +125,39 @@ class TickTiming:
             self._predicted += self.costs.prefill_rows(rows, tokens, offset)
             self.costs.observe_prefill(rows, tokens, offset, seconds)
 
-    def end(self, tick: int, target_s: float | None, prefill_tokens: int,
-            ride: bool) -> TickRecord:
+    def end(self, tick: int, target_s: float | None,
+            chunks: Sequence[tuple[int, int, int]] = (), ride: bool = False) -> TickRecord:
+        """Record the tick; ``chunks``: the prompt chunks it read, (request id, tokens,
+        positions already read) each."""
         record = TickRecord(target_s=target_s, predicted_s=self._predicted,
                             measured_s=self._measured, decode_rows=self._rows,
-                            prefill_tokens=prefill_tokens, wait_s=self._waited,
-                            wall_s=self.timer() - self._began)
+                            prefill_tokens=sum(n for _, n, _ in chunks),
+                            wait_s=self._waited, wall_s=self.timer() - self._began,
+                            tick=tick, chunks=tuple(chunks), ride=ride)
         self.log.append(record)
-        log.debug("tick=%d target_ms=%.0f predicted_ms=%.0f measured_ms=%.0f wall_ms=%.0f "
-                  "decode_rows=%d prefill_tokens=%d ride=%s", tick, (target_s or 0) * 1e3,
-                  record.predicted_s * 1e3, record.measured_s * 1e3, record.wall_s * 1e3,
-                  record.decode_rows, prefill_tokens, ride)
+        log.debug("%s", record.describe())
         if target_s is not None and record.measured_s > OVER_TARGET * target_s:
             self.over_target += 1
-            log.info("tick over target tick=%d target_ms=%.0f predicted_ms=%.0f "
-                     "measured_ms=%.0f wall_ms=%.0f decode_rows=%d prefill_tokens=%d", tick,
-                     target_s * 1e3, record.predicted_s * 1e3, record.measured_s * 1e3,
-                     record.wall_s * 1e3, record.decode_rows, prefill_tokens)
+            log.info("tick over target %s", record.describe())
+        self._keep_longest(record)
         return record
+
+    def _keep_longest(self, record: TickRecord) -> None:
+        now = self.timer()
+        if self._longest_since is None:
+            self._longest_since = now
+        self.longest.append(record)
+        self.longest.sort(key=lambda r: -r.wall_s)
+        del self.longest[LONGEST_KEPT:]
+        if now - self._longest_since >= LONGEST_EVERY_S:
+            self.report_longest()
+
+    def report_longest(self) -> None:
+        """Log the spell's longest ticks and start a new spell (also when the engine goes
+        idle, so a short burst of work is reported too)."""
+        if self.longest:
+            log.info("longest ticks of the last %.0f s: %s",
+                     self.timer() - (self._longest_since or self.timer()),
+                     " | ".join(r.describe() for r in self.longest))
+        self.longest = []
+        self._longest_since = None

@@ -7,6 +7,7 @@ No MLX, no real clock.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import pytest
@@ -301,7 +302,43 @@ def test_a_tick_record_holds_its_forwards_and_its_whole_time() -> None:
     now[0] = 0.070  # the decode step
     timing.forward("decode", 4, 1, 100, start)
     now[0] = 0.150  # a row's KV copied out to the prompt cache
-    record = timing.end(1, 0.1, 0, ride=False)
+    record = timing.end(1, 0.1, (), ride=False)
     assert record.measured_s == pytest.approx(0.060)
     assert record.wall_s == pytest.approx(0.150)
     assert timing.over_target == 0  # the forwards kept to the target
+
+
+def test_the_longest_ticks_of_a_minute_are_logged_with_why_they_were_long(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Each minute of work, the engine's log names its three longest ticks: what they read
+    (request id, tokens, positions before), whether the chunks rode, what the cost model
+    predicted against what the forwards took, and the reason: host work between forwards,
+    a misprediction, or the plan's own budget."""
+    from appliance.engine.ticks import TickTiming
+
+    now = [0.0]
+    timing = TickTiming(CostModel(), lambda: now[0], None)
+
+    def tick(n: int, forward_s: float, host_s: float, chunks: tuple = ()) -> None:
+        timing.begin()
+        start = now[0]
+        now[0] += forward_s
+        timing.forward("decode", 2, 1, 100, start)
+        now[0] += host_s
+        timing.end(n, 1.0, chunks, ride=bool(chunks))
+
+    caplog.set_level(logging.INFO, logger="appliance.engine.runner")
+    tick(1, 0.010, 0.0)
+    tick(2, 0.050, 0.200)  # a prompt-cache copy between forwards
+    tick(3, 0.400, 0.0, ((7, 32, 900),))  # far over what a fresh cost model predicts
+    tick(4, 0.020, 0.0)
+    assert [r.tick for r in timing.longest] == [3, 2, 4]
+    assert not [r for r in caplog.records if "longest ticks" in r.getMessage()]
+    now[0] = 61.0
+    tick(5, 0.001, 0.0)
+    (line,) = [r.getMessage() for r in caplog.records if "longest ticks" in r.getMessage()]
+    assert "tick=3 wall_ms=400" in line and "chunks=7:32@900" in line and "ride=True" in line
+    assert "tick=2 wall_ms=250" in line and "why=host" in line
+    assert timing.longest == []  # a new minute
+    timing.report_longest()  # idle: nothing since, nothing logged
+    assert len([r for r in caplog.records if "longest ticks" in r.getMessage()]) == 1

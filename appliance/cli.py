@@ -42,20 +42,40 @@ def exit_now(rc: int) -> NoReturn:
     os._exit(rc)
 
 
+TEST_HOOKS_ENV = "APPLIANCE_TEST_HOOKS"
+"""Set to 1 by the test suite: only then does ``serve`` honour the fault hooks'
+variables (``APPLIANCE_TEST_FAULT``, ``APPLIANCE_TEST_STORE_FAULT``)."""
+
+
+def test_hooks() -> tuple[str | None, Path | None]:
+    """The engine fault spec and the store fault control file, from the tests' variables;
+    outside the test suite (no ``APPLIANCE_TEST_HOOKS=1``) they are ignored, with a word."""
+    from appliance.engine.faults import ENV as FAULT_ENV
+    from appliance.store.faults import TEST_ENV as STORE_FAULT_ENV
+
+    spec, control = os.environ.get(FAULT_ENV), os.environ.get(STORE_FAULT_ENV)
+    if os.environ.get(TEST_HOOKS_ENV) != "1":
+        if spec or control:
+            log.warning("ignoring %s and %s: fault hooks are for the test suite only",
+                        FAULT_ENV, STORE_FAULT_ENV)
+        return None, None
+    return spec or None, Path(control) if control else None
+
+
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
     from appliance.daemon import build_daemon, settle_heap, uvicorn_config
-    from appliance.engine.faults import ENV as FAULT_ENV
     from appliance.engine.faults import fault_from_spec
     from appliance.engine.supervisor import ENGINE_DOWN_EXIT
     from appliance.httpserver import raise_open_file_limit
-    from appliance.store.faults import TEST_ENV as STORE_FAULT_ENV
+    from appliance.store.datadir import hold_lock
 
+    # one daemon per data folder, for the process's life (raises datadir.DataDirBusy)
+    hold_lock(Path(settings.store.data_dir).expanduser())
+    spec, store_fault = test_hooks()
     # migrates before the event loop starts
-    store_fault = os.environ.get(STORE_FAULT_ENV)
-    daemon = build_daemon(settings, fault=fault_from_spec(os.environ.get(FAULT_ENV)),
-                          store_fault=Path(store_fault) if store_fault else None)
+    daemon = build_daemon(settings, fault=fault_from_spec(spec), store_fault=store_fault)
     config = uvicorn_config(daemon, settings.server.host, settings.server.port,
                             raise_open_file_limit())
     log.info("serving %s on http://%s:%d/", daemon.services.model.name, settings.server.host,
@@ -66,6 +86,16 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: None)
     server = uvicorn.Server(config)
     down: list[str] = []
+
+    def on_hangup(_sig: int, _frame: object) -> None:
+        """SIGHUP (a closed terminal, ``kill -HUP``) drains like SIGTERM: nothing can be
+        reloaded in place (docs/decisions/ops-data-folder.md)."""
+        if not server.should_exit:
+            log.warning("SIGHUP: draining and stopping as for SIGTERM (settings are read "
+                        "at start only; start the daemon again to apply them)")
+        server.should_exit = True
+
+    signal.signal(signal.SIGHUP, on_hangup)
 
     def on_engine_down(reason: str) -> None:
         """The engine stopped serving: shut down (the ledger is flushed on the way) and
@@ -242,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
         # from the wheel's BLAS: the same BLAS (and no skinny_matmul) rebuilds them exactly.
         process.prepare(installed_kind(), settings.engine.blas, False, argv)
         process.log_blas(False)
+    from appliance.store.datadir import (
+        DATA_DIR_BUSY_EXIT,
+        DATABASE_LOST_EXIT,
+        DatabaseLost,
+        DataDirBusy,
+    )
     from appliance.store.faults import DATABASE_DAMAGED_EXIT
     from appliance.store.migrate import DatabaseDamaged
 
@@ -264,4 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         # restarting cannot mend a file.
         print(exc, file=sys.stderr)
         exit_now(DATABASE_DAMAGED_EXIT)
+    except DatabaseLost as exc:  # a person restores the backup; no retry helps
+        log.critical("%s", exc)
+        exit_now(DATABASE_LOST_EXIT)
+    except DataDirBusy as exc:
+        log.critical("%s", exc)
+        exit_now(DATA_DIR_BUSY_EXIT)
     return cmd_bench(settings, args)

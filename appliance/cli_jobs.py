@@ -63,10 +63,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def run(settings: Settings, args: argparse.Namespace) -> int:
     from appliance.cli_admin import db_path
     from appliance.store import migrate
+    from appliance.store.datadir import check_not_lost
     from appliance.store.db import open_store
     from appliance.store.errors import AlreadyExists, NotFound
 
     path = db_path(settings)
+    check_not_lost(path)  # never a new empty database beside a backup
     migrate.upgrade(path)
     store = open_store(path)
     try:

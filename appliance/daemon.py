@@ -41,6 +41,7 @@ from appliance.jobs.schedule import household_zone
 from appliance.service.services import Services
 from appliance.settings import Settings
 from appliance.store import migrate
+from appliance.store.datadir import DatabaseWatch, take_backup
 from appliance.store.db import Store, db_file, open_store
 from appliance.store.writer import DEFAULT_FLUSH_INTERVAL_S, StoreWriter
 
@@ -62,6 +63,8 @@ class Daemon:
     supervisor: Supervisor | None = None
     on_engine_down: list[Callable[[str], None]] = field(default_factory=list)
     """Called (from the supervisor's thread) with the reason when the engine stops serving."""
+    watch: DatabaseWatch | None = None
+    """The database file's watch and periodic backup (``appliance.store.datadir``)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _closed: bool = False
 
@@ -74,6 +77,8 @@ class Daemon:
             if self.supervisor is not None:
                 self.supervisor.stop()
             shutdown_engine(self.engine, self.drain_timeout)
+            if self.watch is not None:
+                self.watch.stop()
             self.writer.close()
             self.store.close()
             log.info("shut down cleanly")
@@ -91,11 +96,15 @@ def build_daemon(settings: Settings, *, fault: FaultHook | None = None,
                  supervise_interval_s: float = 1.0, store_fault: Path | None = None) -> Daemon:
     """The running daemon from its settings (the model is loaded when this returns).
     ``store_fault``: the tests' storage fault control file (``appliance.store.faults``).
-    A damaged database file raises ``migrate.DatabaseDamaged`` before anything starts."""
+    A damaged database file raises ``migrate.DatabaseDamaged``, a missing one with a backup
+    beside it ``datadir.DatabaseLost``, before anything starts."""
     check_jobs(settings)  # a typo in the time zone or allow-list stops the start
     path = db_file(settings.store.data_dir)
-    migrate.check_database(path)  # raises migrate.DatabaseDamaged
+    migrate.check_database(path)  # raises migrate.DatabaseDamaged or datadir.DatabaseLost
+    log.info("store: database backed up to %s", take_backup(path))  # known good: checked
     store = open_store(path, test_fault=store_fault)
+    watch = DatabaseWatch(path, store.health,
+                          backup_interval_s=settings.store.backup_interval_minutes * 60.0)
     writer = StoreWriter(store.sessions, flush_interval=flush_interval, health=store.health,
                          backlog_limit=settings.store.ledger_backlog)
     try:
@@ -104,10 +113,12 @@ def build_daemon(settings: Settings, *, fault: FaultHook | None = None,
         writer.close()
         store.close()
         raise
+    watch.start()
     services = build_services(settings, engine, store, writer)
     jobs = build_jobs(services, settings, writer)
     daemon = Daemon(settings, store, writer, engine, services, jobs,
-                    settings.server.shutdown_timeout if drain_timeout is None else drain_timeout)
+                    settings.server.shutdown_timeout if drain_timeout is None else drain_timeout,
+                    watch=watch)
     if secret is None:
         secret = app_secret(Path(settings.store.data_dir).expanduser())
     daemon.app = create_app(services, secret, on_shutdown=[daemon.close], jobs=jobs)

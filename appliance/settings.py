@@ -197,6 +197,9 @@ class StoreSettings:
         1000, "Ledger rows kept in memory while the database takes no writes (disk full, "
         "read-only); with this many waiting, new model requests get 503 storage_unavailable "
         "until the disk is back and the rows are written.", lo=1, hi=1_000_000)
+    backup_interval_minutes: int = _opt(
+        60, "Minutes between copies of the database to appliance.db.backup in the data "
+        "folder (one is always taken at start); 0: only the one at start.", lo=0, hi=7 * 24 * 60)
 
 
 @dataclass(slots=True)

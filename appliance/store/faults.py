@@ -33,6 +33,8 @@ _FAULTS = {3: "SQLITE_PERM", 8: "SQLITE_READONLY", 10: "SQLITE_IOERR", 11: "SQLI
            13: "SQLITE_FULL", 14: "SQLITE_CANTOPEN", 26: "SQLITE_NOTADB"}
 _BUSY = {5: "SQLITE_BUSY", 6: "SQLITE_LOCKED"}
 _DAMAGED = {"SQLITE_CORRUPT", "SQLITE_NOTADB"}
+LOST = "DATABASE_FILE_LOST"
+"""``StoreHealth.fault`` once the database file was deleted or replaced while running."""
 
 DATABASE_DAMAGED_EXIT = 65
 """``appliance serve`` exit status when the database file is damaged (sysexits'
@@ -90,6 +92,9 @@ class StoreHealth:
     detail: str = ""
     since: float | None = None
     faults_total: int = 0
+    lost: str | None = None
+    """Why the database file is no longer the one opened (deleted or replaced while
+    running): every write refused until a restart; see :mod:`appliance.store.datadir`."""
     on_fault: list[Callable[[], None]] = field(default_factory=list, repr=False)
     """Called (from the failing thread) when a spell of faults begins."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -111,13 +116,33 @@ class StoreHealth:
             for hook in list(self.on_fault):
                 hook()
 
+    def note_lost(self, reason: str) -> None:
+        """The file is gone or replaced: refuse every connection from now on (a new one
+        would open, or create, another file) and say so loudly, once."""
+        with self._lock:
+            if self.lost is not None:
+                return
+            self.lost = reason
+        log.critical("store: %s; refusing every write until the daemon is restarted "
+                     "(it will refuse to start on an empty database while a backup exists)",
+                     reason)
+        self.note_fault(LOST, reason)
+
     def note_ok(self) -> None:
         with self._lock:
-            if self.fault is None:
+            if self.fault is None or self.lost is not None:
                 return
             log.warning("store: the database takes writes again after %.1f s (%s)",
                         time.time() - (self.since or time.time()), self.fault)
             self.fault, self.detail, self.since = None, "", None
+
+
+def lost_error(reason: str) -> sqlite3.OperationalError:
+    """SQLite's "unable to open database file" (SQLITE_CANTOPEN), as a lost file gives."""
+    exc = sqlite3.OperationalError(f"unable to open database file: {reason}")
+    exc.sqlite_errorcode = 14
+    exc.sqlite_errorname = "SQLITE_CANTOPEN"
+    return exc
 
 
 def install(engine: Engine, health: StoreHealth) -> None:
@@ -131,6 +156,16 @@ def install(engine: Engine, health: StoreHealth) -> None:
         health.note_fault(name, driver_message(ctx.original_exception))
         if ctx.connection is not None and not ctx.is_pre_ping:
             ctx.is_disconnect = True  # invalidates this connection and the whole pool
+
+    @event.listens_for(engine, "do_connect")
+    def _do_connect(_dialect: Any, _record: Any, _cargs: Any, _cparams: Any) -> None:
+        if health.lost is not None:  # SQLite would open (or create) another file there
+            raise lost_error(health.lost)
+
+    @event.listens_for(engine, "checkout")
+    def _refuse_when_lost(_dbapi: Any, _record: Any, _proxy: Any) -> None:
+        if health.lost is not None:  # pooled: still the unlinked file, whose writes vanish
+            raise DisconnectionError(health.lost)
 
     @event.listens_for(engine, "connect")
     def _on_connect(_dbapi: Any, record: Any) -> None:

@@ -17,6 +17,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.exc import DBAPIError
 
 import migrations
+from appliance.store.datadir import check_not_lost
 from appliance.store.db import make_engine, sqlite_url
 from appliance.store.faults import damaged_message, driver_message, is_damaged
 
@@ -91,7 +92,10 @@ class DatabaseDamaged(Exception):
 def check_database(path: Path) -> None:
     """Migrate, then ``PRAGMA quick_check`` (pages and records, not index contents: 0.19 s
     for a file of 500,000 ledger rows, 88 MB, on a 2-core x86 with the file cached): a
-    damaged file fails closed here, before anything starts, not as errors on requests."""
+    damaged file fails closed here, before anything starts, not as errors on requests.
+    A missing (or empty) file with a backup beside it raises ``datadir.DatabaseLost``:
+    never a silent new empty database."""
+    check_not_lost(path)
     try:
         upgrade(path)
         problem = quick_check(path)

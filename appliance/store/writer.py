@@ -173,6 +173,8 @@ class StoreWriter:
     def refusal(self) -> str | None:
         """Why new model requests must wait: the backlog holds ``backlog_limit`` ledger
         rows the database would not take. None while it is below that."""
+        if self.health.lost is not None:  # nothing will be written before a restart
+            return self.health.lost
         kept = self.stats.backlog
         if kept < self.backlog_limit:
             return None

@@ -1,0 +1,153 @@
+"""Issue 52 items 10-12, through the real ``appliance serve``: the data folder is owned (a
+second daemon on it exits naming the first's PID), SIGHUP drains like SIGTERM (the stream in
+flight finishes and has its ledger row), and the database file is watched (deleted → /health
+503 and writes refused; the restart refuses to make an empty database beside the backup and
+says how to restore it; restored, everyone is back as of the last backup)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from appliance.store.datadir import DATA_DIR_BUSY_EXIT, DATABASE_LOST_EXIT
+from tests.conftest import free_port
+from tests.daemon import Daemon, make_household, start_daemon
+from tests.helpers import wait_until
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+def _ledger_ids(data_dir: Path) -> set[str]:
+    con = sqlite3.connect(f"file:{data_dir / 'appliance.db'}?mode=ro", uri=True)
+    try:
+        return {r[0] for r in con.execute("SELECT request_id FROM ledger")}
+    finally:
+        con.close()
+
+
+def _serve(model: Path, data_dir: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "APPLIANCE_DATA_DIR": str(data_dir)}
+    with open(log, "wb") as fh:
+        return subprocess.Popen([sys.executable, "-m", "appliance", "serve", "--model",
+                                 str(model), "--port", str(free_port())],
+                                env=env, stdout=fh, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[Daemon, dict[str, str]]]:
+    data = tmp_path_factory.mktemp("owned")
+    keys = make_household(data)
+    d = start_daemon(tiny_model, data)
+    yield d, keys
+    if d.proc.poll() is None:
+        d.kill()
+
+
+def test_a_second_daemon_on_the_same_folder_exits_naming_the_first(
+        served: tuple[Daemon, dict[str, str]], tiny_model: Path) -> None:
+    d, _ = served
+    log = d.data_dir / "second.log"
+    second = _serve(tiny_model, d.data_dir, log)
+    assert second.wait(120) == DATA_DIR_BUSY_EXIT, log.read_text()[-2000:]
+    text = log.read_text()
+    assert f"another daemon (PID {d.proc.pid}) already serves the data folder {d.data_dir}" \
+        in text, text[-2000:]
+    assert "serving" not in text  # nothing loaded, nothing listened
+    assert httpx.get(d.url + "/health", timeout=10).status_code == 200  # the first serves on
+
+
+def test_sighup_drains_the_stream_in_flight_and_writes_its_ledger_row(
+        served: tuple[Daemon, dict[str, str]], tiny_model: Path) -> None:
+    d, keys = served
+    eos = json.loads((tiny_model / "config.json").read_text())["eos_token_id"]
+    ban = {str(t): -100.0 for t in (eos if isinstance(eos, list) else [eos])}
+    body = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 400,
+            "logit_bias": ban, "stream": True}
+    chunks: list[dict[str, object]] = []
+    with d.client(keys["bob"]) as bob, bob.stream("POST", "/v1/chat/completions",
+                                                 json=body) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for line in lines:  # the stream is running: its first token came
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:]))
+                break
+        d.proc.send_signal(signal.SIGHUP)
+        for line in lines:
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:]))
+    assert d.proc.wait(120) == 0
+    request_id = str(chunks[0]["id"]).split("-", 1)[1]
+    finish = [c["choices"][0]["finish_reason"] for c in chunks  # type: ignore[index]
+              if c.get("choices") and c["choices"][0].get("finish_reason")]  # type: ignore[index]
+    assert finish == ["length"], chunks[-3:]
+    assert request_id in _ledger_ids(d.data_dir)
+    text = d.log.read_text()
+    assert "SIGHUP: draining and stopping as for SIGTERM" in text
+    assert "shut down cleanly" in text and "Traceback" not in text, text[-3000:]
+
+
+def test_a_deleted_database_is_noticed_and_never_silently_replaced(
+        served: tuple[Daemon, dict[str, str]], tiny_model: Path) -> None:
+    first, keys = served  # stopped by SIGHUP above: the same household, served again
+    assert first.proc.poll() is not None
+    tmp_path = first.data_dir
+    db = tmp_path / "appliance.db"
+    backup = tmp_path / "appliance.db.backup"
+    d = start_daemon(tiny_model, tmp_path, log_name="again.log")
+    try:
+        assert backup.exists() and backup.stat().st_mode & 0o077 == 0  # taken at start
+        with d.client(keys["bob"]) as bob:
+            db.unlink()
+
+            def unavailable() -> bool:
+                return httpx.get(d.url + "/health", timeout=10).status_code == 503
+
+            wait_until(unavailable, 30, "/health 503")
+            health = httpx.get(d.url + "/health", timeout=10).json()
+            assert health["status"] == "unavailable"
+            assert f"the database file {db} was deleted" in health["reason"]
+            refused = bob.post("/me/keys", json={"name": "after"})
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "storage_unavailable"
+            chat = bob.post("/v1/chat/completions", json=CHAT)
+            assert chat.status_code == 503, chat.text
+        assert not db.exists()  # nothing made a new file in its place
+        assert d.terminate() == 0
+    finally:
+        if d.proc.poll() is None:
+            d.kill()
+    text = d.log.read_text()
+    assert "CRITICAL" in text and "refusing every write" in text, text[-3000:]
+    assert not db.exists()
+
+    # the restart refuses an empty database while the backup exists, and says how to restore
+    again = start_daemon(tiny_model, tmp_path, log_name="restart.log", wait=False)
+    assert again.proc.wait(120) == DATABASE_LOST_EXIT
+    said = again.log.read_text()
+    assert not db.exists()
+    assert f"the database {db} is missing but its last backup {backup} exists" in said, said
+    restore = said.split("Restore it with `", 1)[1].split("`", 1)[0]
+    subprocess.run(["sh", "-c", restore], check=True)
+    assert shlex.split(restore)[-1] == str(db)
+
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)  # as the restarted daemon sees it
+    try:
+        assert {r[0] for r in con.execute("SELECT name FROM users")} == {"alice", "bob"}
+        # the backup is the one taken at start: bob's default key, not the one made after
+        assert con.execute("SELECT name FROM api_keys WHERE user_id = (SELECT id FROM users "
+                           "WHERE name = 'bob')").fetchall() == [("default",)]
+        assert con.execute("PRAGMA quick_check").fetchone() == ("ok",)
+    finally:
+        con.close()

@@ -23,7 +23,7 @@ from appliance.jobs.phrases import parse_schedule
 from appliance.jobs.runner import JobService
 from appliance.jobs.schedule import describe, in_words, make_trigger, next_times
 from appliance.service.identity import Principal
-from appliance.store.errors import AlreadyExists, NotFound
+from appliance.store.errors import AlreadyExists, Invalid, NotFound
 from web.common import PAGE, form_fields, is_htmx, me, page, services
 
 
@@ -40,7 +40,7 @@ def _int(f: dict[str, str], key: str) -> int | None:
     if not value:
         return None
     if not value.lstrip("-").isdigit():
-        raise ValueError(f"'{key}' must be a whole number")
+        raise Invalid(f"'{key}' must be a whole number")
     return int(value)
 
 
@@ -59,7 +59,7 @@ def fields_from_form(f: dict[str, str]) -> dict[str, Any]:
             if line.strip():
                 name, sep, value = line.partition(":")
                 if not sep:
-                    raise ValueError("headers: one 'Name: value' per line")
+                    raise Invalid("headers: one 'Name: value' per line")
                 headers[name.strip()] = value.strip()
         out["headers"] = headers
     if out["schedule_kind"] == "interval":

@@ -19,7 +19,7 @@ from litestar.response import Redirect, Template
 from appliance.api.auth import admin_only
 from appliance.service.services import Services
 from appliance.store import limits, users, websessions
-from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
+from appliance.store.errors import AlreadyExists, Invalid, LastAdmin, NotFound
 from appliance.store.models import User
 from appliance.vocab import Klass
 from web.common import PAGE, form_fields, is_htmx, page, services
@@ -98,7 +98,7 @@ def _number(text: str, what: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ValueError(f"{LABELS.get(what, what)} must be a number") from None
+        raise Invalid(f"{LABELS.get(what, what)} must be a number") from None
 
 
 @post("/manage/users", status_code=200)
@@ -150,7 +150,7 @@ def _limit(text: str, name: str) -> int | None:
     if not text:
         return None
     if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{LABELS.get(name, name)} must be a whole number of at least 1, "
+        raise Invalid(f"{LABELS.get(name, name)} must be a whole number of at least 1, "
                          "or blank for unlimited")
     return int(text)
 

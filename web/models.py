@@ -17,6 +17,7 @@ from litestar.response import Redirect, Template
 from appliance.api.auth import admin_only
 from appliance.models import ImportFailed, as_ollama, import_apart, import_source
 from appliance.service.services import Services
+from appliance.store.errors import Invalid
 from web.common import PAGE, form_fields, is_htmx, page, services
 
 HINT = ("an Ollama model's name (llama3.2:3b), the full path of a .gguf file on this machine, "
@@ -50,7 +51,7 @@ def _source(text: str) -> str:
         return text
     ref = None if text.endswith(".gguf") else as_ollama(text)
     if ref is None:
-        raise ValueError(f"Give {HINT}.")
+        raise Invalid(f"Give {HINT}.")
     return f"ollama:{ref}"
 
 
@@ -69,7 +70,7 @@ async def bring_in(request: Request[Any, Any, Any]) -> Response[Any]:
     status, notice = 201, ("ok", "")
     try:
         if svc.models_dir is None:
-            raise ValueError("this daemon has no models folder")
+            raise Invalid("this daemon has no models folder")
         source = _source(f.get("source", ""))
         _, target = import_source(source, svc.models_dir)
         if (target / "config.json").is_file():

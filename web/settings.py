@@ -20,6 +20,7 @@ from appliance.api.account import session_cookie, theme_cookie
 from appliance.api.auth import Principal
 from appliance.service.services import Services
 from appliance.store import auth, preferences, users, websessions
+from appliance.store.errors import Invalid
 from appliance.store.models import THEMES
 from web.common import PAGE, form_fields, is_htmx, me, page, services
 
@@ -60,12 +61,12 @@ def _change_password(svc: Services, who: Principal, f: dict[str, str]) -> str:
     returned."""
     new = f.get("new_password", "")
     if new != f.get("repeat_password", ""):
-        raise ValueError("The two new passwords are not the same.")
+        raise Invalid("The two new passwords are not the same.")
     with svc.store.sessions.begin() as s:
         user = users.get_user(s, who.user_id)
         if user is None or not auth.verify_password(user.password_hash,
                                                      f.get("current_password", "")):
-            raise ValueError("Your current password is not right.")
+            raise Invalid("Your current password is not right.")
         users.set_password(s, user, new)
         return websessions.start_session(s, user)
 

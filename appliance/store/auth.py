@@ -19,6 +19,8 @@ import secrets
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
+from appliance.store.errors import Invalid
+
 KEY_SCHEME = "apl"
 PREFIX_BYTES = 4  # 8 hex characters: readable in listings, collisions retried on insert
 SECRET_BYTES = 32
@@ -37,9 +39,9 @@ _hasher = DEFAULT_HASHER
 def validate_password(password: str) -> str:
     """The one password rule: at least ``MIN_PASSWORD_LENGTH`` characters."""
     if len(password) < MIN_PASSWORD_LENGTH:
-        raise ValueError(f"password must be at least {MIN_PASSWORD_LENGTH} characters")
+        raise Invalid(f"password must be at least {MIN_PASSWORD_LENGTH} characters")
     if len(password) > MAX_PASSWORD_LENGTH:
-        raise ValueError(f"password must be at most {MAX_PASSWORD_LENGTH} characters")
+        raise Invalid(f"password must be at most {MAX_PASSWORD_LENGTH} characters")
     return password
 
 

@@ -13,7 +13,7 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from appliance.store.errors import NotFound
+from appliance.store.errors import Invalid, NotFound
 from appliance.store.models import MESSAGE_ROLES, Conversation, Message
 
 TITLE_MAX = 200
@@ -110,7 +110,7 @@ def add_message(
 ) -> Message:
     """Append a message and bump the conversation's ``updated_at``."""
     if role not in MESSAGE_ROLES:
-        raise ValueError(f"message role must be one of {', '.join(MESSAGE_ROLES)}")
+        raise Invalid(f"message role must be one of {', '.join(MESSAGE_ROLES)}")
     conv = _require(session, user_id, conversation_id)
     stamp = time.time() if now is None else now
     message = Message(

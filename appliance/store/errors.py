@@ -1,4 +1,4 @@
-"""Errors raised by the store's functions (besides ``ValueError`` for invalid input)."""
+"""Errors raised by the store's functions; the app maps each to its HTTP status."""
 
 from __future__ import annotations
 
@@ -17,3 +17,8 @@ class AlreadyExists(StoreError):
 
 class LastAdmin(StoreError):
     """The change would leave the appliance without an enabled admin."""
+
+
+class Invalid(StoreError, ValueError):
+    """Input refused, in words for the person who typed it (a 400). A ``ValueError`` so
+    that callers catching that keep working; any other ``ValueError`` is a bug (a 500)."""

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
-from appliance.store.errors import AlreadyExists, NotFound
+from appliance.store.errors import AlreadyExists, Invalid, NotFound
 from appliance.store.models import HouseholdSetting, Job, JobRun, JobStep, LedgerEntry, User
 
 EDITABLE = ("name", "instructions", "source_kind", "source_text", "url", "headers",
@@ -99,7 +99,7 @@ def update_job(session: Session, job: Job, changes: Mapping[str, Any],
                *, now: float | None = None) -> Job:
     for key, value in changes.items():
         if key not in EDITABLE:
-            raise ValueError(f"'{key}' cannot be changed")
+            raise Invalid(f"'{key}' cannot be changed")
         setattr(job, key, value)
     job.updated_at = time.time() if now is None else now
     try:

@@ -12,7 +12,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from appliance.store import auth
-from appliance.store.errors import NotFound
+from appliance.store.errors import Invalid, NotFound
 from appliance.store.models import ApiKey, User
 from appliance.store.users import validate_class
 from appliance.vocab import CLASS_LABELS
@@ -51,7 +51,7 @@ def _check_default(default_class: str | None, max_class: str) -> str | None:
         return None
     klass = validate_class(default_class)
     if class_rank(klass) < class_rank(max_class):
-        raise ValueError(f"default class {klass!r} is above the key's maximum {max_class!r}")
+        raise Invalid(f"default class {klass!r} is above the key's maximum {max_class!r}")
     return klass
 
 
@@ -77,13 +77,13 @@ def create_api_key(
         ceiling = at_most
     klass = validate_class(max_class or ceiling)
     if at_most is not None and class_rank(klass) < class_rank(at_most):
-        raise ValueError(f"key class {klass!r} is above the creating key's class {at_most!r}")
+        raise Invalid(f"key class {klass!r} is above the creating key's class {at_most!r}")
     if class_rank(klass) < class_rank(user.max_class):
-        raise ValueError(f"key class {klass!r} is above the user's maximum {user.max_class!r}")
+        raise Invalid(f"key class {klass!r} is above the user's maximum {user.max_class!r}")
     default = _check_default(default_class, klass)
     name = name.strip()
     if not name or len(name) > 128:
-        raise ValueError("key name must be 1-128 characters")
+        raise Invalid("key name must be 1-128 characters")
     prefix, plaintext = auth.generate_api_key()
     while _find_by_prefix(session, prefix) is not None:  # 32-bit prefix: rare, but possible
         prefix, plaintext = auth.generate_api_key()

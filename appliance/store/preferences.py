@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from appliance.store.errors import Invalid
 from appliance.store.models import THEMES, HouseholdSetting, UserPreferences
 
 SYSTEM_PROMPT_MAX = 4000
@@ -25,7 +26,7 @@ class Preferences:
 def _prompt(text: str) -> str:
     text = text.replace("\r\n", "\n").strip()
     if len(text) > SYSTEM_PROMPT_MAX:
-        raise ValueError(f"A system prompt can be at most {SYSTEM_PROMPT_MAX:,} characters "
+        raise Invalid(f"A system prompt can be at most {SYSTEM_PROMPT_MAX:,} characters "
                          f"long; this one is {len(text):,}.")
     return text
 
@@ -38,7 +39,7 @@ def get_preferences(session: Session, user_id: int) -> Preferences:
 def set_preferences(session: Session, user_id: int, *, system_prompt: str | None = None,
                     theme: str | None = None) -> Preferences:
     if theme is not None and theme not in THEMES:
-        raise ValueError(f"Theme must be one of: {', '.join(THEMES)}.")
+        raise Invalid(f"Theme must be one of: {', '.join(THEMES)}.")
     row = session.get(UserPreferences, user_id)
     if row is None:
         row = UserPreferences(user_id=user_id, system_prompt="", theme="system")

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from appliance.store import auth
-from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
+from appliance.store.errors import AlreadyExists, Invalid, LastAdmin, NotFound
 from appliance.store.models import ROLES, User, WebSession
 from appliance.vocab import CLASS_LABELS, WEIGHT_MAX, WEIGHT_MIN, Klass
 
@@ -26,7 +26,7 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 def validate_name(name: str) -> str:
     """User names: 1-64 ASCII letters, digits, ``_ . -``, starting with a letter or digit."""
     if not _NAME_RE.fullmatch(name):
-        raise ValueError(
+        raise Invalid(
             "user name must be 1-64 characters of letters, digits, '_', '.', '-' "
             "and start with a letter or digit"
         )
@@ -35,20 +35,20 @@ def validate_name(name: str) -> str:
 
 def validate_class(klass: str) -> str:
     if klass not in CLASS_LABELS:
-        raise ValueError(f"class must be one of {', '.join(CLASS_LABELS)}")
+        raise Invalid(f"class must be one of {', '.join(CLASS_LABELS)}")
     return klass
 
 
 def _validate_role(role: str) -> str:
     if role not in ROLES:
-        raise ValueError(f"role must be one of {', '.join(ROLES)}")
+        raise Invalid(f"role must be one of {', '.join(ROLES)}")
     return role
 
 
 def _validate_weight(weight: float) -> float:
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not (
             WEIGHT_MIN <= weight <= WEIGHT_MAX):
-        raise ValueError(f"weight must be a number from {WEIGHT_MIN:g} to {WEIGHT_MAX:g}, "
+        raise Invalid(f"weight must be a number from {WEIGHT_MIN:g} to {WEIGHT_MAX:g}, "
                          f"got {weight!r}")
     return float(weight)
 

@@ -87,6 +87,20 @@ def as_ollama(text: str) -> str | None:
     return text if text and "/" not in text else None
 
 
+OLLAMA_PART_MAX = 80
+"""Longest part of an Ollama ``NAME[:TAG]`` (each ``/``-separated part and the tag), as
+Ollama's own names allow; longer ones reached the file system (a 500 on the Models page)."""
+
+
+def ollama_name_problem(ref: str) -> str | None:
+    """Why ``ref`` cannot be an Ollama ``NAME[:TAG]`` (too long a part), or None."""
+    name, _, tag = ref.partition(":")
+    if any(len(part) > OLLAMA_PART_MAX for part in [*name.split("/"), tag]):
+        return (f"“{ref[:40]}…” is not an Ollama model name: each part of NAME[:TAG] has at "
+                f"most {OLLAMA_PART_MAX} characters")
+    return None
+
+
 def import_source(source: str, models_dir: Path) -> tuple[Path, Path]:
     """The GGUF file an import reads and the folder it writes by default, for ``source``: a
     GGUF file's path, ``ollama:NAME[:TAG]`` from a local Ollama store, or ``smollm2`` (the
@@ -101,6 +115,8 @@ def import_source(source: str, models_dir: Path) -> tuple[Path, Path]:
         return path, models_dir / BUNDLED_NAME
     if source.startswith("ollama:"):
         ref = source.removeprefix("ollama:")
+        if (problem := ollama_name_problem(ref)) is not None:
+            raise ValueError(problem)
         return gguf.ollama_blob(ref), models_dir / ollama_folder(ref)
     path = Path(source).expanduser()
     return path, models_dir / path.stem.lower()
@@ -143,7 +159,7 @@ def import_model(source: str, models_dir: Path, out: str | None = None,
             target = Path(out).expanduser()
         result = gguf.import_gguf(path, target, say=lambda line: print(f"note: {line}"),
                                   float32=float32)
-    except gguf.ImportRefused as exc:
+    except (gguf.ImportRefused, ValueError) as exc:
         print(f"error: {exc}")
         return 1
     print(f"imported {source} ({result.model_type}, {result.quantized} tensors kept "

@@ -109,6 +109,9 @@ _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "perm
           404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
           429: "rate_limit_error"}
 
+# a machine-readable word where Litestar has none (clients tell a body too large by it)
+_CODES = {413: "request_too_large"}
+
 
 def http_error_handler(request: Request, exc: HTTPException) -> Response:
     """Litestar's own errors (unknown route, wrong method, body too large) in our shape."""
@@ -119,8 +122,8 @@ def http_error_handler(request: Request, exc: HTTPException) -> Response:
         details = "; ".join(f"{e.get('key', '')}: {e.get('message', '')}" if isinstance(e, dict)
                             else str(e) for e in (extra if isinstance(extra, list) else [extra]))
         message = f"{message}: {details}"
-    err = ApiError(status, message, _TYPES.get(status, "server_error"),
-                   "invalid_api_key" if isinstance(exc, InvalidApiKey) else None,
+    code = "invalid_api_key" if isinstance(exc, InvalidApiKey) else _CODES.get(status)
+    err = ApiError(status, message, _TYPES.get(status, "server_error"), code,
                    headers=dict(exc.headers or {}))
     return api_error_handler(request, err)
 

@@ -19,7 +19,7 @@ from litestar.datastructures import State
 from litestar.params import FromPath
 
 from appliance.api.common import decode_body
-from appliance.api.errors import ApiError
+from appliance.api.errors import ApiError, bad_request
 from appliance.jobs import definition
 from appliance.jobs.runner import JobService
 from appliance.jobs.schedule import describe, in_words, make_trigger, next_times
@@ -188,6 +188,11 @@ def _check(services: Services, viewer: Principal, job_id: int) -> None:
         store_jobs.get_job(s, job_id, viewer_id=viewer.user_id, admin=viewer.is_admin)
 
 
+def refused(exc: definition.InvalidJob) -> ApiError:
+    """A definition refused: 400 naming the field (``param``) and ``invalid_value``."""
+    return bad_request(str(exc), "invalid_value", exc.param)
+
+
 def job_service(state: State) -> JobService:
     """The job scheduler (``create_app``'s ``jobs``); a 503 where this process has none."""
     jobs: JobService | None = state.get("jobs")
@@ -206,7 +211,11 @@ async def list_jobs(request: Request, state: State) -> list[dict[str, Any]]:
 async def create_job(request: Request, state: State) -> dict[str, Any]:
     svc = job_service(state)
     fields = body_fields(decode_body(await request.body(), JobBody))
-    made = await anyio.to_thread.run_sync(create, svc, request.user, fields)
+    try:
+        made = await anyio.to_thread.run_sync(create, svc, request.user,
+                                              definition.schedule_fields(fields))
+    except definition.InvalidJob as exc:
+        raise refused(exc) from None
     svc.reschedule()
     return made
 
@@ -223,7 +232,11 @@ async def edit_job(request: Request, state: State, job_id: FromPath[int]) -> dic
     if not changes:
         raise ApiError(400, "Nothing to change: send at least one field.",
                        code="invalid_value")
-    done = await anyio.to_thread.run_sync(edit, svc, request.user, job_id, changes)
+    try:
+        done = await anyio.to_thread.run_sync(edit, svc, request.user, job_id,
+                                              definition.schedule_fields(changes))
+    except definition.InvalidJob as exc:
+        raise refused(exc) from None
     svc.reschedule()
     return done
 

@@ -139,6 +139,8 @@ async def _import_response(ref: str, models_dir: Path, stream: bool) -> Any:
         raise ApiError(404, f"model '{ref}' not found: {exc}. A Hugging Face repo id has a "
                        "slash ('mlx-community/Qwen2.5-1.5B-Instruct-4bit').",
                        param="model") from None
+    except ValueError as exc:  # not a name Ollama could have (too long a part)
+        raise ApiError(400, str(exc), code="invalid_value", param="model") from None
     if stream:
         return stream_response(_ndjson(_import_lines(ref, blob, target)))
     try:

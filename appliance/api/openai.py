@@ -129,11 +129,15 @@ async def chat_completions(request: Request, state: State) -> Any:
     if body.modalities is not None and body.modalities != ["text"]:
         raise bad_request("Only the 'text' modality is supported.", "unsupported_value",
                           "modalities")
+    if body.max_completion_tokens is not None and body.max_completion_tokens < 1:
+        # refused like 'max_tokens: 0' (a 0 here fell through to the default: a 200)
+        raise bad_request(f"'max_completion_tokens' must be at least 1, got "
+                          f"{body.max_completion_tokens}.", param="max_completion_tokens")
     check_prompt_size(services.model, user_chars(m.content for m in body.messages
                                                  if m.role == "user"))
     setup = await off_loop(services, prepare_chat, services.model.tokenizer, body)
-    return await _respond(request, services, body, setup.prompt,
-                          body.max_completion_tokens or body.max_tokens, "chat",
+    out = body.max_tokens if body.max_completion_tokens is None else body.max_completion_tokens
+    return await _respond(request, services, body, setup.prompt, out, "chat",
                           setup.parser, setup.constraint, setup.grammar)
 
 

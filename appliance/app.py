@@ -65,7 +65,7 @@ from appliance.service.services import ModelInfo, Services
 from appliance.settings import Settings, parse_bytes
 from appliance.store import fairness
 from appliance.store.db import Store
-from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
+from appliance.store.errors import AlreadyExists, Invalid, LastAdmin, NotFound
 from appliance.store.writer import StoreWriter
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "web" / "templates"
@@ -203,7 +203,8 @@ def create_app(services: Services, secret: str,
             NotFound: store_error_handler(404),
             AlreadyExists: store_error_handler(409),
             LastAdmin: store_error_handler(409),
-            ValueError: store_error_handler(400),
+            # input refused in words (a 400); any other ValueError is a bug: a 500
+            Invalid: store_error_handler(400),
             **LIMIT_ERROR_HANDLERS,
             DatabaseError: database_error_handler,  # locked or storage fault: 503
             Exception: internal_error_handler,
@@ -243,22 +244,39 @@ def web_setup(app: Litestar) -> None:
     setup(app)
 
 
-def shutdown_engine(engine: Engine, timeout: float) -> None:
-    """SIGTERM drain: stop admitting, let running requests finish, then cancel the rest."""
+def shutdown_engine(engine: Engine, timeout: float, *, stop: bool = True) -> None:
+    """SIGTERM drain: stop admitting, let running requests finish, then cancel the rest
+    (and stop the engine thread unless ``stop`` is False)."""
     engine.stop_admitting()
     if not engine.wait_idle(timeout):
         log.warning("drain timeout after %.0f s; cancelling what is left", timeout)
         engine.cancel_all()
-    engine.stop()
+        engine.wait_idle(5.0)  # the cancelled requests' last events reach their handlers
+    if stop:
+        engine.stop()
 
 
 def app_secret(data_dir: Path) -> str:
-    """A per-installation secret (CSRF tokens), made once and kept in the data folder."""
+    """A per-installation secret (CSRF tokens), made once and kept in the data folder.
+    Created 0600 from its first byte (never readable by others between a write and a
+    chmod) and whole: written beside, then linked into place, which fails if another
+    process made it first (then theirs is read)."""
+    import os
     import secrets
 
     path = data_dir / "secret.key"
     if not path.exists():
         data_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(32))
-        path.chmod(0o600)
+        tmp = data_dir / f".secret.key.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(32))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
     return path.read_text().strip()

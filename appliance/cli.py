@@ -63,9 +63,7 @@ def test_hooks() -> tuple[str | None, Path | None]:
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from appliance.daemon import build_daemon, settle_heap, uvicorn_config
+    from appliance.daemon import build_daemon, draining_server, settle_heap, uvicorn_config
     from appliance.engine.faults import fault_from_spec
     from appliance.engine.supervisor import ENGINE_DOWN_EXIT
     from appliance.httpserver import raise_open_file_limit
@@ -84,7 +82,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     # the process with -15 after a clean drain; with a quiet handler underneath we exit 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    server = uvicorn.Server(config)
+    server = draining_server(daemon, config)
     down: list[str] = []
 
     def on_hangup(_sig: int, _frame: object) -> None:

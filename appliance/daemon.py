@@ -68,6 +68,12 @@ class Daemon:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _closed: bool = False
 
+    def drain(self) -> None:
+        """Stop admitting, let running requests finish for up to ``drain_timeout``, then
+        cancel the rest: before the HTTP server cancels its tasks, so every handler ends
+        its answer itself (and each request's ledger row is written)."""
+        shutdown_engine(self.engine, self.drain_timeout, stop=False)
+
     def close(self) -> None:
         """Drain the engine, flush and stop the writer, close the store (once)."""
         with self._lock:
@@ -157,10 +163,46 @@ def uvicorn_config(daemon: Daemon, host: str, port: int, nofile: int | None = No
 
     from appliance.httpserver import server_options
 
-    return uvicorn.Config(daemon.app, host=host, port=port, log_config=None, access_log=False,
+    return uvicorn.Config(quiet_cancellation(daemon.app), host=host, port=port,
+                          log_config=None, access_log=False,
                           lifespan="on",
                           timeout_graceful_shutdown=int(daemon.drain_timeout) or None,
                           **server_options(daemon.settings.server, nofile))
+
+
+def draining_server(daemon: Daemon, config: Any) -> Any:
+    """A uvicorn server that drains the engine first when told to exit (SIGTERM, SIGHUP):
+    meanwhile it still answers, new model requests with 503 ``shutting_down``. Plain
+    uvicorn waited for the connections while the engine went on admitting, then cancelled
+    the handlers still running, each with a traceback."""
+    import asyncio
+
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            await asyncio.to_thread(daemon.drain)
+            await super().shutdown(sockets)
+
+    return DrainingServer(config)
+
+
+def quiet_cancellation(app: Any) -> Any:
+    """The ASGI app, where a request the server cancels at shutdown (still running after
+    the drain: a body still arriving, a client not reading) ends with one log line rather
+    than uvicorn's traceback."""
+    import asyncio
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await app(scope, receive, send)
+        except asyncio.CancelledError:
+            if scope.get("type") != "http":
+                raise
+            log.warning("shutdown: %s %s cancelled, still running after the drain",
+                        scope.get("method"), scope.get("path"))
+
+    return asgi
 
 
 @dataclass
@@ -182,9 +224,8 @@ class ServerThread:
 def serve_in_thread(daemon: Daemon, host: str = "127.0.0.1", port: int = 0,
                     timeout: float = 30.0) -> ServerThread:
     """Start serving on a loopback port (0: any free one) and wait until it listens."""
-    import uvicorn
 
-    server = uvicorn.Server(uvicorn_config(daemon, host, port))
+    server = draining_server(daemon, uvicorn_config(daemon, host, port))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

@@ -82,10 +82,12 @@ def test_the_systemd_unit_restarts_on_failure_as_an_unprivileged_user() -> None:
 
 
 def test_the_systemd_unit_does_not_restart_a_daemon_whose_database_is_damaged() -> None:
+    from appliance.store.datadir import DATABASE_LOST_EXIT
     from appliance.store.faults import DATABASE_DAMAGED_EXIT
 
     unit = _unit_settings(UNIT.read_text())
-    assert unit["RestartPreventExitStatus"] == [str(DATABASE_DAMAGED_EXIT)]
+    # nor one whose database is missing beside its backup: a person restores it
+    assert unit["RestartPreventExitStatus"] == [f"{DATABASE_DAMAGED_EXIT} {DATABASE_LOST_EXIT}"]
     # the migration before serve must not fail the start on its own: systemd would retry
     # it, whatever serve's status; serve checks the file itself and exits 65
     assert all(pre.startswith("-") for pre in unit.get("ExecStartPre", []))

@@ -69,9 +69,9 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     from appliance.httpserver import raise_open_file_limit
     from appliance.store.datadir import hold_lock
 
+    spec, store_fault = test_hooks()
     # one daemon per data folder, for the process's life (raises datadir.DataDirBusy)
     hold_lock(Path(settings.store.data_dir).expanduser())
-    spec, store_fault = test_hooks()
     # migrates before the event loop starts
     daemon = build_daemon(settings, fault=fault_from_spec(spec), store_fault=store_fault)
     config = uvicorn_config(daemon, settings.server.host, settings.server.port,

@@ -134,7 +134,7 @@ def internal_error_handler(request: Request, exc: Exception) -> Response:
 
 
 def store_error_handler(status: int) -> Any:
-    """Store errors (NotFound, AlreadyExists, LastAdmin, ValueError) as clear JSON errors."""
+    """Store errors (NotFound, AlreadyExists, LastAdmin, Invalid) as clear JSON errors."""
     def handler(request: Request, exc: Exception) -> Response:
         type_ = {404: "not_found_error", 409: "conflict_error"}.get(status,
                                                                     "invalid_request_error")

@@ -38,12 +38,13 @@ def _ledger_ids(data_dir: Path) -> set[str]:
         con.close()
 
 
-def _serve(model: Path, data_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "APPLIANCE_DATA_DIR": str(data_dir)}
+def _serve(model: Path, data_dir: Path, log: Path, env: dict[str, str]
+           ) -> subprocess.Popen[bytes]:
     with open(log, "wb") as fh:
         return subprocess.Popen([sys.executable, "-m", "appliance", "serve", "--model",
                                  str(model), "--port", str(free_port())],
-                                env=env, stdout=fh, stderr=subprocess.STDOUT)
+                                env={**env, "APPLIANCE_DATA_DIR": str(data_dir)},
+                                stdout=fh, stderr=subprocess.STDOUT)
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +62,16 @@ def test_a_second_daemon_on_the_same_folder_exits_naming_the_first(
         served: tuple[Daemon, dict[str, str]], tiny_model: Path) -> None:
     d, _ = served
     log = d.data_dir / "second.log"
-    second = _serve(tiny_model, d.data_dir, log)
+    # and, outside the test suite's setting, the fault hooks' variables are ignored
+    env = {k: v for k, v in os.environ.items() if k != "APPLIANCE_TEST_HOOKS"}
+    second = _serve(tiny_model, d.data_dir, log, {**env, "APPLIANCE_TEST_FAULT": "decode:die:7"})
     assert second.wait(120) == DATA_DIR_BUSY_EXIT, log.read_text()[-2000:]
     text = log.read_text()
     assert f"another daemon (PID {d.proc.pid}) already serves the data folder {d.data_dir}" \
         in text, text[-2000:]
     assert "serving" not in text  # nothing loaded, nothing listened
+    assert "ignoring APPLIANCE_TEST_FAULT and APPLIANCE_TEST_STORE_FAULT: fault hooks are " \
+        "for the test suite only" in text
     assert httpx.get(d.url + "/health", timeout=10).status_code == 200  # the first serves on
 
 

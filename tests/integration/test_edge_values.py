@@ -99,3 +99,19 @@ def test_a_long_ollama_name_on_the_models_page_is_a_400_in_words(server: LiveSer
             r = alice.post("/manage/models", data={"source": name})
             assert r.status_code == 400, r.text[-500:]
             assert "is not an Ollama model name" in r.text
+
+
+def test_only_refusals_in_words_are_400s_and_a_lone_surrogate_is_never_a_500(
+        server: LiveServer) -> None:
+    """The app maps its own refusals (store.errors.Invalid) to 400, no longer any
+    ValueError; text that is not valid Unicode, which Python raises as one, stays a 4xx."""
+    with server.client("bob") as bob:
+        for path, raw in (("/v1/chat/completions",
+                           b'{"messages": [{"role": "user", "content": "hi \\ud800"}]}'),
+                          ("/jobs", b'{"name": "x\\udfff", "source": "text", "text": "t"}'),
+                          ("/me/keys", b'{"name": "k\\ud800"}')):
+            r = bob.post(path, content=raw, headers={"Content-Type": "application/json"})
+            assert 400 <= r.status_code < 500, (path, r.status_code, r.text[-300:])
+    with server.client("alice") as alice:
+        weight = alice.patch(f"/admin/users/{server.user_ids['bob']}", json={"weight": 1e9})
+        assert weight.status_code == 400 and "weight must be" in weight.json()["error"]["message"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
@@ -94,9 +94,13 @@ async def text_while_connected(gen: Generation, receive: Receive) -> tuple[str, 
     return await while_connected(gen, receive, gen.text())
 
 
-async def while_connected(gen: Generation, receive: Receive, reading: Awaitable[T]) -> T:
-    """``reading`` (which reads ``gen``'s answer), unless the client leaves first: then the
-    request is cancelled (its slot and KV are freed on the next tick, as for a stream) and
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+async def while_connected(gen: Closable, receive: Receive, reading: Awaitable[T]) -> T:
+    """``reading`` (which reads ``gen``'s answer: a generation's, an embedding's), unless
+    the client leaves first: then the request is cancelled (its slot and KV are freed on the next tick, as for a stream) and
     :class:`ClientGone` is raised. ``receive`` is the ASGI receive of a request whose body
     was read, so the next message it gives is ``http.disconnect``."""
     answer = asyncio.ensure_future(reading)

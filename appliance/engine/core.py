@@ -182,6 +182,17 @@ class Engine:
         runner = getattr(self, "_runner", None)
         return [] if runner is None else list(runner.timing.log)
 
+    def embed_log(self) -> list[tuple[int, int]]:
+        """Recent embedding pieces: (engine ticks run before it, tokens read), oldest
+        first. For tests and debugging."""
+        runner = getattr(self, "_runner", None)
+        return [] if runner is None else list(runner.embed_log)
+
+    @property
+    def embeddings_cancelled(self) -> int:
+        """Embedding jobs dropped unfinished because their caller left."""
+        return 0 if self._embedder is None else self._embedder.cancelled_total
+
     def cancel_all(self) -> None:
         self._cancel_all = True
         self._wake.set()
@@ -209,9 +220,12 @@ class Engine:
         return handle
 
     def embed(self, rows: list[list[int]],
-              done: Callable[[list[list[float]] | None, str | None], None]) -> EmbedJob:
-        """Queue rows of token ids for embedding; ``done`` is called on the engine thread
-        with the vectors (or an error). Cancel with ``job.cancelled.set()``."""
+              done: Callable[[list[list[float]] | None, str | None], None],
+              user: str = "", request_id: str = "") -> EmbedJob:
+        """Queue rows of token ids for embedding, read in pieces after the ticks and
+        charged to ``user``'s fairness counter; ``done`` is called on the engine thread
+        with the vectors (or an error: ``embed.CANCELLED`` once a cancelled job has left).
+        Cancel with :meth:`cancel_embedding`."""
         if self.failure is not None:
             raise EngineDown(self.failure)
         if self._link is not None:
@@ -219,10 +233,15 @@ class Engine:
                                  "machines (docs/distributed.md)")
         if not self._accepting or self._embedder is None:
             raise EngineStopping("the server is shutting down")
-        job = EmbedJob(rows, done)
+        job = EmbedJob(rows, done, user, request_id)
         self._embedder.submit(job)
         self._wake.set()
         return job
+
+    def cancel_embedding(self, job: EmbedJob) -> None:
+        """Stop reading ``job`` (its KV is freed before the next piece is read)."""
+        job.cancelled.set()
+        self._wake.set()
 
     def cancel(self, handle: RequestHandle) -> None:
         handle.cancel()
@@ -313,6 +332,7 @@ class Engine:
         idle = now - self._beat
         with self._lock:
             waiting = len(self._open)
+        waiting += len(self._embedder or ())
         if waiting and idle > limit:
             return (f"engine stalled: no tick for {idle:.0f} s while {waiting} requests "
                     "wait")
@@ -452,10 +472,11 @@ class Engine:
             if self._cancel_all:
                 runner.cancel_everything()
                 self._cancel_all = False
-            worked = runner.tick()
-            # embeddings: one bounded batch between ticks, behind the streams
+            ticked = runner.tick()
+            worked = ticked
+            # embeddings: one piece after the tick, within what the tick's budget leaves
             if self._embedder is not None and self._embedder.pending:
-                worked = self._embedder.step() or worked
+                worked = runner.embed(self._embedder, ticked) or worked
         except Exception:
             log.exception("engine tick failed; ending the requests in flight")
             runner.fail_everything()

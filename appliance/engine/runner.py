@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from appliance.engine.batch import DecodeBatch, cache_nbytes, new_sequence_cache, plain_kv
+from appliance.engine.embed import Embedder
 from appliance.engine.forwards import Failure, Forwards, Link, Outcome, Reads
 from appliance.engine.grammar import GrammarRow, ll_tokenizer
 from appliance.engine.mixed import supports_mixed
@@ -31,7 +33,7 @@ from appliance.engine.sampling import RowSampler
 from appliance.engine.seq import Seq
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
-from appliance.engine.ticks import Meter, TickTiming
+from appliance.engine.ticks import TICK_LOG, Meter, TickTiming
 from appliance.sched.cost import CostModel
 from appliance.sched.memory import held, reservation
 from appliance.sched.scheduler import Scheduler
@@ -103,6 +105,8 @@ class Runner:
         self.preemptions_total = 0
         self.errors_total = 0
         self.cancelled_total = 0
+        self.embed_log: deque[tuple[int, int]] = deque(maxlen=TICK_LOG)
+        """Recent embedding pieces: (ticks run before it, tokens read), oldest first."""
 
     @property
     def batch(self) -> DecodeBatch:
@@ -207,6 +211,34 @@ class Runner:
         if now - self._counters_at >= COUNTERS_EVERY_S:
             self.flush_counters()
             self._counters_at = now
+        return True
+
+    def embed(self, embedder: Embedder, ticked: bool) -> bool:
+        """Read one piece of the embeddings waiting, in a forward after the tick (whether
+        it ``ticked``): as many tokens as the scheduler gives what the tick's budget leaves
+        (``Scheduler.embed_tokens``), charged to its user's fairness counter as prefill
+        tokens are, its time fitted into the cost model as a prefill forward's. Returns
+        whether there was work."""
+        order = self.scheduler.counters.get
+        job = embedder.next_job(order)
+        if job is None:
+            return False
+        spent = self.timing.log[-1].predicted_s if ticked and self.timing.log else 0.0
+        tokens = self.scheduler.embed_tokens(self.clock(), job.user, job.at,
+                                             len(self.batch.rids), self.batch.padded_len,
+                                             spent, self.costs)
+        start = self.timing.timer()
+        piece = embedder.step(tokens, order)
+        if piece is None or piece.tokens == 0:
+            return piece is not None
+        seconds = self.timing.timer() - start
+        if self.timing.meter is not None:
+            seconds = self.timing.meter("prefill", piece.rows, piece.width, piece.offset,
+                                        seconds)
+        self.costs.observe_prefill(piece.rows, piece.width, piece.offset, seconds)
+        self.scheduler.counters.charge(piece.user, piece.tokens, 0)
+        self._counters_dirty = True
+        self.embed_log.append((self.ticks, piece.tokens))
         return True
 
     def _forwards(self, plan: Plan) -> bool:

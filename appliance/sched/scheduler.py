@@ -409,6 +409,30 @@ class Scheduler:
         if n < s.remaining:
             self._in_pieces.add(s.rid)
 
+    # ---- embeddings ----
+    def embed_tokens(self, now: float, user: str, offset: int, decode_rows: int, kv_len: int,
+                     spent_s: float, costs: CostModel | None = None) -> int:
+        """Tokens of ``user``'s embedding (``offset`` of its input already read) that the
+        forward after this tick may read. An embedding is work that can wait, read like a
+        background prompt in pieces: in the time the tick's budget (:func:`tick_budget`,
+        without riding: it is a forward of its own) leaves after ``spent_s`` (what the
+        tick's own forwards were predicted to take), within its patient share while
+        someone else is present, no more than the most efficient chunk, and at least
+        ``min_chunk`` so it always advances. With prefill sized in tokens: that chunk."""
+        objectives = self.config.objectives
+        if self.config.prefill_chunk_size != -1 or costs is None:
+            return self.config.chunk(decoding=decode_rows > 0) or 1 << 30  # 0: whole
+        since = now - objectives.presence_s
+        present = any(u != user and at >= since for u, at in self._seen_at.items())
+        budget = tick_budget(costs, objectives, decode_rows, kv_len, present=present,
+                             ride=False)
+        share = budget.prefill_s if budget.patient_s is None else budget.patient_s
+        n = costs.tokens_within(min(share, budget.target_s - spent_s), offset)
+        best = costs.efficient_chunk(offset)
+        if best is not None:
+            n = min(n, best)
+        return max(n, objectives.min_chunk)
+
     # ---- after the tick ----
     def update(self, plan: Plan, seqs: Sequence[SeqView], decoded: bool,
                served: Mapping[str, tuple[int, int]]) -> None:

@@ -40,7 +40,7 @@ from appliance.service.identity import Principal
 from appliance.service.latency import Probe
 from appliance.service.services import Services
 from appliance.service.structured import Constraint, grammar_for
-from appliance.vocab import DAY_S, Klass
+from appliance.vocab import DAY_S, Klass, QuotaLimits
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -120,6 +120,25 @@ async def check_grammar(services: Services, grammar: str, user_id: int, param: s
                          "refer to the whole document, are not supported.", param=param)
 
 
+def check_storage(services: Services) -> None:
+    """Refuse what nobody could be charged for: past the store writer's backlog bound, no
+    model request starts."""
+    if services.writer is not None and (why := services.writer.refusal()) is not None:
+        raise StorageUnavailable(why)
+
+
+def check_quota(quota: QuotaLimits, services: Services, principal: Principal,
+                prompt_tokens: int, output_tokens: int, klass: Klass) -> None:
+    """Refuse a request the owner's daily tokens, rates or classes do not allow."""
+    now = time.time()
+    key = str(principal.user_id)
+    usage = services.engine.usage
+    verdict = check_admission(quota, usage.total(key, now), 0, prompt_tokens, output_tokens,
+                              klass, principal.klass, now, now - DAY_S, usage.events(key, now))
+    if verdict is not None:
+        raise over_quota(verdict)
+
+
 async def submit(services: Services, prompt: list[int], body: SamplingAsk,
                  max_tokens: int | None, principal: Principal, klass: Klass,
                  endpoint: str, *, constraint: Constraint | None = None,
@@ -134,9 +153,7 @@ async def submit(services: Services, prompt: list[int], body: SamplingAsk,
     (default ``response_format`` for a constraint, ``tools`` for a grammar).
     """
     check_context(len(prompt), services.model.ctx_limit)
-    if services.writer is not None and (why := services.writer.refusal()) is not None:
-        # an answer nobody can be charged for: past the backlog's bound, none is started
-        raise StorageUnavailable(why)
+    check_storage(services)
     if constraint is not None:
         grammar = grammar_for(constraint, param or "response_format")
     if grammar is not None:
@@ -147,13 +164,7 @@ async def submit(services: Services, prompt: list[int], body: SamplingAsk,
     if max_tokens is not None:
         max_tokens_from(max_tokens, 1)
     out = effective_max_tokens(quota, max_tokens, services.default_max_tokens)
-    now = time.time()
-    key = str(principal.user_id)
-    usage = services.engine.usage
-    verdict = check_admission(quota, usage.total(key, now), 0, len(prompt), out, klass,
-                              principal.klass, now, now - DAY_S, usage.events(key, now))
-    if verdict is not None:
-        raise over_quota(verdict)
+    check_quota(quota, services, principal, len(prompt), out, klass)
     request = GenerationRequest(
         prompt=tuple(prompt), max_tokens=out, sampling=sampling, stop=stops_from(body.stop),
         user=principal.name, klass=klass, user_id=principal.user_id,

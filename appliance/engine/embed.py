@@ -25,6 +25,11 @@ log = logging.getLogger(__name__)
 BATCH_TOKENS = 1024
 """At most this many padded tokens (rows x longest row) in one forward of whole inputs."""
 
+CHUNK_TOKENS = 256
+"""At most this many tokens of one input in one forward, whatever the tick allows: its
+attention scores (chunk x positions x heads) outgrow the CPU's caches past that, and one
+whole-input forward grew ~16x for 2x tokens (534 tokens: 83 s where prefill took 7.4 s)."""
+
 CANCELLED = "cancelled"
 """The error a cancelled job's ``done`` gets."""
 
@@ -121,10 +126,12 @@ def read_chunk(model: Any, job: EmbedJob, n: int) -> bool:
 class Embedder:
     """The engine thread's queue of embedding jobs (``submit`` from any thread)."""
 
-    def __init__(self, model: Any, pad: int, batch_tokens: int = BATCH_TOKENS) -> None:
+    def __init__(self, model: Any, pad: int, batch_tokens: int = BATCH_TOKENS,
+                 chunk_tokens: int = CHUNK_TOKENS) -> None:
         self.model = model
         self.pad = pad
         self.batch_tokens = batch_tokens
+        self.chunk_tokens = chunk_tokens
         self._jobs: deque[EmbedJob] = deque()
         self._lock = threading.Lock()
         self.cancelled_total = 0
@@ -164,14 +171,15 @@ class Embedder:
 
     def step(self, tokens: int, order: Callable[[str], float] | None = None) -> Piece | None:
         """Read at most ``tokens`` tokens (at least one) of the next job: whole rows
-        together when the next ones fit, else a chunk of the current row. None: no work."""
+        together when the next ones fit (none longer than ``chunk_tokens``), else a chunk
+        of the current row (at most ``chunk_tokens``). None: no work."""
         job = self.next_job(order)
         if job is None:
             return None
         tokens = max(tokens, 1)
         start = len(job.vectors)
         offset = job.at
-        take = self._whole_rows(job, min(tokens, self.batch_tokens))
+        take = self._whole_rows(job, min(tokens, self.batch_tokens), self.chunk_tokens)
         try:
             if take:
                 rows = job.rows[start:start + take]
@@ -179,7 +187,7 @@ class Embedder:
                 piece = Piece(job.user, take, max(len(r) for r in rows), 0,
                               sum(len(r) for r in rows))
             else:
-                n = min(tokens, len(job.rows[start]) - job.at)
+                n = min(tokens, self.chunk_tokens, len(job.rows[start]) - job.at)
                 read_chunk(self.model, job, n)
                 piece = Piece(job.user, 1, n, offset, n)
         except Exception as exc:
@@ -194,15 +202,15 @@ class Embedder:
         return piece
 
     @staticmethod
-    def _whole_rows(job: EmbedJob, tokens: int) -> int:
+    def _whole_rows(job: EmbedJob, tokens: int, widest: int) -> int:
         """How many of the next rows one forward reads whole within ``tokens`` padded
-        tokens (0: the current row is read in chunks)."""
+        tokens, none longer than ``widest`` (0: the current row is read in chunks)."""
         if job.at:
             return 0
         start, take, width = len(job.vectors), 0, 0
         while start + take < len(job.rows):
             wider = max(width, len(job.rows[start + take]))
-            if (take + 1) * wider > tokens:
+            if (take + 1) * wider > tokens or wider > widest:
                 break
             take, width = take + 1, wider
         return take

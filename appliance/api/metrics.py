@@ -60,6 +60,11 @@ class SnapshotCollector(Collector):
             "appliance_engine_mixed_forwards": (
                 "Decode steps that read prompt chunks in their own forward.",
                 snap.mixed_forwards),
+            "appliance_embedding_tokens": ("Embedding input tokens read.",
+                                           self.services.engine.embedding_tokens),
+            "appliance_embeddings_cancelled": (
+                "Embeddings whose client left before they were read.",
+                self.services.engine.embeddings_cancelled),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)

@@ -189,6 +189,11 @@ class Engine:
         return [] if runner is None else list(runner.embed_log)
 
     @property
+    def embedding_tokens(self) -> int:
+        """Embedding input tokens read."""
+        return 0 if self._embedder is None else self._embedder.tokens_total
+
+    @property
     def embeddings_cancelled(self) -> int:
         """Embedding jobs dropped unfinished because their caller left."""
         return 0 if self._embedder is None else self._embedder.cancelled_total

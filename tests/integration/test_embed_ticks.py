@@ -105,10 +105,13 @@ def test_a_client_that_leaves_cancels_its_embedding(server: LiveServer) -> None:
     [row] = new_rows()
     assert row.finish_reason == "cancelled" and row.output_tokens == 0
     assert 0 < row.prompt_tokens < 32 * LONG  # what the engine read before the client left
+    with server.client("alice") as admin:
+        metrics = admin.get("/metrics").text
+    assert f"appliance_embeddings_cancelled_total {float(cancelled + 1)}" in metrics
 
 
 def test_a_too_long_input_is_refused_in_each_routes_words(server: LiveServer) -> None:
-    huge = "word " * 400_000  # 2 MB: refused by the cheap bound, never tokenised
+    huge = "word " * 80_000  # 400 kB: refused by the cheap bound, never tokenised
     with server.client("bob") as c:
         openai = c.post("/v1/embeddings", json={"input": huge})
         assert openai.status_code == 400

@@ -185,8 +185,7 @@ class Engine:
     def embed_log(self) -> list[tuple[int, int]]:
         """Recent embedding pieces: (engine ticks run before it, tokens read), oldest
         first. For tests and debugging."""
-        runner = getattr(self, "_runner", None)
-        return [] if runner is None else list(runner.embed_log)
+        return [] if self._embedder is None else list(self._embedder.log)
 
     @property
     def embedding_tokens(self) -> int:

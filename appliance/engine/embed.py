@@ -30,6 +30,9 @@ CHUNK_TOKENS = 256
 attention scores (chunk x positions x heads) outgrow the CPU's caches past that, and one
 whole-input forward grew ~16x for 2x tokens (534 tokens: 83 s where prefill took 7.4 s)."""
 
+LOG_PIECES = 2048
+"""Pieces kept in :attr:`Embedder.log` (for tests and debugging)."""
+
 CANCELLED = "cancelled"
 """The error a cancelled job's ``done`` gets."""
 
@@ -136,6 +139,9 @@ class Embedder:
         self._lock = threading.Lock()
         self.cancelled_total = 0
         self.tokens_total = 0
+        self.log: deque[tuple[int, int]] = deque(maxlen=LOG_PIECES)
+        """Recent pieces: (the caller's ``mark``, tokens read), oldest first; a piece is
+        logged before its job's ``done`` is called."""
 
     def submit(self, job: EmbedJob) -> None:
         with self._lock:
@@ -169,7 +175,8 @@ class Embedder:
             return jobs[0]
         return min(jobs, key=lambda j: order(j.user))  # min keeps the oldest of equals
 
-    def step(self, tokens: int, order: Callable[[str], float] | None = None) -> Piece | None:
+    def step(self, tokens: int, order: Callable[[str], float] | None = None,
+             mark: int = 0) -> Piece | None:
         """Read at most ``tokens`` tokens (at least one) of the next job: whole rows
         together when the next ones fit (none longer than ``chunk_tokens``), else a chunk
         of the current row (at most ``chunk_tokens``). None: no work."""
@@ -197,6 +204,7 @@ class Embedder:
             return Piece(job.user, 0, 0, 0, 0)
         job.read += piece.tokens
         self.tokens_total += piece.tokens
+        self.log.append((mark, piece.tokens))
         if len(job.vectors) == len(job.rows):
             self._finish(job, job.vectors, None)
         return piece

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +32,7 @@ from appliance.engine.sampling import RowSampler
 from appliance.engine.seq import Seq
 from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.engine.textstream import TextStream
-from appliance.engine.ticks import TICK_LOG, Meter, TickTiming
+from appliance.engine.ticks import Meter, TickTiming
 from appliance.sched.cost import CostModel
 from appliance.sched.memory import held, reservation
 from appliance.sched.scheduler import Scheduler
@@ -105,8 +104,6 @@ class Runner:
         self.preemptions_total = 0
         self.errors_total = 0
         self.cancelled_total = 0
-        self.embed_log: deque[tuple[int, int]] = deque(maxlen=TICK_LOG)
-        """Recent embedding pieces: (ticks run before it, tokens read), oldest first."""
 
     @property
     def batch(self) -> DecodeBatch:
@@ -228,7 +225,7 @@ class Runner:
                                              len(self.batch.rids), self.batch.padded_len,
                                              spent, self.costs)
         start = self.timing.timer()
-        piece = embedder.step(tokens, order)
+        piece = embedder.step(tokens, order, self.ticks)
         if piece is None or piece.tokens == 0:
             return piece is not None
         seconds = self.timing.timer() - start
@@ -238,7 +235,6 @@ class Runner:
         self.costs.observe_prefill(piece.rows, piece.width, piece.offset, seconds)
         self.scheduler.counters.charge(piece.user, piece.tokens, 0)
         self._counters_dirty = True
-        self.embed_log.append((self.ticks, piece.tokens))
         return True
 
     def _forwards(self, plan: Plan) -> bool:

@@ -36,7 +36,7 @@ def _stream(server: LiveServer, stamps: list[float], stop: threading.Event) -> N
     """Carol's chat stream (EOS banned), each token's arrival time in ``stamps``."""
     ban = {str(t): -100.0 for t in server.engine.loaded.eos_token_ids}  # type: ignore[union-attr]
     body = {"messages": [{"role": "user", "content": "Tell me a story"}], "stream": True,
-            "max_tokens": 1500, "logit_bias": ban}
+            "max_tokens": 2000, "logit_bias": ban}
     with server.client("carol") as c, c.stream("POST", "/v1/chat/completions",
                                                json=body) as r:
         for line in r.iter_lines():
@@ -50,6 +50,27 @@ def _ledger(server: LiveServer, endpoint: str) -> list[LedgerEntry]:
     server.writer.flush()
     with server.store.read_sessions() as s:
         return list(s.scalars(select(LedgerEntry).where(LedgerEntry.endpoint == endpoint)))
+
+
+def test_a_too_long_input_is_refused_in_each_routes_words(server: LiveServer) -> None:
+    """First in the module: nobody else is present yet, so the cut input is read in the
+    pieces of someone alone (later, carol's stream makes it patient work: smaller pieces)."""
+    huge = "word " * 80_000  # 400 kB: refused by the cheap bound, never tokenised
+    with server.client("bob") as c:
+        openai = c.post("/v1/embeddings", json={"input": huge})
+        assert openai.status_code == 400
+        error = openai.json()["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == "input"
+        limit = server.services.model.ctx_limit
+        assert "truncate" not in error["message"] and str(limit) in error["message"]
+        ids = c.post("/v1/embeddings", json={"input": _ids(limit + 1)}).json()["error"]
+        assert ids["code"] == "context_length_exceeded" and "truncate" not in ids["message"]
+        model = server.services.model.name
+        ollama = c.post("/api/embed", json={"model": model, "input": huge, "truncate": False})
+        assert ollama.status_code == 400 and "truncate" in ollama.json()["error"]
+        cut = c.post("/api/embed", json={"model": model, "input": huge}, timeout=300)
+        assert cut.status_code == 200, cut.text
+        assert cut.json()["prompt_eval_count"] == server.services.model.ctx_limit
 
 
 def test_a_long_embedding_is_read_in_pieces_while_another_stream_streams(
@@ -68,6 +89,8 @@ def test_a_long_embedding_is_read_in_pieces_while_another_stream_streams(
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["prompt_tokens"] == LONG
         assert len(reply.json()["data"][0]["embedding"]) == 160
+        # the stream outlived the embedding: every piece was read beside it
+        wait_until(lambda: stamps[-1] > ended, 30, "carol's stream after the embedding")
     finally:
         stop.set()
     pieces = server.engine.embed_log()[pieces_before:]
@@ -108,22 +131,3 @@ def test_a_client_that_leaves_cancels_its_embedding(server: LiveServer) -> None:
     with server.client("alice") as admin:
         metrics = admin.get("/metrics").text
     assert f"appliance_embeddings_cancelled_total {float(cancelled + 1)}" in metrics
-
-
-def test_a_too_long_input_is_refused_in_each_routes_words(server: LiveServer) -> None:
-    huge = "word " * 80_000  # 400 kB: refused by the cheap bound, never tokenised
-    with server.client("bob") as c:
-        openai = c.post("/v1/embeddings", json={"input": huge})
-        assert openai.status_code == 400
-        error = openai.json()["error"]
-        assert error["code"] == "context_length_exceeded" and error["param"] == "input"
-        limit = server.services.model.ctx_limit
-        assert "truncate" not in error["message"] and str(limit) in error["message"]
-        ids = c.post("/v1/embeddings", json={"input": _ids(limit + 1)}).json()["error"]
-        assert ids["code"] == "context_length_exceeded" and "truncate" not in ids["message"]
-        model = server.services.model.name
-        ollama = c.post("/api/embed", json={"model": model, "input": huge, "truncate": False})
-        assert ollama.status_code == 400 and "truncate" in ollama.json()["error"]
-        cut = c.post("/api/embed", json={"model": model, "input": huge}, timeout=300)
-        assert cut.status_code == 200, cut.text
-        assert cut.json()["prompt_eval_count"] == server.services.model.ctx_limit

@@ -138,6 +138,34 @@ def adopt(model: Any, backend: Backend) -> int:
     return tiled
 
 
+def held_bytes(model: Any, part: Any) -> int:
+    """The bytes ``part`` (a module of ``model``; from the shapes: nothing need be loaded)
+    will hold once :func:`adopt` has fitted ``model`` to the backend :func:`start` set up:
+    its arrays, the 16-bit ones :func:`float32_on_cpu` widens twice their size, and the
+    tiles the quantized kernel keeps beside 4-bit weights. Machines that split a model by
+    the bytes before adoption held 51 and 93 MiB of SmolLM2 (issue 52)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from appliance.backend import fast_ops, quant
+
+    quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+    widen = fast_ops.on_cpu() and any(isinstance(m, quantized) for _, m in model.named_modules())
+    tied = model.get("lm_head") is None
+    total = 0
+    for _, module in part.named_modules():
+        kept = ("scales", "biases") if isinstance(module, nn.QuantizedLinear) else ()
+        for name, value in module.items():
+            if isinstance(value, mx.array):
+                wide = widen and name not in kept and value.dtype in (mx.float16, mx.bfloat16)
+                total += value.nbytes * (2 if wide else 1)
+        if isinstance(module, quantized):
+            scales = module["scales"]
+            wide = widen and isinstance(module, nn.QuantizedEmbedding) and scales.itemsize == 2
+            total += quant.tiled_nbytes(module, tied, 4 if wide else scales.itemsize)
+    return total
+
+
 def half_kv(model: Any, backend: Backend) -> bool:
     """Whether the model's KV cache is kept in float16: a quantized model computed in float32
     on the CPU, where the appliance's kernels read a 16-bit cache (half the bytes a decode step

@@ -142,7 +142,7 @@ def adopt(model: Any) -> tuple[int, int]:
     _pending.__dict__.clear()
     if model is None or not _original:
         return 0, 0
-    tiling = (_switch_activations[0] or activations()) == "int16"
+    tiling = _tiling()
     grouped: set[int] = set()
     groups = 0
     for _, module in model.named_modules():
@@ -167,6 +167,22 @@ def adopt(model: Any) -> tuple[int, int]:
     tiled = sum(t.tiles.nbytes + 2 * t.scales.nbytes
                 for group, index in _layers.values() if (t := group.layers[index].tiled))
     return groups, tiled
+
+
+def _tiling() -> bool:
+    return bool(_original) and (_switch_activations[0] or activations()) == "int16"
+
+
+def tiled_nbytes(module: Any, tied: bool, scale_size: int) -> int:
+    """The bytes :func:`adopt` will add beside ``module``'s arrays (its tiles; 0: none),
+    from its shapes (its weights need not be loaded); ``tied``: the model's embedding is
+    also its output layer; ``scale_size``: its scales' element size once adopted."""
+    if not (_tiling() and _fusable(module, module) and (
+            tied if isinstance(module, nn.QuantizedEmbedding) else module.bits == 4)):
+        return 0
+    w, scales = module["weight"], module["scales"]
+    rows = -(-w.shape[0] // 16) * 16  # whole tiles of 16 columns
+    return rows * (w.shape[1] * w.itemsize + 2 * scales.shape[1] * scale_size)
 
 
 def _group(layers: list[_Layer]) -> _Group:

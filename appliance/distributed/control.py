@@ -24,6 +24,10 @@ from typing import Any
 BEAT_S = 0.25
 """How often a follower reports; rank 0 declares it lost after ``heartbeat_timeout``."""
 
+IDLE, COMPUTE, RING = "idle", "compute", "ring"
+"""What a machine's main thread does, as its beats say: waits for a plan, computes its
+layers, or waits in a ring operation on the other machines (only that can hang)."""
+
 
 class ChannelClosed(ConnectionError):
     """The other side closed the connection or stopped answering in time."""

@@ -17,14 +17,17 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from appliance import __version__
 from appliance.distributed import control, plan
-from appliance.distributed.control import BEAT_S, Channel, ChannelClosed
+from appliance.distributed.control import BEAT_S, COMPUTE, IDLE, RING, Channel, ChannelClosed
 from appliance.distributed.group import fingerprint, init_ring, memory_budget
 from appliance.distributed.hostfile import Hostfile
 from appliance.settings import Settings
+
+if TYPE_CHECKING:
+    from appliance.distributed.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +63,6 @@ class Replica:
         self.caches: dict[int, list[Any]] = {}
         self.steps = 0
         self.step_ms = 0.0
-        self.busy_since: float | None = None
-        """When the plan now running arrived (monotonic; None between plans)."""
 
     @property
     def kv_bytes(self) -> int:
@@ -130,21 +131,22 @@ def _exit(rc: int) -> None:
     os._exit(rc)
 
 
-def _beat(ch: Channel, replica: Replica, step_timeout: float) -> None:
-    """Report every :data:`BEAT_S`; leave at once when a forward has waited on the other
-    machines past ``step_timeout`` (the main thread is then stuck in a ring operation
-    that may never return)."""
+def _beat(ch: Channel, replica: Replica, stage: Stage, step_timeout: float) -> None:
+    """Report every :data:`BEAT_S`, with what the main thread does and for how long (rank
+    0 keeps waiting on a machine that computes, however slowly); leave at once when a ring
+    operation has waited on the other machines past ``step_timeout`` (the main thread is
+    then stuck in one that may never return)."""
     import psutil
 
     proc = psutil.Process()
     while True:
-        since = replica.busy_since
-        if since is not None and time.monotonic() - since > step_timeout:
-            log.critical("a forward waited %.1f s on the other machines; leaving",
-                         time.monotonic() - since)
+        phase, waited = stage.phase, time.monotonic() - stage.since
+        if phase == RING and waited > step_timeout:
+            log.critical("a forward waited %.1f s on the other machines; leaving", waited)
             _exit(GROUP_LOST_EXIT)
         try:
             ch.send({"beat": {"steps": replica.steps, "step_ms": replica.step_ms,
+                              "phase": phase, "phase_s": round(waited, 3),
                               "kv_bytes": replica.kv_bytes,
                               "rss_bytes": proc.memory_info().rss}})
         except ChannelClosed:
@@ -198,18 +200,26 @@ def join(settings: Settings, hostfile: Hostfile, rank: int, model_dir: Path) -> 
 
     from appliance.distributed.stage import Stage, attach
 
-    attach(loaded.model, Stage(group, int(welcome["hidden"]),
-                               getattr(mx, str(welcome["dtype"]))))
     replica = Replica(loaded.model, int(welcome.get("max_rows", 8)))
     ch.send({"ready": {"weight_bytes": loaded.weight_bytes}})
+    try:  # rank 0 says the hidden states' dtype once its own load has adapted its model
+        go = ch.receive(dist.join_timeout * 3 + 600).get("go")
+    except ChannelClosed as exc:
+        log.critical("rank 0 lost before serving: %s", exc)
+        return GROUP_LOST_EXIT
+    if not isinstance(go, dict):
+        log.error("rank 0 answered with no go")
+        return GROUP_LOST_EXIT
+    stage = Stage(group, int(welcome["hidden"]), getattr(mx, str(go["dtype"])))
+    attach(loaded.model, stage)
     mx.eval(mx.distributed.all_sum(mx.array(1), group=group))
-    threading.Thread(target=_beat, args=(ch, replica, float(welcome["step_timeout"])),
+    threading.Thread(target=_beat, args=(ch, replica, stage, float(welcome["step_timeout"])),
                      name="beat", daemon=True).start()
     log.info("distributed: machine %d serving", rank)
-    return _serve(ch, replica, dist.heartbeat_timeout)
+    return _serve(ch, replica, stage, dist.heartbeat_timeout)
 
 
-def _serve(ch: Channel, replica: Replica, timeout: float) -> int:
+def _serve(ch: Channel, replica: Replica, stage: Stage, timeout: float) -> int:
     """Run rank 0's plans as they come. Rank 0 pings every :data:`BEAT_S`, so ``timeout``
     seconds of silence mean it is gone."""
     plans: queue.SimpleQueue[dict[str, Any] | ChannelClosed] = queue.SimpleQueue()
@@ -223,11 +233,11 @@ def _serve(ch: Channel, replica: Replica, timeout: float) -> int:
                 raise msg
             ops = plan.decode(msg, step)
             step += 1
-            replica.busy_since = time.monotonic()
+            stage.enter(COMPUTE)
             if not replica.apply(ops):
                 log.info("rank 0 stopped; leaving")
                 return 0
-            replica.busy_since = None
+            stage.enter(IDLE)
     except ChannelClosed as exc:
         log.critical("rank 0 lost: %s", exc)
     except plan.PlanError as exc:

@@ -24,10 +24,10 @@ from typing import Any
 
 from appliance import __version__
 from appliance.distributed import control
-from appliance.distributed.control import BEAT_S, Channel, ChannelClosed
+from appliance.distributed.control import BEAT_S, COMPUTE, Channel, ChannelClosed
 from appliance.distributed.hostfile import Hostfile
 from appliance.distributed.link import Link, RankInfo
-from appliance.engine.model import hidden_dtype, param_bytes
+from appliance.engine.model import hidden_dtype
 from appliance.settings import DistributedSettings
 
 log = logging.getLogger(__name__)
@@ -80,9 +80,12 @@ def init_ring(rank: int, hostfile: Path, timeout: float) -> Any:
 
 def layer_bytes(model: Any) -> tuple[list[int], int]:
     """Each layer's weight bytes and the rest's (embedding, norm, head), from the shapes
-    (the weights need not be loaded)."""
-    layers = [param_bytes(layer) for layer in model.model.layers]
-    return layers, param_bytes(model) - sum(layers)
+    (the weights need not be loaded), as each machine will hold them once its load has
+    adapted them to the backend (widened, tiled)."""
+    from appliance.backend import held_bytes
+
+    layers = [held_bytes(model, layer) for layer in model.model.layers]
+    return layers, held_bytes(model, model) - sum(layers)
 
 
 class Coordinator:
@@ -150,11 +153,10 @@ class Coordinator:
             self._refuse_all(str(exc))
             raise RuntimeError(str(exc)) from exc
         hidden = int(model.args.hidden_size)
-        dtype = str(hidden_dtype(model)).removeprefix("mlx.core.")
         for r, ch in self.channels.items():
             span = spans[r]
             ch.send({"welcome": {"layers": [span.lo, span.hi], "size": self.hostfile.size,
-                                 "hidden": hidden, "dtype": dtype,
+                                 "hidden": hidden,
                                  "step_timeout": self.settings.step_timeout,
                                  **self.engine_flags}})
         self.ranks = [RankInfo(s.rank, self.hostfile.hosts[s.rank], (s.lo, s.hi))
@@ -245,9 +247,10 @@ class Coordinator:
             return f"machine {rank} gave no memory budget"
         return None
 
-    def start(self, model: Any) -> Link | None:
-        """After this machine's layers are loaded: wait until the others have loaded
-        theirs, then watch the group. The link the engine runs through (None: alone)."""
+    def start(self, model: Any, weight_bytes: int = 0) -> Link | None:
+        """After this machine's layers are loaded (``weight_bytes``, as adopted): wait
+        until the others have loaded theirs, then watch the group. The link the engine
+        runs through (None: alone)."""
         if self.alone is not None:
             return None
         import mlx.core as mx
@@ -263,15 +266,20 @@ class Coordinator:
                 raise RuntimeError(f"machine {r} failed to load its layers: "
                                    f"{ready if ready is not None else 'no reason given'}")
             self.ranks[r].weight_bytes = int(ready.get("weight_bytes", 0))
+        # The hidden states' dtype only now: loading adapts the model to the backend (on
+        # the CPU a quantized model's 16-bit embedding computes in float32), and a follower
+        # told the unadapted dtype read float32 bytes as float16 (issue 52).
+        dtype = hidden_dtype(model)
+        for ch in self.channels.values():
+            ch.send({"go": {"dtype": str(dtype).removeprefix("mlx.core.")}})
         total = mx.distributed.all_sum(mx.array(1), group=self.group)
         if int(total.tolist()) != self.hostfile.size:  # type: ignore[arg-type]
             raise RuntimeError("the ring's first sum is wrong: the group is not whole")
-        self.ranks[0].weight_bytes = param_bytes(model)
+        self.ranks[0].weight_bytes = weight_bytes
         link = Link(self.group, self.ranks,
                     [self.channels[r] for r in range(1, self.hostfile.size)],
                     self.settings.step_timeout)
-        attach(model, Stage(self.group, int(model.args.hidden_size), hidden_dtype(model),
-                            link))
+        attach(model, Stage(self.group, int(model.args.hidden_size), dtype, link))
         self.link = link
         for r, ch in self.channels.items():
             threading.Thread(target=self._listen, args=(r, ch), name=f"rank{r}-control",
@@ -297,20 +305,36 @@ class Coordinator:
                 info.step_ms = float(beat.get("step_ms", info.step_ms))
                 info.kv_bytes = int(beat.get("kv_bytes", info.kv_bytes))
                 info.rss_bytes = int(beat.get("rss_bytes", info.rss_bytes))
+                info.computing = beat.get("phase") == COMPUTE
+                if not info.computing:
+                    info.waiting_since = info.seen - float(beat.get("phase_s", 0.0))
             pong = msg.get("pong")
             if isinstance(pong, float):
                 info.link_ms = (time.perf_counter() - pong) * 1000
 
     def _watch(self) -> None:
+        told = -1
         while not self._stop.wait(BEAT_S):
             link = self.link
             if link is None or link.lost is not None:
                 return
-            late = link.overdue(time.monotonic())
+            now = time.monotonic()
+            late = link.overdue(now)
             if late is not None:
-                link.lose(f"a forward waited {late:.1f} s on the other machines "
-                          f"(step_timeout {link.step_timeout:g} s)")
-                return
+                # A machine that still beats and computes is slow, not lost (8-10 s prompt
+                # steps on a busy box, issue 52): only a forward every machine has waited on
+                # for step_timeout is a hang; a silent one is lost by its missed beats.
+                busy = [r for r in self.ranks[1:] if r.computing
+                        or now - r.waiting_since <= link.step_timeout]
+                if not busy:
+                    link.lose(f"a forward waited {late:.1f} s on the other machines "
+                              f"(step_timeout {link.step_timeout:g} s)")
+                    return
+                if told != link.step:
+                    told = link.step
+                    log.warning("distributed: a forward has waited %.1f s on machine %s, "
+                                "which still computes and beats: waiting", late,
+                                ", ".join(str(r.rank) for r in busy))
             for r, ch in list(self.channels.items()):
                 try:
                     ch.send({"ping": time.perf_counter()})

@@ -40,6 +40,11 @@ class RankInfo:
     link_ms: float | None = None
     rss_bytes: int = 0
     seen: float = field(default_factory=time.monotonic)
+    computing: bool = False
+    """Its last beat said it computes its layers (rather than waits for a plan or on the
+    ring)."""
+    waiting_since: float = field(default_factory=time.monotonic)
+    """When it last began to wait (for a plan or on the ring), by its beats (monotonic)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "host": self.host, "layers": list(self.layers),
@@ -102,9 +107,9 @@ class Link:
         self.step += 1
         self.sent = True
 
-    def run(self, out: mx.array) -> None:
-        """Evaluate the forward's part that crosses the machines (after :meth:`ship`)."""
-        start = time.perf_counter()
+    def run(self, out: mx.array, start: float) -> None:
+        """Evaluate the forward's part that crosses the machines (after :meth:`ship`);
+        ``start``: when the forward's own computing began (perf_counter)."""
         try:
             mx.eval(out)
         except Exception as exc:

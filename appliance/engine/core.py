@@ -383,7 +383,8 @@ class Engine:
                                      fast_cpu_ops=self.config.fast_cpu_ops,
                                      native=self.config.native,
                                      split=None if group is None else group.split)
-            link = None if group is None else group.start(self.loaded.model)
+            link = None if group is None else group.start(self.loaded.model,
+                                                              self.loaded.weight_bytes)
             if link is not None:
                 link.on_lost = self._group_lost
             self._link = link

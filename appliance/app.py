@@ -126,7 +126,8 @@ def start_engine(settings: Settings, fault: FaultHook | None = None,
         config = replace(config, group=Coordinator(
             read_hostfile(settings.distributed.hostfile), settings.distributed,
             config.model_path, {"native": e.native, "fast_cpu_ops": e.fast_cpu_ops,
-                                "max_rows": config.scheduler.max_batch_size}))
+                                "max_rows": config.scheduler.max_batch_size},
+            state_dir=Path(settings.store.data_dir).expanduser()))
     # the engine's record of each finished request is the ledger's row, as it is
     engine = Engine(config, fault=fault,
                     on_finish=writer.submit_ledger if writer is not None else None,
@@ -249,7 +250,10 @@ def shutdown_engine(engine: Engine, timeout: float, *, stop: bool = True) -> Non
     (and stop the engine thread unless ``stop`` is False)."""
     engine.stop_admitting()
     if not engine.wait_idle(timeout):
-        log.warning("drain timeout after %.0f s; cancelling what is left", timeout)
+        if engine.failure is not None:  # nothing left to drain: its requests were ended
+            log.warning("no drain: the engine stopped serving (%s)", engine.failure)
+        else:
+            log.warning("drain timeout after %.0f s; cancelling what is left", timeout)
         engine.cancel_all()
         engine.wait_idle(5.0)  # the cancelled requests' last events reach their handlers
     if stop:

@@ -258,8 +258,9 @@ class DistributedSettings:
         20.0, "Seconds the first machine waits for the others at start; then it serves "
         "alone if the model fits, else it exits 70 to be restarted.", lo=1.0, hi=3600.0)
     step_timeout: float = _opt(
-        10.0, "Seconds a forward may wait on the other machines before the group is "
-        "declared lost.", lo=0.5, hi=3600.0)
+        10.0, "Seconds a forward may wait in a ring operation, with no machine computing, "
+        "before the group is declared lost (a machine that computes and beats is waited "
+        "for).", lo=0.5, hi=3600.0)
     heartbeat_timeout: float = _opt(
         3.0, "Seconds without a word from a machine before it is declared lost.",
         lo=0.2, hi=600.0)

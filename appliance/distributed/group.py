@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import threading
@@ -33,6 +34,8 @@ from appliance.settings import DistributedSettings
 log = logging.getLogger(__name__)
 
 HEADROOM = 1 << 30
+LOST_FILE = "distributed-lost.json"
+"""In the data folder: why the machines were last parted, until they serve together again."""
 
 
 def fingerprint(model_dir: Path) -> str:
@@ -92,7 +95,9 @@ class Coordinator:
     """Rank 0's side of the group: the control channels, the split, the watchers."""
 
     def __init__(self, hostfile: Hostfile, settings: DistributedSettings, model_dir: Path,
-                 engine_flags: dict[str, Any]) -> None:
+                 engine_flags: dict[str, Any], state_dir: Path | None = None) -> None:
+        """``state_dir``: where the reason the group was last lost is kept (the data
+        folder) until the machines serve together again."""
         self.hostfile = hostfile
         self.settings = settings
         self.model_dir = model_dir
@@ -108,6 +113,10 @@ class Coordinator:
         serve with it)."""
         self.link: Link | None = None
         self.ranks: list[RankInfo] = []
+        self._lost_file = None if state_dir is None else state_dir / LOST_FILE
+        self.parted = self._parted()
+        """Why the machines were last parted (when, and the reason), kept across the
+        restart the loss causes until they serve together again; None: they were not."""
         self._stop = threading.Event()
         self._server = control.listen(hostfile.hosts[0], settings.control_port)
         log.info("distributed: waiting for %d machines on %s:%d", hostfile.size - 1,
@@ -140,6 +149,8 @@ class Coordinator:
                     f"({self.budget >> 20} MiB)")
             self.alone = (f"{what} did not join within {self.settings.join_timeout:.0f} s: "
                           "serving on this machine alone")
+            if self.parted is not None:
+                self.alone += f" (the machines were parted {self.parted})"
             log.warning("distributed: %s", self.alone)
             self._close_channels()
             threading.Thread(target=self._await_return, name="group-return",
@@ -195,6 +206,30 @@ class Coordinator:
             with contextlib.suppress(ChannelClosed):
                 ch.send({"retry": "rank 0 restarts to serve with this machine when idle"})
             ch.close()
+
+    def _parted(self) -> str | None:
+        """The kept reason of the last loss, with its time (None: none kept)."""
+        if self._lost_file is None:
+            return None
+        try:
+            kept = json.loads(self._lost_file.read_text())
+            return f"at {kept['at']}: {kept['reason']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _remember(self, reason: str) -> None:
+        """Keep why the group was lost: the daemon restarts at once, and ``/health`` says
+        it until the machines serve together again (issue 52)."""
+        if self._lost_file is not None:
+            at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+            tmp = self._lost_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"reason": reason, "at": at}))
+            tmp.replace(self._lost_file)
+
+    def _forget(self) -> None:
+        self.parted = None
+        if self._lost_file is not None:
+            self._lost_file.unlink(missing_ok=True)
 
     def _refuse_all(self, why: str) -> None:
         self._gather(time.monotonic() + 0.1)  # whoever is already waiting hears why
@@ -280,7 +315,9 @@ class Coordinator:
                     [self.channels[r] for r in range(1, self.hostfile.size)],
                     self.settings.step_timeout)
         attach(model, Stage(self.group, int(model.args.hidden_size), dtype, link))
+        link.remember = self._remember
         self.link = link
+        self._forget()
         for r, ch in self.channels.items():
             threading.Thread(target=self._listen, args=(r, ch), name=f"rank{r}-control",
                              daemon=True).start()
@@ -348,7 +385,7 @@ class Coordinator:
 
             self.ranks[0].rss_bytes = int(psutil.Process().memory_info().rss)
         return {"machines": self.hostfile.size, "alone": self.alone, "returned": self.returned,
-                "lost": None if self.link is None else self.link.lost,
+                "lost": self.parted if self.link is None else self.link.lost,
                 "ranks": [r.as_dict() for r in self.ranks]}
 
     def close(self) -> None:

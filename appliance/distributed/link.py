@@ -74,6 +74,8 @@ class Link:
         self.lost: str | None = None
         self._lock = threading.Lock()
         self.on_lost: Callable[[str], None] | None = None
+        self.remember: Callable[[str], None] | None = None
+        """Keeps the reason past the restart the loss causes (the coordinator sets it)."""
 
     # ---- the engine thread ----
     def record(self, op: list[Any]) -> None:
@@ -139,6 +141,11 @@ class Link:
                 return False
             self.lost = reason
         log.critical("distributed group lost: %s", reason)
+        if self.remember is not None:
+            try:
+                self.remember(reason)
+            except Exception:
+                log.exception("could not keep the reason the group was lost")
         if self.on_lost is not None:
             try:
                 self.on_lost(reason)

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.daemon import make_household
+from tests.conftest import free_port
+from tests.daemon import make_household, start_daemon
 from tests.distributed.group import Group, start_follower, start_group
 from tests.distributed.test_two_machines import ask, served
 from tests.helpers import wait_until
@@ -114,12 +115,17 @@ def test_a_lost_machine_ends_the_answers_clearly_and_the_group_comes_back(
             group.rank0.kill()
     assert settled in ledger_ids(data)  # every settled answer is in the ledger
     assert ledger_row(data, cut) is not None, "the cut answer's usage was not recorded"
+    # nothing to drain: the log says why rather than a drain that never waited
+    assert "no drain: the engine stopped serving" in group.rank0.log.read_text()
+    assert "drain timeout" not in group.rank0.log.read_text()
     # the service managers start both again: serving within 30 s of the fault
     again = start_group(demo_model, data, log_name="stopped.log")
     try:
         assert ask(again.rank0.url, key, "good morning", 4)[1] == 4
         assert time.time() - at < 30
-        assert again.health()["status"] == "ok"
+        health = again.health()  # serving together again: the kept reason is gone
+        assert health["status"] == "ok" and "reason" not in health
+        assert health["distributed"]["lost"] is None
         # a follower that stops answering (SIGSTOP) is caught by its missed beats
         settled = settled_answer(again, key)
         _, cut, chunks = lose_mid_stream(again, key, signal.SIGSTOP, 3.0 + 1.5)  # beats
@@ -135,12 +141,24 @@ def test_a_lost_machine_ends_the_answers_clearly_and_the_group_comes_back(
     # the hung group's answer, ended by the supervisor, is counted with what it sent
     row = ledger_row(data, cut)
     assert row is not None and row[0] == "error" and row[1] >= max(1, chunks - 2), row
+    # the other machine does not come back: rank 0, restarted, serves alone and says why
+    # the machines were parted (the 503 saying it lived 0.1 s, the restart forgot it)
+    alone = start_daemon(demo_model, data, "--distributed", str(again.hostfile),
+                         "--control-port", str(free_port()), "--join-timeout", "1",
+                         log_name="after-stop.log")
+    try:
+        health = httpx.get(alone.url + "/health", timeout=10).json()
+    finally:
+        assert alone.terminate() == 0
+    assert health["status"] == "degraded", health
+    assert "serving on this machine alone (the machines were parted at " in health["reason"]
+    assert "machine 1 (127.0.0.1) lost" in health["reason"]
+    assert "machine 1 (127.0.0.1) lost" in health["distributed"]["lost"]
 
 
 def test_rank_0_serves_alone_until_the_other_machine_comes_back(
         household: tuple[Path, str], demo_model: Path, tmp_path: Path) -> None:
-    from tests.conftest import free_port
-    from tests.daemon import start_daemon, wait_up
+    from tests.daemon import wait_up
     from tests.distributed.group import hostfile, pin
 
     data, key = household
@@ -176,7 +194,6 @@ def test_rank_0_serves_alone_until_the_other_machine_comes_back(
 
 def test_rank_0_gives_up_when_the_model_does_not_fit_alone(
         household: tuple[Path, str], demo_model: Path, tmp_path: Path) -> None:
-    from tests.daemon import start_daemon
     from tests.distributed.group import hostfile
 
     data, _ = household
@@ -197,11 +214,7 @@ def test_a_machine_with_another_model_is_refused(household: tuple[Path, str],
     from tests.distributed.group import hostfile
 
     hostfile(group_hosts)
-    from tests.conftest import free_port
-
     port = free_port()
-    from tests.daemon import start_daemon
-
     rank0 = start_daemon(demo_model, data, "--distributed", str(group_hosts), "--control-port",
                          str(port), "--join-timeout", "3", wait=False, log_name="refuse0.log")
     rank1 = start_follower(group_hosts, other, tmp_path / "r1", port)

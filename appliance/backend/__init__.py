@@ -156,7 +156,7 @@ def held_bytes(model: Any, part: Any) -> int:
     for _, module in part.named_modules():
         kept = ("scales", "biases") if isinstance(module, nn.QuantizedLinear) else ()
         for name, value in module.items():
-            if isinstance(value, mx.array):
+            if isinstance(value, mx.array) and not name.startswith("_"):  # as parameters()
                 wide = widen and name not in kept and value.dtype in (mx.float16, mx.bfloat16)
                 total += value.nbytes * (2 if wide else 1)
         if isinstance(module, quantized):

@@ -305,8 +305,11 @@ class Coordinator:
         # the CPU a quantized model's 16-bit embedding computes in float32), and a follower
         # told the unadapted dtype read float32 bytes as float16 (issue 52).
         dtype = hidden_dtype(model)
-        for ch in self.channels.values():
-            ch.send({"go": {"dtype": str(dtype).removeprefix("mlx.core.")}})
+        for r, ch in self.channels.items():
+            try:
+                ch.send({"go": {"dtype": str(dtype).removeprefix("mlx.core.")}})
+            except ChannelClosed as exc:
+                raise RuntimeError(f"machine {r} failed before it served: {exc}") from exc
         total = mx.distributed.all_sum(mx.array(1), group=self.group)
         if int(total.tolist()) != self.hostfile.size:  # type: ignore[arg-type]
             raise RuntimeError("the ring's first sum is wrong: the group is not whole")

@@ -163,7 +163,7 @@ def import_model(source: str, models_dir: Path, out: str | None = None,
         print(f"error: {exc}")
         return 1
     print(f"imported {source} ({result.model_type}, {result.quantized} tensors kept "
-          f"quantized, {result.requantized} quantized again, {_size(target)} bytes) into "
+          f"quantized, {result.requantized} rounded again, {_size(target)} bytes) into "
           f"{target}")
     print(f"serve it with: appliance serve --model {target}")
     return 0

@@ -5,11 +5,13 @@
 from the file's metadata, and ``tokenizer.json`` / ``tokenizer_config.json`` built from the
 file's own vocabulary, merges (or SentencePiece scores), token types and chat template.
 
-Weights: MLX reads Q4_0, Q4_1 and Q8_0 blocks as its own affine quantization (group size 32,
-scales and biases), so they stay as they are. Every other quantized type (the K-quants most
-GGUFs use) is dequantized by llama.cpp's own reference code (the ``gguf`` package; MLX's
-reader gave other values than it for half of a Q4_K block's sub-blocks) and quantized again
-to MLX's affine 4 bits, with a line saying so. llama.cpp permutes the query and key rows of Llama-family models for
+The file is read by llama.cpp's own Python reader (the ``gguf`` package), each tensor checked
+against the file's size first; MLX's C parser is not used (crafted files crashed it, and it
+cannot read Q5_0). Weights keep the file's own codes where MLX's affine quantization (groups
+of 32) holds them: Q4_0, Q4_1 and Q4_K at 4 bits; Q8_0, Q5_0, Q5_1, Q5_K, IQ4_NL and IQ4_XS
+widened to 8 bits; Q6_K at 8 bits, half exact (appliance/gguf/blocks.py). The config gives
+mlx-lm the bits of each layer that differs, and a note per type says what was kept.
+llama.cpp permutes the query and key rows of Llama-family models for
 its interleaved RoPE; the config then asks mlx-lm for the same (``rope_traditional``).
 
 A bad file (not GGUF, truncated, an architecture or tokenizer we do not map) is a
@@ -27,6 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from appliance.gguf.blocks import Affine, to_affine
 from appliance.gguf.config import ARCHITECTURES, check_architecture, model_config
 from appliance.gguf.meta import ImportRefused
 from appliance.gguf.meta import meta_value as _meta
@@ -62,9 +67,7 @@ dropped, the appliance serves text."""
 ROPE_TENSORS = {"rope_freqs", "rope_factors_long", "rope_factors_short"}
 """Tensors that are RoPE settings, not weights: they go into config.json."""
 GGUF_GROUP = 32
-"""Weights per block of GGUF's Q4_0, Q4_1 and Q8_0, which MLX reads as its group size."""
-REQUANT_BITS = 4
-"""Bits of the affine quantization other types are converted to (MLX's own 4-bit)."""
+"""Weights per GGUF block or sub-block, which MLX reads as its group size."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,14 +75,17 @@ class Imported:
     path: Path
     model_type: str
     quantized: int
-    """Tensors kept in the file's own quantization."""
+    """Quantized tensors holding the file's own codes (4-bit, or widened to 8-bit)."""
     requantized: int
-    """Tensors that came as floats (other GGUF types) and were quantized again."""
+    """Quantized tensors whose values were rounded again (Q6_K's half groups, and types
+    read by llama.cpp's reference code), at 8 bits."""
 
 
-def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Any], set[str]]:
-    """(tensors, metadata, names of tensors in types MLX does not keep quantized) of a GGUF
-    file, or :class:`ImportRefused`."""
+def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Affine]]:
+    """(float tensors, metadata, quantized tensors in MLX's affine form) of a GGUF file, or
+    :class:`ImportRefused`. Read by gguf-py (llama.cpp's own reader, in Python: a crafted
+    file is an exception here, where MLX's C parser crashed the process) and checked
+    tensor by tensor against the file's size before any is converted."""
     import mlx.core as mx
 
     if not path.is_file():
@@ -87,41 +93,87 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Any], set[str]]:
     with open(path, "rb") as fh:
         if fh.read(4) != b"GGUF":
             raise ImportRefused(f"{path}: not a GGUF file (no GGUF magic at its start)")
-    try:
-        loaded: Any = mx.load(str(path), format="gguf", return_metadata=True)
-    except (RuntimeError, ValueError, OSError) as exc:
-        raise ImportRefused(f"{path}: the GGUF file cannot be read (truncated or corrupt?): "
-                            f"{exc}") from None
-    weights, meta = loaded
-    weights = dict(weights)
-    other = _reference_dequantized(path)
-    for name, values in other.items():
-        weights[name] = mx.array(values)
-    return weights, dict(meta), set(other)
+    reader = _reader(path)
+    meta = _metadata(reader)
+    check_architecture(meta)  # before the tensors are converted
+    floats: dict[str, Any] = {}
+    quantized: dict[str, Affine] = {}
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type.name
+        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        if kind in FLOAT_TYPES:
+            floats[tensor.name] = mx.array(np.array(tensor.data))
+        elif kind == "BF16":
+            raw = np.ascontiguousarray(tensor.data).view(np.uint16).reshape(shape)
+            floats[tensor.name] = mx.array(raw).view(mx.bfloat16)
+        else:
+            quantized[tensor.name] = to_affine(tensor.data, kind, shape)
+    return floats, meta, quantized
 
 
-MLX_NATIVE = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}
-"""GGUF tensor types MLX's reader keeps exactly (floats) or as its own quantization."""
+FLOAT_TYPES = {"F32", "F16"}
+MAX_DIM = 1 << 31
+"""Largest tensor dimension the importer takes (llama.cpp's widest vocabularies are ~256 k)."""
 
 
-def _reference_dequantized(path: Path) -> dict[str, Any]:
-    """Float32 values of the tensors of other types, from llama.cpp's reference code."""
-    from gguf import GGUFReader, quants
+def _reader(path: Path) -> Any:
+    """gguf-py's reader of ``path``, every tensor's dimensions, type and bytes checked."""
+    from gguf import GGML_QUANT_SIZES, GGUFReader
 
+    size = path.stat().st_size
     try:
         reader = GGUFReader(str(path))
-    except (ValueError, OSError) as exc:
-        raise ImportRefused(f"{path}: the GGUF file cannot be read: {exc}") from None
-    out = {}
-    for tensor in reader.tensors:
-        if tensor.tensor_type.name in MLX_NATIVE:
+    except Exception as exc:  # a crafted header fails anywhere in the parser
+        raise ImportRefused(f"{path}: the GGUF file cannot be read (truncated or corrupt?): "
+                            f"{_why(exc)}") from None
+    if not reader.tensors:
+        raise ImportRefused(f"{path}: the GGUF file cannot be read: it has no tensors")
+    for t in reader.tensors:
+        dims = [int(d) for d in t.shape.tolist()]
+        block, type_size = GGML_QUANT_SIZES[t.tensor_type]
+        count = int(np.prod(dims, dtype=object)) if dims else 0
+        want = count // block * type_size
+        if not 1 <= len(dims) <= 4 or not all(1 <= d < MAX_DIM for d in dims) or (
+                dims[0] % block or t.data.nbytes != want
+                or t.data_offset + want > size):
+            raise ImportRefused(f"{path}: the GGUF file cannot be read (truncated or "
+                                f"corrupt?): tensor {t.name!r} of dimensions {dims} and "
+                                f"type {t.tensor_type.name} does not fit the file")
+    return reader
+
+
+def _why(exc: Exception) -> str:
+    """gguf-py's parser error in words: it reads past the end of a short buffer where a
+    count, length or offset in the file is wrong."""
+    if isinstance(exc, IndexError):
+        return "its header runs past the end of the file (a count or length in it is wrong)"
+    if "cannot reshape" in str(exc):
+        return "a tensor's data runs past the end of the file"
+    return f"{exc.__class__.__name__}: {exc}"
+
+
+def _metadata(reader: Any) -> dict[str, Any]:
+    """The file's key-value pairs as the importer reads them: strings as ``str``, lists of
+    strings as lists, numbers and flags as numpy arrays (0-d for one value)."""
+    from gguf import GGUFValueType
+
+    out: dict[str, Any] = {}
+    for name, field in reader.fields.items():
+        if not field.types or name.startswith("GGUF."):
             continue
         try:
-            out[tensor.name] = quants.dequantize(tensor.data, tensor.tensor_type)
-        except NotImplementedError:
-            raise ImportRefused(f"tensor {tensor.name} is of GGUF type "
-                                f"{tensor.tensor_type.name}, which the importer cannot "
-                                "read") from None
+            if field.types[0] == GGUFValueType.ARRAY:
+                if field.types[-1] == GGUFValueType.STRING:
+                    out[name] = [bytes(field.parts[i]).decode() for i in field.data]
+                elif len(field.types) == 2:
+                    parts = [field.parts[i] for i in field.data]
+                    out[name] = np.concatenate(parts) if parts else np.zeros(0)
+            elif field.types[0] == GGUFValueType.STRING:
+                out[name] = bytes(field.parts[-1]).decode()
+            else:
+                out[name] = np.array(field.parts[-1][0])
+        except UnicodeDecodeError:
+            raise ImportRefused(f"the file's metadata {name} is not UTF-8 text") from None
     return out
 
 
@@ -136,62 +188,56 @@ def mlx_name(name: str, arch: str = "llama") -> str:
     raise ImportRefused(f"the file has a tensor this importer does not map: {name}")
 
 
-def _bits(weight: Any, scales: Any) -> int:
-    """Bits of an affine-quantized matrix from its packed and scale shapes."""
-    columns = scales.shape[-1] * GGUF_GROUP
-    return int(weight.shape[-1] * 32 // columns)
+HOW = {"kept": "kept as they are (MLX's affine {bits}-bit, group size 32, the file's own "
+               "codes and scales)",
+        "widened": "kept exactly, widened to MLX's affine 8-bit (group size 32)",
+        "joined": "widened to MLX's affine 8-bit (group size 32): each pair of 16-weight "
+                  "scales joined, half the weights exact, the other half rounded to a quarter "
+                  "of their 6-bit step",
+        "again": "read by llama.cpp's reference code and quantized again to MLX's affine "
+                 "8-bit (group size 32)"}
+"""What the import's note says per GGUF type, by :attr:`blocks.Affine.how`."""
 
 
-def convert_weights(tensors: dict[str, Any], other: set[str], say: Callable[[str], None],
-                    arch: str = "llama") -> tuple[dict[str, Any], dict[str, Any], int, int]:
-    """mlx-lm's names and quantization (``other``: GGUF names of tensors dequantized from
-    types MLX does not keep, to quantize again); returns (weights, quantization config,
-    tensors kept quantized, tensors quantized again). Tensors that are settings rather than
-    weights (Llama 3.x's ``rope_freqs``, Phi-3's ``rope_factors_*``) stay under their GGUF
-    names for :func:`model_config`, which takes them out."""
+def convert_weights(floats: dict[str, Any], quantized: dict[str, Affine],
+                    say: Callable[[str], None], arch: str = "llama"
+                    ) -> tuple[dict[str, Any], dict[str, Any], int, int]:
+    """mlx-lm's names and quantization (per-layer bits where layers differ); returns
+    (weights, quantization config, tensors holding the file's own codes, tensors whose
+    values were rounded again). Tensors that are settings rather than weights (Llama 3.x's
+    ``rope_freqs``, Phi-3's ``rope_factors_*``) stay under their GGUF names for
+    :func:`model_config`, which takes them out."""
     import mlx.core as mx
 
-    out: dict[str, Any] = {}
-    bits_of: dict[str, int] = {}
-    vision = {name for name in tensors if name.split(".")[0] in VISION_PREFIXES}
+    vision = {n for n in [*floats, *quantized] if n.split(".")[0] in VISION_PREFIXES}
     if vision:
         say(f"{len(vision)} vision tensors were left out (the appliance serves text)")
-        tensors = {k: v for k, v in tensors.items() if k not in vision}
-        other = other - vision
-    for name, value in tensors.items():
+    out: dict[str, Any] = {}
+    for name, value in floats.items():
+        if name in vision:
+            continue
         if name.split(".")[0] in ROPE_TENSORS:
             out[name] = value
             continue
         if arch in SHIFTED_NORMS and name.endswith("norm.weight"):
             value = value.astype(mx.float32) - 1.0
         out[mlx_name(name, arch)] = value
-    for name in list(out):
-        if name.endswith(".scales"):
-            base = name[:-len(".scales")]
-            bits_of[base] = _bits(out[base + ".weight"], out[name])
-    kept = len(bits_of)
-    again = 0
-    for name in sorted(other):
-        if name.split(".")[0] in ROPE_TENSORS:
+    bits_of: dict[str, int] = {}
+    per_type: dict[tuple[str, str, int], int] = {}
+    for name, q in quantized.items():
+        if name in vision:
             continue
-        target = mlx_name(name, arch)
-        base, _, leaf = target.rpartition(".")
-        value = out[target]
-        if leaf == "weight" and value.ndim == 2 and value.shape[-1] % GGUF_GROUP == 0:
-            w, s, b = mx.quantize(value.astype(mx.float32), group_size=GGUF_GROUP,
-                                  bits=REQUANT_BITS)
-            out[target], out[base + ".scales"], out[base + ".biases"] = w, s, b
-            bits_of[base] = REQUANT_BITS
-            again += 1
-        else:  # a vector or an odd width: kept as floats
-            out[target] = value.astype(mx.float16)
-    if again:
-        say(f"{again} tensors were not in a type MLX reads quantized (K-quants and others); "
-            f"they were quantized again to MLX's affine {REQUANT_BITS}-bit, group size "
-            f"{GGUF_GROUP} (answers may differ slightly from llama.cpp's)")
-    for name, value in list(out.items()):  # scales and biases as MLX makes them
-        if name.endswith((".scales", ".biases")) and value.dtype != mx.float16:
-            out[name] = value.astype(mx.float16)
+        base, _, leaf = mlx_name(name, arch).rpartition(".")
+        if leaf != "weight":
+            raise ImportRefused(f"the file has a quantized tensor that is no weight: {name}")
+        out[f"{base}.weight"] = mx.array(q.weight)
+        out[f"{base}.scales"], out[f"{base}.biases"] = mx.array(q.scales), mx.array(q.biases)
+        bits_of[base] = q.bits
+        key = (q.source, q.how, q.bits)
+        per_type[key] = per_type.get(key, 0) + 1
+    for (source, how, bits), count in sorted(per_type.items()):
+        say(f"{count} {source} tensors {HOW[how].format(bits=bits)}")
+    again = sum(n for (_, how, _), n in per_type.items() if how in ("joined", "again"))
     if not bits_of:
         return out, {}, 0, 0
     main = max(set(bits_of.values()), key=list(bits_of.values()).count)
@@ -199,7 +245,7 @@ def convert_weights(tensors: dict[str, Any], other: set[str], say: Callable[[str
     for base, bits in sorted(bits_of.items()):
         if bits != main:
             quant[base] = {"group_size": GGUF_GROUP, "bits": bits}
-    return out, quant, kept, again
+    return out, quant, len(bits_of) - again, again
 
 
 def as_float32(weights: dict[str, Any], quant: dict[str, Any]) -> dict[str, Any]:
@@ -228,9 +274,9 @@ def import_gguf(path: Path, out: Path, say: Callable[[str], None] = print, *,
 
     if out.exists():
         raise ImportRefused(f"{out} exists already; remove it or choose another --out")
-    tensors, meta, other = read_gguf(path)
+    floats, meta, quantized = read_gguf(path)
     arch = check_architecture(meta)
-    weights, quant, kept, again = convert_weights(tensors, other, say, arch)
+    weights, quant, kept, again = convert_weights(floats, quantized, say, arch)
     if float32:
         weights, quant = as_float32(weights, quant), {}
     config = model_config(meta, weights, quant)

@@ -124,7 +124,7 @@ def blocks_of(x: np.ndarray, kind: str, rng: np.random.Generator) -> np.ndarray:
     if kind == "IQ4_NL":
         return iq4_nl_blocks(x)
     if kind in HALVES:
-        return random_blocks(kind, *x.shape, rng)
+        return random_blocks(kind, x.shape[0], x.shape[1], rng)
     return np.asarray(quants.quantize(x, GGMLQuantizationType[kind]))
 
 
@@ -287,12 +287,12 @@ def craft(path: Path, damage: str) -> None:
     path.write_bytes(bytes(data))
 
 
-def q4_k_m_like(source: Path, path: Path) -> Path:
-    """``source`` (a GGUF file) as llama.cpp's ``llama-quantize ... Q4_K_M`` writes it, from
-    its dequantized values: Q4_K, or Q6_K for ``ffn_down`` and ``attn_v`` in the layers
-    llama.cpp gives more bits and for the output (the embeddings where they are tied); rows
-    that are not multiples of 256 fall back as llama.cpp's do (Q4_K -> Q5_0, Q6_K -> Q8_0).
-    Metadata copied as it is."""
+def q4_k_m_like(source: Path, path: Path, preset: str = "Q4_K_M") -> Path:
+    """``source`` (a GGUF file) as llama.cpp's ``llama-quantize ... Q4_K_M`` (or ``Q5_K_M``)
+    writes it, from its dequantized values: Q4_K (Q5_K), or Q6_K for ``ffn_down`` and
+    ``attn_v`` in the layers llama.cpp gives more bits and for the output (the embeddings
+    where they are tied); rows that are not multiples of 256 fall back as llama.cpp's do
+    (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0). Metadata copied as it is."""
     import gguf
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, quants
 
@@ -321,10 +321,11 @@ def q4_k_m_like(source: Path, path: Path) -> Path:
         wide = (t.name == "output.weight" or (tied and t.name == "token_embd.weight")
                 or (parts[0] == "blk" and parts[2] in ("ffn_down", "attn_v")
                     and more_bits(int(parts[1]))))
+        base, fallback = {"Q4_K_M": ("Q4_K", "Q5_0"), "Q5_K_M": ("Q5_K", "Q5_1")}[preset]
         if values.shape[-1] % 256:
-            kind = "Q8_0" if wide else "Q5_0"
+            kind = "Q8_0" if wide else fallback
         else:
-            kind = "Q6_K" if wide else "Q4_K"
+            kind = "Q6_K" if wide else base
         w.add_tensor(t.name, blocks_of(values, kind, rng),
                      raw_dtype=GGMLQuantizationType[kind])
     w.write_header_to_file()

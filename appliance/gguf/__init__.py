@@ -204,7 +204,7 @@ def convert_weights(floats: dict[str, Any], quantized: dict[str, Affine],
                     ) -> tuple[dict[str, Any], dict[str, Any], int, int]:
     """mlx-lm's names and quantization (per-layer bits where layers differ); returns
     (weights, quantization config, tensors holding the file's own codes, tensors whose
-    values were rounded again). Tensors that are settings rather than weights (Llama 3.x's
+    values were rounded again); ``quantized`` is emptied as it goes. Tensors that are settings rather than weights (Llama 3.x's
     ``rope_freqs``, Phi-3's ``rope_factors_*``) stay under their GGUF names for
     :func:`model_config`, which takes them out."""
     import mlx.core as mx
@@ -224,7 +224,8 @@ def convert_weights(floats: dict[str, Any], quantized: dict[str, Affine],
         out[mlx_name(name, arch)] = value
     bits_of: dict[str, int] = {}
     per_type: dict[tuple[str, str, int], int] = {}
-    for name, q in quantized.items():
+    for name in list(quantized):
+        q = quantized.pop(name)  # its numpy copy goes once MLX holds it: one copy at a time
         if name in vision:
             continue
         base, _, leaf = mlx_name(name, arch).rpartition(".")

@@ -101,7 +101,9 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Aff
     for tensor in reader.tensors:
         kind = tensor.tensor_type.name
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        if kind in FLOAT_TYPES:
+        if tensor.name.split(".")[0] in VISION_PREFIXES:
+            floats[tensor.name] = None  # left out by convert_weights, never converted
+        elif kind in FLOAT_TYPES:
             floats[tensor.name] = mx.array(np.array(tensor.data))
         elif kind == "BF16":
             raw = np.ascontiguousarray(tensor.data).view(np.uint16).reshape(shape)

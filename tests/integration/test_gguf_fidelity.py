@@ -100,13 +100,11 @@ def test_a_crafted_file_is_refused_in_words_not_a_crash(tmp_path: Path, damage: 
 def test_smollm2_as_q4_k_m_imports_and_answers_as_its_values_say(tmp_path: Path) -> None:
     """SmolLM2 laid out as llama.cpp's Q4_K_M lays it out (its 576-wide rows fall back to
     Q5_0 and Q8_0, the 1,536-wide ``ffn_down`` is Q4_K and Q6_K): refused before
-    ("gguf_tensor_to_f16 failed"), now imported with 4- and 8-bit layers, within the goals
-    of the file's values, and the daemon (its kernels) answers as MLX's own quantized
+    ("gguf_tensor_to_f16 failed"), now imported with 4- and 8-bit layers (their fidelity per
+    type is the test above's), and the daemon (its kernels) answers as MLX's own quantized
     products do. The file is made from the Q4_1 file's values, so its Q5_0 tensors are 4 %
     off SmolLM2's (a second rounding no real Q4_K_M file has): it talks of France, but
     not of Paris."""
-    import mlx.core as mx
-    from gguf import GGUFReader, quants
     from mlx_lm import generate, load
     from openai import OpenAI
 
@@ -124,19 +122,6 @@ def test_smollm2_as_q4_k_m_imports_and_answers_as_its_values_say(tmp_path: Path)
         assert f" {kind} tensors " in done.stdout, done.stdout
     quant = json.loads((out / "config.json").read_text())["quantization"]
     assert quant["bits"] == 8 and quant["model.layers.3.mlp.down_proj"]["bits"] == 4
-    weights: Any = mx.load(str(out / "model.safetensors"))
-    checked = {"blk.3.ffn_down.weight": ("model.layers.3.mlp.down_proj", 4, 0.002),  # Q4_K
-               "blk.0.ffn_down.weight": ("model.layers.0.mlp.down_proj", 8, 0.01),  # Q6_K
-               "blk.1.attn_q.weight": ("model.layers.1.self_attn.q_proj", 8, 0.01),  # Q5_0
-               "blk.0.attn_v.weight": ("model.layers.0.self_attn.v_proj", 8, 0.002)}  # Q8_0
-    for t in GGUFReader(str(gguf)).tensors:
-        if t.name in checked:
-            base, bits, limit = checked[t.name]
-            got = np.array(mx.dequantize(weights[f"{base}.weight"], weights[f"{base}.scales"],
-                                         weights[f"{base}.biases"], group_size=32, bits=bits
-                                         ).astype(mx.float32))
-            want = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32)
-            assert relative_rms(got, want) <= limit, (t.name, t.tensor_type.name)
     question = [{"role": "user", "content": "What is the capital of France?"}]
     model, tok = load(str(out))
     prompt = tok.apply_chat_template(question, add_generation_prompt=True, tokenize=False)

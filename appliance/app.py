@@ -59,9 +59,10 @@ from appliance.engine.supervisor import Supervisor
 from appliance.jobs.runner import JobService
 from appliance.sched.budget import TickObjectives
 from appliance.sched.types import SchedulerConfig
-from appliance.service.chat_format import longest_token_chars
+from appliance.service import model_choice
 from appliance.service.errors import ServiceError
-from appliance.service.services import ModelInfo, Services
+from appliance.service.model_choice import model_info
+from appliance.service.services import Services
 from appliance.settings import Settings, parse_bytes
 from appliance.store import fairness
 from appliance.store.db import Store
@@ -118,6 +119,10 @@ def start_engine(settings: Settings, fault: FaultHook | None = None,
         def on_counters(values: dict[str, float]) -> None:
             writer.submit_counters({int(k): v for k, v in values.items() if k.isdigit()})
     config = engine_config(settings)
+    chosen = None if store is None else model_choice.at_start(store, settings.engine.model)
+    if chosen is not None:  # chosen on the Models page or by `appliance model use`
+        log.info("serving the chosen model: path=%s", chosen)
+        config = replace(config, model_path=chosen)
     if settings.distributed.hostfile:
         from appliance.distributed.group import Coordinator
         from appliance.distributed.hostfile import read as read_hostfile
@@ -153,11 +158,7 @@ def build_services(settings: Settings, engine: Engine, store: Store,
                    writer: StoreWriter | None = None) -> Services:
     loaded = engine.loaded
     assert loaded is not None, "start_engine returns once the model is loaded"
-    info = ModelInfo(name=loaded.name, path=str(loaded.path), is_demo=loaded.is_demo,
-                     ctx_limit=loaded.ctx_limit,
-                     vocab_size=int(loaded.config.get("vocab_size") or 0) or 1 << 30,
-                     tokenizer=loaded.tokenizer,
-                     max_token_chars=longest_token_chars(loaded.tokenizer))
+    info = model_info(loaded)
     def reload_weights() -> None:
         with store.read_sessions() as s:
             engine.set_weights(fairness.load_weights(s))
@@ -168,7 +169,8 @@ def build_services(settings: Settings, engine: Engine, store: Store,
                         models_dir=settings.models_dir,
                         shared_idle_s=settings.server.shared_device_idle_minutes * 60.0,
                         note_key_used=writer.submit_key_used if writer is not None else None,
-                        writer=writer)
+                        writer=writer, drain_s=settings.server.shutdown_timeout,
+                        configured_model=settings.engine.model)
     return services
 
 

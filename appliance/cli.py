@@ -176,6 +176,10 @@ def cmd_model(settings: Settings, args: argparse.Namespace) -> int:
         return models.pull(args.repo, settings.models_dir, revision=args.revision)
     if args.model_cmd == "import":
         return models.import_model(args.source, settings.models_dir, args.out, args.float32)
+    if args.model_cmd == "use":
+        from appliance import cli_admin
+
+        return cli_admin.model_use(settings, args.model)
     if args.model_cmd == "demo":
         from appliance.demo.build import build_model
 
@@ -234,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "and on a CPU several times faster until the appliance has kernels for "
                      "quantized weights")
     msub.add_parser("list", help="the demo model and every pulled or imported model")
+    use = msub.add_parser("use", help="serve this model from the next start (the Models "
+                          "page or POST /admin/model change a running daemon's)")
+    use.add_argument("model", help="a models folder entry's name, demo, or a model "
+                     "folder's full path")
     demo = msub.add_parser("demo", help="rebuild the demo model (or a benchmark shape)")
     demo.add_argument("--out", required=True)
     demo.add_argument("--shape", default="demo",

@@ -151,3 +151,30 @@ def _key(s: Session, args: argparse.Namespace) -> int:
     k = keys.revoke_key(s, args.prefix)
     print(f"key {k.prefix} revoked")
     return 0
+
+
+def model_use(settings: Settings, name: str) -> int:
+    """``appliance model use NAME|PATH``: record the choice for the next start, as the
+    Models page does (a running daemon keeps its model until then: the page or
+    ``POST /admin/model`` change it at once)."""
+    from appliance.service import model_choice
+    from appliance.store import migrate
+    from appliance.store.db import open_store
+
+    try:
+        path = model_choice.model_folder(name, settings.models_dir)
+    except model_choice.ModelRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    db = db_path(settings)
+    migrate.check_database(db)
+    store = open_store(db)
+    try:
+        with store.sessions.begin() as s:
+            model_choice.record(s, path, settings.engine.model)
+    finally:
+        store.close()
+    print(f"the next start serves {path}")
+    print("a running daemon keeps its model until then; the Models page (or POST "
+          "/admin/model) changes it at once")
+    return 0

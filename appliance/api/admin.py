@@ -19,6 +19,9 @@ from appliance.api.account import key_json, usage_json
 from appliance.api.auth import admin_only, key_scope, new_key_class
 from appliance.api.common import decode_body
 from appliance.api.db import threaded
+from appliance.api.errors import ApiError
+from appliance.engine.core import EngineDown, SwitchRefused
+from appliance.service import model_choice
 from appliance.store import keys as store_keys
 from appliance.store import ledger, limits, users, websessions
 from appliance.store.db import Store
@@ -54,6 +57,11 @@ class NewKey(msgspec.Struct):
     name: str
     max_class: str | None = None
     default_class: str | None = None
+
+
+class ModelChoice(msgspec.Struct):
+    model: str
+    """A models folder entry's name, ``demo``, or a model folder's full path."""
 
 
 class KeyPatch(msgspec.Struct):
@@ -192,6 +200,22 @@ def revoke_key(state: State, prefix: FromPath[str]) -> None:
         store_keys.revoke_key(s, prefix)
 
 
+@post("/model", status_code=200)
+async def use_model(state: State, data: JSONBody[ModelChoice]) -> dict[str, Any]:
+    """Serve another model from now on (what runs finishes first; see
+    ``Engine.switch_model``) and at the next start; a model that fails to load leaves the
+    old one serving (422, saying why)."""
+    try:
+        info, changed = await model_choice.use_model(state.services, data.model)
+    except model_choice.ModelRefused as exc:
+        raise ApiError(400, str(exc)) from exc
+    except model_choice.ModelLoadFailed as exc:
+        raise ApiError(422, str(exc)) from exc
+    except (SwitchRefused, EngineDown) as exc:
+        raise ApiError(409 if isinstance(exc, SwitchRefused) else 503, str(exc)) from exc
+    return {"model": info.name, "path": info.path, "changed": changed}
+
+
 @get("/usage")
 @threaded
 def usage(state: State) -> dict[str, Any]:
@@ -206,4 +230,4 @@ def usage(state: State) -> dict[str, Any]:
 
 router = Router(path="/admin", guards=[admin_only], route_handlers=[
     list_users, add_user, change_user, get_quota, set_quota, list_all_keys, create_key,
-    change_key, revoke_key, usage])
+    change_key, revoke_key, usage, use_model])

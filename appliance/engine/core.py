@@ -54,6 +54,10 @@ class UserBusy(RuntimeError):
     """The user already has their maximum number of requests in progress (HTTP 429)."""
 
 
+class SwitchRefused(RuntimeError):
+    """A model switch that cannot start (split across machines, another under way)."""
+
+
 class EngineDown(RuntimeError):
     """The engine thread died or stalled: it serves nothing until the daemon restarts
     (HTTP 503; ``/health`` says why)."""
@@ -145,6 +149,9 @@ class Engine:
         self.on_group_lost: Callable[[str], None] | None = None
         """Called (from a watcher's thread) the moment the group is lost, so the
         supervisor need not wait for its next round."""
+        self._switching = False
+        self.switching_to: str | None = None
+        """The model a switch is loading (its folder's name), None when none is."""
 
     # ---- lifecycle (any thread) ----
     def start(self, timeout: float = 600.0) -> None:
@@ -207,6 +214,9 @@ class Engine:
         with self._lock:
             if self.failure is not None:
                 raise EngineDown(self.failure)
+            if self.switching_to is not None:
+                raise EngineStopping(f"the model is being changed to {self.switching_to}; "
+                                     "retry in a moment")
             if not self._accepting:
                 raise EngineStopping("the server is shutting down")
             if self._pending >= self.config.max_queue_depth:
@@ -294,6 +304,89 @@ class Engine:
     def restore_counters(self, values: dict[str, float]) -> None:
         self._control.put(lambda runner: runner.scheduler.counters.restore(values))
         self._wake.set()
+
+    def switch_model(self, path: Path, drain_s: float, load_s: float = 600.0) -> LoadedModel:
+        """Serve the model at ``path`` instead (any thread but the engine's; it blocks):
+        admit nothing new, let what runs finish for ``drain_s`` and cancel the rest (the
+        drain of a restart), then the engine thread loads the new model between ticks and
+        swaps it in, so it stays MLX's only user. A model that fails to load raises its
+        error and the old one goes on serving; either way admission opens again."""
+        with self._lock:
+            if self.config.group is not None:
+                raise SwitchRefused("the model is served across machines; restart the group "
+                                    "with the new model (docs/distributed.md)")
+            if self.failure is not None:
+                raise EngineDown(self.failure)
+            if self._switching or not self._accepting:
+                raise SwitchRefused("another change of model, or a shutdown, is under way")
+            self._switching = True
+            self.switching_to = path.name
+        try:
+            if not self.wait_idle(drain_s):
+                log.warning("model switch: drain timeout after %.0f s; cancelling what is "
+                            "left", drain_s)
+                self.cancel_all()
+                self.wait_idle(10.0)
+            done = threading.Event()
+            result: list[LoadedModel | BaseException] = []
+
+            def swap(runner: Runner) -> None:
+                try:
+                    result.append(self._swap(path, runner))
+                except BaseException as exc:  # the old model keeps serving
+                    result.append(exc)
+                finally:
+                    done.set()
+
+            self._control.put(swap)
+            self._wake.set()
+            if not done.wait(load_s):
+                raise TimeoutError(f"the model did not load in {load_s:.0f} s")
+            if isinstance(result[0], BaseException):
+                raise result[0]
+            return result[0]
+        finally:
+            with self._lock:
+                self._switching = False
+                self.switching_to = None
+
+    def _swap(self, path: Path, old: Runner) -> LoadedModel:
+        """On the engine thread, with nothing running: load, then replace runner and model.
+        The fairness counters carry over; the prompt cache and grammar checks do not."""
+        import gc
+
+        from appliance.engine.runner import Runner
+
+        log.info("model switch: loading %s", path)
+        loaded = load_model(path, self.config.ctx_size, fast_cpu_ops=self.config.fast_cpu_ops,
+                            native=self.config.native)
+        runner = Runner(loaded, Scheduler(self._sched_config(loaded)), self._clock,
+                        self._fault, self._on_finish, usage=self.usage, on_done=self._done,
+                        on_counters=self._on_counters,
+                        prompt_cache_entries=self.config.prompt_cache_entries,
+                        meter=self._meter)
+        old.flush_counters()
+        runner.scheduler.counters.restore(old.scheduler.counters.snapshot())
+        self._runner = runner
+        self.loaded = loaded
+        pad = loaded.tokenizer.pad_token_id
+        if self._embedder is not None:
+            self._embedder.fail_all("the model was changed")
+        self._embedder = Embedder(loaded.model, pad if pad is not None else
+                                  next(iter(loaded.eos_token_ids), 0))
+        with self._lock:
+            self._grammar_checks.clear()
+        self.snapshot = runner.snapshot()
+        gc.collect()  # the old model's arrays go now, not at some later collection
+        log.info("model switch: serving %s", loaded.name)
+        return loaded
+
+    def _sched_config(self, loaded: LoadedModel) -> SchedulerConfig:
+        sched = self.config.scheduler
+        if self.kv_budget_bytes is not None:
+            sched = replace(sched, kv_budget_tokens=max(
+                1, self.kv_budget_bytes // loaded.kv_bytes_per_token))
+        return sched
 
     def _done(self, handle: RequestHandle) -> None:
         user_key = handle.request.user_key
@@ -390,10 +483,7 @@ class Engine:
             self._link = link
             self.kv_budget_bytes = budget_bytes(self.config.kv_cache_budget,
                                                 psutil.virtual_memory().available)
-            sched = self.config.scheduler
-            if self.kv_budget_bytes is not None:
-                sched = replace(sched, kv_budget_tokens=max(
-                    1, self.kv_budget_bytes // self.loaded.kv_bytes_per_token))
+            sched = self._sched_config(self.loaded)
             log.info("kv budget: %s bytes (%s tokens)", self.kv_budget_bytes,
                      sched.kv_budget_tokens)
             runner = Runner(self.loaded, Scheduler(sched), self._clock, self._fault,
@@ -418,6 +508,7 @@ class Engine:
         self._ready.set()
         try:
             while not self._stop and self.failure is None:
+                runner = self._runner  # a model switch replaces it between ticks
                 if not runner.seqs and not self._inbox.empty():
                     self._gather()
                 worked = self._step(runner)
@@ -472,6 +563,7 @@ class Engine:
                 self._control.get_nowait()(runner)
             except Exception:
                 log.exception("engine control message failed")
+        runner = self._runner  # a model switch (a control message) may have replaced it
         try:
             runner.take(self._drain_inbox())
             if self._cancel_all:

@@ -62,6 +62,10 @@ class Services:
     """The store writer: its backlog decides whether model requests may start."""
     shared_idle_s: float = 600.0
     """A 'Shared device' browser session ends after this long without a request."""
+    drain_s: float = 30.0
+    """How long a change of model lets running requests finish (the restart's drain)."""
+    configured_model: str = ""
+    """The configuration's ``engine.model`` (a model chosen since is recorded over it)."""
     prompt_limiter: anyio.CapacityLimiter = field(
         default_factory=lambda: anyio.CapacityLimiter(PROMPT_THREADS))
 

@@ -14,7 +14,9 @@ from appliance.api.headers import CSP as CSP  # re-exported for the pages
 from appliance.service.services import Services
 from appliance.vocab import CLASS_LABELS
 from web.assets import vendor_scripts
+from web.checklist import checklist
 from web.format import HELPERS
+from web.hints import HINTS
 
 if TYPE_CHECKING:
     from web.state import WebState
@@ -64,9 +66,12 @@ def base_context(request: Request[Any, Any, Any]) -> dict[str, Any]:
     svc = services(request)
     user = request.scope.get("user")
     theme = request.cookies.get("theme", "")
+    admin = isinstance(user, Principal) and user.is_admin
     return {"me": user if isinstance(user, Principal) else None, "model": svc.model,
+            # the first hour's checklist, on admins' whole pages only (a few indexed reads)
+            "first_hour": checklist(svc) if admin and not is_htmx(request) else None,
             "theme": theme if theme in ("light", "dark") else "",
-            "scripts": vendor_scripts(), "h": HELPERS, "classes": CLASS_LABELS, "roles": ROLES}
+            "scripts": vendor_scripts(), "h": HELPERS, "hints": HINTS, "classes": CLASS_LABELS, "roles": ROLES}
 
 
 def page(request: Request[Any, Any, Any], template: str, *, status_code: int = 200,

@@ -2,7 +2,8 @@
 
 Admins see everyone; a member sees the load (counts only) and their own requests and usage.
 The page renders the current frame, then ``/dashboard/stream`` sends each part again as an
-SSE event whenever it changed, every ``live.INTERVAL_S``. A stream lasts ``LIFETIME_S`` and
+SSE event whenever it changed, every ``live.INTERVAL_S``, and a ``beat`` event each time
+(the page greys its figures when beats stop: "not answering since HH:MM"). A stream lasts ``LIFETIME_S`` and
 ends with a ``bye`` event; the page's script then opens the next one (no error, nothing
 logged), and a browser without it reconnects after ``retry``: streams stay short-lived, so
 a shutdown never waits on an open dashboard for long.
@@ -27,7 +28,9 @@ from web import charts, sse, stats
 from web.common import PAGE, me, page, services, web_state
 from web.live import INTERVAL_S, Audience, Hub
 
-LIFETIME_S = 15.0
+LIFETIME_S = 5.0
+"""A stream's length: a stopping daemon lets open streams end before it closes, so this
+bounds how long a dashboard shows "live" after the daemon stopped taking connections."""
 RETRY_MS = 250
 
 
@@ -65,6 +68,7 @@ async def _events(hub: Hub, audience: Audience, frames: int) -> AsyncIterator[by
             if sent.get(name) != html:
                 sent[name] = html
                 yield sse.event(name, html)
+        yield sse.event("beat", "")  # "still answering", even when no figure changed
         n += 1
         if (frames and n >= frames) or time.monotonic() >= deadline:
             yield sse.event("bye", "")

@@ -41,7 +41,7 @@ class Panel:
     """Whom a key can be made for: everyone (admins) or oneself."""
 
 
-def _panel(svc: Services, who: Principal) -> Panel:
+def panel_for(svc: Services, who: Principal) -> Panel:
     with svc.store.read_sessions() as s:
         found = store_keys.list_keys(s, user_id=None if who.is_admin else who.user_id,
                                      include_revoked=True,
@@ -56,7 +56,7 @@ def _panel(svc: Services, who: Principal) -> Panel:
 
 @get("/keys", opt=PAGE)
 async def keys_page(request: Request[Any, Any, Any]) -> Template:
-    panel = await anyio.to_thread.run_sync(_panel, services(request), me(request))
+    panel = await anyio.to_thread.run_sync(panel_for, services(request), me(request))
     return page(request, "keys.html", panel=panel, created=None, notice=None, form={})
 
 
@@ -85,11 +85,23 @@ async def create_key(request: Request[Any, Any, Any]) -> Response[Any]:
         notice = ("ok", "Copy the key now: it is shown only once.")
         status = 201
     except (ValueError, NotFound) as exc:
-        notice = ("error", f"Could not create the key: {exc}")
+        notice = ("error", f"Could not create the key: {exc}. {_advice(str(exc))}".rstrip())
         status = 404 if isinstance(exc, NotFound) else 400
-    panel = await anyio.to_thread.run_sync(_panel, svc, who)
+    panel = await anyio.to_thread.run_sync(panel_for, svc, who)
     return page(request, "_keys_panel.html", status_code=status, panel=panel, created=created,
                 notice=notice, form={} if created else f, headers={"Cache-Control": "no-store"})
+
+
+def _advice(refusal: str) -> str:
+    """What to do about a class refusal, in words (the store says only what is wrong)."""
+    if "above the key's maximum" in refusal:
+        return ("Choose a maximum class at least as high as the default class. For Home "
+                "Assistant, use “Make a key for Home Assistant” instead: it does all of it.")
+    if "above the user's maximum" in refusal:
+        return ("Raise the person's maximum class on the Users page first, or make the key "
+                "for someone whose maximum is that high. For Home Assistant, use “Make a key "
+                "for Home Assistant”: it makes a user of its own with maximum class voice.")
+    return ""
 
 
 def _revoke(svc: Services, who: Principal, prefix: str) -> None:
@@ -104,7 +116,7 @@ async def revoke_key(request: Request[Any, Any, Any], prefix: FromPath[str]) -> 
     await anyio.to_thread.run_sync(_revoke, svc, who, prefix)  # another's key: 404
     if not is_htmx(request):
         return Redirect("/keys", status_code=303)
-    panel = await anyio.to_thread.run_sync(_panel, svc, who)
+    panel = await anyio.to_thread.run_sync(panel_for, svc, who)
     return page(request, "_keys_panel.html", panel=panel, created=None,
                 notice=("ok", f"Revoked {prefix}."), form={})
 

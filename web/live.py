@@ -61,7 +61,7 @@ class Hub:
         self._templates = templates
         self._frames: dict[tuple[str, int], tuple[int, dict[str, str]]] = {}
         self._samples: deque[tuple[float, int]] = deque(maxlen=int(HISTORY_S / INTERVAL_S) + 1)
-        self._stats: tuple[float, list[stats.UserService]] | None = None
+        self._stats: tuple[float, stats.Service] | None = None
         self._stats_lock: asyncio.Lock | None = None
         self.frames_made = 0
         self.busy_s = 0.0
@@ -88,7 +88,7 @@ class Hub:
         self.busy_s += time.perf_counter() - started
         return frame
 
-    async def service_table(self) -> list[stats.UserService]:
+    async def service_table(self) -> stats.Service:
         now = time.monotonic()
         if self._stats is not None and now - self._stats[0] < STATS_TTL_S:
             return self._stats[1]
@@ -101,11 +101,11 @@ class Hub:
             self._stats = (time.monotonic(), table)
             return table
 
-    def _read_table(self) -> list[stats.UserService]:
+    def _read_table(self) -> stats.Service:
         started = time.thread_time()
         try:
             with self._services.store.read_sessions() as s:
-                return stats.service_table(s, time.time())
+                return stats.service(s, time.time())
         finally:
             self.table_cpu_s += time.thread_time() - started
 
@@ -124,11 +124,11 @@ class Hub:
 
     # ---- rendering ----
     def _render(self, audience: Audience, snap: EngineSnapshot,
-                table: list[stats.UserService]) -> dict[str, str]:
+                service: stats.Service) -> dict[str, str]:
         rates = self.rates()
         recent = rates[-4:]
         rate = sum(recent) / len(recent) if recent else 0.0
-        table = _with_live_counters(table, snap.counters)
+        table = _with_live_counters(service[0], snap.counters)
         ctx: dict[str, Any] = {
             "h": HELPERS, "snap": snap, "admin": audience.admin, "me_name": audience.name,
             "max_batch": self._services.max_batch_size, "rate": rate,
@@ -143,8 +143,10 @@ class Hub:
             "spark": charts.spark, "updated": time.strftime("%H:%M:%S"),
             "jobs": jobs_view(self._jobs, None if audience.admin else audience.user_id),
             "group": self._services.engine.group_status(),
+            "classes": service[1],
         }
-        names = ("summary", "slots", "queue", "kv", "throughput", "users", "jobs", "machines")
+        names = ("summary", "slots", "queue", "kv", "throughput", "users", "latency", "jobs",
+                 "machines")
         return {name: self._templates.get_template(f"_dash_{name}.html").render(**ctx)
                 for name in names}
 

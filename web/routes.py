@@ -7,7 +7,18 @@ from litestar import Litestar, Router
 from litestar.datastructures import CacheControlHeader, ResponseHeader
 from litestar.static_files import create_static_files_router
 
-from web import chat, dashboard, export, jobs, keys, manage, models, settings
+from web import (
+    chat,
+    dashboard,
+    docs,
+    export,
+    first_hour,
+    jobs,
+    keys,
+    manage,
+    models,
+    settings,
+)
 from web.assets import STATIC
 from web.common import CSP
 from web.errors import EXCEPTION_HANDLERS
@@ -25,7 +36,8 @@ after Log out (a shared family tablet) reloads them, which sends the browser to 
 
 pages = Router(
     path="/", route_handlers=[*chat.ROUTES, *export.ROUTES, *dashboard.ROUTES, *keys.ROUTES, *jobs.ROUTES,
-                              *settings.ROUTES, manage.router, models.router],
+                              *settings.ROUTES, *first_hour.ROUTES, *docs.ROUTES, manage.router,
+                              models.router],
     exception_handlers=EXCEPTION_HANDLERS, response_headers=[*SECURITY_HEADERS, *PRIVATE],
     include_in_schema=False)
 

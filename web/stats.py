@@ -2,7 +2,8 @@
 
 One pass over the last day's ledger rows gives, per user: tokens served in the last hour and
 day (prompt + output, what the daily quota counts), requests, preemptions, time to first
-token p50/p95, inter-token latency p50/p95, and tokens per minute over the last hour.
+token p50/p95, inter-token latency p50/p95 (chat and voice only), and tokens per minute
+over the last hour; and the same latencies per class, background readings apart.
 
 ITL percentiles come from per-request figures (the ledger keeps each request's mean and p95
 inter-token latency, not every gap): p50 is the median of the requests' means, p95 the 95th
@@ -17,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from appliance.percentiles import percentile
 from appliance.store import ledger, limits, users
-from appliance.vocab import DAY_S, HOUR_S
+from appliance.vocab import CLASS_LABELS, DAY_S, HOUR_S, Klass
 
 SERIES_BUCKETS = 60
 """Points in each user's chart: one per minute over the last hour."""
@@ -80,13 +81,47 @@ class _Acc:
             self.series[max(index, 0)] += tokens
 
 
-def service_table(session: Session, now: float) -> list[UserService]:
-    """Every user's service over the last hour and day (disabled users included)."""
+@dataclass(frozen=True, slots=True)
+class ClassLatency:
+    """The household's wait and pace in one class over the last day."""
+
+    klass: str
+    requests: int
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    itl_p50_ms: float | None
+    itl_p95_ms: float | None
+
+
+Service = tuple[list[UserService], list[ClassLatency]]
+
+
+def service(session: Session, now: float) -> Service:
+    """Every user's service over the last hour and day (disabled users included), and the
+    latency of each class. A person's wait and pace count their chats and voice requests
+    only: a background reading of a file waits behind them by design, and its minute-long
+    first token would read as a slow chat."""
     rows = ledger.service_rows(session, now - DAY_S, MAX_ROWS)
     acc: dict[int, _Acc] = {}
-    for uid, finished, tokens, pre, ttft, itl_mean, itl_p95 in rows:
-        acc.setdefault(uid, _Acc()).add(now, finished, int(tokens or 0), int(pre or 0), ttft,
-                                        itl_mean, itl_p95)
+    by_class = {k: _Acc() for k in CLASS_LABELS}
+    for uid, finished, tokens, pre, ttft, itl_mean, itl_p95, klass in rows:
+        chat = klass != Klass.BACKGROUND.label
+        acc.setdefault(uid, _Acc()).add(now, finished, int(tokens or 0), int(pre or 0),
+                                        ttft if chat else None, itl_mean if chat else None,
+                                        itl_p95 if chat else None)
+        by_class.setdefault(klass, _Acc()).add(now, finished, 0, 0, ttft, itl_mean, itl_p95)
+    classes = [ClassLatency(k, a.requests, percentile(a.ttft or [], 50),
+                            percentile(a.ttft or [], 95), percentile(a.itl_mean or [], 50),
+                            percentile(a.itl_p95 or [], 95)) for k, a in by_class.items()]
+    return _users(session, acc), classes
+
+
+def service_table(session: Session, now: float) -> list[UserService]:
+    """Every user's service over the last hour and day (see :func:`service`)."""
+    return service(session, now)[0]
+
+
+def _users(session: Session, acc: dict[int, _Acc]) -> list[UserService]:
     quotas = limits.load_quotas(session)
     counters = limits.load_counters(session)
     out = []

@@ -88,11 +88,13 @@ def usage_since(
 
 def service_rows(session: Session, since: float, limit: int) -> list[tuple[Any, ...]]:
     """Newest first, at most ``limit``: (user id, finished_at, prompt + output tokens,
-    preemptions, ttft_ms, itl_mean_ms, itl_p95_ms) of the requests finished since ``since``."""
+    preemptions, ttft_ms, itl_mean_ms, itl_p95_ms, class) of the requests finished since
+    ``since``."""
     rows = session.execute(
         select(LedgerEntry.user_id, LedgerEntry.finished_at,
                LedgerEntry.prompt_tokens + LedgerEntry.output_tokens, LedgerEntry.preemptions,
-               LedgerEntry.ttft_ms, LedgerEntry.itl_mean_ms, LedgerEntry.itl_p95_ms)
+               LedgerEntry.ttft_ms, LedgerEntry.itl_mean_ms, LedgerEntry.itl_p95_ms,
+               LedgerEntry.klass)
         .where(LedgerEntry.finished_at >= since)
         .order_by(LedgerEntry.finished_at.desc()).limit(limit))
     return [tuple(r) for r in rows]

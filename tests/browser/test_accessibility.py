@@ -74,7 +74,7 @@ def test_axe_finds_nothing_serious_on_any_page(chromium: Any, server: LiveServer
     page.click("button[type=submit]")
     page.wait_for_url("**/chat")
     for path in ["/chat", f"/chat/{cid}", "/dashboard", "/keys", "/manage/users", "/manage/models",
-                 "/settings", "/jobs/page", "/chat/999999"]:
+                 "/settings", "/jobs/page", "/chat/999999", "/docs/home-assistant.md"]:
         page.goto(server.url + path)
         page.wait_for_load_state()
         problems[path] = _axe(page)

@@ -169,9 +169,9 @@ def _templates() -> Environment:
 def test_viewers_share_one_frame_and_one_ledger_read(monkeypatch: pytest.MonkeyPatch) -> None:
     reads: list[float] = []
 
-    def table(session: Any, now: float) -> list[stats.UserService]:
+    def table(session: Any, now: float) -> stats.Service:
         reads.append(now)
-        return []
+        return [], []
 
     class Sessions:
         def __enter__(self) -> None:
@@ -180,7 +180,7 @@ def test_viewers_share_one_frame_and_one_ledger_read(monkeypatch: pytest.MonkeyP
         def __exit__(self, *exc: object) -> None:
             return None
 
-    monkeypatch.setattr(stats, "service_table", table)
+    monkeypatch.setattr(stats, "service", table)
     services = SimpleNamespace(engine=SimpleNamespace(snapshot=EngineSnapshot.empty(),
                                                       kv_budget_bytes=None,
                                                       group_status=lambda: None),

@@ -289,28 +289,48 @@
   });
   // The dashboard's live figures: its own EventSource (not the htmx extension), so that the
   // server ending a stream on schedule ("bye") is a quiet reconnect, not a logged error.
+  // Each frame brings a "beat": without one for STALE_MS, or when a connection fails, the
+  // figures are greyed and the dot says since when the appliance has not answered.
   function dashboard(root) {
+    var STALE_MS = 4000;
     var dot = document.getElementById('live-dot');
-    var delay = 250;
+    var delay = 250, last = Date.now(), down = false, watch = null;
+    function hhmm(t) {
+      var d = new Date(t);
+      return ('0' + d.getHours()).slice(-2) + ':' + ('0' + d.getMinutes()).slice(-2);
+    }
+    function away() {
+      if (down) { return; }
+      down = true;
+      root.classList.add('stale');
+      if (dot) { dot.textContent = 'not answering since ' + hhmm(last); dot.classList.add('off'); }
+    }
+    function fresh() {
+      last = Date.now();
+      if (down) { down = false; root.classList.remove('stale'); }
+      if (dot) { dot.textContent = 'live'; dot.classList.remove('off'); }
+      window.clearTimeout(watch);
+      watch = window.setTimeout(away, STALE_MS);
+    }
     function open() {
       var source = new EventSource(root.getAttribute('data-stream'));
       root.querySelectorAll('[data-part]').forEach(function (part) {
         source.addEventListener(part.getAttribute('data-part'), function (e) {
           part.innerHTML = e.data;  // HTML rendered by our own server's templates
+          fresh();
         });
       });
-      source.addEventListener('open', function () {
-        delay = 250;
-        if (dot) { dot.textContent = 'live'; dot.classList.remove('off'); }
-      });
+      source.addEventListener('beat', fresh);
+      source.addEventListener('open', function () { delay = 250; });
       source.addEventListener('bye', function () { source.close(); open(); });
       source.onerror = function () {  // the server went away: say so, retry, back off
         source.close();
-        if (dot) { dot.textContent = 'reconnecting…'; dot.classList.add('off'); }
+        away();
         window.setTimeout(open, delay);
         delay = Math.min(delay * 2, 10000);
       };
     }
+    fresh();
     open();
   }
 

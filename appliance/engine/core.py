@@ -50,6 +50,14 @@ class EngineStopping(RuntimeError):
     """The daemon is draining and admits nothing new (HTTP 503)."""
 
 
+class ModelChanging(EngineStopping):
+    """The served model is being changed (``switch_model``): retry in a moment (HTTP 503)."""
+
+    def __init__(self, to: str) -> None:
+        super().__init__(f"the model is being changed to {to}; retry in a moment")
+        self.to = to
+
+
 class UserBusy(RuntimeError):
     """The user already has their maximum number of requests in progress (HTTP 429)."""
 
@@ -215,8 +223,7 @@ class Engine:
             if self.failure is not None:
                 raise EngineDown(self.failure)
             if self.switching_to is not None:
-                raise EngineStopping(f"the model is being changed to {self.switching_to}; "
-                                     "retry in a moment")
+                raise ModelChanging(self.switching_to)
             if not self._accepting:
                 raise EngineStopping("the server is shutting down")
             if self._pending >= self.config.max_queue_depth:

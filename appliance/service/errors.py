@@ -56,8 +56,11 @@ class Busy(Unavailable):
 class ShuttingDown(Unavailable):
     default_code = "shutting_down"
 
-    def __init__(self) -> None:
-        super().__init__("The server is shutting down. Retry later.", retry_after_s=10)
+    def __init__(self, changing_to: str | None = None) -> None:
+        # the model being changed (appliance/service/model_choice.py) is a short wait
+        super().__init__(f"The model is being changed to {changing_to}. Retry in a moment."
+                         if changing_to else "The server is shutting down. Retry later.",
+                         retry_after_s=5 if changing_to else 10)
 
 
 class EngineUnavailable(Unavailable):

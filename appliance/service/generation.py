@@ -16,7 +16,14 @@ from typing import Any, TypeVar
 
 import anyio
 
-from appliance.engine.core import Engine, EngineBusy, EngineDown, EngineStopping, UserBusy
+from appliance.engine.core import (
+    Engine,
+    EngineBusy,
+    EngineDown,
+    EngineStopping,
+    ModelChanging,
+    UserBusy,
+)
 from appliance.engine.request import Event, FinishEvent, GenerationRequest, asyncio_sink
 from appliance.sched.quota import CONCURRENCY_RETRY_S, check_admission, effective_max_tokens
 from appliance.service.checks import (
@@ -62,8 +69,8 @@ class Generation:
             raise Busy() from None
         except EngineDown as exc:
             raise EngineUnavailable(str(exc)) from None
-        except EngineStopping:
-            raise ShuttingDown() from None
+        except EngineStopping as exc:
+            raise ShuttingDown(exc.to if isinstance(exc, ModelChanging) else None) from None
         except UserBusy as exc:
             raise AtConcurrencyLimit(str(exc), retry_after_s=CONCURRENCY_RETRY_S) from None
 

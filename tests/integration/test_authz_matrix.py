@@ -69,6 +69,7 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("POST", "/api/embeddings", {"model": "tiny", "prompt": "hi"}, 401, 200, 200),
     ("POST", "/v1/embeddings", {"input": "hi"}, 401, 200, 200),  # public, as Ollama's (clients probe it)
     ("POST", "/hooks/voice", {"text": "hi", "max_tokens": 2}, 401, 200, 200),
+    ("POST", "/admin/model", {"model": "nothing-here"}, 401, 403, 400),
     # Browser UI (web/). An anonymous visitor to a page is sent to /login (303); partials,
     # form posts and streams answer 401. A form post without htmx redirects (303) after it
     # succeeds. Streams and per-object routes: OWNED, tested in tests/integration/test_web_*.
@@ -94,6 +95,10 @@ MATRIX: list[tuple[str, str, object, int, int, int]] = [
     ("POST", "/settings/preferences", {"theme": "system"}, 401, 303, 303),
     ("POST", "/settings/household", {"household_prompt": ""}, 401, 403, 303),
     ("GET", "/dashboard/history", None, 401, 200, 200),
+    ("POST", "/manage/models/use", {"model": "nothing-here"}, 401, 403, 400),
+    ("POST", "/keys/home-assistant", None, 401, 403, 201),
+    ("POST", "/start/hide", None, 401, 403, 200),
+    ("GET", "/docs/jobs.md", None, 303, 200, 200),
 ]
 
 
@@ -135,6 +140,7 @@ def test_the_matrix_covers_every_route(server: LiveServer) -> None:
 
 OWNED = {("GET", "/schema/{}"),  # probed by the /schema/openapi.yaml row above
          ("GET", "/v1/models/{}"),  # probed by the /v1/models/tiny row above
+         ("GET", "/docs/{}"),  # probed by the /docs/jobs.md row above
          ("GET", "/conversations/{}"), ("PATCH", "/conversations/{}"),
          ("DELETE", "/conversations/{}"), ("POST", "/conversations/{}/messages"),
          ("DELETE", "/me/keys/{}"), ("DELETE", "/admin/keys/{}"), ("POST", "/login"),

@@ -225,7 +225,7 @@ def test_every_page_fits_desktop_and_phone_screens(chromium: Any, demo_server: L
         for h in handles:
             server.engine.cancel(h)
     for path, name in (("/manage/users", "users"), ("/keys", "keys"),
-                       ("/settings", "settings")):
+                       ("/manage/models", "models"), ("/settings", "settings")):
         alice.page.goto(server.url + path)
         _shoot(alice.page, shots, name)
     alice.close()

@@ -17,8 +17,8 @@ HIDDEN_KEY = "first_hour_hidden"
 HA_USER = "home-assistant"
 """The user "Make a key for Home Assistant" makes (not one of the household's people)."""
 
-_finished: set[int] = set()
-"""Stores (by id) whose checklist is done or hidden: no more reads on every admin page."""
+_finished: set[str] = set()
+"""Databases (by URL) whose checklist is done or hidden: no more reads on admin pages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +34,13 @@ class Checklist:
 
 def checklist(svc: Services) -> Checklist | None:
     """What is left of the first hour; None once all is done or the admin hid the list."""
-    if id(svc.store) in _finished:
+    db = str(svc.store.engine.url)
+    if db in _finished:
         return None
     with svc.store.read_sessions() as s:
         hidden = s.get(HouseholdSetting, HIDDEN_KEY)
         if hidden is not None and hidden.value == "1":
-            _finished.add(id(svc.store))
+            _finished.add(db)
             return None
         people = s.scalar(select(func.count()).select_from(User).where(
             func.lower(User.name) != HA_USER)) or 0
@@ -48,6 +49,6 @@ def checklist(svc: Services) -> Checklist | None:
         chosen = model_choice.recorded(s) is not None
     state = Checklist(people >= 2, voice_keys > 0, chosen or not svc.model.is_demo)
     if state.done == 3:
-        _finished.add(id(svc.store))
+        _finished.add(db)
         return None
     return state

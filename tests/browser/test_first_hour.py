@@ -141,6 +141,8 @@ def test_an_admin_chooses_the_served_model_from_the_page(
             "model": target, "max_tokens": 4,
             "messages": [{"role": "user", "content": "Hello"}]})
         assert r.status_code == 200 and r.json()["model"] == target, r.text
+    page.reload()  # the getting-started step is done: a model was chosen
+    assert page.get_attribute("#first-hour li[data-step=model]", "class") == "done"
     tab.problems = [p for p in tab.problems if "422" not in p]  # the refusal's own status
     shot(tab, "models-switch", size)
     tab.close()

@@ -312,12 +312,15 @@ class Engine:
         self._control.put(lambda runner: runner.scheduler.counters.restore(values))
         self._wake.set()
 
-    def switch_model(self, path: Path, drain_s: float, load_s: float = 600.0) -> LoadedModel:
+    def switch_model(self, path: Path, drain_s: float, load_s: float = 600.0,
+                     then: Callable[[LoadedModel], None] | None = None) -> LoadedModel:
         """Serve the model at ``path`` instead (any thread but the engine's; it blocks):
         admit nothing new, let what runs finish for ``drain_s`` and cancel the rest (the
         drain of a restart), then the engine thread loads the new model between ticks and
-        swaps it in, so it stays MLX's only user. A model that fails to load raises its
-        error and the old one goes on serving; either way admission opens again."""
+        swaps it in, so it stays MLX's only user. ``then`` runs before admission opens again
+        (the caller's facts about the model: no request is tokenised for the old one and run
+        on the new). A model that fails to load raises its error and the old one goes on
+        serving; either way admission opens again."""
         with self._lock:
             if self.config.group is not None:
                 raise SwitchRefused("the model is served across machines; restart the group "
@@ -351,6 +354,8 @@ class Engine:
                 raise TimeoutError(f"the model did not load in {load_s:.0f} s")
             if isinstance(result[0], BaseException):
                 raise result[0]
+            if then is not None:
+                then(result[0])
             return result[0]
         finally:
             with self._lock:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from appliance.engine.core import EngineDown, SwitchRefused
 from appliance.engine.model import LoadedModel, resolve_model_path
 from appliance.service.chat_format import longest_token_chars
 from appliance.service.services import ModelInfo
@@ -111,18 +112,20 @@ async def use_model(svc: Services, name: str) -> tuple[ModelInfo, bool]:
     if Path(svc.model.path).resolve() == path:
         await anyio.to_thread.run_sync(_record, svc, path)
         return svc.model, False
-    try:
-        loaded = await anyio.to_thread.run_sync(svc.engine.switch_model, path, svc.drain_s)
-    except (OSError, ValueError, KeyError, TimeoutError, RuntimeError) as exc:
-        from appliance.engine.core import EngineDown, SwitchRefused
 
-        if isinstance(exc, (SwitchRefused, EngineDown)):
-            raise
+    def adopt(loaded: LoadedModel) -> None:
+        # every handler reads svc.model per request: from here on they all see the new one
+        svc.model = model_info(loaded)
+
+    try:
+        await anyio.to_thread.run_sync(
+            lambda: svc.engine.switch_model(path, svc.drain_s, then=adopt))
+    except (SwitchRefused, EngineDown):
+        raise
+    except Exception as exc:  # whatever the load raised: the old model still serves
         log.warning("model switch failed: path=%s error=%s", path, type(exc).__name__)
         raise ModelLoadFailed(f"{path.name} did not load ({type(exc).__name__}: {exc}); "
                               f"{svc.model.name} is still served") from exc
-    # every handler reads svc.model per request: from here on they all see the new one
-    svc.model = await anyio.to_thread.run_sync(model_info, loaded)
     await anyio.to_thread.run_sync(_record, svc, path)
     return svc.model, True
 

@@ -278,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         # from the wheel's BLAS: the same BLAS (and no skinny_matmul) rebuilds them exactly.
         process.prepare(installed_kind(), settings.engine.blas, False, argv)
         process.log_blas(False)
+    from appliance.engine.chat_template import ModelRefused
     from appliance.store.datadir import (
         DATA_DIR_BUSY_EXIT,
         DATABASE_LOST_EXIT,
@@ -312,4 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     except DataDirBusy as exc:
         log.critical("%s", exc)
         exit_now(DATA_DIR_BUSY_EXIT)
+    except ModelRefused as exc:
+        # the model file itself is at fault: as above, a restart cannot mend it
+        log.error("%s", exc)
+        exit_now(DATABASE_DAMAGED_EXIT)
     return cmd_bench(settings, args)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from appliance.engine.chat_template import ModelRefused
 from appliance.engine.embed import Embedder, EmbedJob
 from appliance.engine.model import LoadedModel, load_model
 from appliance.engine.request import (
@@ -167,6 +168,8 @@ class Engine:
         self._thread.start()
         if not self._ready.wait(timeout):
             raise TimeoutError("model did not load in time")
+        if isinstance(self._load_error, ModelRefused):
+            raise self._load_error  # its message is the whole story
         if self._load_error is not None:
             raise RuntimeError(f"model failed to load: {self._load_error}") from self._load_error
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from appliance.engine import chat_template
+
 if TYPE_CHECKING:
     from appliance.backend import Backend
 
@@ -92,6 +94,8 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
     staged = layers is not None or split is not None
     loaded: Any = load(str(path), lazy=staged)
     model, tokenizer = loaded[0], loaded[1]
+    # a template that loops would hang every request: refused now, with the reason
+    chat_template.probe(tokenizer, path)
     if split is not None:
         layers = split(model)
     if layers is not None or not edges:

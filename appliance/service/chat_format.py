@@ -29,6 +29,7 @@ from typing import Any
 
 import jinja2
 
+from appliance.engine.chat_template import TemplateOverrun, bounded, output_limit
 from appliance.service.errors import InvalidRequest
 
 PYTHON_TAG = "<|python_tag|>"
@@ -100,6 +101,24 @@ def longest_token_chars(tokenizer: Any) -> int:
     return max((len(t) for t in vocab), default=0)
 
 
+def text_chars(*values: Any) -> int:
+    """Characters of every string in ``values`` (turns, tools: dicts, lists, structs, keys
+    included): what a chat template may print of them."""
+    total, stack = 0, list(values)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list | tuple):
+            stack.extend(v)
+        elif hasattr(v, "__struct_fields__"):  # a msgspec body
+            stack.extend(getattr(v, f) for f in v.__struct_fields__)
+    return total
+
+
 def _template_turn(turn: dict[str, Any]) -> dict[str, Any]:
     """A turn as chat templates expect it: text content, tool-call arguments as objects."""
     out = dict(turn)
@@ -149,7 +168,12 @@ def render_prompt(tokenizer: Any, turns: list[dict[str, Any]],
     if thinking and think is not None:
         kwargs["enable_thinking"] = think
     try:
-        ids = tokenizer.apply_chat_template([_template_turn(t) for t in turns], **kwargs)
+        # bounded in steps, time and output (the template is code from a model file)
+        with bounded(output_limit(text_chars(turns, tools))):
+            ids = tokenizer.apply_chat_template([_template_turn(t) for t in turns], **kwargs)
+    except TemplateOverrun as exc:
+        raise InvalidRequest(f"These messages cannot be turned into a prompt: {exc}.",
+                             "template_overrun", "messages") from None
     except jinja2.TemplateError as exc:
         raise InvalidRequest(f"The model's chat template rejected these messages: {exc}",
                           param="messages") from None

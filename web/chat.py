@@ -25,8 +25,8 @@ from sqlalchemy.exc import DatabaseError
 
 from appliance.api.errors import bad_request
 from appliance.engine.request import Event, FinishEvent, TokenEvent
-from appliance.service.chat_format import Turn, text_prompt
-from appliance.service.checks import DEFAULTS, check_prompt_size, user_chars
+from appliance.service.chat_format import Turn, text_chars, text_prompt
+from appliance.service.checks import DEFAULTS, check_prompt_size
 from appliance.service.errors import InvalidRequest, OverQuota
 from appliance.service.generation import Generation, off_loop, submit
 from appliance.service.services import Services
@@ -216,7 +216,7 @@ async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
     svc, who = services(request), me(request)
     turns = model_turns(system, before, text)
     try:
-        check_prompt_size(svc.model, user_chars(t.content for t in turns if t.role == "user"))
+        check_prompt_size(svc.model, text_chars([t.content for t in turns]))
         prompt = await off_loop(svc, text_prompt, svc.model.tokenizer, turns)
         if cont is not None and cont.content:  # the answer so far, as the model's own words
             prompt = prompt + list(await off_loop(svc, _encode, svc.model.tokenizer,

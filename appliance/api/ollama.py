@@ -20,7 +20,7 @@ from appliance import __version__
 from appliance.api.auth import request_class
 from appliance.api.common import decode_body
 from appliance.api.errors import bad_request
-from appliance.api.ollama_fit import answer_reserve, fit_context, fit_turns
+from appliance.api.ollama_fit import answer_reserve, fit_context, fit_turns, kept_turns
 from appliance.api.ollama_models import (
     model_facts,
     model_info,
@@ -42,8 +42,8 @@ from appliance.api.ollama_stream import (
 )
 from appliance.api.openai import CLASS_HEADER
 from appliance.service import chat_format
-from appliance.service.chat_format import Delta, OutputParser
-from appliance.service.checks import check_context, check_prompt_size, user_chars
+from appliance.service.chat_format import Delta, OutputParser, text_chars
+from appliance.service.checks import check_context, check_prompt_size
 from appliance.service.generation import Generation, off_loop, submit
 from appliance.service.services import Services
 from appliance.vocab import FinishReason
@@ -218,10 +218,9 @@ async def chat(request: Request[Any, Any, Any], state: State) -> Any:
         _no_images(services, m.images)
     think = _think(services, body.think)
     constraint = _constraint(body.format)
-    # only the newest question must stay (older turns are dropped to fit): the early
-    # size refusal counts it alone
-    check_prompt_size(services.model, user_chars(
-        [m.content for m in body.messages if m.role == "user"][-1:]))
+    # what is never dropped to fit (system messages, the current turn, tools) counts
+    # before any templating
+    check_prompt_size(services.model, text_chars(kept_turns(body.messages), body.tools))
     limit, reserve = _room(opts, services)
     prompt, _ = await off_loop(
         services, fit_turns,
@@ -275,7 +274,7 @@ async def generate(request: Request[Any, Any, Any], state: State) -> Any:
     constraint = _constraint(body.format)
     if not body.prompt and not body.context:
         return _load_reply(request, services, "response", opts)
-    check_prompt_size(services.model, len(body.prompt.strip()), "prompt")
+    check_prompt_size(services.model, text_chars(body.prompt, body.system), "prompt")
     prompt = await off_loop(services, _generate_prompt, services, body, think, opts)
     gen = await _start(request, services, prompt, opts, "/api/generate", constraint)
     name = ollama_name(services.model.name)

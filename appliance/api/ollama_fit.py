@@ -47,6 +47,16 @@ def cut_points(turns: Sequence[Turn]) -> list[int]:
     return cuts
 
 
+def kept_turns(messages: Sequence[Any]) -> list[Any]:
+    """The messages :func:`fit_turns` never drops (the system ones and the current turn),
+    as they came (dicts or request structs)."""
+    def role(m: Any) -> Any:
+        return m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
+
+    last_user = max((i for i, m in enumerate(messages) if role(m) == "user"), default=0)
+    return [m for i, m in enumerate(messages) if i >= last_user or role(m) == "system"]
+
+
 def without(turns: Sequence[Turn], k: int) -> list[Turn]:
     """``turns`` less the ``k`` oldest droppable messages."""
     last_user = max((i for i, t in enumerate(turns) if t.get("role") == "user"), default=-1)

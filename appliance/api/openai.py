@@ -25,8 +25,8 @@ from appliance.api.openai_chat import (
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
 from appliance.api.streams import SSE_HEADERS, EventStream
 from appliance.engine.request import FinishEvent, TokenEvent
-from appliance.service.chat_format import Delta, OutputParser
-from appliance.service.checks import check_prompt_size, user_chars
+from appliance.service.chat_format import Delta, OutputParser, text_chars
+from appliance.service.checks import check_prompt_size
 from appliance.service.generation import Generation, off_loop, submit
 from appliance.service.services import Services
 from appliance.service.structured import Constraint
@@ -133,8 +133,9 @@ async def chat_completions(request: Request, state: State) -> Any:
         # refused like 'max_tokens: 0' (a 0 here fell through to the default: a 200)
         raise bad_request(f"'max_completion_tokens' must be at least 1, got "
                           f"{body.max_completion_tokens}.", param="max_completion_tokens")
-    check_prompt_size(services.model, user_chars(m.content for m in body.messages
-                                                 if m.role == "user"))
+    # every text a template may print (system, tools, names, earlier turns), before any
+    # templating: a 5 MB system message costs no prompt thread either
+    check_prompt_size(services.model, text_chars(body.messages, body.tools))
     setup = await off_loop(services, prepare_chat, services.model.tokenizer, body)
     out = body.max_tokens if body.max_completion_tokens is None else body.max_completion_tokens
     return await _respond(request, services, body, setup.prompt, out, "chat",

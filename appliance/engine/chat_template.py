@@ -182,7 +182,7 @@ def _install() -> bool:
         return _bounded_template(original("").environment, source)
 
     compile_bounded.appliance_bounded = True  # type: ignore[attr-defined]
-    ctu._compile_jinja_template = compile_bounded  # type: ignore[attr-defined]
+    ctu._compile_jinja_template = compile_bounded
     return True
 
 

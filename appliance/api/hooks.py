@@ -35,7 +35,10 @@ from appliance.api.schemas import SamplingFields
 from appliance.api.streams import EventStream
 from appliance.api.voice_text import CANNOT_ACT, SpokenText
 from appliance.engine.request import FinishEvent, RequestHandle, TokenEvent
-from appliance.service.generation import Generation, submit
+from appliance.service.chat_format import TEMPLATE_OVERRUN, render_prompt
+from appliance.service.checks import check_prompt_size
+from appliance.service.errors import InvalidRequest
+from appliance.service.generation import Generation, off_loop, submit
 from appliance.service.services import Services
 from appliance.service.voice_memory import SentenceSplitter
 from appliance.vocab import FinishReason
@@ -46,6 +49,10 @@ DEFAULT_DEADLINE_MS = 8000
 """Under Home Assistant's ``rest_command`` timeout of 10 s."""
 MAX_DEADLINE_MS = 120_000
 MAX_TEXT_CHARS = 4000
+MAX_SYSTEM_CHARS = 8000
+"""A household's instructions for its assistant: a page or two of text."""
+MAX_LANGUAGE_CHARS = 64
+"""A language's code or name ("de", "pt-BR", "Deutsch")."""
 SYSTEM = ("You are the voice assistant of a home. Answer in one or two short spoken "
           "sentences, without lists or markup.")
 
@@ -71,26 +78,58 @@ def _check(body: VoiceBody) -> None:
     if not 100 <= body.deadline_ms <= MAX_DEADLINE_MS:
         raise bad_request(f"'deadline_ms' must be 100..{MAX_DEADLINE_MS}, got "
                           f"{body.deadline_ms}.", param="deadline_ms")
+    if body.system is not None and len(body.system) > MAX_SYSTEM_CHARS:
+        raise bad_request(f"'system' is limited to {MAX_SYSTEM_CHARS} characters.",
+                          param="system")
+    if body.language is not None and len(body.language) > MAX_LANGUAGE_CHARS:
+        raise bad_request(f"'language' is limited to {MAX_LANGUAGE_CHARS} characters (a "
+                          "code such as 'de' or 'pt-BR').", param="language")
     if body.conversation_id is not None and len(body.conversation_id) > 128:
         raise bad_request("'conversation_id' is limited to 128 characters (leave it empty "
                           "to start a conversation).", param="conversation_id")
 
 
-def _prompt(services: Services, body: VoiceBody, history: list[dict[str, str]]
-            ) -> list[int]:
-    """System, remembered turns and the question; the oldest turns are dropped while the
-    prompt would leave no room for the answer."""
+def _system(body: VoiceBody) -> str:
     system = body.system or SYSTEM
     if body.language:
         system += f" Answer in the language '{body.language}'."
-    tokenizer = services.model.tokenizer
+    return system
+
+
+def _prompt(services: Services, body: VoiceBody, history: list[dict[str, str]]
+            ) -> list[int]:
+    """System, remembered turns and the question; the oldest turns are dropped while the
+    prompt would leave no room for the answer. Blocking (templating, tokenising): run it
+    off the event loop."""
+    system = _system(body)
     while True:
-        turns = [{"role": "system", "content": system}, *history,
-                 {"role": "user", "content": body.text}]
-        prompt = list(tokenizer.apply_chat_template(turns, add_generation_prompt=True))
+        turns = [*history, {"role": "user", "content": body.text}]
+        prompt = _render(services.model.tokenizer, system, turns)
         if len(prompt) + body.max_tokens < services.model.ctx_limit or not history:
             return prompt
         history = history[2:]
+
+
+def _render(tokenizer: Any, system: str, turns: list[dict[str, str]]) -> list[int]:
+    """The prompt through the model's template, bounded like every other. A template that
+    refuses a system turn (Gemma 2, Mistral v0.1 say "roles must alternate") gets the
+    instructions at the head of the first user turn instead, as those models' own cards
+    advise; one that refuses that too is a 400 in words, never a 500."""
+    try:
+        return render_prompt(tokenizer, [{"role": "system", "content": system}, *turns],
+                             None, None)
+    except InvalidRequest as exc:
+        if exc.code == TEMPLATE_OVERRUN:
+            raise
+        refused = exc
+    first = dict(turns[0])
+    first["content"] = f"{system}\n\n{first['content']}"
+    try:
+        return render_prompt(tokenizer, [first, *turns[1:]], None, None)
+    except InvalidRequest as exc:
+        if exc.code == TEMPLATE_OVERRUN:
+            raise
+        raise InvalidRequest(refused.message, refused.code) from None
 
 
 @dataclass(slots=True)
@@ -185,7 +224,10 @@ async def voice(request: Request[Any, Any, Any], state: State) -> Any:
     who = request.user
     memory = services.voice_memory
     cid, history = memory.history(who.user_id, body.conversation_id, time.time())
-    prompt = _prompt(services, body, history)
+    # what the template will print at least (older turns may be dropped to fit), counted
+    # before any templating
+    check_prompt_size(services.model, len(body.text) + len(_system(body)), "text")
+    prompt = await off_loop(services, _prompt, services, body, history)
     gen = await submit(services, prompt, SamplingFields(), body.max_tokens, who, who.klass,
                        ENDPOINT)
     answer = Answer(start, len(prompt), SpokenText(services.model.tokenizer), gen.handle)

@@ -32,6 +32,8 @@ import jinja2
 from appliance.engine.chat_template import TemplateOverrun, bounded, output_limit
 from appliance.service.errors import InvalidRequest
 
+TEMPLATE_OVERRUN = "template_overrun"
+"""The code of the 400 for a template stopped at its bound."""
 PYTHON_TAG = "<|python_tag|>"
 """Llama 3.x's marker before a tool call in some answers (bare JSON follows)."""
 
@@ -173,7 +175,7 @@ def render_prompt(tokenizer: Any, turns: list[dict[str, Any]],
             ids = tokenizer.apply_chat_template([_template_turn(t) for t in turns], **kwargs)
     except TemplateOverrun as exc:
         raise InvalidRequest(f"These messages cannot be turned into a prompt: {exc}.",
-                             "template_overrun", "messages") from None
+                             TEMPLATE_OVERRUN, "messages") from None
     except jinja2.TemplateError as exc:
         raise InvalidRequest(f"The model's chat template rejected these messages: {exc}",
                           param="messages") from None

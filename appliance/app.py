@@ -168,6 +168,8 @@ def build_services(settings: Settings, engine: Engine, store: Store,
                         max_batch_size=engine.config.scheduler.max_batch_size,
                         models_dir=settings.models_dir,
                         shared_idle_s=settings.server.shared_device_idle_minutes * 60.0,
+                        pdf_read_seconds=settings.server.pdf_read_seconds,
+                        pdf_read_memory_mb=settings.server.pdf_read_memory_mb,
                         note_key_used=writer.submit_key_used if writer is not None else None,
                         writer=writer, drain_s=settings.server.shutdown_timeout,
                         configured_model=settings.engine.model)

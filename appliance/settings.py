@@ -70,6 +70,12 @@ class ServerSettings:
         10, "Minutes of inactivity after which a browser session logged in with 'Shared "
         "device' (the kitchen tablet) ends; such a session's cookie also ends with the "
         "browser.", lo=1, hi=24 * 60)
+    pdf_read_seconds: float = _opt(
+        60.0, "Longest time (wall and CPU) reading the text of one PDF attached in the chat "
+        "may take, in a process of its own; past it the reading is stopped and the person "
+        "told why.", lo=0.5, hi=3600.0)
+    pdf_read_memory_mb: int = _opt(
+        768, "Most memory (MiB of address space) that process may use.", lo=128, hi=65536)
 
 
 @dataclass(slots=True)

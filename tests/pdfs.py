@@ -67,3 +67,32 @@ def locked_pdf(lines: list[str], password: str = "secret") -> bytes:
     out = io.BytesIO()
     writer.write(out)
     return out.getvalue()
+
+
+def stalling_pdf(pages: int = 300, operators: int = 200_000) -> bytes:
+    """A small file that is slow to read: every page shares one compressed content stream
+    of ``operators`` text operators (the attack of issue 52's D13: 55 KB, hours of pypdf)."""
+    import zlib
+
+    stream = zlib.compress(b"BT /F1 11 Tf " + b"(a) Tj 1 0 Td " * operators + b"ET", 9)
+    kids = " ".join(f"{5 + i} 0 R" for i in range(pages))
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
+               f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode(),
+               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+               f"<< /Length {len(stream)} /Filter /FlateDecode >>\nstream\n".encode() + stream
+               + b"\nendstream"]
+    objects += [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+                b"/Resources << /Font << /F1 3 0 R >> >> /Contents 4 0 R >>"] * pages
+    out = io.BytesIO()
+    out.write(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(out.tell())
+        out.write(f"{number} 0 obj\n".encode() + body + b"\nendobj\n")
+    xref = out.tell()
+    out.write(f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode())
+    for offset in offsets:
+        out.write(f"{offset:010d} 00000 n \n".encode())
+    out.write(f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n"
+              .encode())
+    return out.getvalue()

@@ -17,13 +17,14 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from litestar import Request, Response, get, post
 from litestar.datastructures import UploadFile
 from litestar.params import FromPath
 
+from appliance.api.common import ClientGone
 from appliance.api.errors import ApiError, bad_request
 from appliance.jobs import mapreduce
 from appliance.service.chat_format import Turn, text_prompt
@@ -41,6 +42,7 @@ from web.plain import plain_refusal
 from web.state import Reading, WebState
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 READ_ENDPOINT = "/chat/read"
 """The endpoint the reading's requests carry into the ledger."""
@@ -222,6 +224,28 @@ async def _ask(svc: Services, who: Principal, text: str, max_tokens: int) -> str
     return said
 
 
+async def until_gone(receive: Any, work: Awaitable[T]) -> T:
+    """``work``, cancelled if the client leaves first (``receive``: the ASGI receive of a
+    request whose body was read, so its next message is ``http.disconnect``)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, gone):
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+async def _disconnected(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 # ---- routes ----
 @post("/chat/attachments", status_code=200,
       request_max_body_size=pdftext.MAX_PDF_BYTES + 64 * 1024)
@@ -233,8 +257,11 @@ async def attach_pdf(request: Request[Any, Any, Any]) -> Response[Any]:
         raise bad_request("Choose a PDF file to attach.", param="file")
     name = " ".join((upload.filename or "file.pdf").split())[:120]
     data = await upload.read()
+    svc = services(request)
+    limits = pdftext.Limits(svc.pdf_read_seconds, svc.pdf_read_memory_mb)
     try:
-        got = await off_loop(services(request), pdftext.extract, data, name)
+        # in a process of its own, stopped at its limits or when the person leaves
+        got = await until_gone(request.receive, pdftext.read(data, name, limits))
     except pdftext.Unreadable as exc:
         raise bad_request(str(exc), param="file") from None
     log.info("chat: a PDF of %d bytes, %d pages, %d characters read (user_id=%d)",

@@ -66,6 +66,10 @@ class Services:
     """How long a change of model lets running requests finish (the restart's drain)."""
     configured_model: str = ""
     """The configuration's ``engine.model`` (a model chosen since is recorded over it)."""
+    pdf_read_seconds: float = 60.0
+    """A PDF attached in the chat is read in a process stopped after this long..."""
+    pdf_read_memory_mb: int = 768
+    """...or past this much memory (``web.pdftext``)."""
     prompt_limiter: anyio.CapacityLimiter = field(
         default_factory=lambda: anyio.CapacityLimiter(PROMPT_THREADS))
 

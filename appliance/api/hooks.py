@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ from appliance.service.generation import Generation, off_loop, submit
 from appliance.service.services import Services
 from appliance.service.voice_memory import SentenceSplitter
 from appliance.vocab import FinishReason
+
+log = logging.getLogger(__name__)
 
 ENDPOINT = "/hooks/voice"
 DEFAULT_MAX_TOKENS = 150
@@ -129,7 +132,9 @@ def _render(tokenizer: Any, system: str, turns: list[dict[str, str]]) -> list[in
     except InvalidRequest as exc:
         if exc.code == TEMPLATE_OVERRUN:
             raise
-        raise InvalidRequest(refused.message, refused.code) from None
+        log.info("voice: the template refused a system turn (%s), then the folded turns",
+                 refused.code)
+        raise InvalidRequest(exc.message, exc.code) from None
 
 
 @dataclass(slots=True)

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 MAX_STEPS = 2_000_000
 """Lines of template code one render may run: a 10,000-message conversation takes about
 100,000 with the common templates."""
+PROBE_STEPS = 200_000
+"""The probe's four messages take a few hundred steps with any real template."""
 MAX_SECONDS = 10.0
 """Wall time of one render (a guard for slow single steps; the step count bounds loops)."""
 MIN_OUTPUT_CHARS = 1_000_000
@@ -64,6 +66,7 @@ class ModelRefused(ValueError):
 @dataclass(slots=True)
 class _Budget:
     steps: int
+    max_steps: int
     deadline: float
     chars: int
     max_chars: int
@@ -203,7 +206,7 @@ def _line(frame: FrameType, event: str, arg: Any) -> Any:
     if event == "line":
         b.steps -= 1
         if b.steps <= 0:
-            raise _over(f"ran more than {MAX_STEPS:,} steps (a loop that does not end?)")
+            raise _over(f"ran more than {b.max_steps:,} steps (a loop that does not end?)")
         if b.steps % 4096 == 0 and time.monotonic() > b.deadline:
             raise _over(f"took longer than {MAX_SECONDS:g} s")
     return _line
@@ -221,7 +224,7 @@ def bounded(max_chars: int, max_steps: int = MAX_STEPS,
     if _budget() is not None:  # nested: the outer bound holds
         yield
         return
-    _local.budget = _Budget(max_steps, time.monotonic() + seconds, 0, max_chars)
+    _local.budget = _Budget(max_steps, max_steps, time.monotonic() + seconds, 0, max_chars)
     previous = sys.gettrace()
     sys.settrace(_tracer)
     try:
@@ -244,7 +247,7 @@ def probe(tokenizer: Any, path: object) -> None:
     for turns in (PROBE, PROBE[1:]):
         started = time.monotonic()
         try:
-            with bounded(output_limit(200)):
+            with bounded(output_limit(200), PROBE_STEPS):
                 tokenizer.apply_chat_template(turns, add_generation_prompt=True)
         except TemplateOverrun as exc:
             raise ModelRefused(f"the model in {path} cannot be served: {exc} while rendering "

@@ -38,12 +38,12 @@ import jinja2
 
 log = logging.getLogger(__name__)
 
-MAX_STEPS = 2_000_000
+MAX_STEPS = 500_000
 """Lines of template code one render may run: a 10,000-message conversation takes about
 100,000 with the common templates."""
 PROBE_STEPS = 200_000
 """The probe's four messages take a few hundred steps with any real template."""
-MAX_SECONDS = 10.0
+MAX_SECONDS = 5.0
 """Wall time of one render (a guard for slow single steps; the step count bounds loops)."""
 MIN_OUTPUT_CHARS = 1_000_000
 """Output allowed whatever the input: the template's own text, tool schemas, few turns."""

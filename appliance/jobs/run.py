@@ -27,7 +27,7 @@ from appliance.jobs.netguard import Guard, Refused
 from appliance.service.chat_format import Turn, text_prompt
 from appliance.service.checks import DEFAULTS
 from appliance.service.errors import AtConcurrencyLimit, OverQuota, ServiceError, Unavailable
-from appliance.service.generation import submit
+from appliance.service.generation import off_loop, submit
 from appliance.service.identity import Principal
 from appliance.service.latency import JOB_ENDPOINT
 from appliance.service.services import Services
@@ -249,7 +249,9 @@ class RunLife:
                    tally: Tally) -> str:
         """One stage: the owner's ``background`` request through the service, like any
         HTTP request."""
-        prompt = text_prompt(self.services.model.tokenizer, [Turn("user", text)])
+        # templated off the event loop, bounded like every prompt
+        prompt = await off_loop(self.services, text_prompt, self.services.model.tokenizer,
+                                [Turn("user", text)])
         for wait in (*BUSY_WAIT_S, None):
             try:
                 gen = await submit(self.services, prompt, DEFAULTS, max_tokens,

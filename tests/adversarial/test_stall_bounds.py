@@ -47,7 +47,7 @@ STRICT = (
 steps on demand (SPIN)."""
 LOOPING = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
            "{{ messages[0]['content'] }}")
-BIG = 5_000_000
+BIG = 1_000_000
 
 
 def _with_template(model: Path, target: Path, template: str) -> Path:
@@ -124,7 +124,8 @@ def test_a_template_that_loops_is_stopped_with_a_400_while_health_answers(
     assert r.status_code == 400, r.text[:300]
     err = r.json()["error"]
     assert err["code"] == "template_overrun", err
-    assert "steps (a loop that does not end?)" in err["message"], err
+    # stopped by its step count, or by its time on a loaded machine
+    assert "so it was stopped" in err["message"], err
     # rendered off the event loop: /health was answered throughout
     marks = [started, *(t for t in health.answered if started < t < done), done]
     longest_gap = max(b - a for a, b in zip(marks, marks[1:], strict=False))

@@ -195,7 +195,12 @@ def _child(seconds: float, memory_mb: int, name: str) -> int:
     cpu = max(1, int(seconds + 0.999))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     memory = memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    for kind in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
+        try:  # macOS refuses RLIMIT_AS below its own: the data segment's limit instead
+            resource.setrlimit(kind, (memory, memory))
+            break
+        except (ValueError, OSError):
+            continue
     os.nice(NICE)
     data = sys.stdin.buffer.read()
     try:

@@ -189,7 +189,9 @@ def _install() -> bool:
     return True
 
 
-_INSTALLED = _install()
+_installed: bool | None = None
+"""Whether transformers' compiler is routed through the bound (None: not tried yet; at
+the first render, so that importing this module, as the CLI does, stays cheap)."""
 
 
 def _tracer(frame: FrameType, event: str, arg: Any) -> Any:
@@ -221,6 +223,9 @@ def bounded(max_chars: int, max_steps: int = MAX_STEPS,
             seconds: float = MAX_SECONDS) -> Iterator[None]:
     """Bound every chat-template render on this thread inside the block. A render that
     passes a bound raises :class:`TemplateOverrun` (a ``jinja2.TemplateError``)."""
+    global _installed
+    if _installed is None:
+        _installed = _install()
     if _budget() is not None:  # nested: the outer bound holds
         yield
         return

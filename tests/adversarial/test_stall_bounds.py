@@ -171,8 +171,16 @@ def test_the_voice_hook_answers_a_template_refusal_with_a_400_in_words(
 # ---- D13: PDFs read in a process of their own ----
 
 def _readers() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True)
-            if "web.pdftext" in " ".join(p.cmdline())]
+    """The PDF reading processes still alive (a killed one not yet reaped is not)."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if (p.status() != psutil.STATUS_ZOMBIE
+                    and "web.pdftext" in " ".join(p.cmdline())):
+                found.append(p)
+        except psutil.Error:  # gone meanwhile
+            continue
+    return found
 
 
 def _upload(url: str, data: bytes, timeout: float = 120) -> httpx.Response:

@@ -3,9 +3,9 @@ context and the user's quotas. Each refusal is a domain error (``service.errors`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from appliance.engine.request import SEED_LIMIT, SamplingParams
 from appliance.sched.quota import QuotaLimits, QuotaVerdict
@@ -126,19 +126,6 @@ def max_tokens_from(value: int | None, default: int) -> int:
         raise InvalidRequest(f"'max_tokens' must be at least 1, got {value}.",
                              param="max_tokens")
     return value
-
-
-def user_chars(contents: Iterable[str | list[Any] | None]) -> int:
-    """Characters of the users' messages (what no chat template drops; templates may drop
-    earlier reasoning or merge system turns, so only user text is a sure lower bound).
-    A list is OpenAI's content parts (objects with a ``text``)."""
-    total = 0
-    for content in contents:
-        if isinstance(content, str):
-            total += len(content.strip())
-        elif content:
-            total += len("".join(getattr(p, "text", None) or "" for p in content).strip())
-    return total
 
 
 def check_prompt_size(model: ModelInfo, chars: int, param: str = "messages") -> None:

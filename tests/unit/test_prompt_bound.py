@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
-from appliance.service.chat_format import longest_token_chars
-from appliance.service.checks import check_prompt_size, user_chars
+from appliance.service.chat_format import longest_token_chars, text_chars
+from appliance.service.checks import check_prompt_size
 from appliance.service.errors import InvalidRequest
 from appliance.service.services import ModelInfo
 
@@ -36,9 +37,15 @@ def test_the_bound_refuses_only_what_cannot_fit() -> None:
     check_prompt_size(model(0), 10**9)  # no vocabulary: no bound
 
 
-def test_only_user_text_counts_and_surrounding_space_does_not() -> None:
-    class Part:
-        def __init__(self, text: str) -> None:
-            self.text = text
-    parts: list[Any] = [Part(" abc"), Part("def ")]
-    assert user_chars(["  hi  ", None, parts]) == 2 + 6
+def test_every_text_field_counts() -> None:
+    """System and assistant turns, names, tools' descriptions and schemas (keys too), and
+    request structs' fields: a template may print any of them (issue 52, D16)."""
+    class Part(msgspec.Struct):
+        type: str
+        text: str
+    turns: list[Any] = [{"role": "system", "content": "abc"},
+                        {"role": "user", "name": "bo", "content": [Part("t", "def")]}]
+    tools = [{"function": {"description": "xyz", "parameters": {"a": 1}}}]
+    assert text_chars(turns) == (4 + 7 + 6 + 3) + (4 + 4 + 7 + 4 + 2 + 1 + 3)
+    assert text_chars(tools) == 8 + 11 + 3 + 10 + 1
+    assert text_chars(None, 7, "hi") == 2

@@ -2,9 +2,16 @@
 
 Greedy rows without logits processors share one batched argmax. Other rows are sampled
 one by one with mlx-lm's filters (top-p, top-k, min-p) and logits processors (logit bias,
-repetition/presence/frequency penalties, and a grammar mask for constrained decoding). A seeded row draws from its own PRNG key, so its
-output does not depend on who else is in the batch. No full-vocabulary log-softmax is
-computed for greedy rows: nobody asked for log-probabilities.
+repetition/presence/frequency penalties, and a grammar mask for constrained decoding). No
+full-vocabulary log-softmax is computed for greedy rows: nobody asked for log-probabilities.
+
+A seeded row is reproducible (docs/decisions/sem-seeded-sampling.md): the draw at each
+position uses a key made of the seed and the position alone (not a key split once per draw,
+so neither the batch nor a retried or re-read step moves it), as a Gumbel-max over float32
+noise. Logits of the same context read another way (a cached prefix, a dense prompt
+product) differ by ~1e-3; this draw then changes in ~0.1 % of positions, where
+``mx.random.categorical`` changed in ~6 %, and an inverse-CDF draw in token-id order in
+most (every interval's edge moves by the cumulative sums' rounding).
 """
 
 from __future__ import annotations
@@ -39,7 +46,6 @@ class RowSampler:
             presence_penalty=params.presence_penalty,
             frequency_penalty=params.frequency_penalty,
         )
-        self._key = mx.random.key(params.seed) if params.seed is not None else None
         self.grammar = grammar
 
     @property
@@ -78,10 +84,22 @@ class RowSampler:
         if p.top_k > 0:
             logprobs = apply_top_k(logprobs, p.top_k)
         scaled = logprobs * (1.0 / p.temperature)
-        if self._key is None:
+        if p.seed is None:
             return mx.random.categorical(scaled)
-        self._key, sub = mx.random.split(self._key)
-        return mx.random.categorical(scaled, key=sub)
+        noise = mx.random.gumbel(shape=scaled.shape, key=position_key(p.seed, len(context)))
+        return mx.argmax(scaled.astype(mx.float32) + noise, axis=-1)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def position_key(seed: int, position: int) -> mx.array:
+    """The PRNG key of the draw at ``position`` (tokens before it) for ``seed``: a function
+    of those two only (splitmix64's finaliser over both), whatever drew before it."""
+    z = (seed + 0x9E3779B97F4A7C15 * (position + 1)) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return mx.random.key(z ^ (z >> 31))
 
 
 def _replace_top_k(params: SamplingParams) -> SamplingParams:

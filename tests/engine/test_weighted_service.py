@@ -15,7 +15,7 @@ import pytest
 from appliance.app import start_engine
 from appliance.engine.core import Engine
 from appliance.engine.request import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
-from tests.helpers import make_settings
+from tests.helpers import live_server, make_settings
 
 ALICE, BOB = 1, 2
 IN_FLIGHT = 8
@@ -38,7 +38,8 @@ def _request(engine: Engine, user_id: int) -> GenerationRequest:
                              user=f"user{user_id}", sampling=SamplingParams(logit_bias=ban))
 
 
-def _closed_loops(engine: Engine, seconds: float) -> list[tuple[float, int]]:
+def _closed_loops(engine: Engine, seconds: float, alice: int = ALICE, bob: int = BOB
+                  ) -> list[tuple[float, int]]:
     """Both users keep IN_FLIGHT requests in flight for ``seconds``; (time, user) per token."""
     events: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
     handles = []
@@ -48,7 +49,7 @@ def _closed_loops(engine: Engine, seconds: float) -> list[tuple[float, int]]:
                                      lambda ev, u=user_id: events.put((u, ev))))
 
     for _ in range(IN_FLIGHT):
-        for user_id in (ALICE, BOB):
+        for user_id in (alice, bob):
             send(user_id)
     tokens: list[tuple[float, int]] = []
     end = time.monotonic() + seconds
@@ -83,3 +84,22 @@ def test_a_weight_of_four_gets_four_times_the_service_while_both_are_backlogged(
               f"preemptions {engine.snapshot.preemptions_total}")
     assert counted[ALICE] > 0
     assert ratio == pytest.approx(4.0, rel=0.2)
+
+
+def test_a_weight_set_live_through_the_admin_api_shapes_service(demo_model: Path) -> None:
+    """Issue 52, item 3: the weight an admin sets on a running daemon (PATCH
+    /admin/users/{id}) reaches the running scheduler: 4x the service within 20 %."""
+    settings = make_settings(demo_model, max_batch_size=8, max_queue_depth=64)
+    with live_server(settings) as srv:
+        bob, carol = srv.user_ids["bob"], srv.user_ids["carol"]
+        with srv.client("alice") as admin:
+            r = admin.patch(f"/admin/users/{bob}", json={"weight": 4})
+            assert r.status_code == 200 and r.json()["weight"] == 4.0
+        start = time.monotonic()
+        tokens = _closed_loops(srv.engine, WARM_S + 10.0, alice=carol, bob=bob)
+    counted = {carol: 0, bob: 0}
+    for t, user_id in tokens:
+        if t >= start + WARM_S:
+            counted[user_id] += 1
+    assert counted[carol] > 0
+    assert counted[bob] / counted[carol] == pytest.approx(4.0, rel=0.2)

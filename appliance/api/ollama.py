@@ -216,6 +216,9 @@ async def chat(request: Request[Any, Any, Any], state: State) -> Any:
         return _load_reply(request, services, "message", opts)
     for m in body.messages:
         _no_images(services, m.images)
+    if body.tools and not services.model.tools:  # Ollama's words for such a model
+        raise bad_request(f"{ollama_name(services.model.name)} does not support tools",
+                          "unsupported_parameter", "tools")
     think = _think(services, body.think)
     constraint = _constraint(body.format)
     # what is never dropped to fit (system messages, the current turn, tools) counts
@@ -353,7 +356,8 @@ def _unified_memory() -> bool:
 
 def capabilities(services: Services) -> list[str]:
     """What Ollama lists for a model; ``embedding``: /api/embed pools its hidden states."""
-    caps = ["completion", "tools", "embedding"]
+    caps = ["completion", "tools", "embedding"] if services.model.tools else [
+        "completion", "embedding"]
     if chat_format.supports_thinking(services.model.tokenizer):
         caps.append("thinking")
     return caps

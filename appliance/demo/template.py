@@ -23,12 +23,16 @@ TOOLS_FOOTER = (f'To call a tool, answer {TOOL_CALL}\n{{"name": <tool-name>, "ar
                 f'<args-json-object>}}\n{TOOL_CALL_END}')
 
 PLAIN_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\\nTools:\\n' }}{% for tool in tools %}"
+    "{{ tool | tojson + '\\n' }}{% endfor %}{{ '<|im_end|>\\n' }}{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-"""ChatML without tools: the test and benchmark shapes (random weights)."""
+"""ChatML, tools (when a request has them) as one JSON line each in a system turn and calls
+as bare JSON (no tags): the test and benchmark shapes (random weights). A template that
+shows no tools makes a model refuse requests with tools (chat_format.renders_tools)."""
 
 CHAT_TEMPLATE = (
     # With tools: one system turn holding the system message, then the tools one per line

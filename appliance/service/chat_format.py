@@ -16,7 +16,8 @@ is known in one place:
 Rules the parser keeps: tag text never reaches ``content`` (a possible start of a tag is held
 back until the next delta shows what it is); a call is accepted only when it parses, names
 one of the request's tools and has object arguments; anything else comes back as plain
-content, unchanged.
+content, unchanged; but a call the answer ended inside (cut by ``max_tokens``, no end tag)
+is a call when its text parses and is dropped when it does not.
 """
 
 from __future__ import annotations
@@ -83,11 +84,28 @@ def supports_thinking(tokenizer: Any) -> bool:
     return "enable_thinking" in template or start in template
 
 
-def supports_tools(tokenizer: Any) -> bool:
-    """Whether the chat template renders ``tools`` (otherwise they are not sent)."""
+PROBE_TOOL: dict[str, Any] = {"type": "function", "function": {
+    "name": "probe_tool", "description": "A probe.",
+    "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}
+"""The tool :func:`renders_tools` renders to see whether a template shows tools at all."""
+
+
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether the chat template shows the model its ``tools``: a probe turn rendered with
+    and without :data:`PROBE_TOOL` gives other tokens. SmolLM2's template drops them (the
+    same 35 tokens either way): such a model never sees a tool, so it must not take one.
+    Called once at load; a template that fails on the probe has no tools either."""
     template = getattr(tokenizer, "chat_template", None)
-    return bool(getattr(tokenizer, "has_tool_calling", False)) or (
-        isinstance(template, str) and "tools" in template)
+    if not isinstance(template, str):
+        return True  # a custom renderer (mlx-lm chat_templates) handles them
+    turns = [{"role": "user", "content": "Turn on the light."}]
+    try:
+        plain = tokenizer.apply_chat_template(turns, add_generation_prompt=True)
+        shown = tokenizer.apply_chat_template(turns, add_generation_prompt=True,
+                                              tools=[PROBE_TOOL])
+    except Exception:  # a template that cannot take the probe cannot take a request's tools
+        return False
+    return list(plain) != list(shown)
 
 
 def longest_token_chars(tokenizer: Any) -> int:
@@ -238,6 +256,9 @@ class OutputParser:
         self._started = False  # some content or a call was produced
         self._after_block = False  # just after a think block or a call: drop leading space
         self.calls: list[ToolCall] = []
+        self.dropped_cut_call = False
+        """The answer ended inside a tool call whose arguments could not be read (cut by
+        max_tokens): the call is in neither content nor tool calls."""
 
     # ---- public ----
     def feed(self, text: str) -> Delta:
@@ -330,10 +351,12 @@ class OutputParser:
 
     def _step_tagged(self, content: list[str], calls: list[ToolCall], final: bool) -> None:
         assert self._start is not None
+        cut = False
         if self._end:
             i = self._buf.find(self._end)
             if i < 0 and not final:
                 return
+            cut = i < 0  # the answer ended inside the call (max_tokens): no end tag
             body = self._buf[:i] if i >= 0 else self._buf
             raw = self._start + body + (self._end if i >= 0 else "")
             self._buf = self._buf[i + len(self._end):] if i >= 0 else ""
@@ -343,6 +366,10 @@ class OutputParser:
             body, raw, self._buf = self._buf, self._start + self._buf, ""
         parsed = self._parse_tagged(body)
         self._mode = self.CONTENT
+        if parsed is None and cut:
+            # a cut call that cannot be read is dropped: tag text never reaches content
+            self.dropped_cut_call = True
+            return
         if parsed is None:
             self._emit_content(content, raw)
             return

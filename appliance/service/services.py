@@ -36,6 +36,9 @@ class ModelInfo:
     max_token_chars: int = 0
     """The most characters one token stands for (``longest_token_chars``); 0: unknown, no
     cheap size check."""
+    tools: bool = True
+    """The chat template shows the model its tools (``chat_format.renders_tools``): else a
+    request with tools is a 400 and ``/api/show`` lists no ``tools`` capability."""
 
 
 @dataclass(slots=True)

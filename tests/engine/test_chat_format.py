@@ -16,6 +16,7 @@ from appliance.service.chat_format import (
     Delta,
     OutputParser,
     render_prompt,
+    renders_tools,
     supports_thinking,
 )
 from appliance.service.errors import InvalidRequest
@@ -164,10 +165,27 @@ def test_an_unknown_tool_name_comes_back_as_plain_content(hermes: Any) -> None:
     assert d.tool_calls == () and d.content == text
 
 
-def test_an_unfinished_call_at_the_end_is_content(hermes: Any) -> None:
-    text = '<tool_call>\n{"name": "HassTurnOn", "argu'
-    d = run(OutputParser(hermes, TOOLS, None), [text])
-    assert d.tool_calls == () and d.content == text
+def test_a_call_cut_before_its_arguments_end_is_dropped_not_content(hermes: Any) -> None:
+    """Issue 52, item 4: a call cut by max_tokens never puts tag text in content."""
+    parser = OutputParser(hermes, TOOLS, None)
+    d = run(parser, ["Sure. ", '<tool_call>\n{"name": "HassTurnOn", "argu'])
+    assert d.tool_calls == () and d.content == "Sure. "
+    assert parser.dropped_cut_call
+
+
+def test_a_call_cut_before_its_end_tag_is_a_call(hermes: Any) -> None:
+    parser = OutputParser(hermes, TOOLS, None)
+    d = run(parser, token_pieces(hermes, CALL.removesuffix("</tool_call>")))
+    assert d.content == "" and [c.name for c in d.tool_calls] == ["HassTurnOn"]
+    assert not parser.dropped_cut_call
+
+
+def test_a_template_that_drops_tools_is_told_from_one_that_shows_them(
+        hermes: Any, tmp_path: Path) -> None:
+    plain = _tokenizer_dir(tmp_path, "{% for message in messages %}<|im_start|>"
+                           "{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}")
+    assert renders_tools(hermes)
+    assert not renders_tools(plain)
 
 
 def test_without_tools_tags_are_just_text(hermes: Any) -> None:

@@ -134,3 +134,21 @@ def test_a_full_tool_round_with_the_demo_model(demo_server: LiveServer) -> None:
     assert not [c for d in deltas for c in d.get("tool_calls", [])], deltas
     sentence = "".join(d.get("content", "") for d in deltas).strip()
     assert 2 <= len(sentence.split()) <= 15 and sentence.endswith((".", "!")), sentence
+
+
+def test_a_tool_call_cut_by_the_token_limit_puts_no_tag_text_in_content(
+        demo_server: LiveServer) -> None:
+    """Issue 52, item 4: HA's first turn cut at 6 tokens, inside the demo model's call."""
+    first = CASES[0]["body"]
+    with demo_server.client("bob") as c:
+        for path, limit in (("/api/chat", {"options": {"num_predict": 6}}),
+                            ("/v1/chat/completions", {"max_tokens": 6})):
+            r = c.post(path, json={"model": demo_server.engine.loaded.name,  # type: ignore[attr-defined]
+                                   "messages": first["messages"], "tools": first["tools"],
+                                   "stream": False, **limit})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            msg = body["message"] if path == "/api/chat" else body["choices"][0]["message"]
+            assert "<tool_call>" not in (msg.get("content") or ""), body
+            reason = body.get("done_reason") or body["choices"][0]["finish_reason"]
+            assert reason == "length", body

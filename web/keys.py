@@ -106,8 +106,10 @@ def _advice(refusal: str) -> str:
 
 def _revoke(svc: Services, who: Principal, prefix: str) -> None:
     with svc.store.sessions.begin() as s:
-        store_keys.revoke_key(s, prefix, user_id=None if who.is_admin else who.user_id,
-                              at_most=None if who.is_admin else key_scope(who))
+        key = store_keys.revoke_key(s, prefix, user_id=None if who.is_admin else who.user_id,
+                                    at_most=None if who.is_admin else key_scope(who))
+        owner = key.user_id
+    svc.access_changed(owner)  # its streams end now, not at their length
 
 
 @post("/keys/{prefix:str}/revoke", status_code=200)

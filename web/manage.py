@@ -142,6 +142,7 @@ def _change(svc: Services, uid: int, f: dict[str, str]) -> None:
             old = dataclasses.asdict(limits.get_quota(s, uid))
             new = {k: _limit(f[k], k) if k in f else old[k] for k in QUOTA_FIELDS}
             limits.set_quota(s, uid, limits.QuotaLimits(**new))
+    svc.access_changed(uid)  # committed: running requests obey a disabling or a lower quota
 
 
 def _limit(text: str, name: str) -> int | None:

@@ -265,6 +265,7 @@ def revoke_my_key(request: Request, state: State, prefix: FromPath[str]) -> None
     with _store(state).sessions.begin() as s:
         store_keys.revoke_key(s, prefix, user_id=request.user.user_id,
                               at_most=key_scope(request.user))
+    state.services.access_changed(request.user.user_id)  # the key's streams end too
 
 
 # ---- conversations ----

@@ -134,6 +134,8 @@ def _change_user(state: State, uid: int, data: UserPatch) -> dict[str, Any]:
         out = user_json(u)
     if data.weight is not None:
         state.services.policy_changed()  # after the commit: the scheduler re-reads weights
+    if data.disabled is not None:
+        state.services.access_changed(uid)  # a disabled user's streams end within a tick
     return out
 
 
@@ -156,7 +158,9 @@ async def set_quota(request: Request, state: State, uid: FromPath[int],
     # decoded again strictly (see add_user): integers only, bounded by QuotaLimits
     strict = decode_body(await request.body(), QuotaBody)
     q = limits.QuotaLimits(**msgspec.structs.asdict(strict))
-    return await anyio.to_thread.run_sync(_save_quota, _store(state), uid, q)
+    saved = await anyio.to_thread.run_sync(_save_quota, _store(state), uid, q)
+    await anyio.to_thread.run_sync(state.services.access_changed, uid)  # a lower day's limit
+    return saved
 
 
 def _save_quota(store: Store, uid: int, q: limits.QuotaLimits) -> dict[str, Any]:
@@ -197,7 +201,8 @@ def change_key(state: State, prefix: FromPath[str], data: JSONBody[KeyPatch]
 @threaded
 def revoke_key(state: State, prefix: FromPath[str]) -> None:
     with _store(state).sessions.begin() as s:
-        store_keys.revoke_key(s, prefix)
+        owner = store_keys.revoke_key(s, prefix).user_id
+    state.services.access_changed(owner)  # the key's streams end within a tick
 
 
 @post("/model", status_code=200)

@@ -51,6 +51,9 @@ def _sse(obj: dict[str, Any] | str) -> bytes:
 def _error_payload(finish: FinishEvent) -> dict[str, Any]:
     if finish.unavailable:
         return engine_down(finish.error).body()
+    if finish.reason is FinishReason.CANCELLED and finish.error:  # an admin ended its access
+        return {"error": {"message": finish.error, "type": "permission_error",
+                          "code": "access_revoked"}}
     return {"error": {"message": finish.error or "inference backend error",
                       "type": "server_error", "code": "backend_error"}}
 

@@ -29,6 +29,7 @@ from appliance.engine.request import (
     GroupLost,
     RequestHandle,
     Usage,
+    UserAccess,
 )
 from appliance.engine.snapshot import EngineSnapshot
 from appliance.engine.ticks import Meter
@@ -281,6 +282,12 @@ class Engine:
             for user, w in weights.items():
                 runner.scheduler.counters.set_weight(user, w)
         self._control.put(apply)
+        self._wake.set()
+
+    def restrict(self, user_key: str, access: UserAccess) -> None:
+        """What an admin left one user allowed; their running requests obey it within a tick
+        (``Runner.restrict``)."""
+        self._control.put(lambda runner: runner.restrict(user_key, access))
         self._wake.set()
 
     def release_cache(self, user_key: str) -> None:

@@ -103,6 +103,22 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class UserAccess:
+    """What an admin's change left one user allowed, for the requests already running:
+    ``disabled`` ends them all, a key in ``revoked_keys`` ends those made with it (both
+    ``cancelled``), ``tokens_per_day`` replaces the limit their requests were submitted with
+    (used up: ``quota``)."""
+
+    disabled: bool = False
+    revoked_keys: frozenset[int] = frozenset()
+    tokens_per_day: int | None = None
+
+
+ACCESS_ENDED = {"disabled": "the account was disabled", "revoked": "the API key was revoked"}
+"""The error a request ended by an admin's change carries (its finish reason: cancelled)."""
+
+
+@dataclass(frozen=True, slots=True)
 class TokenEvent:
     token: int
     text: str

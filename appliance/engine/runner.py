@@ -21,12 +21,14 @@ from appliance.engine.mixed import supports_mixed
 from appliance.engine.model import LoadedModel
 from appliance.engine.prompt_cache import PromptCache
 from appliance.engine.request import (
+    ACCESS_ENDED,
     FaultHook,
     FinishEvent,
     GenerationRequest,
     RequestHandle,
     TokenEvent,
     Usage,
+    UserAccess,
 )
 from appliance.engine.sampling import RowSampler
 from appliance.engine.seq import Seq
@@ -72,6 +74,8 @@ class Runner:
         self.on_done = on_done
         self.on_counters = on_counters
         self.usage = usage or RollingUsage()
+        self._access: dict[str, UserAccess] = {}
+        """Per user, what an admin's change left allowed (:meth:`restrict`)."""
         self._served: dict[str, list[int]] = {}
         self.prompt_cache = PromptCache(prompt_cache_entries) if prompt_cache_entries else None
         self._counters_at = 0.0
@@ -180,6 +184,7 @@ class Runner:
         tick shows its first token without waiting for the step; its row joins the batch
         after the step (the tick costs what the plan was sized for)."""
         self._reap_cancelled()
+        self._enforce_access()
         if not self.seqs:
             if self._counters_dirty:  # gone idle: persist the last tick's counters now
                 self.flush_counters()
@@ -350,16 +355,45 @@ class Runner:
         row[1] += output
         self.usage.add(user, time.time(), output)
 
+    def restrict(self, user_key: str, access: UserAccess) -> None:
+        """What an admin left ``user_key`` allowed; the requests already running obey it from
+        the next tick (:meth:`_enforce_access`), and so do the ones taken later."""
+        self._access[user_key] = access
+
+    def _daily_limit(self, s: Seq) -> int | None:
+        access = self._access.get(s.handle.request.user_key)
+        return s.handle.request.tokens_per_day if access is None else access.tokens_per_day
+
     def _enforce_quotas(self) -> None:
-        """A request whose user has used up the day's tokens finishes with ``quota``."""
+        """A request whose user has used up the day's tokens finishes with ``quota`` (the
+        limit an admin set since it was submitted, if one did)."""
         now = time.time()
-        over = [s for s in self.seqs.values() if s.handle.request.tokens_per_day is not None
-                and self.usage.total(s.handle.request.user_key, now)
-                >= s.handle.request.tokens_per_day]
+        over = [s for s in self.seqs.values() if (limit := self._daily_limit(s)) is not None
+                and self.usage.total(s.handle.request.user_key, now) >= limit]
         if over:
             self.batch.remove({s.rid for s in over})
         for s in over:
             self._finish(s, FinishReason.QUOTA)
+
+    def _enforce_access(self) -> None:
+        """End the requests of a disabled user or made with a revoked key: ``cancelled``,
+        with the reason as the error, and a ledger row, as a caller's cancellation."""
+        ended: list[tuple[Seq, str]] = []
+        for s in self.seqs.values():
+            r = s.handle.request
+            access = self._access.get(r.user_key)
+            if access is None:
+                continue
+            if access.disabled:
+                ended.append((s, ACCESS_ENDED["disabled"]))
+            elif r.api_key_id is not None and r.api_key_id in access.revoked_keys:
+                ended.append((s, ACCESS_ENDED["revoked"]))
+        if ended:
+            self.batch.remove({s.rid for s, _ in ended})
+        for s, why in ended:
+            log.info("request ended rid=%d user_id=%d: %s", s.rid, s.handle.request.user_id,
+                     why)
+            self._finish(s, FinishReason.CANCELLED, error=why)
 
     def flush_counters(self) -> None:
         self._counters_dirty = False

@@ -11,9 +11,11 @@ from typing import Any
 import anyio
 
 from appliance.engine.core import Engine
+from appliance.engine.request import UserAccess
 from appliance.service.latency import LatencyMetrics
 from appliance.service.throttle import LoginThrottle
 from appliance.service.voice_memory import VoiceMemory
+from appliance.store import keys, limits, users
 from appliance.store.db import Store
 from appliance.store.writer import StoreWriter
 
@@ -81,3 +83,19 @@ class Services:
         re-reads the weights (quotas and classes are read at every request anyway)."""
         if self.on_policy_change is not None:
             self.on_policy_change()
+
+    def access_changed(self, user_id: int) -> None:
+        """Call after an admin (or the user) disables a user, revokes a key or changes a
+        quota, once committed: the user's running requests obey it within a tick (a
+        disabled user's and a revoked key's end ``cancelled``, a day's tokens now used up
+        ``quota``; each with its ledger row). Any thread but the event loop's."""
+        with self.store.read_sessions() as s:
+            user = users.get_user(s, user_id)
+            if user is None:
+                return
+            revoked = frozenset(k.id for k in keys.list_keys(s, user_id=user_id,
+                                                             include_revoked=True)
+                                if k.revoked_at is not None)
+            access = UserAccess(disabled=user.disabled, revoked_keys=revoked,
+                                tokens_per_day=limits.get_quota(s, user_id).tokens_per_day)
+        self.engine.restrict(str(user_id), access)

@@ -60,7 +60,6 @@ from appliance.jobs.runner import JobService
 from appliance.sched.budget import TickObjectives
 from appliance.sched.types import SchedulerConfig
 from appliance.service import model_choice
-from appliance.service.chat_format import longest_token_chars, renders_tools
 from appliance.service.errors import ServiceError
 from appliance.service.model_choice import model_info
 from appliance.service.services import Services
@@ -160,12 +159,7 @@ def build_services(settings: Settings, engine: Engine, store: Store,
     loaded = engine.loaded
     assert loaded is not None, "start_engine returns once the model is loaded"
     info = model_info(loaded)
-    info = ModelInfo(name=loaded.name, path=str(loaded.path), is_demo=loaded.is_demo,
-                     ctx_limit=loaded.ctx_limit,
-                     vocab_size=int(loaded.config.get("vocab_size") or 0) or 1 << 30,
-                     tokenizer=loaded.tokenizer,
-                     max_token_chars=longest_token_chars(loaded.tokenizer),
-                     tools=renders_tools(loaded.tokenizer))
+
     def reload_weights() -> None:
         with store.read_sessions() as s:
             engine.set_weights(fairness.load_weights(s))

@@ -19,7 +19,7 @@ import anyio
 
 from appliance.engine.core import EngineDown, SwitchRefused
 from appliance.engine.model import LoadedModel, resolve_model_path
-from appliance.service.chat_format import longest_token_chars
+from appliance.service.chat_format import longest_token_chars, renders_tools
 from appliance.service.services import ModelInfo
 from appliance.store.models import HouseholdSetting
 
@@ -47,7 +47,8 @@ def model_info(loaded: LoadedModel) -> ModelInfo:
                      ctx_limit=loaded.ctx_limit,
                      vocab_size=int(loaded.config.get("vocab_size") or 0) or 1 << 30,
                      tokenizer=loaded.tokenizer,
-                     max_token_chars=longest_token_chars(loaded.tokenizer))
+                     max_token_chars=longest_token_chars(loaded.tokenizer),
+                     tools=renders_tools(loaded.tokenizer))
 
 
 def model_folder(name: str, models_dir: Path | None) -> Path:

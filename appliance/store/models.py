@@ -174,6 +174,9 @@ class Conversation(Base):
     title: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     updated_at: Mapped[float] = mapped_column(Float, default=time.time)
+    title_auto: Mapped[bool] = mapped_column(default=False)
+    """The title follows the shown branch (its generated title, else its first question cut
+    short); False once a person named the conversation."""
 
     messages: Mapped[list[Message]] = relationship(
         back_populates="conversation",
@@ -199,6 +202,14 @@ class Message(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(16))
     """Why an answer ended when it was not a plain stop (cancelled, length, quota), so its
     note survives a reload; None for questions and complete answers."""
+    parent_id: Mapped[int | None] = mapped_column(
+        ForeignKey("messages.id", ondelete="CASCADE"), index=True)
+    """The turn this one follows (None: the conversation's first). Editing a question adds
+    a sibling, so a conversation is a tree and each branch keeps its later turns."""
+    shown: Mapped[bool] = mapped_column(default=True)
+    """Among its siblings, the one on the branch shown (and sent to the model)."""
+    title: Mapped[str | None] = mapped_column(String(200))
+    """On a first question: the title generated for the branch that starts with it."""
 
     conversation: Mapped[Conversation] = relationship(back_populates="messages")
 

@@ -134,3 +134,44 @@ def test_job_and_run_ids_are_never_reused_after_0007(tmp_path: Path) -> None:
     migrate.downgrade(db, "0006")
     migrate.upgrade(db)
     assert migrate.is_up_to_date(db)
+
+
+def test_conversations_made_at_0008_keep_every_message_and_version_after_0009(
+        tmp_path: Path) -> None:
+    """Branches (issue 54): each old conversation becomes one branch; nothing is lost, and a
+    title made from the first question follows the branch while a given one stays."""
+    from appliance.store import conversations as convs
+    from appliance.store import versions
+    db = tmp_path / "appliance.db"
+    migrate.upgrade(db, "0008")
+    question = "What can I cook tonight with leeks, potatoes and a little cream from the fridge?"
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO users (name, password_hash, role, disabled, max_class, "
+                     "weight, created_at) VALUES ('alice', 'x', 'admin', 0, 'voice', 1, 0)")
+        for cid, title in ((1, " ".join(question.split())[:60]), (2, "Named by alice")):
+            conn.execute("INSERT INTO conversations (id, user_id, title, created_at, "
+                         "updated_at) VALUES (?, 1, ?, 0, 0)", (cid, title))
+            for n, (role, text) in enumerate([("user", question), ("assistant", "Leek soup."),
+                                              ("user", "And bread?"),
+                                              ("assistant", "Soda bread.")]):
+                conn.execute("INSERT INTO messages (conversation_id, role, content, "
+                             "created_at) VALUES (?, ?, ?, ?)", (cid, role, text, n))
+        conn.execute("INSERT INTO answer_versions (message_id, content, created_at) "
+                     "VALUES (4, 'Rye bread.', -1)")
+    migrate.upgrade(db)
+    migrate.check(db)
+    store = open_store(db)
+    try:
+        with store.read_sessions() as s:
+            for cid in (1, 2):
+                path = convs.list_messages(s, 1, cid)
+                assert [m.content for m in path] == [question, "Leek soup.", "And bread?",
+                                                     "Soda bread."]
+            assert versions.places(s, 1) == {4: versions.Place(2, 2)}
+            titled = {c.id: c.title_auto for c in convs.list_conversations(s, 1)}
+            assert titled == {1: True, 2: False}
+    finally:
+        store.close()
+    migrate.downgrade(db, "0008")
+    migrate.upgrade(db)
+    assert migrate.is_up_to_date(db)

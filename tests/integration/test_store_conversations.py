@@ -129,3 +129,75 @@ def test_unknown_message_role_is_refused(store: Store, ids: dict[str, int]) -> N
     conv_id = _alice_conversation(store, ids["alice"])
     with store.sessions() as s, pytest.raises(ValueError):
         convs.add_message(s, ids["alice"], conv_id, "narrator", "once upon a time")
+
+
+# ---- branches (issue 54) ----
+def test_editing_an_earlier_question_keeps_the_old_branch_with_its_later_turns(
+        store: Store, ids: dict[str, int]) -> None:
+    from appliance.store import branches, versions
+    alice = ids["alice"]
+    with store.sessions.begin() as s:
+        cid = convs.create_conversation(s, alice, "Soup", auto_title=True).id
+        q1 = convs.add_message(s, alice, cid, "user", "Soup for four?").id
+        convs.add_message(s, alice, cid, "assistant", "Leek soup.")
+        q2 = convs.add_message(s, alice, cid, "user", "And bread?").id
+        a2 = convs.add_message(s, alice, cid, "assistant", "Soda bread.").id
+        versions.rewrite_answer(s, alice, cid, a2, "Rye bread.", keep_old=True,
+                                finish_reason=None)
+        edited = branches.edit_question(s, alice, cid, q1, "Soup for six?").id
+        convs.add_message(s, alice, cid, "assistant", "Pea soup.")
+    with store.read_sessions() as s:
+        path = convs.list_messages(s, alice, cid)
+        assert [m.content for m in path] == ["Soup for six?", "Pea soup."]
+        assert branches.places(s, path) == {edited: versions.Place(2, 2)}
+        assert len(convs.all_messages(s, alice, cid)) == 6  # nothing was deleted
+        conv = convs.get_conversation(s, alice, cid)
+        assert conv is not None and conv.title == "Soup for six?"
+    with store.sessions.begin() as s:
+        assert branches.show_branch(s, alice, cid, edited, 1) == versions.Place(1, 2)
+    with store.read_sessions() as s:
+        path = convs.list_messages(s, alice, cid)
+        assert [m.id for m in path][0] == q1 and path[2].id == q2
+        assert [m.content for m in path] == ["Soup for four?", "Leek soup.", "And bread?",
+                                             "Rye bread."]
+        assert versions.places(s, cid)[a2] == versions.Place(2, 2)  # its versions too
+        conv = convs.get_conversation(s, alice, cid)
+        assert conv is not None and conv.title == "Soup for four?"
+
+
+def test_a_generated_title_follows_its_branch_and_a_given_name_stays(
+        store: Store, ids: dict[str, int]) -> None:
+    from appliance.store import branches
+    alice = ids["alice"]
+    with store.sessions.begin() as s:
+        cid = convs.create_conversation(s, alice, "Soup", auto_title=True).id
+        q1 = convs.add_message(s, alice, cid, "user", "Soup for four?").id
+        assert branches.set_title(s, alice, cid, q1, " Leek soup\nfor four ")
+        q1b = branches.edit_question(s, alice, cid, q1, "Bread?").id
+        conv = convs.get_conversation(s, alice, cid)
+        assert conv is not None and conv.title == "Bread?"
+        branches.show_branch(s, alice, cid, q1b, 1)
+        assert conv.title == "Leek soup for four"
+        convs.rename_conversation(s, alice, cid, "Kitchen")
+        branches.show_branch(s, alice, cid, q1b, 2)
+        assert conv.title == "Kitchen"
+
+
+def test_a_question_cut_into_a_title_ends_on_a_word_with_an_ellipsis() -> None:
+    long = "How long should I boil potatoes for a creamy mash that keeps its shape well"
+    cut = convs.cut_title(long)
+    assert cut == "How long should I boil potatoes for a creamy mash that keeps…"
+    assert len(cut) <= convs.CUT_TITLE_CHARS + 1
+    assert convs.cut_title("  Short\n question ") == "Short question"
+    assert convs.cut_title("x" * 80) == "x" * 60 + "…"
+
+
+def test_a_search_snippet_shows_the_words_around_the_match() -> None:
+    text = ("We talked about many things first. " * 3 + "The measuring jug is in the "
+            "left cupboard, behind the flour. " + "Then other things. " * 4)
+    before, match, after = convs.snippet(text, "MEASURING  jug") or ("", "", "")
+    assert match == "measuring jug"
+    assert before.startswith("…") and before.endswith("The ")
+    assert after.startswith(" is in the left cupboard") and after.endswith("…")
+    assert convs.snippet("short one", "one") == ("short ", "one", "")
+    assert convs.snippet("short one", "two") is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -25,17 +26,18 @@ from sqlalchemy.exc import DatabaseError
 
 from appliance.api.errors import bad_request
 from appliance.engine.request import Event, FinishEvent, TokenEvent
+from appliance.service import continuation
 from appliance.service.chat_format import Turn, text_chars, text_prompt
 from appliance.service.checks import DEFAULTS, check_prompt_size
 from appliance.service.errors import InvalidRequest, OverQuota
 from appliance.service.generation import Generation, off_loop, submit
 from appliance.service.services import Services
+from appliance.store import branches, preferences, versions
 from appliance.store import conversations as convs
-from appliance.store import preferences, versions
 from appliance.store.errors import NotFound
 from appliance.store.faults import storage_fault
 from appliance.vocab import FinishReason, Klass
-from web import attach, sse
+from web import attach, sse, titles
 from web.common import PAGE, base_context, form_fields, is_htmx, me, page, services, web_state
 from web.plain import PlainRefusal, plain_refusal, too_long
 from web.state import LiveAnswer, WebState
@@ -43,7 +45,6 @@ from web.state import LiveAnswer, WebState
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_CHARS = 16_000
-TITLE_CHARS = 60
 ENDPOINT = "/chat/send"
 """The endpoint name chat requests carry into the ledger."""
 
@@ -57,6 +58,8 @@ class ConvView:
     id: int
     title: str
     updated_at: float = 0.0
+    snippet: tuple[str, str, str] | None = None
+    """A search: the words around the match (before, match, after)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +69,20 @@ class MessageView:
     finish_reason: str | None = None
     id: int = 0
     place: versions.Place | None = None
-    """An answer with earlier versions: which one is shown, of how many."""
+    """An answer with earlier versions, or an edited question (a branch): which one is
+    shown, of how many."""
+    created_at: float | None = None
+    speed: str = ""
+    """An answer: how fast it was written (shown on hover)."""
+
+
+def speed_text(output_tokens: int | None, seconds: float | None) -> str:
+    """"31 tokens in 2.4 s (12.9 tokens/s)"; "" when not known."""
+    if not output_tokens or not seconds or seconds <= 0:
+        return ""
+    plural = "s" if output_tokens != 1 else ""
+    return (f"{output_tokens} token{plural} in {seconds:.1f} s "
+            f"({output_tokens / seconds:.1f} tokens/s)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +102,9 @@ def _listing(svc: Services, user_id: int, query: str = "", offset: int = 0) -> L
                                                offset=offset)
         else:
             found = convs.list_conversations(s, user_id, limit=PAGE_SIZE + 1, offset=offset)
-        listed = [ConvView(c.id, c.title, c.updated_at) for c in found[:PAGE_SIZE]]
+        listed = [ConvView(c.id, c.title, c.updated_at,
+                           convs.find_snippet(s, c.id, query) if query.strip() else None)
+                  for c in found[:PAGE_SIZE]]
         more = offset + PAGE_SIZE if len(found) > PAGE_SIZE else None
         return Listing(listed, query.strip(), more)
 
@@ -100,9 +118,11 @@ def _load(svc: Services, user_id: int, cid: int | None
         c = convs.get_conversation(s, user_id, cid)
         if c is None:
             raise NotFound("conversation not found")
-        shown = versions.places(s, cid)
-        messages = [MessageView(m.role, m.content, m.finish_reason, m.id, shown.get(m.id))
-                    for m in convs.list_messages(s, user_id, cid)]
+        path = convs.list_messages(s, user_id, cid)
+        shown = {**versions.places(s, cid), **branches.places(s, path)}
+        messages = [MessageView(m.role, m.content, m.finish_reason, m.id, shown.get(m.id),
+                                m.created_at, speed_text(m.output_tokens, m.seconds))
+                    for m in path]
         return listed, ConvView(c.id, c.title, c.updated_at), messages
 
 
@@ -165,15 +185,24 @@ def model_turns(system: str, history: list[MessageView], text: str) -> list[Turn
     return turns
 
 
+def _title(question: str) -> str:
+    """A new conversation's title until one is generated: the question, cut on a word."""
+    return convs.cut_title(convs.question_text(question))
+
+
 def _save_question(svc: Services, user_id: int, cid: int | None, text: str,
-                   replace_from: int | None = None) -> tuple[int, bool]:
+                   replace_from: int | None = None, edit_of: int | None = None
+                   ) -> tuple[int, bool]:
     """Store the user's message (in a new conversation when ``cid`` is None); with
-    ``replace_from``, first delete that message and the ones after it (an edit)."""
+    ``replace_from``, first delete that message and the ones after it; with ``edit_of``,
+    ask it on a new branch in place of that question (the old branch is kept)."""
     with svc.store.sessions.begin() as s:
         created = cid is None
         if cid is None:
-            title = " ".join(text.split())[:TITLE_CHARS]
-            cid = convs.create_conversation(s, user_id, title).id
+            cid = convs.create_conversation(s, user_id, _title(text), auto_title=True).id
+        elif edit_of is not None:
+            branches.edit_question(s, user_id, cid, edit_of, text)
+            return cid, created
         elif replace_from is not None:
             convs.delete_messages_from(s, user_id, cid, replace_from)
         if text:
@@ -207,20 +236,22 @@ def _checked(text: str) -> str:
 async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
                  before: list[MessageView], text: str, save: str,
                  replace_from: int | None = None, cont: MessageView | None = None,
-                 again: MessageView | None = None) -> tuple[str, int, bool]:
+                 again: MessageView | None = None, edit_of: int | None = None
+                 ) -> tuple[str, int, bool]:
     """Submit ``before`` + the question ``text`` to the engine, then store what changed
     (``save``: the question, or "" when it is stored already). With ``cont``, an answer
     cut at its length limit, the model is given that answer's start to carry on from; with
-    ``again``, the new answer takes that one's place and keeps it as an earlier version.
-    Returns the answer's stream id, the conversation and whether it was made now."""
+    ``again``, the new answer takes that one's place and keeps it as an earlier version;
+    with ``edit_of``, the question is a new branch beside that one. Returns the answer's stream id, the conversation and whether it was made now."""
     svc, who = services(request), me(request)
     turns = model_turns(system, before, text)
+    last: int | None = None
     try:
         check_prompt_size(svc.model, text_chars([t.content for t in turns]))
         prompt = await off_loop(svc, text_prompt, svc.model.tokenizer, turns)
         if cont is not None and cont.content:  # the answer so far, as the model's own words
-            prompt = prompt + list(await off_loop(svc, _encode, svc.model.tokenizer,
-                                                  cont.content))
+            said = await off_loop(svc, _encode, svc.model.tokenizer, cont.content)
+            prompt, last = prompt + said, (said[-1] if said else None)
     except InvalidRequest as exc:
         raise too_long(exc, svc.model.ctx_limit) from None
     klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
@@ -233,13 +264,13 @@ async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
         raise await plain_refusal(svc, who, exc, len(prompt)) from None
     try:
         saved, created = await anyio.to_thread.run_sync(_save_question, svc, who.user_id, cid,
-                                                        save, replace_from)
+                                                        save, replace_from, edit_of)
     except BaseException:
         gen.close()
         raise
-    live = LiveAnswer(gen, who.user_id, saved)
+    live = LiveAnswer(gen, who.user_id, saved, who=who)
     if cont is not None:
-        live.prefix, live.rewrite = cont.content, cont.id
+        live.prefix, live.rewrite, live.prefix_last = cont.content, cont.id, last
     elif again is not None:
         live.rewrite, live.keep_old = again.id, True
     return web_state(request).add_answer(live), saved, created
@@ -268,9 +299,10 @@ async def send(request: Request[Any, Any, Any]) -> Template:
     headers = {"HX-Trigger-After-Settle": "conversations-changed"}
     if created:
         headers["HX-Push-Url"] = f"/chat/{saved}"
-    title = " ".join(text.split())[:TITLE_CHARS]
+    title = _title(text)
     return page(request, "_exchange.html", headers=headers, question=text, sid=sid,
-                cid=saved, current=ConvView(saved, title) if created else None)
+                cid=saved, current=ConvView(saved, title) if created else None,
+                at=time.time())
 
 
 async def _read_first(request: Request[Any, Any, Any], fields: dict[str, str],
@@ -292,7 +324,7 @@ async def _read_first(request: Request[Any, Any, Any], fields: dict[str, str],
     headers = {"HX-Trigger-After-Settle": "conversations-changed"}
     if created:
         headers["HX-Push-Url"] = f"/chat/{saved}"
-    title = " ".join(question.split())[:TITLE_CHARS]
+    title = _title(question)
     return page(request, "_exchange.html", headers=headers, question=question, rid=rid, r=r,
                 cid=saved, current=ConvView(saved, title) if created else None)
 
@@ -344,7 +376,8 @@ async def continue_answer(request: Request[Any, Any, Any], cid: FromPath[int]) -
 def _show(svc: Services, user_id: int, cid: int, mid: int, n: int) -> MessageView:
     with svc.store.sessions.begin() as s:
         m, place = versions.show_version(s, user_id, cid, mid, n)
-        return MessageView(m.role, m.content, m.finish_reason, m.id, place)
+        return MessageView(m.role, m.content, m.finish_reason, m.id, place, m.created_at,
+                           speed_text(m.output_tokens, m.seconds))
 
 
 @post("/chat/{cid:int}/answers/{mid:int}/show/{n:int}")
@@ -354,13 +387,31 @@ async def show_version(request: Request[Any, Any, Any], cid: FromPath[int],
     m = await anyio.to_thread.run_sync(_show, services(request), me(request).user_id, cid,
                                        mid, n)
     return page(request, "_answer.html", content=m.content, reason=m.finish_reason or "stop",
-                error=None, cid=cid, mid=m.id, place=m.place)
+                error=None, cid=cid, mid=m.id, place=m.place, at=m.created_at, speed=m.speed)
+
+
+def _flip(svc: Services, user_id: int, cid: int, qid: int, n: int) -> None:
+    with svc.store.sessions.begin() as s:
+        branches.show_branch(s, user_id, cid, qid, n)
+
+
+@post("/chat/{cid:int}/questions/{qid:int}/show/{n:int}")
+async def show_branch(request: Request[Any, Any, Any], cid: FromPath[int],
+                      qid: FromPath[int], n: FromPath[int]) -> Template:
+    """Flip an edited question to its version ``n``: the branch that starts there is shown,
+    with its own later turns, and the title follows it."""
+    svc, uid = services(request), me(request).user_id
+    await anyio.to_thread.run_sync(_flip, svc, uid, cid, qid, n)
+    _, current, messages = await anyio.to_thread.run_sync(_load, svc, uid, cid)
+    return page(request, "_branch.html", messages=messages, cid=cid, current=current,
+                headers={"HX-Trigger-After-Settle": "conversations-changed"})
 
 
 @post("/chat/{cid:int}/edit")
 async def edit(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
     """Send an edited version of a question (``message_id``; the last one when absent): it
-    and every later turn are replaced, and the question is answered again."""
+    is asked on a new branch beside the old one (which keeps its later turns, ``‹ 1/2 ›``),
+    and answered."""
     svc, who = services(request), me(request)
     fields = await form_fields(request)
     text = _checked(fields.get("message", ""))
@@ -373,11 +424,25 @@ async def edit(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
             raise NotFound("message not found")
     else:
         q = _last_question(history)
+    text = _keep_file(history[q].content, text)
     sid, _, _ = await _start(request, cid, system, history[:q], text, text,
-                             replace_from=history[q].id)
-    return page(request, "_replay.html", messages=history[:q], question=text, sid=sid,
-                cid=cid, current=None,
+                             edit_of=history[q].id)
+    _, current, messages = await anyio.to_thread.run_sync(_load, svc, who.user_id, cid)
+    return page(request, "_replay.html", messages=messages[:q], question=text, sid=sid,
+                cid=cid, current=current, qid=messages[q].id, qplace=messages[q].place,
                 headers={"HX-Trigger-After-Settle": "conversations-changed"})
+
+
+def _keep_file(old: str, text: str) -> str:
+    """An edited question keeps the file attached to the old one (the edit box shows the
+    question only)."""
+    file = old[len(convs.question_text(old)):]
+    if not file or convs.ATTACHED in text:
+        return text
+    if len(text) + len(file) > MAX_MESSAGE_CHARS:
+        raise bad_request(f"With its attached file the question would be longer than "
+                          f"{MAX_MESSAGE_CHARS:,} characters.", param="message")
+    return text + file
 
 
 @get("/chat/streams/{sid:str}")
@@ -438,6 +503,13 @@ async def _relay(gen: Generation) -> AsyncIterator[Event | str]:
         await events.aclose()
 
 
+def _spaced(svc: Services, answer: LiveAnswer, token: int) -> None:
+    """A continued answer: whether its first new token begins with a space."""
+    if answer.prefix_last is not None:
+        answer.spaced = continuation.starts_with_space(svc.model.tokenizer,
+                                                       answer.prefix_last, token)
+
+
 async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: Any,
                          ctx: dict[str, Any]) -> AsyncIterator[bytes]:
     parts: list[str] = []
@@ -448,20 +520,28 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
             if isinstance(event, str):
                 yield sse.event("wait", str(escape(event)))
             elif isinstance(event, TokenEvent):
+                if answer.first_token_at is None:
+                    answer.first_token_at = time.monotonic()
+                    if answer.prefix:
+                        await off_loop(ws.services, _spaced, ws.services, answer, event.token)
                 if event.text:
                     parts.append(event.text)
                     yield sse.event("token", str(escape(event.text)))
             else:
                 finish = event
                 parts.append(event.text)
+        answer.finished_at = time.monotonic()
         # stored before the page hears it ended, so a reload right after shows it
         with anyio.CancelScope(shield=True):
-            mid, place = await anyio.to_thread.run_sync(_save_answer, ws.services, answer,
-                                                        "".join(parts), finish)
+            view, first = await anyio.to_thread.run_sync(_save_answer, ws.services, answer,
+                                                         "".join(parts), finish)
         saved = True
+        naming = first is not None and titles.start(ws, answer, first)
         html = templates.get_template("_answer.html").render(
-            **ctx, content=answer.prefix + "".join(parts), mid=mid, place=place,
-            reason=finish.reason if finish else FinishReason.CANCELLED,
+            **ctx, content=continuation.join(answer.prefix, "".join(parts), answer.spaced),
+            mid=view.id if view else None, place=view.place if view else None,
+            at=view.created_at if view else None, speed=view.speed if view else "",
+            naming=naming, reason=finish.reason if finish else FinishReason.CANCELLED,
             error=finish.error if finish else None)
         yield sse.event("done", html)
     finally:
@@ -477,15 +557,16 @@ NOTED = frozenset({FinishReason.CANCELLED, FinishReason.LENGTH, FinishReason.QUO
 
 
 def _save_answer(svc: Services, answer: LiveAnswer, text: str, finish: FinishEvent | None
-                 ) -> tuple[int | None, versions.Place | None]:
+                 ) -> tuple[MessageView | None, titles.FirstTurn | None]:
     """Keep what was said, even when stopped (an answer stopped before its first word is
     kept empty, so the conversation still shows it was stopped); an answer that failed is
-    not kept."""
+    not kept. Returns the answer as shown, and the branch's first turn when this answer
+    completed it and the branch has no generated title yet."""
     reason = finish.reason if finish is not None else FinishReason.CANCELLED
     if reason is FinishReason.ERROR or (not text and reason not in NOTED):
         return None, None
     usage = finish.usage if finish is not None else None
-    text = answer.prefix + text
+    text = continuation.join(answer.prefix, text, answer.spaced)
     prompt = usage.prompt_tokens if usage else None
     output = usage.completion_tokens if usage else None
     noted = reason if reason in NOTED else None
@@ -500,7 +581,11 @@ def _save_answer(svc: Services, answer: LiveAnswer, text: str, finish: FinishEve
                 m = convs.add_message(s, answer.user_id, answer.conversation_id,
                                       "assistant", text, prompt_tokens=prompt,
                                       output_tokens=output, finish_reason=noted)
-            return m.id, versions.places(s, answer.conversation_id).get(m.id)
+            m.seconds = answer.writing_s()
+            view = MessageView(m.role, m.content, m.finish_reason, m.id,
+                               versions.places(s, answer.conversation_id).get(m.id),
+                               m.created_at, speed_text(m.output_tokens, m.seconds))
+            return view, titles.first_turn(s, answer.user_id, answer.conversation_id, m)
     except NotFound:  # the conversation was deleted meanwhile
         pass
     except DatabaseError as exc:  # streamed already: nobody to answer 503; one line, no trace
@@ -553,5 +638,6 @@ async def rename(request: Request[Any, Any, Any], cid: FromPath[int]) -> Respons
                 headers={"HX-Trigger-After-Settle": "conversations-changed"})
 
 
-ROUTES = [home, rename, regenerate, continue_answer, show_version, edit, chat_new, chat_page, chat_list,
-          send, answer_stream, stop, delete, *attach.ROUTES]
+ROUTES = [home, rename, regenerate, continue_answer, show_version, show_branch, edit, chat_new,
+          chat_page, chat_list, send, answer_stream, stop, delete, *attach.ROUTES,
+          *titles.ROUTES]

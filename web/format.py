@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from appliance.vocab import DAY_S
@@ -60,6 +62,42 @@ def fmt_iso(t: float | None) -> str:
     return "" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
 
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """A question with a file's text after it, as the bubble shows it: collapsed."""
+
+    question: str
+    name: str
+    chars: int
+    text: str
+
+
+_ATTACHED = re.compile(r"\n\nAttached file “(?P<name>[^”\n]*)”"
+                       r"(?: \((?P<n>[\d,]+) characters\))?:\s*(?P<text>.*)", re.DOTALL)
+
+
+def attached(content: str) -> Attached | None:
+    """The question and its attached file (``web.chat`` and ``web.attach`` write them so);
+    None for a question without one."""
+    found = _ATTACHED.search(content)
+    if found is None:
+        return None
+    text = found.group("text")
+    chars = int(found.group("n").replace(",", "")) if found.group("n") else len(text)
+    return Attached(content[:found.start()], found.group("name"), chars, text)
+
+
+def fmt_clock(t: float | None, now: float | None = None) -> str:
+    """When a message was written: "14:05" today, "3 Mar 14:05" before."""
+    if t is None:
+        return ""
+    now = time.time() if now is None else now
+    when = time.localtime(t)
+    if time.localtime(now)[:3] == when[:3]:
+        return time.strftime("%H:%M", when)
+    return f"{when.tm_mday} {time.strftime('%b %H:%M', when)}"
+
+
 def fmt_day(t: float | None, now: float | None = None) -> str:
     """When, as a list shows it: "14:05" today, "Yesterday", "Mon" this week, "3 Mar"."""
     if t is None:
@@ -85,4 +123,5 @@ def percent(part: float | None, whole: float | None) -> int:
 
 HELPERS = SimpleNamespace(md=markdown.render, bytes=fmt_bytes, ms=fmt_ms, num=fmt_num,
                           secs=fmt_secs, when=fmt_when, percent=percent, iso=fmt_iso, pct=fmt_pct,
-                          day=fmt_day)
+                          day=fmt_day, clock=fmt_clock,
+                          attached=attached)

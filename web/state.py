@@ -13,6 +13,7 @@ from typing import Any
 
 from appliance.jobs.runner import JobService
 from appliance.service.generation import Generation
+from appliance.service.identity import Principal
 from appliance.service.services import Services
 from web.live import Hub
 
@@ -35,6 +36,20 @@ class LiveAnswer:
     """The stored answer this one takes the place of when saved (Continue, Regenerate)."""
     keep_old: bool = False
     """Keep the replaced answer as an earlier version (Regenerate)."""
+    who: Principal | None = None
+    """Who asked (a generated title is asked for in their name)."""
+    prefix_last: int | None = None
+    """A continued answer: the last token of what it said before."""
+    spaced: bool = False
+    """A continued answer: its new text begins with a space the stream dropped."""
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    def writing_s(self) -> float | None:
+        """Seconds from the first token to the last (None when none came)."""
+        if self.first_token_at is None or self.finished_at is None:
+            return None
+        return max(self.finished_at - self.first_token_at, 0.0)
 
 
 @dataclass(slots=True)
@@ -82,6 +97,8 @@ class WebState:
         self.services = services
         self.answers: dict[str, LiveAnswer] = {}
         self.readings: dict[str, Reading] = {}
+        self.naming: dict[int, asyncio.Task[None]] = {}
+        """Titles being generated, by conversation (``web.titles``)."""
         self.hub = Hub(services, templates, jobs)
 
     def add_answer(self, answer: LiveAnswer) -> str:

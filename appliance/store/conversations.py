@@ -156,14 +156,14 @@ def all_messages(session: Session, user_id: int, conversation_id: int) -> list[M
     return list(session.scalars(query))
 
 
-def branch(messages: list[Message]) -> list[Message]:
-    """The branch shown, from all of a conversation's messages: from the first turn, the
-    shown child each time (the newest child if none is marked)."""
+def branch(messages: list[Message], start: Message | None = None) -> list[Message]:
+    """The branch shown, from all of a conversation's messages: from the first turn (or
+    ``start``), the shown child each time (the newest child if none is marked)."""
     children: dict[int | None, list[Message]] = {}
     for m in messages:
         children.setdefault(m.parent_id, []).append(m)
     path: list[Message] = []
-    kids = children.get(None, [])
+    kids = children.get(None, []) if start is None else [start]
     while kids:
         nxt = next((k for k in reversed(kids) if k.shown), kids[-1])
         path.append(nxt)

@@ -208,6 +208,8 @@ class Message(Base):
     a sibling, so a conversation is a tree and each branch keeps its later turns."""
     shown: Mapped[bool] = mapped_column(default=True)
     """Among its siblings, the one on the branch shown (and sent to the model)."""
+    seconds: Mapped[float | None] = mapped_column(Float)
+    """An answer: how long it took to write, first word to last (its speed on hover)."""
     title: Mapped[str | None] = mapped_column(String(200))
     """On a first question: the title generated for the branch that starts with it."""
 

@@ -85,5 +85,6 @@ def show_version(session: Session, user_id: int, cid: int, message_id: int,
         m.content, target.content = target.content, m.content
         m.finish_reason, target.finish_reason = target.finish_reason, m.finish_reason
         m.created_at, target.created_at = target.created_at, m.created_at
+        m.seconds = None  # a kept version's speed is not kept: none rather than another's
         session.flush()
     return m, Place(n, len(order))

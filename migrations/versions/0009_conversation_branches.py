@@ -6,7 +6,8 @@ Create Date: 2026-12-06
 
 Editing an earlier question keeps the old thread as a branch: ``messages.parent_id`` makes a
 conversation a tree, ``messages.shown`` marks the branch shown among siblings, and
-``messages.title`` holds a branch's generated title. ``conversations.title_auto`` says the
+``messages.title`` holds a branch's generated title; ``messages.seconds`` how long an
+answer took to write (its speed, shown on hover). ``conversations.title_auto`` says the
 title follows the shown branch (not a name a person gave it).
 
 Existing conversations become one branch each (every message the child of the one before),
@@ -35,6 +36,7 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("parent_id", sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column("shown", sa.Boolean(), nullable=False,
                                       server_default=sa.true()))
+        batch_op.add_column(sa.Column("seconds", sa.Float(), nullable=True))
         batch_op.add_column(sa.Column("title", sa.String(length=200), nullable=True))
         batch_op.create_index(batch_op.f("ix_messages_parent_id"), ["parent_id"], unique=False)
         batch_op.create_foreign_key(batch_op.f("fk_messages_parent_id_messages"), "messages",
@@ -87,5 +89,6 @@ def downgrade() -> None:
                                  type_="foreignkey")
         batch_op.drop_index(batch_op.f("ix_messages_parent_id"))
         batch_op.drop_column("title")
+        batch_op.drop_column("seconds")
         batch_op.drop_column("shown")
         batch_op.drop_column("parent_id")

@@ -250,7 +250,7 @@
     }
     // Regenerate, Continue and Edit replace the messages, and the button that had focus with them:
     // keyboard focus goes to the message box rather than falling to the page.
-    if (elt && elt.closest && elt.closest('.regen, .continue, .edit-form') && !elt.isConnected) {
+    if (elt && elt.closest && elt.closest('.regen, .continue, .edit-form, .branches') && !elt.isConnected) {
       var box = document.getElementById('message');
       if (box) { box.focus(); }
       scrollDown(true);

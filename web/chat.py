@@ -26,7 +26,6 @@ from sqlalchemy.exc import DatabaseError
 
 from appliance.api.errors import bad_request
 from appliance.engine.request import Event, FinishEvent, TokenEvent
-from appliance.service import continuation
 from appliance.service.chat_format import Turn, text_chars, text_prompt
 from appliance.service.checks import DEFAULTS, check_prompt_size
 from appliance.service.errors import InvalidRequest, OverQuota
@@ -245,19 +244,18 @@ async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
     with ``edit_of``, the question is a new branch beside that one. Returns the answer's stream id, the conversation and whether it was made now."""
     svc, who = services(request), me(request)
     turns = model_turns(system, before, text)
-    last: int | None = None
     try:
         check_prompt_size(svc.model, text_chars([t.content for t in turns]))
         prompt = await off_loop(svc, text_prompt, svc.model.tokenizer, turns)
         if cont is not None and cont.content:  # the answer so far, as the model's own words
-            said = await off_loop(svc, _encode, svc.model.tokenizer, cont.content)
-            prompt, last = prompt + said, (said[-1] if said else None)
+            prompt = prompt + await off_loop(svc, _encode, svc.model.tokenizer, cont.content)
     except InvalidRequest as exc:
         raise too_long(exc, svc.model.ctx_limit) from None
     klass = min(who.klass, Klass.INTERACTIVE)  # the browser chats; voice is for assistants
     # submit() checks the user's quotas (429) and clamps the default max_tokens to them
     try:
-        gen = await submit(svc, prompt, DEFAULTS, None, who, klass, ENDPOINT)
+        gen = await submit(svc, prompt, DEFAULTS, None, who, klass, ENDPOINT,
+                           continues=cont is not None)
     except InvalidRequest as exc:
         raise too_long(exc, svc.model.ctx_limit) from None
     except OverQuota as exc:
@@ -270,7 +268,7 @@ async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
         raise
     live = LiveAnswer(gen, who.user_id, saved, who=who)
     if cont is not None:
-        live.prefix, live.rewrite, live.prefix_last = cont.content, cont.id, last
+        live.prefix, live.rewrite = cont.content, cont.id
     elif again is not None:
         live.rewrite, live.keep_old = again.id, True
     return web_state(request).add_answer(live), saved, created
@@ -503,13 +501,6 @@ async def _relay(gen: Generation) -> AsyncIterator[Event | str]:
         await events.aclose()
 
 
-def _spaced(svc: Services, answer: LiveAnswer, token: int) -> None:
-    """A continued answer: whether its first new token begins with a space."""
-    if answer.prefix_last is not None:
-        answer.spaced = continuation.starts_with_space(svc.model.tokenizer,
-                                                       answer.prefix_last, token)
-
-
 async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: Any,
                          ctx: dict[str, Any]) -> AsyncIterator[bytes]:
     parts: list[str] = []
@@ -522,8 +513,6 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
             elif isinstance(event, TokenEvent):
                 if answer.first_token_at is None:
                     answer.first_token_at = time.monotonic()
-                    if answer.prefix:
-                        await off_loop(ws.services, _spaced, ws.services, answer, event.token)
                 if event.text:
                     parts.append(event.text)
                     yield sse.event("token", str(escape(event.text)))
@@ -538,7 +527,7 @@ async def _answer_events(ws: WebState, sid: str, answer: LiveAnswer, templates: 
         saved = True
         naming = first is not None and titles.start(ws, answer, first)
         html = templates.get_template("_answer.html").render(
-            **ctx, content=continuation.join(answer.prefix, "".join(parts), answer.spaced),
+            **ctx, content=answer.prefix + "".join(parts),
             mid=view.id if view else None, place=view.place if view else None,
             at=view.created_at if view else None, speed=view.speed if view else "",
             naming=naming, reason=finish.reason if finish else FinishReason.CANCELLED,
@@ -566,7 +555,7 @@ def _save_answer(svc: Services, answer: LiveAnswer, text: str, finish: FinishEve
     if reason is FinishReason.ERROR or (not text and reason not in NOTED):
         return None, None
     usage = finish.usage if finish is not None else None
-    text = continuation.join(answer.prefix, text, answer.spaced)
+    text = answer.prefix + text  # the new text begins with its own space (``continues``)
     prompt = usage.prompt_tokens if usage else None
     output = usage.completion_tokens if usage else None
     noted = reason if reason in NOTED else None

@@ -38,10 +38,6 @@ class LiveAnswer:
     """Keep the replaced answer as an earlier version (Regenerate)."""
     who: Principal | None = None
     """Who asked (a generated title is asked for in their name)."""
-    prefix_last: int | None = None
-    """A continued answer: the last token of what it said before."""
-    spaced: bool = False
-    """A continued answer: its new text begins with a space the stream dropped."""
     first_token_at: float | None = None
     finished_at: float | None = None
 

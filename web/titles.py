@@ -75,6 +75,7 @@ def first_turn(session: Session, user_id: int, cid: int, answer: Message) -> Fir
 def clean(said: str) -> str:
     """The model's words as a title: its first line, without quotes, "Title:" or Markdown,
     cut on a word; "" when nothing is left worth showing."""
+    said = re.sub(r"<[^<>]*>", " ", said)  # markup (a tool call, a tag) is no title
     line = next((ln for ln in said.splitlines() if ln.strip()), "")
     line = re.sub(r"^\W*title\s*:\s*", "", line.strip(), flags=re.IGNORECASE)
     line = line.strip(" \t#*_`\"'“”‘’«»").rstrip(" .!:;,")

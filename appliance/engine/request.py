@@ -93,6 +93,9 @@ class GenerationRequest:
     keep_cache: bool = True
     """False (Ollama's ``keep_alive: 0``): when it finishes, its KV is not kept and its
     user's prompt-cache entries are released."""
+    continues: bool = False
+    """The prompt ends inside the answer (Continue): the text keeps the space it begins
+    with, which joins it to the answer so far."""
     rid: int = field(default_factory=next_request_id)
     request_id: str = field(default_factory=new_request_id)
 

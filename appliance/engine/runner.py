@@ -144,7 +144,8 @@ class Runner:
         max_tokens = min(r.max_tokens, self.loaded.ctx_limit - len(r.prompt))
         seq = Seq(handle=h, arrival=now, tokens=list(r.prompt), n_prompt=len(r.prompt),
                   max_tokens=max_tokens, sampler=sampler,
-                  text=TextStream(self.loaded.tokenizer.detokenizer, r.stop))
+                  text=TextStream(self.loaded.tokenizer.detokenizer, r.stop,
+                                  keep_leading_space=r.continues))
         self.seqs[seq.rid] = seq
         log.info("request queued rid=%d id=%s user_id=%d class=%s prompt_tokens=%d "
                  "max_tokens=%d", seq.rid, r.request_id, r.user_id, r.klass.label,

@@ -6,7 +6,10 @@ from typing import Any
 
 
 class TextStream:
-    def __init__(self, detokenizer: Any, stops: tuple[str, ...] = ()) -> None:
+    def __init__(self, detokenizer: Any, stops: tuple[str, ...] = (),
+                 keep_leading_space: bool = False) -> None:
+        if keep_leading_space:
+            _keep_leading_space(detokenizer)
         self._detok = detokenizer
         self._stops = tuple(s for s in stops if s)
         self._held = ""
@@ -57,6 +60,16 @@ class TextStream:
                     best = n
                     break
         return best
+
+
+def _keep_leading_space(detok: Any) -> None:
+    """mlx-lm's SentencePiece and byte-level detokenizers drop the space a text begins
+    with (an answer's first word follows the template); a text that carries on an answer
+    needs it, or Continue glues "measure" and "out". Set on this request's own copy."""
+    if hasattr(detok, "trim_space"):  # SentencePiece
+        detok.trim_space = False
+    if hasattr(detok, "_maybe_trim_space"):  # byte-level BPE trims whenever text is empty
+        detok._maybe_trim_space = lambda text: text
 
 
 def _release_space(detok: Any) -> None:

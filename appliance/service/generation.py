@@ -150,14 +150,15 @@ async def submit(services: Services, prompt: list[int], body: SamplingAsk,
                  max_tokens: int | None, principal: Principal, klass: Klass,
                  endpoint: str, *, constraint: Constraint | None = None,
                  grammar: str | None = None, param: str | None = None,
-                 keep_cache: bool = True) -> Generation:
+                 keep_cache: bool = True, continues: bool = False) -> Generation:
     """Check the request against the context and the user's quotas, then queue it.
 
     ``constraint`` (a JSON schema, or ``{"type": "json_object"}``) makes the engine decode
     only answers that follow it; ``grammar`` is an llguidance grammar given directly (forced
     tool calls). A constraint or grammar that cannot be compiled, or that the engine could
     not run, is an :class:`InvalidRequest` naming ``param``, the field it came from
-    (default ``response_format`` for a constraint, ``tools`` for a grammar).
+    (default ``response_format`` for a constraint, ``tools`` for a grammar). ``continues``:
+    the prompt ends inside an answer that the new text carries on (its first space kept).
     """
     check_context(len(prompt), services.model.ctx_limit)
     check_storage(services)
@@ -176,6 +177,6 @@ async def submit(services: Services, prompt: list[int], body: SamplingAsk,
         prompt=tuple(prompt), max_tokens=out, sampling=sampling, stop=stops_from(body.stop),
         user=principal.name, klass=klass, user_id=principal.user_id,
         api_key_id=principal.key_id, endpoint=endpoint, tokens_per_day=quota.tokens_per_day,
-        grammar=grammar, keep_cache=keep_cache)
+        grammar=grammar, keep_cache=keep_cache, continues=continues)
     return Generation(services.engine, request, quota.max_concurrent,
                       services.latency.probe(klass.label, endpoint))

@@ -73,12 +73,12 @@ class Attached:
 
 
 _ATTACHED = re.compile(r"\n\nAttached file “(?P<name>[^”\n]*)”"
-                       r"(?: \((?P<n>[\d,]+) characters\))?:\s*(?P<text>.*)", re.DOTALL)
+                       r"(?: \((?P<n>[\d,]+) characters\))?[:,]\s*(?P<text>.*)", re.DOTALL)
 
 
 def attached(content: str) -> Attached | None:
-    """The question and its attached file (``web.chat`` and ``web.attach`` write them so);
-    None for a question without one."""
+    """The question and its attached file (``web.chat`` writes the file's text, ``web.attach``
+    the size and what its reading left); None for a question without one."""
     found = _ATTACHED.search(content)
     if found is None:
         return None

@@ -72,8 +72,10 @@ def test_a_pdf_is_attached_as_its_text_and_unreadable_ones_are_refused_plainly(
     page.fill("#message", "What is the budget?")
     page.click("#send")
     page.wait_for_selector("#messages .msg.assistant:not(.streaming)")
-    question = page.locator(".msg.user .body").inner_text()
-    assert "Attached file “minutes.pdf”" in question
+    # the file's text is collapsed under its name (issue 54)
+    assert page.locator(".msg.user .attached-file summary").inner_text().startswith(
+        "📎 minutes.pdf (")
+    question = page.locator(".msg.user").text_content() or ""
     assert "Budget: 4,200 euros for books" in question and "Next meeting on 12 March" in question
     assert page.locator("#attached").is_hidden()
     notice = page.locator("#chat-notice .notice.error")
@@ -134,10 +136,12 @@ def test_a_long_file_is_read_in_parts_with_progress_then_answered_and_kept(
     assert not page.locator("#chat-notice .notice").count()
     cid = _conversation_id(tab)
     page.reload()  # what was done is stored: the question now holds the file's summary
-    question = page.locator(".msg.user .body").inner_text()
-    assert question.startswith("Which rooms does this talk about?")
-    assert f"Attached file “history.md” ({len(doc):,} characters), read in {parts} parts" \
-        in question
+    question = page.locator(".msg.user").text_content() or ""
+    assert page.locator(".msg.user .body").first.inner_text() == \
+        "Which rooms does this talk about?"
+    assert page.locator(".msg.user .attached-file summary").inner_text() == \
+        f"📎 history.md ({len(doc):,} characters)"
+    assert f"read in {parts} parts" in question
     assert doc[:200] not in question  # the summary took the file's place
     assert page.locator("#chat-title").inner_text() == "Which rooms does this talk about?"
     assert page.locator(".msg.assistant").count() == 1
@@ -176,8 +180,8 @@ def test_a_reading_survives_a_reload_and_stop_keeps_the_parts_read(
     wait_until(lambda: engine.snapshot.active == 0 and engine.snapshot.queued == 0, 10,
                "the part being read was cancelled in the engine")
     page.reload()
-    question = page.locator(".msg.user .body").inner_text()
-    assert "Attached file “notes.txt”" in question
+    question = page.locator(".msg.user").text_content() or ""
+    assert "📎 notes.txt (" in question
     assert "reading stopped after 1 of" in question and "Part 1:" in question
     answer = page.locator(".msg.assistant")
     assert answer.count() == 1 and "Stopped." in answer.inner_text()

@@ -148,6 +148,7 @@ OWNED = {("GET", "/schema/{}"),  # probed by the /schema/openapi.yaml row above
          ("GET", "/chat/{}"), ("POST", "/chat/{}/delete"), ("GET", "/chat/streams/{}"),
          ("GET", "/chat/{}/export.md"), ("GET", "/chat/{}/export.json"),
          ("POST", "/chat/{}/continue"), ("POST", "/chat/{}/answers/{}/show/{}"),
+         ("POST", "/chat/{}/questions/{}/show/{}"), ("GET", "/chat/{}/title"),
          ("POST", "/chat/streams/{}/stop"), ("GET", "/dashboard/stream"),
          # tests/integration/test_web_attach.py
          ("POST", "/chat/attachments"), ("GET", "/chat/readings/{}"),

@@ -105,6 +105,14 @@ def test_owned_web_routes_answer_each_caller(server: LiveServer) -> None:
         assert bob.post(f"/chat/{cid}/answers/{mid}/show/1").status_code == 200
         assert carol.post(f"/chat/{cid}/answers/{mid}/show/1").status_code == 404
         assert anon.post(f"/chat/{cid}/answers/{mid}/show/1").status_code == 401
+        qid = bob.post(f"/conversations/{cid}/messages",  # branches and titles (issue 54)
+                       json={"role": "user", "content": "a question"}).json()["id"]
+        assert bob.post(f"/chat/{cid}/questions/{qid}/show/1").status_code == 200
+        assert carol.post(f"/chat/{cid}/questions/{qid}/show/1").status_code == 404
+        assert anon.post(f"/chat/{cid}/questions/{qid}/show/1").status_code == 401
+        assert bob.get(f"/chat/{cid}/title").status_code == 200
+        assert carol.get(f"/chat/{cid}/title").status_code == 404
+        assert anon.get(f"/chat/{cid}/title").status_code == 401
         assert carol.post(f"/chat/{cid}/delete").status_code == 404
         r = bob.post(f"/chat/{cid}/delete")
         assert r.status_code == 200 and r.headers["hx-redirect"] == "/chat"

@@ -241,7 +241,8 @@ async def _start(request: Request[Any, Any, Any], cid: int | None, system: str,
     (``save``: the question, or "" when it is stored already). With ``cont``, an answer
     cut at its length limit, the model is given that answer's start to carry on from; with
     ``again``, the new answer takes that one's place and keeps it as an earlier version;
-    with ``edit_of``, the question is a new branch beside that one. Returns the answer's stream id, the conversation and whether it was made now."""
+    with ``edit_of``, the question is a new branch beside that one. Returns the answer's
+    stream id, the conversation and whether it was made now."""
     svc, who = services(request), me(request)
     turns = model_turns(system, before, text)
     try:

@@ -57,6 +57,14 @@ def _setup(server: LiveServer) -> int:
             "content": "Try **pasta**:\n\n```python\nprint('boil water')\n```\n\n| a | b |\n"
                        "|---|---|\n| 1 | 2 |\n\nSee [a recipe](https://example.org)."})
         api.post("/me/keys", json={"name": "laptop"})
+    with server.store.sessions.begin() as s:  # an edited question (‹ 2/2 ›), a file attached
+        from appliance.store import branches
+        from appliance.store import conversations as convs
+        first = convs.list_messages(s, server.user_ids["alice"], cid)[0]
+        branches.edit_question(s, server.user_ids["alice"], cid, first.id,
+                               "Ideas?\n\nAttached file “pantry.txt”:\n\nLeeks, rice.")
+        convs.add_message(s, server.user_ids["alice"], cid, "assistant", "Leek risotto.",
+                          output_tokens=12).seconds = 1.5
     return cid
 
 

@@ -325,7 +325,8 @@ async def _read_first(request: Request[Any, Any, Any], fields: dict[str, str],
         headers["HX-Push-Url"] = f"/chat/{saved}"
     title = _title(question)
     return page(request, "_exchange.html", headers=headers, question=question, rid=rid, r=r,
-                cid=saved, current=ConvView(saved, title) if created else None)
+                cid=saved, current=ConvView(saved, title) if created else None,
+                at=time.time())
 
 
 def _last_question(history: list[MessageView]) -> int:
@@ -352,7 +353,8 @@ async def regenerate(request: Request[Any, Any, Any], cid: FromPath[int]) -> Tem
     else:
         sid, _, _ = await _start(request, cid, system, history[:q], history[q].content, "")
     return page(request, "_replay.html", messages=history[:q], question=history[q].content,
-                sid=sid, cid=cid, current=None,
+                sid=sid, cid=cid, current=None, qid=history[q].id, qplace=history[q].place,
+                at=history[q].created_at,
                 headers={"HX-Trigger-After-Settle": "conversations-changed"})
 
 
@@ -429,6 +431,7 @@ async def edit(request: Request[Any, Any, Any], cid: FromPath[int]) -> Template:
     _, current, messages = await anyio.to_thread.run_sync(_load, svc, who.user_id, cid)
     return page(request, "_replay.html", messages=messages[:q], question=text, sid=sid,
                 cid=cid, current=current, qid=messages[q].id, qplace=messages[q].place,
+                at=messages[q].created_at,
                 headers={"HX-Trigger-After-Settle": "conversations-changed"})
 
 

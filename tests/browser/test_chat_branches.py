@@ -85,7 +85,7 @@ def test_an_edited_question_keeps_its_old_branch_for_flips_export_and_search(
     page.wait_for_selector(".msg.user .branches .version-count:has-text('2/2')")
     _settled(page)
     assert page.locator(".msg.user").count() == 1
-    shot(tab, "branches", size)
+    assert clock.match(page.locator(".msg.user .who time").inner_text())
 
     # ‹ : the old branch, with its later turns and the answer's two versions
     page.click(".branches button[aria-label='Earlier version of this question']")
@@ -93,6 +93,7 @@ def test_an_edited_question_keeps_its_old_branch_for_flips_export_and_search(
     assert page.locator(".msg.user").count() == 2
     assert f"And bread {tag}?" in page.locator(".msg.user").nth(1).inner_text()
     assert page.locator(".msg.assistant .versions .version-count").inner_text() == "2/2"
+    shot(tab, "branches", size)
     page.wait_for_function("t => document.title === t", arg=named + SUFFIX)
     assert page.inner_text("#chat-title") == named
 

@@ -78,7 +78,7 @@ def clean(said: str) -> str:
     said = re.sub(r"<[^<>]*>", " ", said)  # markup (a tool call, a tag) is no title
     line = next((ln for ln in said.splitlines() if ln.strip()), "")
     line = re.sub(r"^\W*title\s*:\s*", "", line.strip(), flags=re.IGNORECASE)
-    line = re.split(r"[{\[]", line, maxsplit=1)[0]  # JSON after words is no title either
+    line = re.split(r"[{\[]|\"\s*[,:]", line, maxsplit=1)[0]  # JSON after words is no title either
     line = line.strip(" \t#*_`\"'“”‘’«»").rstrip(" .!:;,\"'")
     title = convs.cut_title(line)
     return title if sum(ch.isalnum() for ch in title) >= 2 else ""

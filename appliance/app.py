@@ -171,6 +171,7 @@ def build_services(settings: Settings, engine: Engine, store: Store,
                         shared_idle_s=settings.server.shared_device_idle_minutes * 60.0,
                         pdf_read_seconds=settings.server.pdf_read_seconds,
                         pdf_read_memory_mb=settings.server.pdf_read_memory_mb,
+                        chat_titles=settings.server.chat_titles,
                         note_key_used=writer.submit_key_used if writer is not None else None,
                         writer=writer, drain_s=settings.server.shutdown_timeout,
                         configured_model=settings.engine.model)

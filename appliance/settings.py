@@ -76,6 +76,9 @@ class ServerSettings:
         "told why.", lo=0.5, hi=3600.0)
     pdf_read_memory_mb: int = _opt(
         768, "Most memory (MiB of address space) that process may use.", lo=128, hi=65536)
+    chat_titles: bool = _opt(
+        True, "After a conversation's first answer, the model writes it a short title (a "
+        "background request in the asker's name); off: the first question, cut on a word.")
 
 
 @dataclass(slots=True)

@@ -51,6 +51,9 @@ def make_settings(model: Path, **overrides: Any) -> Settings:
     _DATA_DIRS.append(s.store.data_dir)
     s.engine.debug_invariants = True  # the scheduler's invariants checked on every tick
     s.engine.native = NATIVE
+    # no background title request after each first answer, unless a test asks for them:
+    # it would take a slot and tokens that tests of queues and quotas do not expect
+    s.server.chat_titles = False
     for key, value in overrides.items():
         for section in (s.server, s.engine, s.sched, s.store, s.jobs):
             if hasattr(section, key):

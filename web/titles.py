@@ -86,7 +86,7 @@ def clean(said: str) -> str:
 
 def start(ws: WebState, answer: LiveAnswer, turn: FirstTurn) -> bool:
     """Ask for the branch's title in the background; False when it cannot be asked."""
-    if answer.who is None:
+    if answer.who is None or not ws.services.chat_titles:
         return False
     cid = turn.conversation_id
     task = asyncio.get_running_loop().create_task(_name(ws.services, answer.who, turn))

@@ -75,6 +75,8 @@ class Services:
     """A PDF attached in the chat is read in a process stopped after this long..."""
     pdf_read_memory_mb: int = 768
     """...or past this much memory (``web.pdftext``)."""
+    chat_titles: bool = True
+    """The model titles a conversation after its first answer (``web.titles``)."""
     prompt_limiter: anyio.CapacityLimiter = field(
         default_factory=lambda: anyio.CapacityLimiter(PROMPT_THREADS))
 

@@ -28,8 +28,8 @@ SUFFIX = " · The appliance"
 
 @pytest.fixture(scope="module")
 def server(demo_model: Path) -> Iterator[LiveServer]:
-    with live_server(make_settings(demo_model, max_batch_size=2,
-                                   default_max_tokens=12)) as s:
+    with live_server(make_settings(demo_model, max_batch_size=2, default_max_tokens=12,
+                                   chat_titles=True)) as s:
         yield s
 
 

@@ -66,8 +66,9 @@ from appliance.service.services import Services
 from appliance.settings import Settings, parse_bytes
 from appliance.store import fairness
 from appliance.store.db import Store
-from appliance.store.errors import AlreadyExists, Invalid, LastAdmin, NotFound
+from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
 from appliance.store.writer import StoreWriter
+from appliance.vocab import Refused
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "web" / "templates"
 CSRF_EXEMPT = ["^/v1", "^/api/", "^/hooks/", "^/health$"]
@@ -210,8 +211,9 @@ def create_app(services: Services, secret: str,
             NotFound: store_error_handler(404),
             AlreadyExists: store_error_handler(409),
             LastAdmin: store_error_handler(409),
-            # input refused in words (a 400); any other ValueError is a bug: a 500
-            Invalid: store_error_handler(400),
+            # input refused in words (a 400: store.errors.Invalid is one); any other
+            # ValueError is a bug: a 500
+            Refused: store_error_handler(400),
             **LIMIT_ERROR_HANDLERS,
             DatabaseError: database_error_handler,  # locked or storage fault: 503
             Exception: internal_error_handler,

@@ -18,6 +18,11 @@ DAY_S = 24 * 3600.0
 HOUR_S = 3600.0
 
 
+class Refused(ValueError):
+    """A value refused in words for the person who gave it (a 400 on every transport); any
+    other ``ValueError`` reaching a handler is a bug (a 500)."""
+
+
 class Klass(enum.IntEnum):
     """Request classes (priority: voice > interactive > background); higher value goes
     first. ``label`` is the name the store, the API and the pages use."""
@@ -31,7 +36,7 @@ class Klass(enum.IntEnum):
         try:
             return cls[name.upper()]
         except KeyError:
-            raise ValueError(
+            raise Refused(
                 f"unknown class {name!r}; use voice, interactive or background") from None
 
     @property
@@ -101,7 +106,7 @@ class QuotaLimits:
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top
             ):
-                raise ValueError(f"{field.name} must be >= 1 or null (unlimited), an "
+                raise Refused(f"{field.name} must be >= 1 or null (unlimited), an "
                                  f"integer at most {top}")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from appliance.vocab import Refused
+
 
 class StoreError(Exception):
     """Base class for store errors that callers turn into user-facing messages."""
@@ -19,6 +21,6 @@ class LastAdmin(StoreError):
     """The change would leave the appliance without an enabled admin."""
 
 
-class Invalid(StoreError, ValueError):
+class Invalid(StoreError, Refused):
     """Input refused, in words for the person who typed it (a 400). A ``ValueError`` so
     that callers catching that keep working; any other ``ValueError`` is a bug (a 500)."""

@@ -87,7 +87,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 
     def on_hangup(_sig: int, _frame: object) -> None:
         """SIGHUP (a closed terminal, ``kill -HUP``) drains like SIGTERM: nothing can be
-        reloaded in place (docs/decisions/ops-data-folder.md)."""
+        reloaded in place (docs/decisions/data-folder.md)."""
         if not server.should_exit:
             log.warning("SIGHUP: draining and stopping as for SIGTERM (settings are read "
                         "at start only; start the daemon again to apply them)")

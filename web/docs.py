@@ -1,5 +1,5 @@
 """The project's docs/ pages, served to signed-in people so that a "see docs/jobs.md" on a
-page is a link that opens (docs/decisions/chat-b-docs-pages.md). Only ``docs/NAME.md``
+page is a link that opens (docs/decisions/docs-pages.md). Only ``docs/NAME.md``
 files, by name; rendered without raw HTML or images; relative links stay relative, so one
 page's ``jobs.md`` opens ``/docs/jobs.md``."""
 

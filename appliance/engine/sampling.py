@@ -5,7 +5,7 @@ one by one with mlx-lm's filters (top-p, top-k, min-p) and logits processors (lo
 repetition/presence/frequency penalties, and a grammar mask for constrained decoding). No
 full-vocabulary log-softmax is computed for greedy rows: nobody asked for log-probabilities.
 
-A seeded row is reproducible (docs/decisions/sem-seeded-sampling.md): the draw at each
+A seeded row is reproducible (docs/decisions/seeded-sampling.md): the draw at each
 position uses a key made of the seed and the position alone (not a key split once per draw,
 so neither the batch nor a retried or re-read step moves it), as a Gumbel-max over float32
 noise. Logits of the same context read another way (a cached prefix, a dense prompt

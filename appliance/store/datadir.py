@@ -9,7 +9,7 @@ last-known-good copy of the database beside it, and a watch on the database file
   every ``--backup-interval`` minutes while the file is still the one opened.
 - ``check_not_lost``: at start, a database that is missing (or empty) while a backup exists
   is refused with the restore command; a fresh empty database would silently drop every
-  user and key (docs/decisions/ops-data-folder.md).
+  user and key (docs/decisions/data-folder.md).
 - ``DatabaseWatch``: notices the file deleted or replaced under the running daemon and
   marks the store lost (``StoreHealth.note_lost``): ``/health`` 503, writes refused.
 """

@@ -136,13 +136,13 @@ async def chat_completions(request: Request, state: State) -> Any:
         # refused like 'max_tokens: 0' (a 0 here fell through to the default: a 200)
         raise bad_request(f"'max_completion_tokens' must be at least 1, got "
                           f"{body.max_completion_tokens}.", param="max_completion_tokens")
+    # every text a template may print (system, tools, names, earlier turns), before any
+    # templating: a 5 MB system message costs no prompt thread either
+    check_prompt_size(services.model, text_chars(body.messages, body.tools))
     if body.tools and body.tool_choice != "none" and not services.model.tools:
         raise bad_request(f"Unsupported parameter: 'tools' is not supported with this model "
                           f"('{services.model.name}' has no tools in its chat template).",
                           "unsupported_parameter", "tools")
-    # every text a template may print (system, tools, names, earlier turns), before any
-    # templating: a 5 MB system message costs no prompt thread either
-    check_prompt_size(services.model, text_chars(body.messages, body.tools))
     setup = await off_loop(services, prepare_chat, services.model.tokenizer, body)
     out = body.max_tokens if body.max_completion_tokens is None else body.max_completion_tokens
     return await _respond(request, services, body, setup.prompt, out, "chat",

@@ -273,12 +273,15 @@ def test_a_chat_turn_shows_its_first_token_before_the_ticks_next_forward(
     their own (the turn first). bob's first token goes out as soon as his forward ends, not
     after alice's forward too: the turn's TTFT is its own reading, not the tick's."""
     hold = threading.Event()
+    held = threading.Event()
     release = threading.Event()
     order: list[str] = []  # forwards and bob's first token, in the engine thread's order
 
     def meter(kind: str, rows: int, tokens: int, offset: int, measured: float) -> float:
         order.append(f"{kind}:{tokens}@{offset}")
-        if kind == "decode" and hold.is_set() and not release.is_set():
+        part = any(o in ("ride:48@0", "prefill:48@0") for o in order)  # the document's first
+        if kind == "decode" and hold.is_set() and part and not release.is_set():
+            held.set()  # alice's document is read in part: hold the engine in this step
             release.wait(timeout=60)
         return slow_cpu(kind, rows, tokens, offset, measured)
 
@@ -295,15 +298,13 @@ def test_a_chat_turn_shows_its_first_token_before_the_ticks_next_forward(
             stream: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
             engine.submit(GenerationRequest(prompt=(5, 6, 7), max_tokens=STREAM_TOKENS,
                                             sampling=ban_eos, user_id=1), blocking_sink(stream))
+            wait_until(lambda: engine.snapshot.active == 1 and engine.snapshot.slots[0].state
+                       == "decoding", what="a stream decoding")
+            hold.set()  # the first decode step after a chunk of the document is held
             doc: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
             engine.submit(GenerationRequest(prompt=tuple(range(10, 130)), max_tokens=2,
                                             sampling=ban_eos, user_id=1), blocking_sink(doc))
-            wait_until(lambda: any(s.state == "prefilling" and s.prefilled > 0
-                                   for s in engine.snapshot.slots),
-                       what="alice's document read in part")
-            hold.set()
-            wait_until(lambda: bool(order) and order[-1].startswith("decode"),
-                       what="the engine inside a decode step")
+            wait_until(held.is_set, what="the engine inside a decode step")
             turn = _chat(engine, "What is a list?")
             engine.submit(GenerationRequest(prompt=turn, max_tokens=2, user_id=2), bob_sink)
             release.set()

@@ -118,7 +118,7 @@ async def _run(svc: Services, who: Principal, r: Reading, question: str, documen
     label = _label(r.name, r.chars)
 
     async def ask(text: str, max_tokens: int) -> str:
-        said = await _ask(svc, who, text, max_tokens)
+        said = await _ask(svc, who, text, max_tokens, r)
         if len(notes) < r.parts:  # the map stages come first, one per part
             notes.append(said.strip())
         return said
@@ -126,7 +126,7 @@ async def _run(svc: Services, who: Principal, r: Reading, question: str, documen
     async def progress(done: int, total: int) -> None:
         if r.total == 0:
             r.parts = max(total - 1, 1)
-        r.done, r.total = done, total
+        r.done, r.total, r.share = done, total, 0.0
         r.touch()
 
     def noted(why: str) -> str:
@@ -197,7 +197,8 @@ def _store(svc: Services, r: Reading, content: str | None, stopped: bool) -> Non
         pass
 
 
-async def _ask(svc: Services, who: Principal, text: str, max_tokens: int) -> str:
+async def _ask(svc: Services, who: Principal, text: str, max_tokens: int,
+               r: Reading | None = None) -> str:
     """One stage of the reading: the person's ``background`` request."""
     prompt = await off_loop(svc, text_prompt, svc.model.tokenizer, [Turn("user", text)])
     gen: Generation | None = None
@@ -216,6 +217,8 @@ async def _ask(svc: Services, who: Principal, text: str, max_tokens: int) -> str
         except ServiceError as exc:
             raise ReadingFailed(exc.message) from None
     assert gen is not None
+    if r is not None:
+        r.engine_rid = gen.handle.request.rid
     said, finish = await gen.text()
     if finish.reason is FinishReason.QUOTA:
         raise ReadingFailed("your daily allowance ran out")
@@ -278,10 +281,25 @@ async def reading_events(request: Request[Any, Any, Any], rid: FromPath[str]) ->
     if r is None or r.user_id != me(request).user_id:
         return Response(b"", status_code=204)  # gone, or not yours: stop retrying
     ctx = {**base_context(request), "cid": r.conversation_id, "rid": rid, "r": r}
-    return sse.stream(_events(ws, r, request.app.template_engine, ctx))
+    return sse.stream(_events(services(request), r, request.app.template_engine, ctx))
 
 
-async def _events(ws: WebState, r: Reading, templates: Any, ctx: dict[str, Any]
+PROGRESS_EVERY_S = 1.0
+"""How often the page hears how far into a part the reading is, and the time spent."""
+
+
+def _share(svc: Services, r: Reading) -> float:
+    """How much of the part being read is read: its prompt's prefilled share, as the
+    dashboard shows it (1 once its notes are being written)."""
+    slot = next((s for s in svc.engine.snapshot.slots if s.rid == r.engine_rid), None)
+    if slot is None:
+        return r.share
+    if slot.state == "prefilling" and slot.prompt_tokens:
+        return min(slot.prefilled / slot.prompt_tokens, 0.99)
+    return 1.0 if slot.state != "queued" else 0.0
+
+
+async def _events(svc: Services, r: Reading, templates: Any, ctx: dict[str, Any]
                   ) -> AsyncIterator[bytes]:
     while True:
         changed = r.changed
@@ -289,9 +307,11 @@ async def _events(ws: WebState, r: Reading, templates: Any, ctx: dict[str, Any]
             yield sse.event("done", templates.get_template("_reading_end.html").render(
                 **ctx, sid=r.sid, prefix=""))
             return
+        r.share = _share(svc, r)
         yield sse.event("progress", templates.get_template("_reading_progress.html")
                         .render(**ctx))
-        await changed.wait()
+        with anyio.move_on_after(PROGRESS_EVERY_S):
+            await changed.wait()
 
 
 @post("/chat/readings/{rid:str}/stop", status_code=204)

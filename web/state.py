@@ -65,6 +65,11 @@ class Reading:
     sid: str | None = None
     error: str = ""
     finished_at: float | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    engine_rid: int | None = None
+    """The engine request of the part being read now: its slot says how far it is."""
+    share: float = 0.0
+    """How much of the part being read is read (0..1), from the engine's slot info."""
     task: asyncio.Task[None] | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set (and replaced) at every change, to wake the pages that watch."""
@@ -77,6 +82,15 @@ class Reading:
         if self.done < self.parts:
             return f"Reading part {self.done + 1} of {self.parts} of “{self.name}”…"
         return f"Putting the notes on {self.parts} parts of “{self.name}” together…"
+
+    @property
+    def spent(self) -> str:
+        """Inside the part and the time so far, in words: "62 % of this part, 1 min 5 s so far"."""
+        s = int((self.finished_at or time.monotonic()) - self.started_at)
+        took = f"{s // 60} min {s % 60} s" if s >= 60 else f"{s} s"
+        inside = (f"{round(100 * self.share)} % of this part read, " if self.share < 1
+                  else "this part read, writing its notes; ")
+        return f"{inside}{took} so far"
 
     def touch(self) -> None:
         self.changed.set()

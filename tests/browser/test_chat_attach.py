@@ -192,3 +192,58 @@ def test_a_reading_survives_a_reload_and_stop_keeps_the_parts_read(
     assert stored[1]["content"] == "" and "Part 1:" in stored[0]["content"]
     shot(tab, "reading-stopped", size)
     tab.close()
+
+
+# ---- issue 54, item 4: reading as a person expects ----
+@SIZES
+def test_binary_files_are_refused_and_a_stop_before_anything_read_says_so(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    """A PNG and a .docx were "attached" as text, an old "too large" notice stayed up; a
+    reading showed "0 of 1" with no time for minutes, and Stop before the first part was read
+    said "notes on what was read are kept" and offered "Answer from what was read"."""
+    tab = Tab(chromium, server, "bob", size)  # bob's requests decode slowly (test hook)
+    page = tab.page
+    page.set_input_files("#attach", files=[{"name": "big.txt", "mimeType": "text/plain",
+                                            "buffer": b"a" * (1024 * 1024 + 1)}])
+    page.wait_for_selector("#chat-notice .notice:has-text('too large')")
+    png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))
+    for name, mime, data in [("photo.png", "image/png", png),
+                             ("letter.docx", "", b"PK\x03\x04\x14\x00\x06\x00" + bytes(64)),
+                             ("blob.txt", "text/plain", b"hello\x00\x01\x02world")]:
+        page.set_input_files("#attach", files=[{"name": name, "mimeType": mime,
+                                                "buffer": data}])
+        notice = page.locator("#chat-notice .notice")
+        page.wait_for_selector(f"#chat-notice .notice:has-text('{name}')")
+        assert notice.count() == 1 and "too large" not in notice.inner_text()
+        assert "Save it as text or PDF" in notice.inner_text()
+        assert page.locator("#attached").is_hidden()
+        assert page.locator("#attachment").input_value() == ""
+    # a text file that is not UTF-8 is still text
+    page.set_input_files("#attach", files=[{"name": "old.txt", "mimeType": "text/plain",
+                                            "buffer": "Café crème".encode("cp1252")}])
+    page.wait_for_selector("#attached:has-text('old.txt')")
+    assert page.locator("#attachment").input_value() == "Café crème"
+    assert page.locator("#chat-notice .notice").count() == 0  # the refusal went with it
+    doc = _document(9_000, seed=13)
+    page.set_input_files("#attach", files=[{"name": "notes.txt", "mimeType": "text/plain",
+                                            "buffer": doc.encode()}])
+    page.wait_for_selector("#attached:has-text('notes.txt')")
+    page.fill("#message", "What is in my notes?")
+    page.click("#send")
+    spent = page.locator(".msg.reading .spent")
+    # inside the part: the share read and the time spent, which moves on by itself
+    page.wait_for_selector(".msg.reading .spent:has-text('so far')", timeout=60_000)
+    first = spent.inner_text()
+    assert "% of this part read" in first or "this part read" in first, first
+    page.wait_for_function("t => { const e = document.querySelector('.msg.reading .spent');"
+                           " return e && e.textContent !== t; }", arg=first, timeout=10_000)
+    assert page.locator(".msg.reading .waiting:has-text('Reading part 1 of')").count() == 1
+    bar = page.locator(".msg.reading progress")
+    value, most = float(bar.get_attribute("value") or "0"), float(bar.get_attribute("max") or "0")
+    assert 0 < value <= 1 < most, (value, most)  # within the first part, not "0 of 1"
+    page.click(".msg.reading .stop")
+    stopped = page.locator(".msg.assistant.cancelled")
+    page.wait_for_selector(".msg.assistant.cancelled:has-text('Nothing was read yet')")
+    assert "notes on what was read" not in stopped.inner_text()
+    assert page.locator("button:has-text('Answer from what was read')").count() == 0
+    tab.close()

@@ -95,6 +95,8 @@
     if (!e.target || e.target.id !== 'attach' || !e.target.files.length) { return; }
     var file = e.target.files[0];
     e.target.value = '';
+    var area = noticeArea();
+    if (area) { area.replaceChildren(); }  // a new file: the last file's notice is stale
     if (/\.pdf$/i.test(file.name) || file.type === 'application/pdf') {
       if (file.size > PDF_MAX_BYTES) {
         notice('That PDF is too large to attach (at most 20 MB).');
@@ -103,17 +105,34 @@
       attachPdf(file);
       return;
     }
+    if (/\.(docx?|odt|rtf|xlsx?|pptx?|zip|gz|7z|rar|png|jpe?g|gif|webp|heic|bmp|tiff?|mp3|mp4|mov|exe)$/i.test(file.name) ||
+        /^(image|audio|video)\//.test(file.type)) {
+      notRead(file.name);
+      return;
+    }
     if (file.size > ATTACH_MAX_BYTES) {
       notice('That file is too large to attach (at most 1 MB of text).');
       return;
     }
-    file.text().then(function (raw) {
+    file.arrayBuffer().then(function (bytes) {
+      // text has no NUL bytes; a file that is not UTF-8 is taken as Windows' own Western
+      if (new Uint8Array(bytes).indexOf(0) !== -1) { notRead(file.name); return; }
+      var raw;
+      try { raw = new TextDecoder('utf-8', { fatal: true }).decode(bytes); }
+      catch (err) { raw = new TextDecoder('windows-1252').decode(bytes); }
       var html = /\.html?$/i.test(file.name) || file.type === 'text/html';
       var text = html ? (new DOMParser().parseFromString(raw, 'text/html').body.textContent || '')
         : raw;
       setAttachment(file.name, text.replace(/\n{3,}/g, '\n\n').trim());
     });
   });
+  // Pictures, Word files, archives: their bytes are not text, and read as text they only
+  // confuse the model. Refused at once, in words.
+  function notRead(name) {
+    setAttachment('', '');
+    notice('“' + name + '” is not a text file (a picture, a Word document or another ' +
+           'binary file), so it cannot be attached. Save it as text or PDF and attach that.');
+  }
   document.addEventListener('click', function (e) {
     if (e.target && e.target.id === 'attached-remove') { setAttachment('', ''); }
   });

@@ -542,3 +542,52 @@ def test_a_markdown_or_html_file_is_attached_to_the_message_as_its_text(
     assert page.locator("#attached").is_hidden()
     # (a file longer than one message is read in parts: tests/browser/test_chat_attach.py)
     tab.close()
+
+
+# ---- issue 54, item 5: Esc, and focus after Stop, Send and version flips ----
+@SIZES
+def test_escape_stops_an_answer_and_closes_panels_and_focus_returns_to_the_box(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    """Esc neither stopped an answer nor closed Rename/Edit/Export; after Stop, a mouse Send
+    or a flip of answer versions, focus fell to the page."""
+    tab = Tab(chromium, server, "bob", size)  # bob's answers decode slowly (test hook)
+    page = tab.page
+    page.fill("#message", "Write me a long poem")
+    page.click("#send")  # with the mouse
+    page.wait_for_selector(".msg.streaming .body.live")
+    page.wait_for_function("() => document.activeElement && "
+                           "document.activeElement.id === 'message'")
+    page.locator("#chat-title").click()  # focus away from the box
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#messages .msg.assistant.cancelled:not(.streaming)")
+    page.wait_for_function("() => document.activeElement && "
+                           "document.activeElement.id === 'message'")
+    # a mouse Stop: focus to the box too
+    page.fill("#message", "And another one")
+    page.press("#message", "Enter")
+    page.wait_for_selector(".msg.streaming .body.live")
+    page.click(".msg.streaming .stop")
+    page.wait_for_selector(".msg.assistant.cancelled >> nth=1")
+    page.wait_for_function("() => document.activeElement && "
+                           "document.activeElement.id === 'message'")
+    for panel in ("rename", "export"):
+        page.click(f"details.{panel} summary")
+        assert page.locator(f"details.{panel}[open]").count() == 1
+        page.keyboard.press("Escape")
+        assert page.locator(f"details.{panel}[open]").count() == 0
+    page.locator(".msg.user details.edit summary").first.click()
+    page.locator(".msg.user details.edit textarea").first.focus()
+    page.keyboard.press("Escape")
+    assert page.locator("details.edit[open]").count() == 0
+    tab.close()
+    # version flips, with the mouse
+    cid = add_conversation(server, "carol", "Flip", [("user", "Say hi"), ("assistant", "Hi!")])
+    tab = Tab(chromium, server, "carol", size)
+    page = tab.page
+    tab.goto(f"/chat/{cid}")
+    page.click(".msg.assistant .regen button")
+    page.wait_for_selector("#messages .msg.assistant:not(.streaming) [aria-label='Earlier version']")
+    page.click("[aria-label='Earlier version']")
+    page.wait_for_selector(".msg.assistant:has-text('Hi!')")
+    assert page.evaluate(FOCUSED) == "message"
+    tab.close()

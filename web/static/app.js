@@ -236,6 +236,31 @@
     if (ok) { ok.remove(); }
   });
 
+  function focusBox() {
+    var box = document.getElementById('message');
+    if (box) { box.focus(); }
+  }
+  // Esc: closes the open Rename, Export or Edit panel (focus back on its summary), else stops
+  // the answer being written (or the file being read).
+  document.addEventListener('keydown', function (e) {
+    if (e.key !== 'Escape' || e.isComposing || e.defaultPrevented) { return; }
+    var open = document.querySelectorAll('details.rename[open], details.export[open], details.edit[open]');
+    if (open.length) {
+      var panel = (e.target && e.target.closest && e.target.closest('details[open]')) ||
+        open[open.length - 1];
+      panel.open = false;
+      var summary = panel.querySelector('summary');
+      if (summary) { summary.focus(); }
+      e.preventDefault();
+      return;
+    }
+    var stop = document.querySelector('.msg.streaming .stop');
+    if (stop && !stop.disabled) {
+      e.preventDefault();
+      stop.click();
+    }
+  });
+
   document.addEventListener('keydown', function (e) {
     if (e.target && e.target.id === 'message' && e.key === 'Enter' && !e.shiftKey &&
         !e.isComposing) {
@@ -251,6 +276,10 @@
     var xhr = e.detail.xhr;
     if (!xhr || xhr.status === 0) { return; }  // never reached the server: nothing changes
     reachable();
+    var stopped = e.detail.elt;
+    if (stopped && stopped.classList && stopped.classList.contains('stop')) {
+      focusBox();  // Stop's button goes with the answer: the box is where to type next
+    }
     var form = document.getElementById('composer');
     // the box empties only when the message was taken; a refusal or a lost connection
     // keeps what was typed, to send again
@@ -266,13 +295,15 @@
     var elt = e.detail.requestConfig && e.detail.requestConfig.elt;
     if (form && elt === form) {
       scrollDown(true);  // the question just sent and its answer: in view
+      focusBox();  // after a mouse Send too, the next question is typed at once
     }
-    // Regenerate, Continue and Edit replace the messages, and the button that had focus with them:
-    // keyboard focus goes to the message box rather than falling to the page.
-    if (elt && elt.closest && elt.closest('.regen, .continue, .edit-form, .branches') && !elt.isConnected) {
-      var box = document.getElementById('message');
-      if (box) { box.focus(); }
-      scrollDown(true);
+    // Regenerate, Continue, Edit and the answer's version arrows replace the messages (or the
+    // answer), and the button that had focus with them: keyboard focus goes to the message
+    // box rather than falling to the page.
+    if (elt && elt.closest && !elt.isConnected &&
+        elt.closest('.regen, .continue, .edit-form, .branches, .msg')) {
+      focusBox();
+      if (!elt.closest('.msg.assistant') || elt.closest('.regen, .continue')) { scrollDown(true); }
     }
   });
   document.addEventListener('htmx:afterSettle', function () { updateSend(); scrollDown(false); });

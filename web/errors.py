@@ -47,13 +47,14 @@ def _html(request: Request[Any, Any, Any], status: int, message: str,
 
 
 def _login_url(request: Request[Any, Any, Any]) -> str:
-    """/login, with the reason when an admin disabled the account behind the cookie."""
+    """/login, with the reason: an admin disabled the account behind the cookie, or the
+    session it names has ended (expired, or logged out elsewhere)."""
     token = request.cookies.get(SESSION_COOKIE)
     if not token:
         return "/login"
     with services(request).store.read_sessions() as s:
         disabled = websessions.of_disabled_user(s, token)
-    return "/login?reason=disabled" if disabled else "/login"
+    return "/login?reason=disabled" if disabled else "/login?reason=expired"
 
 
 def not_logged_in(request: Request[Any, Any, Any], exc: NotAuthorizedException) -> Response[Any]:

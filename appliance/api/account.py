@@ -79,12 +79,16 @@ def _conversation_json(c: Conversation, messages: list[Message] | None = None) -
 # ---- login / logout ----
 LOGGED_OUT_DISABLED = "This account is disabled; ask an admin."
 """On the login page a browser is sent to when an admin disabled its account."""
+SESSION_ENDED = "Your session ended; log in again, your draft is kept."
+"""On the login page a browser is sent to when its session ended (the chat keeps the
+message being typed, web/static/app.js)."""
 
 
 @get("/login", sync_to_thread=False)
 def login_page(request: Request, reason: FromQuery[str] = "") -> Template:
     return Template("login.html", context={
-        "error": LOGGED_OUT_DISABLED if reason == "disabled" else None,
+        "error": LOGGED_OUT_DISABLED if reason == "disabled" else
+        SESSION_ENDED if reason == "expired" else None,
         "idle_minutes": _idle(request)})
 
 

@@ -189,9 +189,33 @@
 
   // Delete sends the page to /chat: replace the deleted conversation's history entry, so
   // that neither the address bar nor Back leads to a conversation that is gone.
+  // A session that ended sends the page to the login (HX-Redirect): what was typed in the
+  // box is kept in this tab for the same person, and put back when the chat page opens.
+  var DRAFT = 'appliance-draft';
+  function who() {
+    var el = document.querySelector('header .who');
+    return el ? el.textContent.trim() : '';
+  }
+  function keepDraft() {
+    var box = document.getElementById('message');
+    if (!box || !box.value.trim()) { return; }
+    try {
+      window.sessionStorage.setItem(DRAFT, JSON.stringify({ who: who(), text: box.value }));
+    } catch (err) { /* storage off: nothing to keep it in */ }
+  }
+  function restoreDraft() {
+    var box = document.getElementById('message');
+    if (!box) { return; }
+    var kept = null;
+    try { kept = JSON.parse(window.sessionStorage.getItem(DRAFT) || 'null'); } catch (err) { kept = null; }
+    if (!kept) { return; }
+    window.sessionStorage.removeItem(DRAFT);
+    if (kept.who === who() && !box.value) { box.value = kept.text; updateCount(); }
+  }
   document.addEventListener('htmx:beforeOnLoad', function (e) {
     var xhr = e.detail.xhr;
     var to = xhr && xhr.getResponseHeader('HX-Redirect');
+    if (to && xhr.status === 401) { keepDraft(); }
     if (to && e.detail.elt && e.detail.elt.hasAttribute('data-replace-url')) {
       e.preventDefault();
       window.location.replace(to);
@@ -445,6 +469,7 @@
     var list = document.querySelector('details.conversations');
     if (list && window.matchMedia('(max-width: 720px)').matches) { list.open = false; }
     if (messages()) { scrollDown(true); }
+    restoreDraft();
     updateSend();
   });
 })();

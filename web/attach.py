@@ -39,7 +39,7 @@ from appliance.vocab import FinishReason, Klass
 from web import pdftext, sse
 from web.common import base_context, me, services, web_state
 from web.plain import plain_refusal
-from web.state import Reading, WebState
+from web.state import Reading
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

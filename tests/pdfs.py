@@ -26,19 +26,7 @@ def _pdf(streams: list[bytes]) -> bytes:
                        .encode())
         objects.append(f"<< /Length {len(stream)} >>\nstream\n".encode() + stream
                        + b"\nendstream")
-    out = io.BytesIO()
-    out.write(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, 1):
-        offsets.append(out.tell())
-        out.write(f"{number} 0 obj\n".encode() + body + b"\nendobj\n")
-    xref = out.tell()
-    out.write(f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode())
-    for offset in offsets:
-        out.write(f"{offset:010d} 00000 n \n".encode())
-    out.write(f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n"
-              .encode())
-    return out.getvalue()
+    return _write(objects)
 
 
 def text_pdf(pages: list[list[str]]) -> bytes:
@@ -83,6 +71,12 @@ def stalling_pdf(pages: int = 300, operators: int = 200_000) -> bytes:
                + b"\nendstream"]
     objects += [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
                 b"/Resources << /Font << /F1 3 0 R >> >> /Contents 4 0 R >>"] * pages
+    return _write(objects)
+
+
+def _write(objects: list[bytes]) -> bytes:
+    """The file: the numbered objects (the first the catalog), their cross-reference table
+    and the trailer."""
     out = io.BytesIO()
     out.write(b"%PDF-1.4\n")
     offsets = []

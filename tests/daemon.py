@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -92,3 +93,12 @@ def wait_up(daemon: Daemon, timeout: float = 120) -> None:
         proc.kill()  # never leave a half-started daemon behind
         proc.wait(30)
         raise
+
+
+def ledger_ids(data_dir: Path) -> set[str]:
+    """The request ids of the ledger rows a daemon wrote into ``data_dir``'s database."""
+    con = sqlite3.connect(f"file:{data_dir / 'appliance.db'}?mode=ro", uri=True)
+    try:
+        return {r[0] for r in con.execute("SELECT request_id FROM ledger")}
+    finally:
+        con.close()

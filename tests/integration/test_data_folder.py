@@ -24,18 +24,10 @@ import pytest
 
 from appliance.store.datadir import DATA_DIR_BUSY_EXIT, DATABASE_LOST_EXIT
 from tests.conftest import free_port
-from tests.daemon import Daemon, make_household, start_daemon
+from tests.daemon import Daemon, ledger_ids, make_household, start_daemon
 from tests.helpers import wait_until
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-
-
-def _ledger_ids(data_dir: Path) -> set[str]:
-    con = sqlite3.connect(f"file:{data_dir / 'appliance.db'}?mode=ro", uri=True)
-    try:
-        return {r[0] for r in con.execute("SELECT request_id FROM ledger")}
-    finally:
-        con.close()
 
 
 def _serve(model: Path, data_dir: Path, log: Path, env: dict[str, str]
@@ -111,7 +103,7 @@ def test_sighup_drains_like_sigterm_and_every_request_has_its_ledger_row(
     # the stream was ended by its handler: a finish chunk, or the error event of a request
     # the drain cancelled
     assert len(finish) == 1 or "error" in chunks[-1], chunks[-3:]
-    missing = ids - _ledger_ids(d.data_dir)
+    missing = ids - ledger_ids(d.data_dir)
     assert not missing, missing
     text = d.log.read_text()
     assert "SIGHUP: draining and stopping as for SIGTERM" in text

@@ -14,7 +14,6 @@ opens a file it may not write (chmod would not stop root, who runs the tests).
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -24,18 +23,10 @@ import pytest
 
 from appliance.store.faults import DATABASE_DAMAGED_EXIT, TEST_ENV
 from tests.browser.support import browser
-from tests.daemon import Daemon, cli, make_household, start_daemon
+from tests.daemon import Daemon, cli, ledger_ids, make_household, start_daemon
 from tests.helpers import wait_until
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-
-
-def _ledger_ids(data_dir: Path) -> set[str]:
-    con = sqlite3.connect(f"file:{data_dir / 'appliance.db'}?mode=ro", uri=True)
-    try:
-        return {r[0] for r in con.execute("SELECT request_id FROM ledger")}
-    finally:
-        con.close()
 
 
 def _health(d: Daemon) -> httpx.Response:
@@ -96,7 +87,7 @@ def test_a_full_disk_loses_no_answered_row_and_refuses_only_past_the_backlog(
         if d.proc.poll() is None:
             d.kill()
     assert len(answered) >= 6
-    missing = set(answered) - _ledger_ids(tmp_path)
+    missing = set(answered) - ledger_ids(tmp_path)
     assert not missing, f"{len(missing)} of {len(answered)} answered requests have no row"
     log = _no_tracebacks(d)
     assert "SQLITE_FULL" in log
@@ -150,7 +141,7 @@ def test_a_read_only_database_answers_503_to_writes_and_nothing_fails_after_it(
     finally:
         if d.proc.poll() is None:
             d.kill()
-    missing = set(answered) - _ledger_ids(tmp_path)
+    missing = set(answered) - ledger_ids(tmp_path)
     assert not missing
     log = _no_tracebacks(d)
     faults = [line for line in log.splitlines() if "storage fault on " in line]

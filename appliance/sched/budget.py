@@ -106,7 +106,7 @@ class TickBudget:
 
 def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
                 kv_len: int, *, present: bool = True, overdue: bool = False,
-                ride: bool = True) -> TickBudget:
+                ride: bool = True, alone: bool = False) -> TickBudget:
     """The budget of a tick that prefills.
 
     * Target: the ITL objective while a batch decodes, never more than half the TTFT
@@ -121,7 +121,10 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
       keeps the tick within reading one arrival (``arrival_tokens``) alone, and at least a
       ``min_chunk`` chunk (riding, also at least ``prefill_floor`` times a riding chunk's
       own fixed cost, so half its time reads tokens). Prompts read to their end may use the
-      whole share (docs/decisions.md, "Riding ticks")."""
+      whole share (docs/decisions.md, "Riding ticks"). ``alone``: the tick's one prompt is
+      all the work (nothing decodes, nothing else waits): it may use the tick's whole
+      target, half the TTFT objective, so a lone reading goes at the machine's pace and
+      an arrival waits at most that (docs/decisions/lone-reading.md)."""
     riding = costs.rides and decode_rows > 0 and ride
     decode_s = costs.decode(decode_rows, kv_len + 1)
     bound = objectives.ttft_target_s / 2
@@ -143,6 +146,8 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
         least = (max(smallest, objectives.prefill_floor * costs.chunk_fixed(riding=True))
                  if riding else smallest)
         patient = max(least, min(share, arrival - decode_s))
+        if alone and not decode_rows:
+            patient = max(patient, share)
     if floor > 0 and share < floor and not riding:
         best = costs.efficient_chunk()
         if best is not None:

@@ -330,7 +330,7 @@ class Scheduler:
         overdue = any(s.arrival <= since for s in turns) or (not decoding and len(turns) > 1)
         self.budget = tick_budget(costs, self.config.objectives, len(decoding), kv_len,
                                   present=self._someone_else(readable), overdue=overdue,
-                                  ride=self.ride)
+                                  ride=self.ride, alone=not decoding and len(readable) == 1)
         return PrefillAllowance(costs=costs, budget=self.budget,
                                 min_chunk=self.config.objectives.min_chunk)
 

@@ -86,9 +86,11 @@ def test_a_short_fresh_prompt_is_read_whole_when_the_budget_leaves_only_min_chun
     assert plan.prefill == ((2, 16),), "the tail of a prompt keeps to min_chunk"
 
 
-def test_a_background_prompt_read_whole_only_when_nobody_is_about() -> None:
-    """A job's 300-token prompt: while someone chatted within presence_s it is read in
-    pieces of about one arrival's reading; at night, whole."""
+def test_a_background_prompt_read_in_pieces_only_beside_other_work_while_someone_is_about(
+        ) -> None:
+    """A job's 300-token prompt: while someone chatted within presence_s and other work runs
+    (their stream), it is read in pieces of about one arrival's reading; alone, or at night,
+    whole (a lone reading goes at the machine's pace, docs/decisions/lone-reading.md)."""
     costs = trained(SLOW_CPU)
     objectives = TickObjectives(ttft_target_s=4.0, presence_s=60.0)
     s = Scheduler(SchedulerConfig(objectives=objectives))
@@ -96,9 +98,32 @@ def test_a_background_prompt_read_whole_only_when_nobody_is_about() -> None:
     assert s.step(0.0, job, costs=costs).prefill == ((1, 300),)
     s = Scheduler(SchedulerConfig(objectives=objectives))
     s.step(0.0, [seq(2, D, kv=20)], costs=costs)  # bob was chatting
-    ((rid, n),) = s.step(10.0, job, costs=costs).prefill
-    assert rid == 1 and n < 150
+    other = seq(3, Q, prompt=300, klass=Klass.BACKGROUND, user="dave")
+    n = dict(s.step(10.0, [*job, other], costs=costs).prefill).get(1, 0)
+    assert n < 150
+    assert s.step(20.0, job, costs=costs).prefill == ((1, 300),)
     assert s.step(100.0, job, costs=costs).prefill == ((1, 300),)
+
+
+def test_a_lone_reading_goes_at_the_machines_pace_though_someone_is_about() -> None:
+    """Issue 54: a member's long file with nothing else running was read 8 tokens a tick
+    because another member had chatted a minute before. Alone, its chunks fill the tick's
+    target (half the TTFT objective: what an arrival may then wait), up to the most
+    efficient chunk; as soon as other work runs, they shrink to an arrival's reading."""
+    costs = trained(SLOW_CPU)
+    objectives = TickObjectives(ttft_target_s=1.0, presence_s=60.0)
+    s = Scheduler(SchedulerConfig(objectives=objectives))
+    s.step(0.0, [seq(2, D, kv=20, user="bob")], costs=costs)  # bob chatted
+    doc = seq(1, P, prompt=6000, computed=3000, klass=Klass.BACKGROUND, user="alice")
+    ((_, lone),) = s.step(5.0, [doc], costs=costs).prefill
+    assert s.budget is not None and s.budget.patient_s == pytest.approx(s.budget.prefill_s)
+    best = costs.efficient_chunk(3000)
+    assert lone == min(costs.tokens_within(s.budget.prefill_s, 3000), best or lone)
+    other = seq(3, P, prompt=6000, computed=3000, klass=Klass.BACKGROUND, user="carol")
+    piece = max(n for _, n in s.step(6.0, [doc, other], costs=costs).prefill)
+    assert lone > 2 * piece
+    assert s.budget is not None and s.budget.patient_s is not None
+    assert s.budget.patient_s < s.budget.prefill_s
 
 
 def test_a_user_lifted_to_the_backlog_goes_before_the_long_documents_being_read() -> None:
@@ -190,14 +215,16 @@ def test_the_end_of_a_document_read_in_pieces_waits_like_its_other_pieces() -> N
     s = Scheduler(SchedulerConfig(objectives=TickObjectives(ttft_target_s=1.0,
                                                             presence_s=60.0)))
     s.step(0.0, [seq(9, D, kv=20, user="bob")], costs=costs)  # bob was chatting
+    # carol's job waits too, so alice's document is not a lone reading (which goes at pace)
+    job = seq(5, P, prompt=3000, computed=0, klass=Klass.BACKGROUND, user="carol")
     doc = seq(1, P, prompt=400, user="alice")
-    plan = s.step(1.0, [doc], costs=costs)
-    ((_, first),) = plan.prefill
+    plan = s.step(1.0, [doc, job], costs=costs)
+    first = dict(plan.prefill)[1]
     assert first < 100
-    s.update(plan, [doc], False, {})
+    s.update(plan, [doc, job], False, {})
     end = seq(1, P, prompt=400, computed=300, user="alice")
     assert s.budget is not None and costs.prefill(100, 300) < s.budget.target_s  # fits whole
-    ((_, last),) = s.step(2.0, [end], costs=costs).prefill
+    last = dict(s.step(2.0, [end, job], costs=costs).prefill)[1]
     assert s.budget is not None and s.budget.patient_s is not None
     assert last < 100
     # within the patient share, or the min_chunk every prefill reads at least

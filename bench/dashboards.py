@@ -1,7 +1,7 @@
 """Benchmark: the engine's aggregate throughput with open dashboards versus none, same run.
 
     python -m bench.dashboards [--model DIR|tiny] [--dashboards 5] [--clients 8]
-                                   [--rounds 10] [--phase-s 6] [--stream] [--out FILE.json]
+                                   [--rounds 10] [--phase-s 6] [--stream] [--summary FILE.json]
 
 One server in this process (engine thread + event loop, as the daemon runs). A load process
 keeps ``--clients`` chat requests in flight the whole time (``--stream``: streamed). Phases alternate in
@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from bench import summary
 from bench.provision import BenchUser, add_users
 
 SETTLE_S = 1.5
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase-s", type=float, default=6.0)
     p.add_argument("--warmup-s", type=float, default=5.0)
     p.add_argument("--blas", choices=("auto", "bundled"), default="auto")
-    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    summary.add_arguments(p)
     p.add_argument("--role", choices=("main", "load", "viewers"), default="main",
                    help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
@@ -291,8 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"the benchmark's own clients (load, viewers) on this machine: "
           f"{100 * result['client_cpu_share_none']:.1f}% -> "
           f"{100 * result['client_cpu_share_open']:.1f}% of one core")
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
+    summary.keep("dashboards", result, args.summary, args.trace)
     return 0
 
 

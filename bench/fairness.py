@@ -26,7 +26,7 @@ prompt tokens computed (``prompt_tokens - cached_tokens`` of the usage chunk) at
 text chunk, output tokens spread over the text chunks; a user is backlogged at a moment when
 one of their requests was sent and has not produced its first text chunk yet.
 
-Run: ``python -m bench.fairness [--model DIR|demo|smollm-135m] [--json PATH]``.
+Run: ``python -m bench.fairness [--model DIR|demo|smollm-135m] [--summary PATH]``.
 """
 
 from __future__ import annotations
@@ -99,9 +99,9 @@ from bench.report import (
     git_commit,
     model_facts,
     relative,
-    write_report,
 )
 from bench.serve import package_versions
+from bench.summary import write_report
 
 HOST = "127.0.0.1"
 CLASS_HEADER = "x-appliance-class"
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     goals = evaluate_goals(summaries)
     meta = build_meta(cfg, servers, started)
     write_report(cfg.output_dir, render_report(meta, summaries, goals, servers),
-                 report_json(meta, summaries, goals, servers), args.json)
+                 report_json(meta, summaries, goals, servers), "fairness", args)
     failed = any(s.error or s.request_errors for s in summaries.values())
     return 1 if failed else 0
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from appliance.sched.types import DEFAULT_W_IN, DEFAULT_W_OUT
 from appliance.vocab import Klass
+from bench import summary
 from bench.chat_load import QUESTIONS
 from bench.fairness_stats import (
     BACKGROUND,
@@ -355,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a loaded phase waits, after its end, for requests in flight")
     p.add_argument("--output-dir", type=Path, default=None,
                    help=f"logs, data dirs, report (default: {DEFAULT_OUTPUT_ROOT}/<time>)")
-    p.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    summary.add_arguments(p)
     return p
 
 

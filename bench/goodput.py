@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from appliance.vocab import Klass
-from bench import chat_load, serve
+from bench import chat_load, serve, summary
 from bench.client import stream_chat
 from bench.goodput_stats import (
     CLASSES,
@@ -49,8 +49,8 @@ from bench.report import (
     git_commit,
     model_facts,
     relative,
-    write_report,
 )
+from bench.summary import write_report
 
 WORDS = ["kitchen", "light", "garden", "window", "heating", "water", "bread", "table", "evening", "morning", "door", "radio", "garage", "kettle", "winter", "dinner", "school", "bicycle", "laundry", "battery", "market", "letter", "music", "rain", "shelf", "clock", "pillow", "tomato", "basket", "candle", "ladder", "blanket", "stairs", "meeting"]
 
@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None)
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--output-dir", type=Path, default=None)
-    p.add_argument("--json", type=Path, default=None)
+    summary.add_arguments(p)
     return p
 
 
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     png = out / "goodput.png"
     if plot(report, png):
         report["plot"] = relative(png)
-    write_report(out, render(report), report, cfg.json)
+    write_report(out, render(report), report, "goodput", cfg)
     return 0
 
 

@@ -28,6 +28,7 @@ import httpx
 
 from appliance.percentiles import percentile
 from appliance.vocab import Klass
+from bench import summary
 from bench.client import chunk_text
 from bench.provision import BenchUser, add_users
 
@@ -46,6 +47,13 @@ class Sample:
     empty: int = 0
     refused: list[str] = field(default_factory=list)
     """Requests the server refused: status and error message, as the client got them."""
+
+    def figures(self) -> dict[str, Any]:
+        """Median and p95 TTFT, the count and the empty answers (the summary's part)."""
+        ms = self.ttft_ms
+        return {"n": len(ms), "empty": self.empty,
+                "ttft_p50_ms": statistics.median(ms) if ms else None,
+                "ttft_p95_ms": p95(ms) if ms else None}
 
     def line(self) -> str:
         if not self.ttft_ms:
@@ -83,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=30,
                     help="solo requests per user (default 30)")
     ap.add_argument("--doc-tokens", type=int, default=12_000)
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    summary.add_arguments(ap)
     args = ap.parse_args(argv)
     settings = Settings()
     settings.store.data_dir = tempfile.mkdtemp(prefix="appliance-bench-")
@@ -143,10 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         for refusal in sorted(set(a.refused + b.refused)):
             print(f"  {klass} refused: {refusal}")
         report["classes"][klass] = {
-            "solo_ms": a.ttft_ms, "busy_ms": b.ttft_ms, "solo_empty": a.empty,
-            "busy_empty": b.empty, "refused": a.refused + b.refused, "p95_ratio": ratio}
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
+            "solo": a.figures(), "busy": b.figures(), "refused": a.refused + b.refused,
+            "p95_ratio": ratio, "samples": {"solo_ms": a.ttft_ms, "busy_ms": b.ttft_ms}}
+    summary.keep("jobs_fairness", report, args.summary, args.trace)
     return 0 if got["status"] == "done" else 1
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.backend.blas import blas_env, openblas_lib, skinny_matmul_lib
+from bench import summary
 from bench.report import git_commit, relative
 
 CHILD = textwrap.dedent("""
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=100, help="prompt tokens before the steps")
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--output", help="also write the Markdown report here")
+    summary.add_arguments(p)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     blas, kernel = openblas_lib(), skinny_matmul_lib()
     if blas is None or kernel is None:
@@ -120,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     skinny = measure(model, [kernel, blas], args.rows, args.context, args.repeats)
     emit(report(model, plain, skinny, command_line("bench.matmul", argv),
                 facts_line()), args.output)
+    summary.keep("matmul", {"meta": {"model": relative(model)}, "plain": plain,
+                            "skinny": skinny}, args.summary, args.trace)
     return 0
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.backend.blas import wanted_preload
+from bench import summary
 from bench.matmul import command_line, emit, facts_line, run_child
 from bench.report import relative
 from bench.serve import positive_ints
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=100, help="tokens cached before the step")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--output", help="also write the Markdown report here")
+    summary.add_arguments(p)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     model = Path(args.model)
     result = run_child(CHILD, [str(model), args.rows, args.chunks, str(args.context),
@@ -118,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     emit(report(model, result, command_line("bench.mixed", argv),
                 f"{facts_line()}; skinny_matmul and OpenBLAS preloaded, fast CPU ops"),
          args.output)
+    summary.keep("mixed", {"meta": {"model": relative(model)}, "ms": result},
+                 args.summary, args.trace)
     return 0
 
 

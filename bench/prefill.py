@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from appliance.percentiles import percentile
-from bench import chat_load, serve
+from bench import chat_load, serve, summary
 from bench import report as rep
 from bench.client import RequestTiming, stream_chat
 from bench.fairness_config import PromptMaker, eos_token_ids, token_counter
@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--output-dir", type=Path, default=None,
                    help="logs and report (default: .bench/prefill/<time>)")
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    summary.add_arguments(p)
     return p
 
 
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             "decode_tokens": args.decode_tokens, "seed": args.seed}
     report = {"meta": meta, "bandwidth": bandwidth, "roofline_tokens_per_s": roofline,
               "servers": servers, "ratios": ratios, "goals": goals(servers, ratios)}
-    rep.write_report(out, render(report), report, args.json)
+    summary.write_report(out, render(report), report, "prefill", args)
     failed = any(errors_of(s) for s in servers.values())
     return 1 if failed else 0
 

@@ -107,18 +107,6 @@ def describe_model(facts: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def write_report(output_dir: Path, markdown: str, report: Mapping[str, Any],
-                 json_path: Path | None) -> None:
-    """Print the Markdown; keep it and the JSON in the run's folder (and at --json)."""
-    print(markdown)
-    (output_dir / "report.md").write_text(markdown + "\n")
-    text = json.dumps(report, indent=2) + "\n"
-    (output_dir / "results.json").write_text(text)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(text)
-
-
 def relative(path: str | Path) -> str:
     """A path as the report shows it: relative to the working directory (no machine paths)."""
     text = str(path)

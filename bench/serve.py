@@ -10,7 +10,7 @@ machine is shared and noisy, so only the ratios measured in the same run mean mu
 ``--stagger-ms MS`` every level runs a second time with its clients starting MS ms apart,
 and the report sets the running streams' ITL p95 then against the steady run's.
 
-Run: ``python -m bench.serve [--model DIR] [--requests-per-client N] [--json PATH]``;
+Run: ``python -m bench.serve [--model DIR] [--requests-per-client N] [--summary PATH]``;
 ``--servers ours,mlx_lm,llama_cpp --gguf FILE`` adds llama-server (built by
 ``bench/peers/build-llama-server.sh``) with one slot per client of the highest level.
 ``--ranks 2`` runs ours and mlx_lm each on two ranks of this machine (:mod:`bench.ranks`),
@@ -37,6 +37,7 @@ import httpx
 
 from appliance.vocab import Klass
 from bench import ranks as rank_setup
+from bench import summary
 from bench.chat_load import Target, Workload, discover_model, run_level, warm_up
 from bench.client import RequestTiming
 from bench.peers import llama_cpp
@@ -62,7 +63,6 @@ from bench.report import (
     model_facts,
     relative,
     safe_ratio,
-    write_report,
 )
 from bench.serve_stats import (
     LLAMA_CPP,
@@ -75,6 +75,7 @@ from bench.serve_stats import (
     render_report,
     summarize_level,
 )
+from bench.summary import write_report
 
 SERVER_NAMES = (OURS, MLX_LM, LLAMA_CPP)
 HOST = "127.0.0.1"
@@ -590,7 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"where server logs and the report go (default: {DEFAULT_OUTPUT_ROOT}/<time>)",
     )
-    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    summary.add_arguments(p)
     return p
 
 
@@ -726,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     if servers is None:
         return 130
     report = build_report(cfg, servers, started)
-    write_report(cfg.output_dir, render_report(report), report, args.json)
+    write_report(cfg.output_dir, render_report(report), report, "serve", args)
     failed = any(
         s.get("error") or any(lv["errors"] for lv in s["levels"]) for s in servers.values()
     )

@@ -1,6 +1,6 @@
 """The voice hook beside a background backlog: its time to first token against solo.
 
-    python -m bench.voice --model appliance/demo_model --out bench-out/voice
+    python -m bench.voice --model appliance/demo_model --summary bench/results/voice-NAME.json
 
 Starts ``appliance serve`` as a child process (its own data folder; a ``ha`` user whose key
 has the default class ``voice``, and ``bob``), then alternates blocks of ``POST
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import httpx
 
 from appliance.percentiles import percentile
 from appliance.vocab import FinishReason, Klass
+from bench import summary
 from bench.process import ServerProcess, free_port, running, wait_ready
 from bench.provision import DATA_DIR_ENV, BenchUser, provision
 from bench.report import safe_ratio
@@ -111,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="")
-    p.add_argument("--out", type=Path, default=Path("bench-out/voice"))
+    p.add_argument("--out", type=Path, default=Path(".bench/voice"),
+                   help="the run's folder: server log and Markdown (git-ignored)")
+    summary.add_arguments(p)
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--per-block", type=int, default=5)
     p.add_argument("--backlog", type=int, default=8)
@@ -139,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     md = _markdown(rows, ratio, argv)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "voice.md").write_text(md)
-    (args.out / "voice.json").write_text(json.dumps(
-        {"rows": rows, "ratio_ttft_p95": ratio, "started": started, "raw": result}, indent=1))
+    summary.keep("voice", {"rows": rows, "ratio_ttft_p95": ratio, "started": started,
+                           "raw": result}, args.summary, args.trace, args.out)
     print(md)
     return 0
 

@@ -16,7 +16,7 @@ throwaway data dir holding the personas' users and keys) runs these phases one a
 6. ``weighted``: alice (weight 1) and erin (weight 4) each keep twice the batch size of
    equal requests in flight → erin's service over alice's, 4 when weights hold. Twice, not
    once: with exactly the batch in flight, a user whose answers reach the client late has
-   nothing queued when her slots free (docs/decisions.md, "Weighted shares").
+   nothing queued when her slots free (docs/decisions/weighted-shares.md).
 
 Output tokens/s over the loaded phases (3-5) compares the throughput of the two policies.
 Prompt and output lengths are drawn per request from seeded generators (the same sequence

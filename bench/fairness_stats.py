@@ -292,8 +292,7 @@ class PolicySummary:
     weighted_waiting: dict[str, float | None] = field(default_factory=dict)
     """Share of the weighted phase's measured span in which each of alice and erin had a
     request waiting: the weights are a promise to users backlogged throughout, and a user
-    with nothing queued when a slot frees loses it (docs/decisions.md, "Weighted
-    shares")."""
+    with nothing queued when a slot frees loses it (docs/decisions/weighted-shares.md)."""
     request_errors: int = 0
 
 

@@ -3,7 +3,7 @@
 Where things are: ``scheduler.py`` (the step and its rule), ``fair.py`` (counters, aging,
 the ``fair`` order), ``budget.py`` and ``cost.py`` (how long a tick may last and what it
 costs), ``memory.py`` (KV), ``quota.py``, ``states.py``, ``types.py`` (the messages).
-The runs that chose the constants are in docs/decisions.md.
+The runs that chose the constants are in docs/decisions/ (one record each).
 
 Glossary (the words the code and its comments use):
 

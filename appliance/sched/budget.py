@@ -13,7 +13,7 @@ from appliance.sched.cost import CostModel
 BURST_STEPS = 2.5
 """Decode steps an overdue burst's tick may last while its prompts ride in the decode step:
 the ITL max goal (3 times the p50, about one step) less the cost model's error
-(docs/decisions.md, "Riding ticks")."""
+(docs/decisions/riding-tick-bounds.md)."""
 
 PRESENT_TICK = 0.5
 """While someone is present, a tick spent on work that can wait is planned to last this share
@@ -24,13 +24,13 @@ within the 2x goal (docs/decisions/present-tick.md)."""
 WHOLE_RIDING = 1.2
 """A fresh prompt riding in the decode step is read whole, not split, when it costs at most
 this many times what the tick has left: split, its first token waits a tick for the stub;
-more than this, the overrun breaks the ITL max goal (docs/decisions.md, "Riding ticks")."""
+more than this, the overrun breaks the ITL max goal (docs/decisions/riding-tick-bounds.md)."""
 
 
 def even_chunk(remaining: int, n: int) -> int:
     """The chunk that reads ``remaining`` tokens in as many equal pieces as chunks of at
     most ``n`` take: as many ticks as a greedy split, the first token no later, and no stub
-    (see the glossary in appliance/sched/__init__.py, and docs/decisions.md)."""
+    (see the glossary in appliance/sched/__init__.py, and docs/decisions/riding-tick-bounds.md)."""
     pieces = -(-remaining // n)
     return -(-remaining // pieces)
 
@@ -121,7 +121,7 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
       keeps the tick within reading one arrival (``arrival_tokens``) alone, and at least a
       ``min_chunk`` chunk (riding, also at least ``prefill_floor`` times a riding chunk's
       own fixed cost, so half its time reads tokens). Prompts read to their end may use the
-      whole share (docs/decisions.md, "Riding ticks"). ``alone``: the tick's one prompt is
+      whole share (docs/decisions/riding-tick-bounds.md). ``alone``: the tick's one prompt is
       all the work (nothing decodes, nothing else waits): it may use the tick's whole
       target, half the TTFT objective, so a lone reading goes at the machine's pace and
       an arrival waits at most that (docs/decisions/lone-reading.md)."""
@@ -209,7 +209,7 @@ class PrefillAllowance:
         leaves its prompt unfinished (a *crumb*) is not read (0): it would make the prompt
         one read in pieces, in a forward of its own next tick, which the streams of the
         prompts read whole beside it would wait out between their first and second tokens
-        (docs/decisions.md, "Riding ticks")."""
+        (docs/decisions/riding-tick-bounds.md)."""
         if not self.timed:
             cap = self.full_tokens if grant else self.tokens
             return remaining if cap is None else min(remaining, cap)
@@ -255,7 +255,7 @@ class PrefillAllowance:
         """Whether a fresh prompt that does not fit ``limit`` is read whole anyway. Read in
         forwards of its own: a chat turn or voice command (``turn``), whose first token its
         person waits for with nothing streaming (split, it would wait a tick, a decode step
-        of other people's streams, for each piece: docs/decisions.md), and anything that
+        of other people's streams, for each piece: docs/decisions/turn-read-whole.md), and anything that
         costs at most two ``min_chunk`` forwards (split, it would pay a second fixed cost).
         Riding in the decode step, where a split costs no forward's fixed cost: when it costs
         at most :data:`WHOLE_RIDING` times the time left (a split would leave a stub), and a

@@ -14,7 +14,7 @@ The model (seconds):
   forward (appliance/engine/mixed.py), ``d5 + d3 * n / 1e3 + d4 * n * (k + n / 2) / 1e6``
   per chunk of ``n`` tokens after ``k`` cached positions: no forward's fixed cost, but a
   small one of the chunk's own (its attention, mask and positions are its own; without it
-  the fit put that cost on each token and never tried bigger chunks: docs/decisions.md);
+  the fit put that cost on each token and never tried bigger chunks: docs/decisions/cost-model-steps.md);
 * prefill forward of ``rows`` prompts, ``n`` new tokens each, after ``k`` cached positions:
   ``p0 + p1 * rows * n / 1e3 + p2 * rows * n * (k + n / 2) / 1e6``: a fixed cost per
   forward, the matmuls per token, and attention (every new token looks at every earlier

@@ -191,7 +191,7 @@ def share_victim(vtc: VirtualCounters, best: SeqView, queued: Sequence[SeqView],
 
     Requests run to their end, so counters alone choose only who is admitted *next*; with
     every slot held, slots free at the pace of the requests, not of the weights
-    (docs/decisions.md, "Weighted shares"). So among the rows of ``best``'s class, a user who holds more
+    (docs/decisions/weighted-shares.md). So among the rows of ``best``'s class, a user who holds more
     than their weighted share of those rows (``rows * w_u / sum of w`` over the users with
     work of that class, rounded down) and whose counter is more than ``margin`` above
     ``best``'s user's gives up one row, their latest. Rounding down and the margin make

@@ -307,7 +307,7 @@ class Scheduler:
         tick: its own turn is readable, so nobody else counts as present), nor for a
         document that waited: with a heavy user's documents queued one always has, so every
         tick would last the objective, and the light user's next turn would wait it out
-        (docs/decisions.md, "Work that can wait").
+        (docs/decisions/patient-documents.md).
 
         The tick does not ride (``Plan.ride``) when a prompt that is not background work,
         with at most twice ``arrival_tokens`` left to read, is of someone with nothing
@@ -388,8 +388,7 @@ class Scheduler:
         """Work that can wait (*patient* work): background prompts, the rest of a prompt
         read in pieces, its last chunk too, and a document (more than twice
         ``arrival_tokens`` left, not a voice command) even when it would fit whole, so a
-        chat turn beside it never waits out a long tick (docs/decisions.md, "Work that can
-        wait")."""
+        chat turn beside it never waits out a long tick (docs/decisions/patient-documents.md)."""
         return s.rid in self._in_pieces or (s.klass is not Klass.VOICE and not self._turn(s))
 
     def _turn(self, s: SeqView) -> bool:

@@ -2,7 +2,7 @@
 (appliance/backend/native/quant_kernels.h, "Activations in 16 bits") on the imported SmolLM2:
 each product of a forward within a small bound of float64, and the greedy answers the same as
 with x in float. x in 8 bits (llama.cpp's q8_0) failed both: up to 2.3 % of a layer's largest
-output, and "What is the capital of France?" lost "Paris" (docs/decisions.md)."""
+output, and "What is the capital of France?" lost "Paris" (docs/decisions/quant-activations-16-bit.md)."""
 
 from __future__ import annotations
 

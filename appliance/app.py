@@ -69,6 +69,8 @@ from appliance.store.db import Store
 from appliance.store.errors import AlreadyExists, LastAdmin, NotFound
 from appliance.store.writer import StoreWriter
 from appliance.vocab import Refused
+from web.routes import ROUTES as WEB_ROUTES
+from web.routes import setup as web_setup
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "web" / "templates"
 CSRF_EXEMPT = ["^/v1", "^/api/", "^/hooks/", "^/health$"]
@@ -194,7 +196,7 @@ def create_app(services: Services, secret: str,
         route_handlers=[*openai.ROUTES, *ollama.ROUTES, *embeddings.ROUTES, *hooks.ROUTES,
                         *monitoring.ROUTES,
                         *metrics.ROUTES, *account.ROUTES, admin.router, *job_routes.ROUTES,
-                        *web_routes()],
+                        *WEB_ROUTES],
         state=State({"services": services, "jobs": jobs}),
         # Outermost first: who is asking (401) before whether the form is genuine (403).
         middleware=[HtmlSecurityHeaders,
@@ -229,28 +231,10 @@ def create_app(services: Services, secret: str,
         openapi_config=OpenAPIConfig(title="The appliance", version=__version__,
                                      path="/schema", render_plugins=[JsonRenderPlugin()]),
     )
-    web_setup(app)
+    web_setup(app)  # the pages' state, built once with the app
     # `GET|HEAD /` answers "Ollama is running" to API clients before routing and auth
     app.asgi_handler = ollama_root(app.asgi_handler)
     return app
-
-
-def web_routes() -> list[Any]:
-    """The browser pages (``web/``), when present."""
-    try:
-        from web.routes import ROUTES
-    except ImportError:
-        return []
-    return list(ROUTES)
-
-
-def web_setup(app: Litestar) -> None:
-    """The browser pages' state (``web/``), when present, built once with the app."""
-    try:
-        from web.routes import setup
-    except ImportError:
-        return
-    setup(app)
 
 
 def shutdown_engine(engine: Engine, timeout: float, *, stop: bool = True) -> None:

@@ -23,7 +23,7 @@ from appliance.store import keys as store_keys
 from appliance.store import users
 from appliance.store.auth import generate_password
 from appliance.store.models import HouseholdSetting
-from appliance.vocab import Klass
+from appliance.vocab import Klass, Refused
 from web.checklist import HA_USER, HIDDEN_KEY
 from web.common import is_htmx, me, page, services
 from web.keys import panel_for
@@ -70,7 +70,7 @@ def _ha_key(svc: Services) -> HaKey:
                         "Assistant's requests go ahead of chats and background work. Its "
                         "password was never shown: nobody logs in as it.")
         elif user.disabled:
-            raise ValueError(f"the user “{HA_USER}” is disabled. Enable it on the Users page "
+            raise Refused(f"the user “{HA_USER}” is disabled. Enable it on the Users page "
                              "(or rename it there to start afresh), then press this again.")
         elif user.max_class != Klass.VOICE.label:
             users.set_max_class(s, user, Klass.VOICE.label)
@@ -99,7 +99,7 @@ async def make_ha_key(request: Request[Any, Any, Any]) -> Template:
     status, made, notice = 201, None, None
     try:
         made = await anyio.to_thread.run_sync(_ha_key, svc)
-    except ValueError as exc:
+    except Refused as exc:
         status, notice = 409, ("error", f"Could not make Home Assistant's key: {exc}")
     url = base_url(request)
     local = request.url.hostname in ("127.0.0.1", "localhost", "::1")

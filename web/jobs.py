@@ -24,6 +24,7 @@ from appliance.jobs.runner import JobService
 from appliance.jobs.schedule import describe, in_words, make_trigger, next_times
 from appliance.service.identity import Principal
 from appliance.store.errors import AlreadyExists, Invalid, NotFound
+from appliance.vocab import Refused
 from web.common import PAGE, form_fields, is_htmx, me, page, services
 
 
@@ -81,6 +82,16 @@ async def jobs_list(request: Request[Any, Any, Any]) -> Template:
     return page(request, "_jobs_list.html", jobs=jobs, notice=None)
 
 
+def _minutes(text: str) -> int | None:
+    """The interval field in whole minutes (None when empty); Refused otherwise."""
+    if not text.strip():
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise Refused(f"the interval {text.strip()!r} is not a whole number of minutes") from None
+
+
 @get("/jobs/page/preview")
 async def schedule_preview(request: Request[Any, Any, Any], schedule: FromQuery[str] = "none",
                            cron: FromQuery[str] = "",
@@ -89,7 +100,7 @@ async def schedule_preview(request: Request[Any, Any, Any], schedule: FromQuery[
     svc = _jobs(request)
     now = datetime.now(svc.zone)
     try:
-        minutes = int(interval_min) if interval_min.strip() else None
+        minutes = _minutes(interval_min)
         seconds = None if minutes is None else minutes * 60
         if schedule == "cron":  # words ('every day at 7') as the job will store them
             parsed = parse_schedule(cron)
@@ -98,7 +109,7 @@ async def schedule_preview(request: Request[Any, Any, Any], schedule: FromQuery[
         words = describe(schedule, cron or None, seconds)
         upcoming = [in_words(t, now) for t in next_times(trigger, now, 3)]
         error = None
-    except ValueError as exc:
+    except Refused as exc:
         words, upcoming, error = "", [], str(exc)
     return page(request, "_jobs_preview.html", words=words, upcoming=upcoming, error=error)
 

@@ -22,6 +22,7 @@ from appliance.service.services import Services
 from appliance.store import auth, preferences, users, websessions
 from appliance.store.errors import Invalid
 from appliance.store.models import THEMES
+from appliance.vocab import Refused
 from web.common import PAGE, form_fields, is_htmx, me, page, services
 
 
@@ -77,7 +78,7 @@ async def change_password(request: Request[Any, Any, Any]) -> Response[Any]:
     try:
         token = await anyio.to_thread.run_sync(_change_password, services(request),
                                                me(request), f)
-    except ValueError as exc:
+    except Refused as exc:
         return await _page(request, 400, ("error", str(exc)), "password")
     cookie = session_cookie(request, token)
     if not is_htmx(request):
@@ -98,7 +99,7 @@ async def save_preferences(request: Request[Any, Any, Any]) -> Response[Any]:
     f = await form_fields(request)
     try:
         await anyio.to_thread.run_sync(_save_preferences, services(request), me(request), f)
-    except ValueError as exc:
+    except Refused as exc:
         return await _page(request, 400, ("error", str(exc)), "preferences", form=f)
     cookies = [theme_cookie(f["theme"])] if f.get("theme") in THEMES else []
     if not is_htmx(request):
@@ -119,7 +120,7 @@ async def save_household(request: Request[Any, Any, Any]) -> Response[Any]:
     f = await form_fields(request)
     try:
         await anyio.to_thread.run_sync(_save_household, services(request), f)
-    except ValueError as exc:
+    except Refused as exc:
         return await _page(request, 400, ("error", str(exc)), "household", form=f)
     if not is_htmx(request):
         return Redirect("/settings?done=household", status_code=303)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from appliance.vocab import Refused
+
 ACCEPTED = ("a 5-field cron ('0 7 * * *'), @hourly, @daily, @weekly or @monthly, or words "
             "such as 'every day at 7', 'every monday at 8:30', 'every weekday at 7:30am', "
             "'every 2 hours'")
@@ -46,7 +48,7 @@ class Schedule:
 
 
 def parse_schedule(text: str) -> Schedule:
-    """The schedule ``text`` means; ValueError naming what is accepted otherwise."""
+    """The schedule ``text`` means; Refused naming what is accepted otherwise."""
     words = " ".join(text.lower().replace(",", " ").split())
     if len(words.split()) == 5 and not re.search(r"[a-z]{4,}", words):
         return Schedule("cron", words)  # a cron expression: APScheduler checks its fields
@@ -59,12 +61,12 @@ def parse_schedule(text: str) -> Schedule:
     found = _days_at(words)
     if found is not None:
         return Schedule("cron", found)
-    raise ValueError(f"schedule {text.strip()!r} is not understood; use {ACCEPTED}")
+    raise Refused(f"schedule {text.strip()!r} is not understood; use {ACCEPTED}")
 
 
 def _every(n: int, unit: str) -> Schedule:
     if n < 1:
-        raise ValueError(f"'every {n} {unit}s' needs a step of at least 1")
+        raise Refused(f"'every {n} {unit}s' needs a step of at least 1")
     seconds = n * _UNITS[unit]
     if unit in ("minute", "min") and 60 % n == 0:
         return Schedule("cron", "* * * * *" if n == 1 else f"*/{n} * * * *")
@@ -109,15 +111,15 @@ def _clock(text: str) -> tuple[int, int]:
         return 0, 0
     m = _TIME.fullmatch(text)
     if m is None:
-        raise ValueError(f"time {text!r} is not understood; use e.g. '7', '7:30', '7pm', "
+        raise Refused(f"time {text!r} is not understood; use e.g. '7', '7:30', '7pm', "
                          "'19:30', 'noon'")
     hour, minute, half = int(m.group(1)), int(m.group(2) or 0), (m.group(3) or "")[:1]
     if half and not 1 <= hour <= 12:
-        raise ValueError(f"time {text!r}: with am/pm the hour is 1 to 12")
+        raise Refused(f"time {text!r}: with am/pm the hour is 1 to 12")
     if half == "p" and hour != 12:
         hour += 12
     elif half == "a" and hour == 12:
         hour = 0
     if not (0 <= hour <= 23 and 0 <= minute <= 59):
-        raise ValueError(f"time {text!r} is not a time of day")
+        raise Refused(f"time {text!r} is not a time of day")
     return hour, minute

@@ -14,6 +14,8 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from appliance.vocab import Refused
+
 MIN_INTERVAL_S = 1
 MAX_INTERVAL_S = 366 * 86400
 
@@ -32,25 +34,25 @@ def household_zone(name: str) -> tzinfo:
 
 def make_trigger(kind: str, cron: str | None, interval_s: int | None, anchor: float,
                  zone: tzinfo) -> BaseTrigger | None:
-    """The trigger of a schedule, or None for on-demand jobs; ValueError when invalid."""
+    """The trigger of a schedule, or None for on-demand jobs; Refused when invalid."""
     if kind == "none":
         return None
     if kind == "cron":
         fields = (cron or "").split()
         if len(fields) != 5:  # definitions store what appliance.jobs.phrases made of words
-            raise ValueError("cron must have 5 fields: minute hour day month weekday "
-                             "(e.g. '0 7 * * *' for 07:00 every day)")
+            raise Refused("cron must have 5 fields: minute hour day month weekday "
+                          "(e.g. '0 7 * * *' for 07:00 every day)")
         try:
             return CronTrigger.from_crontab(" ".join(fields), timezone=zone)
         except ValueError as exc:
-            raise ValueError(f"cron {cron!r} is not valid: {exc}") from None
+            raise Refused(f"cron {cron!r} is not valid: {exc}") from None
     if kind == "interval":
         if interval_s is None or not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:
-            raise ValueError(f"interval_s must be between {MIN_INTERVAL_S} and "
-                             f"{MAX_INTERVAL_S} seconds")
+            raise Refused(f"interval_s must be between {MIN_INTERVAL_S} and "
+                          f"{MAX_INTERVAL_S} seconds")
         return IntervalTrigger(seconds=interval_s, start_date=datetime.fromtimestamp(anchor, zone),
                                timezone=zone)
-    raise ValueError("schedule must be 'none', 'cron' or 'interval'")
+    raise Refused("schedule must be 'none', 'cron' or 'interval'")
 
 
 def next_times(trigger: BaseTrigger | None, now: datetime, n: int = 3) -> list[datetime]:

@@ -362,3 +362,10 @@ def test_the_jobs_page_previews_a_schedule_in_words(server: LiveServer) -> None:
         assert r.status_code == 200 and "07:00" in r.text and "error" not in r.text
         bad = bob.get("/jobs/page/preview", params={"schedule": "cron", "cron": "teatime"})
         assert "every day at 7" in bad.text  # the error names what is accepted
+
+
+def test_the_preview_refuses_an_interval_in_words_not_pythons(server: LiveServer) -> None:
+    with server.client("bob") as bob:
+        r = bob.get("/jobs/page/preview", params={"schedule": "interval", "interval_min": "ten"})
+        assert r.status_code == 200 and "whole number of minutes" in r.text
+        assert "invalid literal" not in r.text  # Python's own words never reach a page

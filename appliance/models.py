@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from appliance.engine.model import DEFAULT_IMPORTED, DEMO_MODEL_DIR
+from appliance.vocab import Refused
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def import_source(source: str, models_dir: Path) -> tuple[Path, Path]:
     if source.startswith("ollama:"):
         ref = source.removeprefix("ollama:")
         if (problem := ollama_name_problem(ref)) is not None:
-            raise ValueError(problem)
+            raise Refused(problem)
         return gguf.ollama_blob(ref), models_dir / ollama_folder(ref)
     path = Path(source).expanduser()
     return path, models_dir / path.stem.lower()

@@ -19,6 +19,7 @@ from appliance.service.services import Services
 from appliance.store import keys as store_keys
 from appliance.store import users
 from appliance.store.errors import NotFound
+from appliance.vocab import Refused
 from web.common import PAGE, form_fields, is_htmx, me, page, services
 
 
@@ -84,7 +85,7 @@ async def create_key(request: Request[Any, Any, Any]) -> Response[Any]:
         _, created = await anyio.to_thread.run_sync(_create, svc, who, f)
         notice = ("ok", "Copy the key now: it is shown only once.")
         status = 201
-    except (ValueError, NotFound) as exc:
+    except (Refused, NotFound) as exc:
         notice = ("error", f"Could not create the key: {exc}. {_advice(str(exc))}".rstrip())
         status = 404 if isinstance(exc, NotFound) else 400
     panel = await anyio.to_thread.run_sync(panel_for, svc, who)

@@ -71,3 +71,10 @@ def test_fault_hooks_are_ignored_without_the_test_switch(monkeypatch: pytest.Mon
     assert test_hooks() == (None, None)
     monkeypatch.setenv(TEST_HOOKS_ENV, "1")
     assert test_hooks() == ("step:1", tmp_path / "fault")
+
+
+def test_an_ollama_name_too_long_is_refused_in_words(tmp_path: Path) -> None:
+    from appliance.models import import_source
+
+    with pytest.raises(Refused):
+        import_source("ollama:" + "x" * 400, tmp_path)

@@ -24,6 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from appliance.backend import fast_ops, quant
+from bench import summary
 
 CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
 clock = CLOCKS["cpu"]
@@ -75,6 +76,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     p.add_argument("--products-only", action="store_true")
+    summary.add_arguments(p)
     a = p.parse_args()
     global clock
     clock = CLOCKS[a.clock]
@@ -86,19 +88,25 @@ def main() -> None:
               if isinstance(m, nn.QuantizedLinear) and m.bits == 4}
     rows = [int(r) for r in a.rows.split(",")]
     print(f"ms ({a.clock}), min of", a.repeats, "| B:", *rows)
+    report: dict[str, Any] = {"meta": {"model": a.model, "clock": a.clock, "rows": rows,
+                                       "repeats": a.repeats}, "products_ms": {}, "steps_ms": {}}
     paths: list[tuple[str, str | None, str]] = [
         (act, act, "kernel") for act in quant.ACTIVATIONS] + [("dense", None, "dense")]
     for (n, k), m in sorted(layers.items()):
         for name, act, path in paths:
             cells = [product(m, b, act, path, a.repeats) for b in rows]
             print(f"{n}x{k} {name:6s}", *(f"{c:7.3f}" for c in cells))
+            report["products_ms"][f"{n}x{k} {name}"] = cells
     if a.products_only:
+        summary.keep("quant_act", report, a.summary, a.trace)
         return
     for act in quant.ACTIVATIONS:
         quant.install(act)
         cells = [decode_step(model, b, a.context, a.repeats) for b in rows]
         quant.uninstall()
         print(f"decode step {act:6s}", *(f"{c:7.1f}" for c in cells))
+        report["steps_ms"][act] = cells
+    summary.keep("quant_act", report, a.summary, a.trace)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from bench import dashboards, goodput, jobs_fairness, serve, summary
+from bench import (
+    dashboards,
+    goodput,
+    jobs_fairness,
+    matmul,
+    mixed,
+    quant_act,
+    serve,
+    summary,
+    voice,
+)
 from bench.fairness_config import build_parser as fairness_parser
 
 
@@ -72,7 +82,7 @@ def test_the_harnesses_take_summary_and_trace_and_no_longer_json(parser: object)
 
 
 def test_jobs_and_dashboards_keep_through_the_shared_writer() -> None:
-    for module in (jobs_fairness, dashboards):
+    for module in (jobs_fairness, dashboards, quant_act, voice, matmul, mixed):
         assert "summary.keep(" in Path(module.__file__ or "").read_text()
 
 

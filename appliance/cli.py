@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from appliance import settings as settings_mod
-from appliance.backend import gpu, installed_kind, process
+from appliance.backend import plug
 from appliance.settings import Settings
 from appliance.vocab import FinishReason
 
@@ -270,14 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(settings.server.log_level)
     if args.cmd in ("serve", "run", "join"):
         kernel = settings.engine.native and settings.engine.skinny_matmul
-        process.prepare(installed_kind(), settings.engine.blas, kernel, argv)
-        process.log_blas(kernel)
-        gpu.keep_kernel_cache(installed_kind(), Path(settings.store.data_dir).expanduser())
+        plug.prepare(settings.engine.blas, kernel, argv,
+                     Path(settings.store.data_dir).expanduser())
     elif args.cmd == "model" and args.model_cmd == "demo":
         # The shipped weights were trained on Debian's OpenBLAS, which rounds differently
         # from the wheel's BLAS: the same BLAS (and no skinny_matmul) rebuilds them exactly.
-        process.prepare(installed_kind(), settings.engine.blas, False, argv)
-        process.log_blas(False)
+        plug.prepare(settings.engine.blas, False, argv)
     from appliance.engine.chat_template import ModelRefused
     from appliance.store.datadir import (
         DATA_DIR_BUSY_EXIT,

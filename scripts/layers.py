@@ -8,7 +8,10 @@ with no exceptions list:
 
 - no cycle, between modules or between packages (``appliance.api`` -> ``appliance.jobs``
   -> ``appliance.api`` is a cycle even when no single module closes it);
-- imports only go down the layers (a package imports from its own layer or below).
+- imports only go down the layers (a package imports from its own layer or below);
+- the scheduler imports nothing device-specific (PURE);
+- the engine reaches the device only through its door (DOOR): ``appliance.backend.plug``
+  and the package's shared facts, never a module behind it (cpu, quant, fast_ops, ...).
 
 The layers, top to bottom (docs/architecture.md says why):
 
@@ -63,6 +66,15 @@ PURE = ("appliance.sched",)
 """Packages that plan from numbers alone: they may import the standard library and the
 layers below them, never a device's libraries (DEVICE) or anything else outside."""
 DEVICE = ("mlx", "mlx_lm", "numpy", "ctypes", "appliance.backend")
+
+
+DOOR = ("appliance.engine",)
+"""Packages that reach the device only through the plug (docs/backends.md)."""
+BEHIND_DOOR = "appliance.backend"
+"""Every module under it but the plug is behind the door (the CPU accelerator, Metal, CUDA,
+the native extensions); the package itself (the kind of backend, the facts every plug
+shares) is not."""
+THE_DOOR = "plug"
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -194,6 +206,25 @@ def device_imports(root: Path = ROOT) -> list[str]:
     return out
 
 
+def door_breaches(root: Path = ROOT) -> list[str]:
+    """Imports of a module behind the door (:data:`BEHIND_DOOR`, not :data:`THE_DOOR`) by a
+    module of a :data:`DOOR` package: the engine names no device module."""
+    mods = modules(root)
+    behind = {m.split(".")[2] for m in mods if m.startswith(BEHIND_DOOR + ".")} - {THE_DOOR}
+    out = []
+    for name, path in mods.items():
+        if package_of(name) not in DOOR:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for dep in sorted(set(_imported(tree, name, path.name == "__init__.py"))):
+            if not dep.startswith(BEHIND_DOOR + "."):
+                continue
+            first = dep.split(".")[2]  # a module, a name of the package, or an extension
+            if first in behind or first.startswith("_"):
+                out.append(f"{name} ({package_of(name)} goes through the plug) imports {dep}")
+    return out
+
+
 def main() -> int:
     g = graph()
     pkgs = packages(g)
@@ -204,7 +235,7 @@ def main() -> int:
                 print(f"  {pkg:22} -> {', '.join(sorted(pkgs[pkg])) or '-'}")
     problems = ([f"cycle: {' <-> '.join(c)}" for c in cycles(g)]
                 + [f"package cycle: {' <-> '.join(c)}" for c in package_cycles(g)]
-                + breaches(g) + device_imports())
+                + breaches(g) + device_imports() + door_breaches())
     for line in problems:
         print(line)
     print(f"{len(g)} modules, {sum(len(d) for d in g.values())} imports, "

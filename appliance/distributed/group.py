@@ -85,7 +85,7 @@ def layer_bytes(model: Any) -> tuple[list[int], int]:
     """Each layer's weight bytes and the rest's (embedding, norm, head), from the shapes
     (the weights need not be loaded), as each machine will hold them once its load has
     adapted them to the backend (widened, tiled)."""
-    from appliance.backend import held_bytes
+    from appliance.backend.plug import held_bytes
 
     layers = [held_bytes(model, layer) for layer in model.model.layers]
     return layers, held_bytes(model, model) - sum(layers)

@@ -25,9 +25,11 @@ one-row step's cost beyond its products (a one-row step of the SmolLM-135M shape
 2,500, 120 of them products). The hidden states are 2-D ``[tokens, hidden]``, so no linear
 layer flattens and unflattens a 3-D input; each linear weight is transposed once
 (:class:`Weights`), not at every call; and decode rows none of which is left-padded get no
-mask (a query at the end of its row sees every key anyway). Where the backend has a
-layer's step in one operation (appliance/backend/decode_layer.py: tiled 4-bit pre-norm
-layers on the CPU), each layer of a decode step, chunks riding or not, is that operation.
+mask (a query at the end of its row sees every key anyway). What is device-specific comes
+through the model's plug (appliance/backend/plug.py, ``plug.of``): its batched quantized
+products, and, where the device has a layer's step in one operation (the CPU's tiled 4-bit
+pre-norm layers), each layer of a decode step, chunks riding or not, as that operation.
+This module names no device module (scripts/layers.py's door rule).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from appliance.backend import decode_layer, quant
+from appliance.backend import plug
 from appliance.engine.kvcache import PLAIN
 
 Projections = Callable[["Weights", Any, mx.array], tuple[mx.array, mx.array, mx.array]]
@@ -213,8 +215,11 @@ class Weights:
     shares the weight's buffer (no copy), so a forward does not add a transpose to its graph
     for each product (``nn.Linear`` computes ``x @ weight.T`` at every call)."""
 
-    def __init__(self, model: Any, names: tuple[str, ...]) -> None:
+    def __init__(self, model: Any, names: tuple[str, ...],
+                 products: plug.Products | None = None) -> None:
         self._t: dict[int, mx.array] = {}
+        self._products = products
+        """The device's batched quantized products (the plug's), if it has them."""
         for layer in model.model.layers:
             for owner in (layer.self_attn, layer.mlp):
                 for name in names:
@@ -224,12 +229,13 @@ class Weights:
         mx.eval(list(self._t.values()))
 
     @staticmethod
-    def of(model: Any, names: tuple[str, ...]) -> Weights:
+    def of(model: Any, names: tuple[str, ...], forward: plug.Forward) -> Weights:
         """The model's transposed weights, made at the first call (kept on the model object,
-        as a plain attribute: not a parameter, so it is in no parameter tree)."""
+        as a plain attribute: not a parameter, so it is in no parameter tree), with
+        ``forward``'s products."""
         weights = model.__dict__.get("_appliance_weights")
         if weights is None:
-            weights = Weights(model, names)
+            weights = Weights(model, names, forward.products)
             object.__setattr__(model, "_appliance_weights", weights)
         return weights
 
@@ -239,7 +245,7 @@ class Weights:
         operation: an MLX operation less a layer, the same bits)."""
         w = self._t.get(id(linear))
         if w is None:
-            done = quant.products(x, (linear,), residual)
+            done = None if self._products is None else self._products(x, (linear,), residual)
             if done is not None:
                 return done[0]
             y = linear(x)
@@ -252,7 +258,8 @@ class Weights:
         backend took them as one group of quantized siblings (the operation their first
         call through mlx-lm would make, without the calls' Python)."""
         linears = tuple(owner[name] for name in names)
-        done = None if id(linears[0]) in self._t else quant.products(x, linears)
+        done = None if id(linears[0]) in self._t or self._products is None \
+            else self._products(x, linears)
         return [self.linear(linear, x) for linear in linears] if done is None else done
 
 
@@ -303,7 +310,7 @@ def _room(cache: KVCache, n: int, like: mx.array) -> tuple[mx.array, mx.array]:
     return keys, values
 
 
-def _decode_layer(layer: decode_layer.Layer | None, h: mx.array, parts: list[Part], i: int
+def _decode_layer(fused: plug.DecodeLayer, layer: Any, h: mx.array, parts: list[Part], i: int
                   ) -> mx.array | None:
     """Layer ``i`` of a decode step in one operation, with any prompt chunks riding in it,
     every cache's buffers written as ``update_and_fetch`` writes them; None where it cannot
@@ -320,8 +327,7 @@ def _decode_layer(layer: decode_layer.Layer | None, h: mx.array, parts: list[Par
         return None  # before a chunk's buffers grow: the old way grows them as it would
     keys, values, at, first = found
     riding = [(*_room(c.cache[i], c.length, keys), c.cache[i].offset, c.length) for c in chunks]
-    out = decode_layer.step(layer, h, keys, values, cache.offset, part.masks[i], at, first,
-                            riding)
+    out = fused.step(layer, h, keys, values, cache.offset, part.masks[i], at, first, riding)
     if out is None:
         return None
     cache.took(out[1], out[2])
@@ -363,7 +369,8 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
     arch = _arch(model)
     assert arch is not None, "mixed_step of a model supports_mixed refuses"
     stage = model.__dict__.get("_appliance_stage")
-    weights = Weights.of(model, arch.linears)
+    forward = plug.of(model)
+    weights = Weights.of(model, arch.linears, forward)
     inner = model.model
     tokens = [*inputs]
     for _, chunk, _ in chunks:
@@ -383,12 +390,13 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
                           arch.masks(inner, h[None, :len(chunk)], cache), start,
                           whole=not b and len(chunks) == 1))
         start += len(chunk)
-    # A decode step's layers, chunks riding or not, in one operation each where the backend
-    # has it (products of at most the tiled kernel's rows).
-    fused = decode_layer.plan(model, arch.qk_norm) \
-        if b and arch.block is _pre_norm and len(tokens) <= quant.TILED_ROWS else None
+    # A decode step's layers, chunks riding or not, in one operation each where the device
+    # has it (for at most the rows it takes).
+    op = forward.decode_layer
+    fused = op.plan(model, arch.qk_norm) \
+        if op is not None and b and arch.block is _pre_norm and len(tokens) <= op.rows else None
     for i, layer in enumerate(inner.layers):
-        done = None if fused is None else _decode_layer(fused[i], h, parts, i)
+        done = None if fused is None or op is None else _decode_layer(op, fused[i], h, parts, i)
         if done is not None:
             h = done
             continue

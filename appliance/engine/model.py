@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from appliance.engine import chat_template
 
 if TYPE_CHECKING:
-    from appliance.backend import Backend
+    from appliance.backend.plug import Plug
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ class LoadedModel:
     appliance/engine/kvcache.py; else the model's activations' dtype)."""
     weight_bytes: int
     config: dict[str, Any]
-    backend: Backend
+    backend: Plug
+    """The device's plug (appliance/backend/plug.py), which adopted ``model``."""
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -76,7 +77,7 @@ def kv_bytes_per_token(config: dict[str, Any], dtype_size: int) -> int:
 def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
                native: bool = True, layers: tuple[int, int] | None = None, edges: bool = True,
                split: Callable[[Any], tuple[int, int] | None] | None = None) -> LoadedModel:
-    """Set up the backend (appliance/backend: ``native`` code and ``fast_cpu_ops`` where MLX
+    """Start the device's plug (appliance/backend/plug.py: ``native`` code and ``fast_cpu_ops`` where MLX
     runs on the CPU; a process-wide switch, logged), then load the model.
 
     A machine of a group (appliance/distributed) loads only its ``layers`` ``[lo, hi)``,
@@ -87,10 +88,10 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
     from mlx.utils import tree_flatten
     from mlx_lm import load
 
-    from appliance import backend as backends
+    from appliance.backend import plug
     from appliance.engine.kvcache import kv_dtype
 
-    backend = backends.start(native=native, fast_cpu_ops=fast_cpu_ops)
+    backend = plug.start(native=native, fast_cpu_ops=fast_cpu_ops)
     staged = layers is not None or split is not None
     loaded: Any = load(str(path), lazy=staged)
     model, tokenizer = loaded[0], loaded[1]
@@ -103,7 +104,7 @@ def load_model(path: Path, ctx_size: int = 0, *, fast_cpu_ops: bool = False,
         slice_layers(model, lo, hi, edges=edges)
     if staged:
         mx.eval(model.parameters())
-    extra = backends.adopt(model, backend)
+    extra = plug.adopt(model, backend)
     config = json.loads((path / "config.json").read_text())
     flat: Any = tree_flatten(model.parameters())
     named: list[tuple[str, Any]] = list(flat)

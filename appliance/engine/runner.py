@@ -91,10 +91,9 @@ class Runner:
         """Prefill and decode time, fitted from this engine's own forwards."""
         self.timing = TickTiming(self.costs, timer, meter)
         if look_ahead is None:
-            # On the CPU the step and the host share the cores: hiding host time there was
-            # no faster (docs/backends.md); on a GPU it is what a tick's host part costs.
+            # The plug says whether a step ahead pays on its device (docs/backends.md).
             # Across machines a step is sent when it is built: none is built ahead.
-            look_ahead = loaded.backend.kind != "cpu" and link is None
+            look_ahead = loaded.backend.look_ahead and link is None
         self.forwards = Forwards(self.model, scheduler.config.max_batch_size, self.timing,
                                  fault, look_ahead, link)
         if link is not None:  # caches of their own: partly read, or read and about to join

@@ -60,16 +60,15 @@ def test_a_model_without_quantized_layers_warms_nothing() -> None:
 @pytest.mark.parametrize(("kind", "warmed"), [("cuda", 1), ("cpu", 0), ("metal", 0)])
 def test_loading_warms_the_kernels_on_cuda_only(kind: str, warmed: int,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from appliance import backend
-    from appliance.backend import quant
+    from appliance.backend import plug, quant
     from appliance.backend.profile import profile_for
 
     calls: list[Any] = []
     monkeypatch.setattr(gpu, "warm_quantized", lambda model: calls.append(model) or 0)
     monkeypatch.setattr(quant, "adopt", lambda model: (0, 0))  # this process's kernel state
-    described = backend.Backend(kind=kind, device="Device(gpu, 0)", native=False, kernel=None,
-                                fast_ops=False, quant=None, heap="not tuned",
-                                profile=profile_for(False))
+    described = plug.SHIPPED[kind](kind=kind, device="Device(gpu, 0)", native=False,
+                                   kernel=None, fast_ops=False, quant=None, heap="not tuned",
+                                   profile=profile_for(False))
     model = _Model()
-    assert backend.adopt(model, described) == 0
+    assert plug.adopt(model, described) == 0
     assert calls == [model] * warmed

@@ -338,7 +338,7 @@ def test_the_imported_4_bit_model_answers_with_mlx_own_greedy_tokens(smollm2: Pa
 
 
 def test_the_backend_reports_the_kernel_and_native_off_leaves_mlx_alone() -> None:
-    from appliance.backend import start
+    from appliance.backend.plug import start
 
     own = mx.quantized_matmul
     try:

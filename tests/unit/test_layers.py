@@ -95,3 +95,30 @@ def test_a_device_import_in_the_scheduler_is_found(tmp_path: Path) -> None:
     (pkg / "fine.py").write_text("import math\n")
     assert _layers().device_imports(tmp_path) == [
         "appliance.sched.cost (appliance.sched is pure) imports mlx.core"]
+
+
+def test_the_engine_reaches_the_device_only_through_the_plug() -> None:
+    assert _layers().door_breaches() == []
+
+
+def test_an_engine_import_of_a_module_behind_the_door_is_found(tmp_path: Path) -> None:
+    """The plug and the package's shared facts pass; a CPU module or an extension does not,
+    however it is imported (module level, a function, ``from ... import``)."""
+    for folder in ("appliance", "appliance/engine", "appliance/backend", "web"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    for name in ("plug", "quant", "cpu"):
+        (tmp_path / "appliance" / "backend" / f"{name}.py").write_text("")
+    engine = tmp_path / "appliance" / "engine"
+    (engine / "fine.py").write_text("from appliance.backend import Backend, plug\n"
+                                    "from appliance.backend.plug import Plug\n")
+    (engine / "mixed.py").write_text("from appliance.backend import plug, quant\n")
+    (engine / "model.py").write_text("def f():\n    import appliance.backend.cpu\n")
+    (engine / "native.py").write_text("from appliance.backend import _mlx_fast\n")
+    assert _layers().door_breaches(tmp_path) == [
+        "appliance.engine.mixed (appliance.engine goes through the plug) imports "
+        "appliance.backend.quant",
+        "appliance.engine.model (appliance.engine goes through the plug) imports "
+        "appliance.backend.cpu",
+        "appliance.engine.native (appliance.engine goes through the plug) imports "
+        "appliance.backend._mlx_fast"]

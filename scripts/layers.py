@@ -11,7 +11,9 @@ with no exceptions list:
 - imports only go down the layers (a package imports from its own layer or below);
 - the scheduler imports nothing device-specific (PURE);
 - the engine reaches the device only through its door (DOOR): ``appliance.backend.plug``
-  and the package's shared facts, never a module behind it (cpu, quant, fast_ops, ...).
+  and the package's shared facts, never a module behind it (cpu, quant, fast_ops, ...);
+- the transports (TRANSPORTS) reach the engine only through the service's engine client
+  (``appliance.service.engine_client``), never ``appliance.engine.core`` (ENGINE_INSIDE).
 
 The layers, top to bottom (docs/architecture.md says why):
 
@@ -75,6 +77,13 @@ BEHIND_DOOR = "appliance.backend"
 the native extensions); the package itself (the kind of backend, the facts every plug
 shares) is not."""
 THE_DOOR = "plug"
+
+
+TRANSPORTS = ("appliance.api", "web", "appliance.jobs")
+"""Packages that reach the engine only through the service (docs/architecture.md)."""
+ENGINE_INSIDE = ("appliance.engine.core",)
+"""What no transport imports: the engine itself (its ``Engine``, its refusals); the types a
+transport handles are re-exported by ``appliance.service.engine_client``."""
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -225,6 +234,14 @@ def door_breaches(root: Path = ROOT) -> list[str]:
     return out
 
 
+def transport_imports(g: dict[str, set[str]]) -> list[str]:
+    """Imports of the engine's inside (:data:`ENGINE_INSIDE`) by a module of a
+    :data:`TRANSPORTS` package (module -> module, as :func:`graph` found them)."""
+    return [f"{m} (a transport) imports {d}: go through appliance.service.engine_client"
+            for m, deps in sorted(g.items()) if package_of(m) in TRANSPORTS
+            for d in sorted(deps) if d in ENGINE_INSIDE]
+
+
 def main() -> int:
     g = graph()
     pkgs = packages(g)
@@ -235,7 +252,8 @@ def main() -> int:
                 print(f"  {pkg:22} -> {', '.join(sorted(pkgs[pkg])) or '-'}")
     problems = ([f"cycle: {' <-> '.join(c)}" for c in cycles(g)]
                 + [f"package cycle: {' <-> '.join(c)}" for c in package_cycles(g)]
-                + breaches(g) + device_imports() + door_breaches())
+                + breaches(g) + device_imports() + door_breaches()
+                + transport_imports(g))
     for line in problems:
         print(line)
     print(f"{len(g)} modules, {sum(len(d) for d in g.values())} imports, "

@@ -25,9 +25,9 @@ from markupsafe import escape
 from sqlalchemy.exc import DatabaseError
 
 from appliance.api.errors import bad_request
-from appliance.engine.request import Event, FinishEvent, TokenEvent
 from appliance.service.chat_format import Turn, text_chars, text_prompt
 from appliance.service.checks import DEFAULTS, check_prompt_size
+from appliance.service.engine_client import Event, FinishEvent, TokenEvent
 from appliance.service.errors import InvalidRequest, OverQuota
 from appliance.service.generation import Generation, off_loop, submit
 from appliance.service.services import Services

@@ -19,8 +19,8 @@ from typing import Any
 
 import anyio
 
-from appliance.engine.snapshot import EngineSnapshot, SlotInfo
 from appliance.jobs.runner import JobService
+from appliance.service.engine_client import EngineSnapshot, SlotInfo
 from appliance.service.services import Services
 from appliance.vocab import CLASS_LABELS
 from web import charts, stats

@@ -18,10 +18,9 @@ from litestar.response import Redirect, Template
 
 from appliance.api.auth import admin_only
 from appliance.api.ollama_models import model_facts
-from appliance.engine.core import EngineDown, SwitchRefused
-from appliance.engine.model import DEMO_MODEL_DIR
 from appliance.models import ImportFailed, as_ollama, import_apart, import_source
 from appliance.service import model_choice
+from appliance.service.engine_client import DEMO_MODEL_DIR, EngineDown, SwitchRefused
 from appliance.service.services import Services
 from appliance.store.errors import Invalid
 from web.common import PAGE, form_fields, is_htmx, page, services

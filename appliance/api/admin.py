@@ -20,8 +20,8 @@ from appliance.api.auth import admin_only, key_scope, new_key_class
 from appliance.api.common import decode_body
 from appliance.api.db import threaded
 from appliance.api.errors import ApiError
-from appliance.engine.core import EngineDown, SwitchRefused
 from appliance.service import model_choice
+from appliance.service.engine_client import EngineDown, SwitchRefused
 from appliance.store import keys as store_keys
 from appliance.store import ledger, limits, users, websessions
 from appliance.store.db import Store

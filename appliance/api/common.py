@@ -12,7 +12,7 @@ import msgspec
 
 from appliance.api.errors import ApiError, bad_request
 from appliance.api.schemas import ChatMessage
-from appliance.engine.request import FinishEvent
+from appliance.service.engine_client import FinishEvent
 from appliance.service.generation import Generation
 from appliance.service.services import Services
 

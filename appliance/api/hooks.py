@@ -35,9 +35,9 @@ from appliance.api.ollama_stream import finish_error
 from appliance.api.schemas import SamplingFields
 from appliance.api.streams import EventStream
 from appliance.api.voice_text import CANNOT_ACT, SpokenText
-from appliance.engine.request import FinishEvent, RequestHandle, TokenEvent
 from appliance.service.chat_format import TEMPLATE_OVERRUN, render_prompt
 from appliance.service.checks import check_prompt_size
+from appliance.service.engine_client import FinishEvent, RequestHandle, TokenEvent
 from appliance.service.errors import InvalidRequest
 from appliance.service.generation import Generation, off_loop, submit
 from appliance.service.services import Services

@@ -20,7 +20,7 @@ from litestar.types import Receive
 
 from appliance.api.common import while_connected
 from appliance.api.errors import ApiError, backend_error, engine_down
-from appliance.engine.request import FinishEvent, TokenEvent
+from appliance.service.engine_client import FinishEvent, TokenEvent
 from appliance.service.generation import Generation
 
 NDJSON = "application/x-ndjson"

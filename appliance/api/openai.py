@@ -24,9 +24,9 @@ from appliance.api.openai_chat import (
 )
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
 from appliance.api.streams import SSE_HEADERS, EventStream
-from appliance.engine.request import FinishEvent, TokenEvent
 from appliance.service.chat_format import Delta, OutputParser, text_chars
 from appliance.service.checks import check_prompt_size
+from appliance.service.engine_client import FinishEvent, TokenEvent
 from appliance.service.generation import Generation, off_loop, submit
 from appliance.service.services import Services
 from appliance.service.structured import Constraint

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from appliance.engine.request import GenerationRequest
 from appliance.jobs import fetch, mapreduce, sources
 from appliance.jobs.netguard import Guard, Refused
 from appliance.service.chat_format import Turn, text_prompt
 from appliance.service.checks import DEFAULTS
+from appliance.service.engine_client import GenerationRequest
 from appliance.service.errors import AtConcurrencyLimit, OverQuota, ServiceError, Unavailable
 from appliance.service.generation import off_loop, submit
 from appliance.service.identity import Principal

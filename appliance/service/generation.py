@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 import anyio
 
 from appliance.engine.core import (
-    Engine,
     EngineBusy,
     EngineDown,
     EngineStopping,
@@ -35,6 +34,7 @@ from appliance.service.checks import (
     sampling_from,
     stops_from,
 )
+from appliance.service.engine_client import EngineClient
 from appliance.service.errors import (
     AtConcurrencyLimit,
     Busy,
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 class Generation:
     """One submitted request, seen from the event loop."""
 
-    def __init__(self, engine: Engine, request: GenerationRequest,
+    def __init__(self, engine: EngineClient, request: GenerationRequest,
                  max_concurrent: int | None = None, probe: Probe | None = None) -> None:
         self._engine = engine
         self.probe = probe

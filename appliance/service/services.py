@@ -1,4 +1,4 @@
-"""What every transport's handlers share: the engine, the model, the store and their kin."""
+"""What every transport's handlers share: the engine's client, the model, the store and their kin."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Any
 
 import anyio
 
-from appliance.engine.core import Engine
-from appliance.engine.request import UserAccess
+from appliance.service.engine_client import EngineClient, UserAccess
 from appliance.service.latency import LatencyMetrics
 from appliance.service.throttle import LoginThrottle
 from appliance.service.voice_memory import VoiceMemory
@@ -47,7 +46,8 @@ class ModelInfo:
 class Services:
     """Everything a handler may use; built once by ``app.build_services``."""
 
-    engine: Engine
+    engine: EngineClient
+    """The engine as transports may use it (the daemon's ``Engine``)."""
     model: ModelInfo
     store: Store
     default_max_tokens: int

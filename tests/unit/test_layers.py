@@ -122,3 +122,31 @@ def test_an_engine_import_of_a_module_behind_the_door_is_found(tmp_path: Path) -
         "appliance.backend.cpu",
         "appliance.engine.native (appliance.engine goes through the plug) imports "
         "appliance.backend._mlx_fast"]
+
+
+def test_no_transport_imports_the_engine_core() -> None:
+    layers = _layers()
+    assert layers.transport_imports(layers.graph()) == []
+
+
+def test_a_transport_importing_the_engine_core_is_found(tmp_path: Path) -> None:
+    """api/, web/ and jobs/ go through the service's engine client; the service may not."""
+    for folder in ("appliance", "appliance/engine", "appliance/api", "appliance/jobs",
+                   "appliance/service", "web"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "appliance" / "engine" / "core.py").write_text("")
+    (tmp_path / "appliance" / "service" / "engine_client.py").write_text(
+        "from appliance.engine.core import EngineDown\n")
+    (tmp_path / "appliance" / "api" / "fine.py").write_text(
+        "from appliance.service.engine_client import EngineDown\n")
+    (tmp_path / "appliance" / "api" / "admin.py").write_text(
+        "from appliance.engine.core import EngineDown\n")
+    (tmp_path / "appliance" / "jobs" / "run.py").write_text(
+        "def f():\n    from appliance.engine import core\n")
+    (tmp_path / "web" / "live.py").write_text("import appliance.engine.core\n")
+    layers = _layers()
+    assert layers.transport_imports(layers.graph(tmp_path)) == [
+        f"{m} (a transport) imports appliance.engine.core: go through "
+        "appliance.service.engine_client"
+        for m in ("appliance.api.admin", "appliance.jobs.run", "web.live")]

@@ -1,11 +1,12 @@
 """A sequence's KV cache, kept in float16 where the backend says so (:func:`kv_dtype`).
 
-On the CPU a quantized model computes in float32 (appliance/backend/cpu.py: ``float32_on_cpu``), so
-mlx-lm's caches would keep its keys and values in float32: twice the bytes the same model
-keeps on a Mac (its own 16-bit dtype) or in llama.cpp (float16), read whole by every decode
-step. There the backend marks the model, and its caches round keys and values to float16 as
-they are written; attention reads them back into float32 (the appliance's decode kernels
-convert as they load, a prompt's products cast them). Everything else is float32 as before.
+On the CPU a quantized model computes in float32 (appliance/backend/cpu.py:
+``float32_on_cpu``), so mlx-lm's caches would keep its keys and values in float32: twice the
+bytes the same model keeps on a Mac (its own 16-bit dtype) or in llama.cpp (float16), read
+whole by every decode step. There the backend marks the model, and its caches round keys and
+values to float16 as they are written; attention reads them back into float32 (the
+appliance's decode kernels convert as they load, a prompt's products cast them). Everything
+else is float32 as before.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 MARK = "appliance_kv_dtype"
-"""The model attribute the CPU plug sets (appliance/backend/cpu.py: ``adopt``) to the KV dtype."""
+"""The model attribute the CPU plug sets (appliance/backend/cpu.py: ``adopt``) to the KV
+dtype."""
 
 
 class HalfKV(KVCache):

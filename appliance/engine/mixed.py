@@ -216,9 +216,10 @@ class Weights:
     for each product (``nn.Linear`` computes ``x @ weight.T`` at every call)."""
 
     def __init__(self, model: Any, names: tuple[str, ...],
-                 products: plug.Products | None = None) -> None:
+                 forward: plug.Forward | None = None) -> None:
         self._t: dict[int, mx.array] = {}
-        self._products = products
+        self._forward = forward
+        self._products = None if forward is None else forward.products
         """The device's batched quantized products (the plug's), if it has them."""
         for layer in model.model.layers:
             for owner in (layer.self_attn, layer.mlp):
@@ -232,11 +233,13 @@ class Weights:
     def of(model: Any, names: tuple[str, ...], forward: plug.Forward) -> Weights:
         """The model's transposed weights, made at the first call (kept on the model object,
         as a plain attribute: not a parameter, so it is in no parameter tree), with
-        ``forward``'s products."""
+        ``forward``'s products (read again when another plug has adopted the model since)."""
         weights = model.__dict__.get("_appliance_weights")
         if weights is None:
-            weights = Weights(model, names, forward.products)
+            weights = Weights(model, names, forward)
             object.__setattr__(model, "_appliance_weights", weights)
+        elif weights._forward is not forward:
+            weights._forward, weights._products = forward, forward.products
         return weights
 
     def linear(self, linear: Any, x: mx.array, residual: mx.array | None = None) -> mx.array:

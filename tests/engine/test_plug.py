@@ -76,9 +76,10 @@ def test_the_gpu_plugs_have_no_kernels_and_build_a_step_ahead() -> None:
 def test_the_forward_asks_the_plug_that_adopted_the_model(llama_q4: Path) -> None:
     loaded = load_model(llama_q4, fast_cpu_ops=True, native=NATIVE)
     assert plug.of(loaded.model) is loaded.backend
+    _steps(loaded.model, lean=True)  # the forward's state is made with the CPU's plug...
     counting = _Counting(loaded.backend)
     plug.adopt(loaded.model, counting)  # type: ignore[arg-type]
-    _steps(loaded.model, lean=True)
+    _steps(loaded.model, lean=True)  # ...and follows the plug that adopted it since
     # q/k/v and gate/up as one question each, the others one layer at a time
     assert {3, 2, 1} <= set(counting.asked)
 

@@ -36,7 +36,7 @@ from appliance.service.services import Services
 from appliance.store import conversations as convs
 from appliance.store.errors import NotFound
 from appliance.vocab import FinishReason, Klass
-from web import pdftext, sse
+from web import filekind, pdftext, sse
 from web.common import base_context, me, services, web_state
 from web.plain import plain_refusal
 from web.state import Reading
@@ -70,6 +70,15 @@ def needs_reading(fields: dict[str, str], max_chars: int) -> bool:
     """Whether a message and its attached file are too long to send as one message."""
     text, attached = fields.get("message", "").strip(), fields.get("attachment", "").strip()
     return bool(text and attached and len(text) + len(attached) > max_chars)
+
+
+def check_text(fields: dict[str, str]) -> None:
+    """Refuse (400 ``not_text``) an attached file that is not text: a picture or a Word file
+    read as text only confuses the model (``web.filekind``)."""
+    attached = fields.get("attachment", "")
+    why = filekind.refusal(_name(fields), attached) if attached.strip() else None
+    if why is not None:
+        raise bad_request(why, code=filekind.NOT_TEXT, param="attachment")
 
 
 def _name(fields: dict[str, str]) -> str:
@@ -260,6 +269,10 @@ async def attach_pdf(request: Request[Any, Any, Any]) -> Response[Any]:
         raise bad_request("Choose a PDF file to attach.", param="file")
     name = " ".join((upload.filename or "file.pdf").split())[:120]
     data = await upload.read()
+    if not filekind.is_pdf(name, data):  # a picture or a Word file: not text, said so
+        why = filekind.refusal(name, data[:filekind.SAMPLE_CHARS].decode("latin-1"))
+        raise bad_request(why or f"“{name}” is not a PDF. Attach a PDF here; a text file is "
+                          "read by the page itself.", code=filekind.NOT_TEXT, param="file")
     svc = services(request)
     limits = pdftext.Limits(svc.pdf_read_seconds, svc.pdf_read_memory_mb)
     try:

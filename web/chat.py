@@ -284,6 +284,7 @@ async def send(request: Request[Any, Any, Any]) -> Template:
     svc, who = services(request), me(request)
     fields = await form_fields(request)
     cid = int(fields["conversation"]) if fields.get("conversation", "").isdigit() else None
+    attach.check_text(fields)
     if attach.needs_reading(fields, MAX_MESSAGE_CHARS):
         return await _read_first(request, fields, cid)
     text = _checked(_with_attachment(fields))

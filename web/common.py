@@ -9,7 +9,7 @@ import msgspec
 from litestar import Request
 from litestar.response import Template
 
-from appliance.api.auth import Principal
+from appliance.api.auth import Principal, shared_session
 from appliance.api.headers import CSP as CSP  # re-exported for the pages
 from appliance.service.services import Services
 from appliance.vocab import CLASS_LABELS
@@ -68,6 +68,7 @@ def base_context(request: Request[Any, Any, Any]) -> dict[str, Any]:
     theme = request.cookies.get("theme", "")
     admin = isinstance(user, Principal) and user.is_admin
     return {"me": user if isinstance(user, Principal) else None, "model": svc.model,
+            "shared": shared_session(request), "shared_minutes": int(svc.shared_idle_s // 60),
             # the first hour's checklist, on admins' whole pages only (a few indexed reads)
             "first_hour": checklist(svc) if admin and not is_htmx(request) else None,
             "theme": theme if theme in ("light", "dark") else "",

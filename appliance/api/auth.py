@@ -97,6 +97,12 @@ class AuthMiddleware(AbstractAuthenticationMiddleware):
         return AuthenticationResult(by_session, "session")
 
 
+def shared_session(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
+    """Whether the caller is logged in with 'Shared device' (the pages show a marker)."""
+    token = connection.cookies.get(SESSION_COOKIE, "")
+    return connection.scope.get("auth") == "session" and token.startswith(websessions.SHARED)
+
+
 class CsrfUnlessBearer(CSRFMiddleware):
     """Litestar's CSRF check, skipped only for requests that ``AuthMiddleware`` (outside this
     one) authenticated by a valid bearer key: a browser cannot forge those. The mere presence

@@ -85,3 +85,31 @@ SHOTS = os.environ.get("APPLIANCE_SHOTS")
 def shot(tab: Any, name: str, size: dict[str, int]) -> None:
     if SHOTS:
         tab.page.screenshot(path=f"{SHOTS}/{name}-{size['width']}.png", caret="initial")
+
+
+def open_menu(page: Any) -> None:
+    """On a phone the header's links and Log out are in its Menu: open it (a no-op on a
+    desktop, where they are in the header's row)."""
+    button = page.locator("#menu-button")
+    if button.is_visible() and button.get_attribute("aria-expanded") != "true":
+        button.click()
+
+
+def go_by_header(page: Any, link: str) -> None:
+    """Click a header link (``link``: a selector inside ``header nav``), through the Menu
+    on a phone."""
+    open_menu(page)
+    page.click(f"header nav {link}")
+
+
+def log_out(page: Any) -> None:
+    open_menu(page)
+    page.click("header .logout button")
+
+
+def conv_menu(page: Any) -> None:
+    """On a phone a conversation's Rename, Export and Delete are in its "⋯": open it (a
+    no-op on a desktop)."""
+    button = page.locator("#conv-head .conv-more")
+    if button.is_visible() and button.get_attribute("aria-expanded") != "true":
+        button.click()

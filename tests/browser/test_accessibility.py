@@ -117,8 +117,11 @@ def test_the_keyboard_alone_logs_in_chats_and_logs_out(chromium: Any, server: Li
     # on to Log out by Tab alone
     for _ in range(40):
         page.keyboard.press("Tab")
-        if page.evaluate("document.activeElement.textContent.trim()") == "Log out":
+        said = page.evaluate("document.activeElement.textContent.trim()")
+        if said == "Log out":
             break
+        if said == "Menu":  # a phone: the header's links and Log out are in its Menu
+            page.keyboard.press("Enter")
     else:
         pytest.fail("Log out is not reachable with Tab")
     page.keyboard.press("Enter")
@@ -145,4 +148,27 @@ def test_focus_is_visible_on_every_control_of_the_chat(chromium: Any,
     tab.close()
 
 
-_ = PHONE
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_axe_finds_nothing_serious_in_the_phone_menus_or_the_shared_marker(
+        chromium: Any, server: LiveServer, scheme: str) -> None:
+    """Issue 54 item 5: the phone's Menu, a conversation's "⋯" and the "Shared device"
+    marker, open and shown, in both themes."""
+    cid = _setup(server)
+    context = chromium.new_context(viewport=PHONE, color_scheme=scheme, bypass_csp=True)
+    page = context.new_page()
+    page.goto(server.url + "/login")
+    page.fill("input[name=name]", "alice")
+    page.fill("input[name=password]", PASSWORD)
+    page.check("input[name=shared]")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/chat")
+    page.goto(server.url + f"/chat/{cid}")
+    assert page.locator("header .badge.shared").is_visible()
+    page.click("#menu-button")
+    problems = {"menu": _axe(page)}
+    page.keyboard.press("Escape")
+    page.click("#conv-head .conv-more")
+    page.click("#conv-head summary:has-text('Export')")
+    problems["conversation menu"] = _axe(page)
+    context.close()
+    assert {p: v for p, v in problems.items() if v} == {}

@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import SHOTS, SIZES, Tab, shot
+from tests.browser.conftest import (
+    SHOTS,
+    SIZES,
+    Tab,
+    conv_menu,
+    go_by_header,
+    open_menu,
+    shot,
+)
 from tests.browser.support import add_conversation
 from tests.helpers import LiveServer
 
@@ -61,8 +69,9 @@ def test_after_delete_the_address_bar_no_longer_shows_the_deleted_conversation(
     page.wait_for_url("**/chat/*")
     cid = page.url.rsplit("/", 1)[1]
     page.once("dialog", lambda d: d.accept())
+    conv_menu(page)
     page.click("#conv-head button:has-text('Delete')")
-    page.wait_for_function("() => !document.querySelector('#conv-head button')")
+    page.wait_for_function("() => !document.querySelector('#conv-head .conv-actions')")
     assert not page.url.endswith(f"/chat/{cid}"), page.url
     assert page.evaluate("location.pathname") == "/chat"
     assert page.locator(f"#conversation-list a[href='/chat/{cid}']").count() == 0
@@ -180,8 +189,9 @@ def test_the_header_is_one_line_on_a_phone_with_every_link_in_reach(
     assert height <= 64, height
     shot(tab, "header", size)
     assert page.evaluate("document.documentElement.scrollWidth") <= size["width"]
+    open_menu(page)  # a phone's links are in its Menu (issue 54)
     assert page.locator("header .logout button").is_visible()
-    page.click("header nav a:has-text('Settings')")  # the last link, scrolled to
+    go_by_header(page, "a:has-text('Settings')")
     page.wait_for_url("**/settings")
     assert page.evaluate("document.querySelector('header.top').getBoundingClientRect()"
                          ".height") <= 64
@@ -581,11 +591,14 @@ def test_escape_stops_an_answer_and_closes_panels_and_focus_returns_to_the_box(
     page.wait_for_selector(".msg.assistant.cancelled >> nth=1")
     page.wait_for_function("() => document.activeElement && "
                            "document.activeElement.id === 'message'")
+    conv_menu(page)  # a phone's Rename and Export are in "⋯"
     for panel in ("rename", "export"):
         page.click(f"details.{panel} summary")
         assert page.locator(f"details.{panel}[open]").count() == 1
         page.keyboard.press("Escape")
         assert page.locator(f"details.{panel}[open]").count() == 0
+    page.keyboard.press("Escape")  # a phone: then "⋯" closes (a desktop: nothing to do)
+    assert page.locator("#conv-head .conv-actions.open").count() == 0
     page.locator(".msg.user details.edit summary").first.click()
     page.locator(".msg.user details.edit textarea").first.focus()
     page.keyboard.press("Escape")

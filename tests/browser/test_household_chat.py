@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import SIZES, Tab
+from tests.browser.conftest import SIZES, Tab, conv_menu, go_by_header, log_out
 from tests.browser.support import add_conversation
 from tests.helpers import LiveServer
 
@@ -35,7 +35,7 @@ def test_back_after_log_out_shows_the_login_page_and_nothing_of_the_conversation
     page = tab.page
     tab.goto(f"/chat/{cid}")
     assert secret in page.content()
-    page.click("header .logout button")
+    log_out(page)
     page.wait_for_url("**/login")
     page.go_back()
     page.wait_for_load_state()
@@ -56,7 +56,7 @@ IN_VIEW = """(sel) => {
     return r.bottom > Math.max(0, box.top) && r.top < Math.min(window.innerHeight, box.bottom);
 }"""
 HEADER_IN_VIEW = """() => {
-    const r = document.querySelector('header .logout button').getBoundingClientRect();
+    const r = document.querySelector('header.top').getBoundingClientRect();
     return r.top >= 0 && r.bottom <= window.innerHeight && window.scrollY === 0;
 }"""
 
@@ -303,13 +303,13 @@ def test_members_change_their_own_password_on_the_settings_page(
         api.post("/admin/users", json={"name": name, "password": PASSWORD})
     tab = Tab(chromium, server, name, size)
     page = tab.page
-    page.click("header nav a:has-text('Settings')")
+    go_by_header(page, "a:has-text('Settings')")
     page.fill("input[name=current_password]", PASSWORD)
     page.fill("input[name=new_password]", "brand new secret")
     page.fill("input[name=repeat_password]", "brand new secret")
     page.click("button:has-text('Change password')")
     page.wait_for_selector(".notice.ok")
-    page.click("header .logout button")
+    log_out(page)
     page.fill("input[name=name]", name)
     page.fill("input[name=password]", "brand new secret")
     page.click("button[type=submit]")
@@ -346,6 +346,7 @@ def test_rename_search_and_delete_without_a_reload(
     page.click("#send")
     page.wait_for_selector("#messages .msg.assistant:not(.streaming)")
     assert page.locator("#conv-head button:has-text('Delete')").count() == 1  # no reload
+    conv_menu(page)  # a phone's Rename and Delete are in "⋯"
     page.click("#conv-head summary:has-text('Rename')")
     page.fill("#conv-head input[name=title]", "Garden ideas")
     page.click("#conv-head button:has-text('Save')")
@@ -360,6 +361,7 @@ def test_rename_search_and_delete_without_a_reload(
     assert page.locator("#conversation-list time").count() == 1  # dated
     assert page.evaluate("window.__sameDocument") is True
     page.once("dialog", lambda d: d.accept())
+    conv_menu(page)
     page.click("#conv-head button:has-text('Delete')")
     page.wait_for_url("**/chat")
     tab.close()

@@ -260,12 +260,46 @@
     if (ok) { ok.remove(); }
   });
 
+  // Phones: the header's links and Log out fold into a Menu, a conversation's Rename, Export
+  // and Delete into "⋯" (the CSS shows these buttons only on a narrow screen, and only with
+  // this script: without it everything stays in the page). A button[data-fold] opens the
+  // element it controls; Esc or a click elsewhere closes it, and Esc puts focus back on it.
+  document.documentElement.classList.add('js');
+  function openFold() { return document.querySelector('button[data-fold][aria-expanded="true"]'); }
+  function setFold(button, open, refocus) {
+    var panel = document.getElementById(button.getAttribute('aria-controls'));
+    button.setAttribute('aria-expanded', open ? 'true' : 'false');
+    if (!panel) { return; }
+    panel.classList.toggle('open', open);
+    if (open) {
+      var first = panel.querySelector('a, button, summary');
+      if (first) { first.focus(); }
+    } else if (refocus) {
+      button.focus();
+    }
+  }
+  function inFold(el, button) {
+    var panel = document.getElementById(button.getAttribute('aria-controls'));
+    return !!el && (el === button || (!!panel && panel.contains(el)));
+  }
+  document.addEventListener('click', function (e) {
+    var button = e.target.closest && e.target.closest('button[data-fold]');
+    var open = openFold();
+    if (open && !inFold(e.target, open)) { setFold(open, false, false); }
+    if (button) { setFold(button, button.getAttribute('aria-expanded') !== 'true', false); }
+  });
+  document.addEventListener('focusout', function (e) {  // tabbed past the last item
+    var open = openFold();
+    var to = e.relatedTarget;
+    if (open && to && !inFold(to, open)) { setFold(open, false, false); }
+  });
+
   function focusBox() {
     var box = document.getElementById('message');
     if (box) { box.focus(); }
   }
-  // Esc: closes the open Rename, Export or Edit panel (focus back on its summary), else stops
-  // the answer being written (or the file being read).
+  // Esc: closes the phone Menu, or the open Rename, Export or Edit panel (focus back on its
+  // button or summary), else stops the answer being written (or the file being read).
   document.addEventListener('keydown', function (e) {
     if (e.key !== 'Escape' || e.isComposing || e.defaultPrevented) { return; }
     var open = document.querySelectorAll('details.rename[open], details.export[open], details.edit[open]');
@@ -275,6 +309,12 @@
       panel.open = false;
       var summary = panel.querySelector('summary');
       if (summary) { summary.focus(); }
+      e.preventDefault();
+      return;
+    }
+    var fold = openFold();
+    if (fold) {
+      setFold(fold, false, true);
       e.preventDefault();
       return;
     }
@@ -442,6 +482,46 @@
       : what === 'code' ? button.parentElement.querySelector('code')
         : document.querySelector(what);
     if (source) { copyText(source.innerText.replace(/\n$/, ''), button); }
+  });
+
+  // Read aloud: the browser's own speech (speechSynthesis), nothing leaves the house. A
+  // local (offline) voice in the page's language is preferred; the button is shown only
+  // where the browser has speech at all. One answer at a time; pressed again, it stops.
+  var speech = 'speechSynthesis' in window && 'SpeechSynthesisUtterance' in window
+    ? window.speechSynthesis : null;
+  if (speech) { document.documentElement.classList.add('speech'); }
+  var speaking = null;
+  function pickVoice() {
+    var lang = (document.documentElement.lang || navigator.language || 'en').toLowerCase();
+    var voices = speech.getVoices();
+    function score(v) {
+      var same = (v.lang || '').toLowerCase().indexOf(lang.split('-')[0]) === 0;
+      return (v.localService ? 4 : 0) + (same ? 2 : 0) + (v['default'] ? 1 : 0);
+    }
+    var best = null;
+    voices.forEach(function (v) { if (!best || score(v) > score(best)) { best = v; } });
+    return best;
+  }
+  function quiet(button) {
+    button.textContent = 'Read aloud';
+    if (speaking === button) { speaking = null; }
+  }
+  document.addEventListener('click', function (e) {
+    var button = e.target.closest && e.target.closest('[data-speak]');
+    if (!button || !speech) { return; }
+    var again = speaking === button;
+    if (speaking) { quiet(speaking); }
+    speech.cancel();
+    if (again) { return; }  // pressed while reading: that was Stop
+    var body = button.closest('.msg').querySelector('.body');
+    if (!body) { return; }
+    var said = new window.SpeechSynthesisUtterance(body.innerText);
+    var voice = pickVoice();
+    if (voice) { said.voice = voice; said.lang = voice.lang; }
+    said.onend = said.onerror = function () { quiet(button); };
+    speaking = button;
+    button.textContent = 'Stop reading';
+    speech.speak(said);
   });
 
   // Code blocks: colours from the vendored highlight.js, and a Copy button on each.

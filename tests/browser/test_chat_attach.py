@@ -247,3 +247,27 @@ def test_binary_files_are_refused_and_a_stop_before_anything_read_says_so(
     assert "notes on what was read" not in stopped.inner_text()
     assert page.locator("button:has-text('Answer from what was read')").count() == 0
     tab.close()
+
+
+@SIZES
+def test_a_binary_file_that_slips_past_the_page_is_refused_by_the_server_in_words(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    """Issue 54 item 4: the page's own check was the only one; a tab with an older script
+    (or none) had a picture's bytes stored and sent to the model as a question."""
+    tab = Tab(chromium, server, "carol", size)
+    page = tab.page
+    # what an older page would send: a PNG's bytes read as text, past the page's check
+    page.evaluate("""() => {
+        document.getElementById('attachment').value = '\\u2030PNG\\r\\n\\u001a\\n' +
+            '\\u0001\\u0002\\u0003\\u0004'.repeat(40);
+        document.getElementById('attachment-name').value = 'photo.png'; }""")
+    page.fill("#message", "What is in this picture?")
+    page.click("#send")
+    notice = page.locator("#chat-notice .notice")
+    page.wait_for_selector("#chat-notice .notice:has-text('photo.png')")
+    assert "is not a text file" in notice.inner_text()
+    assert "Save it as text or PDF" in notice.inner_text()
+    assert page.input_value("#message") == "What is in this picture?"  # kept, to send again
+    assert page.locator("#messages .msg.user").count() == 0  # nothing stored or asked
+    tab.problems = [p for p in tab.problems if "status of 400" not in p]  # the browser's own
+    tab.close()

@@ -326,6 +326,7 @@ def test_a_conversation_downloads_as_markdown_and_json_for_its_owner_only(
     tab = Tab(chromium, server, "carol", size)
     page = tab.page
     tab.goto(f"/chat/{cid}")
+    conv_menu(page)  # a phone's Export is in "⋯"
     page.click("#conv-head summary:has-text('Export')")
     shot(tab, "export", size)
     with page.expect_download() as got:

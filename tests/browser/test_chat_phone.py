@@ -218,3 +218,21 @@ def test_an_answer_is_read_aloud_with_a_local_voice_where_the_browser_speaks(
     assert page.locator(".msg.assistant .copy").first.is_visible()
     assert page.locator(".msg.assistant [data-speak]").first.is_hidden()
     context.close()
+
+
+@SIZES
+def test_new_chat_opens_a_clean_chat_address(
+        chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
+    """Issue 54 minor 16: New chat was a GET form and went to "/chat?"."""
+    cid = add_conversation(server, "carol", "Old talk", [("user", "Hi"), ("assistant", "Hello")])
+    tab = Tab(chromium, server, "carol", size)
+    page = tab.page
+    tab.goto(f"/chat/{cid}")
+    new = page.locator(".sidebar .new-chat")
+    box = new.bounding_box()
+    assert box and box["height"] >= 40, box
+    new.click()
+    page.wait_for_url("**/chat")
+    assert page.url == server.url + "/chat"
+    assert page.locator("#chat-title").inner_text() == "New chat"
+    tab.close()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import SIZES, Tab, shot
+from tests.browser.conftest import SIZES, Tab, go_by_header, shot
 from tests.gguf_files import ollama_store
 from tests.helpers import LiveServer, live_server, make_settings
 
@@ -29,7 +29,7 @@ def test_an_admin_imports_an_ollama_model_from_the_page(
         size: dict[str, int]) -> None:
     monkeypatch.setenv("OLLAMA_MODELS", str(ollama_store(tmp_path / "ollama")))
     tab = Tab(chromium, server, "alice", viewport=size)
-    tab.page.click("a[href='/manage/models']")
+    go_by_header(tab.page, "a[href='/manage/models']")  # a phone: through its Menu
     tab.page.wait_for_url("**/manage/models")
     assert "tiny-q8" not in tab.page.inner_text("#models-panel")
     tab.page.fill("input[name=source]", "nothing-here:7b")

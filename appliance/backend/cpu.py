@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,21 +99,22 @@ class CpuPlug(Backend):
         from appliance.backend.profile import profile_for
 
         fast = False
+        why: str | None = None
         if not (native and fast_cpu_ops):
             stand_down()
         elif (why := fast_ops.install()) is None:
             fast = True
             if (why := quant.install()) is not None:
                 log.warning("the quantized matmul kernel cannot be used: %s", why)
-        else:
-            log.warning("fast CPU ops are on but cannot be used: %s; prefill runs 1.7-2.3x "
-                        "slower (install a C++ compiler and reinstall, or set "
-                        "--no-fast-cpu-ops)", why)
         kept = heap.keep_big_buffers() if native else NOT_TUNED
         kernel = process.kernel_in_use()
+        missing = _degraded(native and fast_cpu_ops, None if fast else why)
+        for reason in missing:
+            log.warning("backend degraded: %s", reason)
         return cls(kind="cpu", device=str(mx.default_device()), native=native, kernel=kernel,
                    fast_ops=fast, quant=quant.simd(), heap=kept,
-                   profile=profile_for(kernel is not None))
+                   profile=profile_for(kernel is not None),
+                   fused_layer=fast and fast_ops.has("decode_layer"), degraded=tuple(missing))
 
     @property
     def look_ahead(self) -> bool:
@@ -146,6 +148,19 @@ class CpuPlug(Backend):
         if groups or tiled:
             log.info("quantized layers adopted: groups=%d tiles=%d bytes", groups, tiled)
         return tiled
+
+
+def _degraded(native_wanted: bool, native_missing: str | None) -> list[str]:
+    """This process's facts for :func:`appliance.backend.degraded.reasons`."""
+    from appliance.backend import degraded, fast_ops
+    from appliance.backend.blas import loaded_libraries, openblas_lib
+
+    maps = loaded_libraries() if sys.platform == "linux" else ""
+    return degraded.reasons(kind="cpu", native_wanted=native_wanted,
+                            native_missing=native_missing, built_for=fast_ops.built_for(),
+                            mlx_version=fast_ops.MLX_VERSION,
+                            blas_mapped=("/libopenblas" in maps) if maps else None,
+                            blas_installed=openblas_lib() is not None)
 
 
 def stand_down() -> None:
@@ -188,8 +203,9 @@ def held_bytes(model: Any, part: Any) -> int:
 def half_kv(model: Any, backend: Backend) -> bool:
     """Whether the model's KV cache is kept in float16: a quantized model computed in float32
     on the CPU, where the appliance's kernels read a 16-bit cache (half the bytes a decode step
-    reads, half the KV budget's; llama.cpp keeps float16 too). ``APPLIANCE_KV_DTYPE=float32``
-    keeps float32 (numbers bit for bit mlx-lm's)."""
+    reads, half the KV budget's; llama.cpp keeps float16 too). The ``kv_dtype`` setting
+    ``float32`` keeps float32 (numbers bit for bit mlx-lm's); the CLI exports it as
+    ``APPLIANCE_KV_DTYPE`` with the native code's settings (process.export_tuning)."""
     import mlx.nn as nn
 
     wanted = os.environ.get("APPLIANCE_KV_DTYPE", "float16")

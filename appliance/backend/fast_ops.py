@@ -41,7 +41,7 @@ MODULES = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma", "gemma3_text
 
 MLX_VERSION: str = getattr(mx, "__version__", "")
 STAMP = Path(__file__).with_name("_mlx_fast.mlx-version")
-"""The MLX version the extension was built against (written by setup.py beside it)."""
+"""The MLX version the extension was built against (CMakeLists.txt writes it beside it)."""
 
 
 def _load_extension() -> tuple[Any, str | None]:
@@ -92,6 +92,16 @@ def available() -> str | None:
 
 def installed() -> bool:
     return bool(_installed)
+
+
+def has(name: str) -> bool:
+    """The extension loads here and has the operation ``name``."""
+    return _extension() is not None and hasattr(_mlx_fast, name)
+
+
+def built_for() -> str | None:
+    """The MLX version the extension beside this module was built against, if there is one."""
+    return STAMP.read_text().strip() if STAMP.exists() else None
 
 
 def install() -> str | None:

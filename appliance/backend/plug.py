@@ -136,9 +136,10 @@ def start(*, native: bool = True, fast_cpu_ops: bool = True) -> Plug:
     if kind != "cpu":
         cpu.stand_down()  # a CPU plug started before in this process (tests) leaves MLX be
     plug = SHIPPED[kind].start(native=native, fast_cpu_ops=fast_cpu_ops)
-    log.info("backend: kind=%s device=%s native=%s kernel=%s fast_ops=%s quant=%s heap=%s "
-             "profile=%s", plug.kind, plug.device, plug.native, plug.kernel or "none",
-             plug.fast_ops, plug.quant or "none", plug.heap, plug.profile.name)
+    log.info("backend: kind=%s device=%s native=%s kernel=%s fast_ops=%s quant=%s "
+             "fused_layer=%s heap=%s profile=%s", plug.kind, plug.device, plug.native,
+             plug.kernel or "none", plug.fast_ops, plug.quant or "none", plug.fused_layer,
+             plug.heap, plug.profile.name)
     return plug
 
 

@@ -11,10 +11,29 @@ import os
 import sys
 
 from appliance.backend.blas import THREAD_TIMEOUT, loaded_libraries, preload_env, skinny_matmul_lib
+from appliance.backend.degraded import reinstall_command
 
 log = logging.getLogger("appliance")
 
 REEXEC_MARK = "APPLIANCE_BLAS_REEXEC"
+TUNING = {"simd": ("APPLIANCE_SIMD", "auto"), "quant_act": ("APPLIANCE_QUANT_ACT", "auto"),
+          "quant_threads": ("APPLIANCE_QUANT_THREADS", 0),
+          "kv_dtype": ("APPLIANCE_KV_DTYPE", "float16")}
+"""The engine settings the native code reads (once, from its process's environment) and the
+default that leaves the choice to it."""
+
+
+def export_tuning(**values: str | int) -> None:
+    """Put the engine settings of :data:`TUNING` (appliance/settings.py, validated there) in
+    this process's environment, where the native code reads them when it first runs; a
+    default removes the variable, so the code's own choice (the processor, its cores)
+    stands. Called before MLX loads, and before :func:`prepare` restarts the process."""
+    for name, value in values.items():
+        var, default = TUNING[name]
+        if value == default:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = str(value)
 
 
 def prepare(kind: str, blas: str, kernel: bool, argv: list[str]) -> None:
@@ -41,9 +60,9 @@ def log_blas(kernel: bool) -> None:
     log.info("BLAS: %s%s%s", "Debian's OpenBLAS" if openblas else "the BLAS bundled with mlx",
              ", with skinny_matmul" if lib and lib in maps else "", spin)
     if kernel and openblas and lib is None:
-        log.warning("skinny_matmul is on but was not built (no C compiler when the package "
-                    "was installed?): decode steps run on OpenBLAS's gemm, about 1.2-1.7x "
-                    "slower; install gcc and reinstall, or set --no-skinny-matmul")
+        log.warning("skinny_matmul is on but was not built (the package was built with "
+                    "APPLIANCE_BUILD_NATIVE=off?): decode steps run on OpenBLAS's gemm, about "
+                    "1.2-1.7x slower; fix: %s, or set --no-skinny-matmul", reinstall_command())
 
 
 def kernel_in_use() -> str | None:

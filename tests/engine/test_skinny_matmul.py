@@ -159,7 +159,7 @@ def test_appliance_run_preloads_skinny_matmul_before_openblas(preload: list[str]
                           env=_clean_env(HF_HUB_OFFLINE="1", APPLIANCE_NATIVE="off"))
     assert pure.returncode == 0, pure.stderr
     assert f"BLAS: Debian's OpenBLAS{spin}\n" in pure.stderr, pure.stderr
-    assert ("native=False kernel=none fast_ops=False quant=none heap=not tuned (native code off or not "
+    assert ("native=False kernel=none fast_ops=False quant=none fused_layer=False heap=not tuned (native code off or not "
             "the CPU) profile=plain") in pure.stderr
     assert pure.stdout.strip() == off.stdout.strip()  # greedy: the same words
 

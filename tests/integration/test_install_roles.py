@@ -55,7 +55,7 @@ def _script(path: Path, text: str) -> None:
 def _install_stamp() -> str:
     """What install.sh writes once the package is installed for the cpu backend."""
     return subprocess.run(
-        ["bash", "-c", "(echo cpu; cat pyproject.toml setup.py appliance/backend/native/*) "
+        ["bash", "-c", "(echo cpu; cat pyproject.toml setup.py CMakeLists.txt appliance/backend/native/*) "
          "| sha256sum | cut -c1-16"], cwd=ROOT, capture_output=True, text=True,
         check=True).stdout.strip()
 

@@ -23,7 +23,7 @@
 // appliance/backend/fast_ops.py builds attention and SwiGLU from them and installs those in
 // mlx-lm's model modules when MLX runs on the CPU.
 //
-// It is compiled against the MLX that is installed beside it (setup.py, with nanobind in the
+// It is compiled against the MLX version pyproject.toml pins (CMakeLists.txt, nanobind in the
 // "mlx" domain so MLX's own array type crosses the boundary) and refuses to load into
 // another MLX version (fast_ops.py compares mlx_version).
 
@@ -38,7 +38,6 @@
 #include <stdexcept>
 #include <map>
 #include <mutex>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -218,19 +217,17 @@ HOT void rms_norm_rows(const float* src, const float* pw, float* dst, int64_t ro
 }
 
 constexpr int64_t SPLIT = 1 << 18;
-// Elements above which the work is split with one more thread (the CPU stream runs one
-// operation at a time, so the second core is otherwise idle here).
+// Elements above which the work is shared with the quantized products' pool (the CPU
+// stream runs one operation at a time, so the other cores are otherwise idle here); the pool
+// is sized from the cores this process may run on (quant_threads), not a fixed two.
 
 template <class F>
-void in_two(int64_t units, int64_t unit_size, F&& f) {
+void in_parts(int64_t units, int64_t unit_size, const F& f) {
   if (units < 2 || units * unit_size < SPLIT) {
     f(0, units);
     return;
   }
-  const int64_t half = units / 2;
-  std::thread helper([&] { f(half, units); });
-  f(0, half);
-  helper.join();
+  fast_kernels::parallel(units, f);  // each unit once, whatever the split: the same bits
 }
 
 void require(const mx::array& a, const char* what) {
@@ -265,7 +262,7 @@ class Softmax : public mx::UnaryPrimitive {
       const int64_t rows = n ? static_cast<int64_t>(x.size()) / n : 0;
       const float* src = x.data<float>();
       float* dst = out.data<float>();
-      in_two(rows, n, [&](int64_t r0, int64_t r1) {
+      in_parts(rows, n, [&](int64_t r0, int64_t r1) {
         softmax_rows(src + r0 * n, dst + r0 * n, r0, r1 - r0, n, causal);
       });
     });
@@ -292,7 +289,7 @@ class SiluMul : public mx::UnaryPrimitive {
       const float* pa = in[0].data<float>();
       const float* pb = in[1].data<float>();
       float* py = out.data<float>();
-      in_two((n + block - 1) / block, block, [&](int64_t u0, int64_t u1) {
+      in_parts((n + block - 1) / block, block, [&](int64_t u0, int64_t u1) {
         const int64_t s = u0 * block, e = std::min(n, u1 * block);
         if (e > s) silu_mul_span(pa + s, pb + s, py + s, e - s);
       });
@@ -320,7 +317,7 @@ class RmsNorm : public mx::UnaryPrimitive {
       const float* src = x.data<float>();
       const float* pw = w.data<float>();
       float* dst = out.data<float>();
-      in_two(rows, n, [&](int64_t r0, int64_t r1) {
+      in_parts(rows, n, [&](int64_t r0, int64_t r1) {
         rms_norm_rows(src + r0 * n, pw, dst + r0 * n, r1 - r0, n, eps);
       });
     });
@@ -357,7 +354,7 @@ void rope_apply(const float* src, float* dst, int64_t b_len, int64_t heads, int6
     }
   }
   // Vectors of D features: batch row b, head h, position t is vector (b * heads + h) * T + t.
-  in_two(b_len * heads * t_len, d, [&](int64_t v0, int64_t v1) {
+  in_parts(b_len * heads * t_len, d, [&](int64_t v0, int64_t v1) {
     for (int64_t v = v0; v < v1; v++) {
       const int64_t t = v % t_len, b = v / (heads * t_len);
       const float* c = cs.data() + (b * t_len + t) * half * 2;

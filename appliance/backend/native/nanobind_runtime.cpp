@@ -1,3 +1,3 @@
-// nanobind's runtime, compiled into appliance.backend._mlx_fast (setup.py puts nanobind's src/ on
-// the include path; setuptools wants the sources under the project).
+// nanobind's runtime, compiled into appliance.backend._mlx_fast (CMakeLists.txt puts nanobind's src/ on
+// the include path; the sources stay under the project).
 #include "nb_combined.cpp"

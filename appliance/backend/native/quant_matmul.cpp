@@ -350,8 +350,10 @@ class QuantPool {
   static constexpr long PAUSES = 2000, YIELDS = 200;
 
   QuantPool() {
+    // the quant_threads setting (appliance/settings.py); unset or 0: the machine's cores
     const char* env = std::getenv("APPLIANCE_QUANT_THREADS");
-    threads_ = env != nullptr && *env != '\0' ? std::atoi(env) : std::min(usable_cores(), 8);
+    const int asked = env != nullptr ? std::atoi(env) : 0;
+    threads_ = asked > 0 ? asked : std::min(usable_cores(), 8);
     threads_ = std::max(1, std::min(threads_, 64));
   }
 

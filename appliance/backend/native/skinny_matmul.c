@@ -6,7 +6,7 @@
  * scratch buffer (reading and writing the weights once more than needed) and wakes its
  * threads for every call. On a quiet 2-core x86 machine one row by the SmolLM-135M shape's
  * 49152 x 576 vocabulary matrix took 15 ms (7.6 GB/s of weights); streaming the matrix once
- * on two threads, as below, takes 4.9 ms (`appliance bench matmul`). Debian 12 ships OpenBLAS
+ * on two threads, as below, takes 4.9 ms (`python -m bench.matmul`). Debian 12 ships OpenBLAS
  * 0.3.21 (0.3.27 added a gemm-to-gemv forward for one row, nothing for a few).
  *
  * This library is preloaded (LD_PRELOAD) before OpenBLAS by `appliance serve`/`run` on
@@ -19,7 +19,7 @@
  *    chunk of 20 tokens read in its forward is 28 rows). Above 16 rows OpenBLAS's gemm,
  *    which copies the weights first, took a step longer: a decode step of 7 rows with a
  *    16-token chunk riding 113-142 ms, through this kernel 85-104 ms
- *    (`python -m appliance.bench.mixed --rows 4,7 --chunks 8,12,16,20,24,28`);
+ *    (`python -m bench.mixed --rows 4,7 --chunks 8,12,16,20,24,28`);
  *  - any other product with one row or one column goes to the next library's cblas_sgemv;
  *  - everything else (prefill's big products) goes to the next library's cblas_sgemm.
  *

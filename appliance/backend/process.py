@@ -21,6 +21,8 @@ TUNING = {"simd": ("APPLIANCE_SIMD", "auto"), "quant_act": ("APPLIANCE_QUANT_ACT
           "kv_dtype": ("APPLIANCE_KV_DTYPE", "float16")}
 """The engine settings the native code reads (once, from its process's environment) and the
 default that leaves the choice to it."""
+_tuned = False
+"""export_tuning changed a variable a library preloaded before it may already have read."""
 
 
 def export_tuning(**values: str | int) -> None:
@@ -28,12 +30,15 @@ def export_tuning(**values: str | int) -> None:
     this process's environment, where the native code reads them when it first runs; a
     default removes the variable, so the code's own choice (the processor, its cores)
     stands. Called before MLX loads, and before :func:`prepare` restarts the process."""
+    global _tuned
     for name, value in values.items():
         var, default = TUNING[name]
+        before = os.environ.get(var)
         if value == default:
             os.environ.pop(var, None)
         else:
             os.environ[var] = str(value)
+        _tuned = _tuned or os.environ.get(var) != before
 
 
 def prepare(kind: str, blas: str, kernel: bool, argv: list[str]) -> None:
@@ -42,6 +47,10 @@ def prepare(kind: str, blas: str, kernel: bool, argv: list[str]) -> None:
     if kind != "cpu" or os.environ.get(REEXEC_MARK):
         return
     env = preload_env(blas, kernel)
+    if env is None and _tuned and os.environ.get("LD_PRELOAD"):
+        # preloaded already (a parent set LD_PRELOAD), but before the settings reached the
+        # environment: skinny_matmul chose its instruction set at load, so load it again
+        env = dict(os.environ)
     if env is None:
         return
     env[REEXEC_MARK] = "1"

@@ -22,7 +22,10 @@ def test_vectors_are_unit_length_and_do_not_depend_on_their_batch(tiny_model: Pa
     for a, b in zip(together, alone, strict=True):
         assert math.isclose(sum(x * x for x in a), 1.0, rel_tol=1e-4)
         assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4  # pads unread
-    assert together[0] == together[3] and together[0] != together[1]
+    # the same text twice in one batch: the same vector up to the rounding of the products
+    # the rows share (35 tokens go to OpenBLAS, whose AVX-512 kernels tile rows unevenly)
+    assert max(abs(x - y) for x, y in zip(together[0], together[3], strict=True)) < 1e-6
+    assert together[0] != together[1]
 
 
 @EXACT_BATCHES

@@ -134,10 +134,11 @@ class CpuPlug(Backend):
         """A quantized model's 16-bit parameters in float32 (:func:`float32_on_cpu`) and its
         KV cache in float16 (:func:`half_kv`); where the quantized kernel runs, its 4-bit
         weights tiled and the products its modules take of one input (q/k/v, gate/up) made
-        as one. The bytes this adds to the model's."""
+        as one, the tiles then the only copy of those layers (``quant.hold_once``: their
+        MLX arrays freed). The bytes this adds to the model's parameters (the tiles)."""
         import mlx.core as mx
 
-        from appliance.backend import quant
+        from appliance.backend import heap, quant
 
         if widened := float32_on_cpu(model):
             log.info("16-bit parameters of a quantized model computed in float32: arrays=%d",
@@ -145,9 +146,13 @@ class CpuPlug(Backend):
         if half_kv(model, self):  # where its layers' caches can (appliance/engine/kvcache.py)
             model.appliance_kv_dtype = mx.float16
         groups, tiled = quant.adopt(model)
+        freed = quant.hold_once(model)
         if groups or tiled:
-            log.info("quantized layers adopted: groups=%d tiles=%d bytes", groups, tiled)
-        return tiled
+            log.info("quantized layers adopted: groups=%d tiles=%d bytes, freed=%d bytes",
+                     groups, quant.tiled_bytes(), freed)
+        if freed:  # the freed arrays' pages back to the system, for the KV budget to count
+            heap.give_back()
+        return quant.tiled_bytes()
 
 
 def _degraded(native_wanted: bool, native_missing: str | None) -> list[str]:
@@ -175,9 +180,10 @@ def stand_down() -> None:
 def held_bytes(model: Any, part: Any) -> int:
     """The bytes ``part`` (a module of ``model``; from the shapes: nothing need be loaded)
     will hold once the plug has adopted ``model``: its arrays, the 16-bit ones
-    :func:`float32_on_cpu` widens twice their size, and the tiles the quantized kernel keeps
-    beside 4-bit weights. Machines that split a model by the bytes before adoption held 51
-    and 93 MiB of SmolLM2 (issue 52)."""
+    :func:`float32_on_cpu` widens twice their size, and for a layer the quantized kernel
+    tiles, its tiles in place of its arrays (``quant.hold_once``; a tied embedding's scales
+    in the 16 bits they are stored in). Machines that split a model by the bytes before
+    adoption held 51 and 93 MiB of SmolLM2 (issue 52)."""
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -186,17 +192,22 @@ def held_bytes(model: Any, part: Any) -> int:
     quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
     widen = fast_ops.on_cpu() and any(isinstance(m, quantized) for _, m in model.named_modules())
     tied = model.get("lm_head") is None
+    once = quant.holds_once()
     total = 0
     for _, module in part.named_modules():
-        kept = ("scales", "biases") if isinstance(module, nn.QuantizedLinear) else ()
-        for name, value in module.items():
-            if isinstance(value, mx.array) and not name.startswith("_"):  # as parameters()
-                wide = widen and name not in kept and value.dtype in (mx.float16, mx.bfloat16)
-                total += value.nbytes * (2 if wide else 1)
-        if isinstance(module, quantized):
+        tiles = quant.tiled_nbytes(module, tied, module["scales"].itemsize) \
+            if isinstance(module, quantized) else 0
+        if tiles and not once:  # the tiles beside its arrays, an embedding's scales widened
             scales = module["scales"]
             wide = widen and isinstance(module, nn.QuantizedEmbedding) and scales.itemsize == 2
-            total += quant.tiled_nbytes(module, tied, 4 if wide else scales.itemsize)
+            tiles = quant.tiled_nbytes(module, tied, 4 if wide else scales.itemsize)
+        total += tiles
+        kept = ("scales", "biases") if isinstance(module, nn.QuantizedLinear) else ()
+        held = ("weight", "scales", "biases") if tiles and once else ()
+        for name, value in module.items():
+            if isinstance(value, mx.array) and not name.startswith("_") and name not in held:
+                wide = widen and name not in kept and value.dtype in (mx.float16, mx.bfloat16)
+                total += value.nbytes * (2 if wide else 1)
     return total
 
 

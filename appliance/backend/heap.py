@@ -59,3 +59,24 @@ def keep_big_buffers(env: Mapping[str, str] | None = None) -> str:
     if not (mallopt(M_MMAP_THRESHOLD, KEEP_BYTES) and mallopt(M_TRIM_THRESHOLD, TRIM_BYTES)):
         return "mallopt refused"
     return "kept"
+
+
+def give_back() -> bool:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim``, which also
+    returns whole free pages inside the heap): the thresholds above keep freed buffers, and
+    arrays freed once at load (a model's weights held once, appliance/backend/quant.py's
+    ``hold_once``) would otherwise stay resident, unused, and out of what
+    ``psutil.virtual_memory().available`` counts for the KV budget. MLX's own cache of
+    buffers is cleared first. Whether anything was trimmed."""
+    import mlx.core as mx
+
+    mx.clear_cache()
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))

@@ -22,6 +22,10 @@ pace, and the products a module takes of one x one after another (q, k and v; ga
 :data:`SIBLINGS`) made one operation: the first of them computes all, the others take their
 outputs. Each product costs a fixed part beyond its weights (a scheduled operation, x
 rounded, the threads' hand-off), and a decode step of SmolLM2 had 210 of them.
+
+:func:`hold_once` then frees a tiled layer's MLX arrays: the tiles are its only copy, which
+a prompt's products dequantize (``dequantize_tiled``) and a tied embedding's lookup reads
+(docs/decisions/weights-held-once.md).
 """
 
 from __future__ import annotations
@@ -64,7 +68,8 @@ _switch_activations: list[str | None] = []
 
 
 class _Layer(NamedTuple):
-    """An adopted quantized layer: MLX's arrays, and its tiles when it has them."""
+    """An adopted quantized layer: MLX's arrays (empty ones once :func:`hold_once` freed
+    them), and its tiles when it has them."""
 
     w: mx.array
     scales: mx.array
@@ -72,6 +77,10 @@ class _Layer(NamedTuple):
     group_size: int
     bits: int
     tiled: Tiled | None
+    module: Any = None
+    """The layer itself, where :func:`hold_once` freed its arrays (to put them back)."""
+    dtype: Any = None
+    """Its scales' dtype before they were narrowed in the tiles (an embedding's)."""
 
 
 class _Group(NamedTuple):
@@ -137,7 +146,9 @@ def adopt(model: Any) -> tuple[int, int]:
     (:func:`tile`), and sibling
     layers (:data:`SIBLINGS`: quantized alike, one input width) grouped, so that the first
     call of a group computes all its products. The groups, and the bytes the tiles take
-    (beside MLX's arrays, which prompts and MLX's own paths read). None forgets them all."""
+    (beside MLX's arrays, until :func:`hold_once`). None forgets them all (a layer whose
+    arrays were freed gets them back from its tiles)."""
+    _restore()
     _layers.clear()
     _pending.__dict__.clear()
     if model is None or not _original:
@@ -164,9 +175,13 @@ def adopt(model: Any) -> tuple[int, int]:
         if (id(module) not in grouped and _fusable(module, module) and tiling
                 and (tied if isinstance(module, nn.QuantizedEmbedding) else module.bits == 4)):
             _layers[id(module["weight"])] = (_group([_adopt_layer(module, tiling)]), 0)
-    tiled = sum(t.tiles.nbytes + 2 * t.scales.nbytes
-                for group, index in _layers.values() if (t := group.layers[index].tiled))
-    return groups, tiled
+    return groups, tiled_bytes()
+
+
+def tiled_bytes() -> int:
+    """The bytes the adopted layers' tiles take."""
+    return sum(t.tiles.nbytes + t.scales.nbytes + t.biases.nbytes
+               for group, index in _layers.values() if (t := group.layers[index].tiled))
 
 
 def _tiling() -> bool:
@@ -226,8 +241,12 @@ def _adopted(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
         return None
     group, index = entry
     layer = group.layers[index]
-    if layer.scales is not scales or layer.biases is not biases or not _fits(layer, x):
+    if layer.scales is not scales or layer.biases is not biases:
         return None
+    if not _fits(layer, x):
+        # a layer held once has no other copy: a prompt's rows go dense from its tiles
+        return None if layer.module is None or layer.tiled is None else \
+            _dense_tiled(fast_ops._extension(), x, layer.tiled)
     pending = getattr(_pending, "last", None)
     if pending is not None and pending[0] is x and pending[1] is group:
         out = pending[2][index]
@@ -316,6 +335,143 @@ def tiled_args(linears: tuple[Any, ...]) -> tuple[Any, ...] | None:
     return group.args
 
 
+def holds_once() -> bool:
+    """Whether :func:`hold_once` can free adopted layers' arrays here: the extension
+    dequantizes a prompt's products from the tiles."""
+    return _tiling() and hasattr(fast_ops._extension(), "dequantize_tiled")
+
+
+def hold_once(model: Any) -> int:
+    """Free the arrays of ``model``'s tiled layers (:func:`adopt` made their tiles), so the
+    tiles are their only copy: every product reads them (a prompt's through
+    ``dequantize_tiled``, to the same floats), and a tied embedding looks its rows up in
+    them (:class:`_HeldEmbedding`), its scales back in the 16 bits they were stored in where
+    :func:`~appliance.backend.cpu.float32_on_cpu` widened them. Each freed array becomes an
+    empty one of its dtype and rows, so nothing keeps it. The bytes freed."""
+    if not holds_once():
+        return 0
+    owners = {id(m["weight"]): m for _, m in model.named_modules()
+              if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    freed = 0
+    for group in {id(g): g for g, _ in _layers.values()}.values():
+        if any(layer.tiled is None or layer.module is not None or id(layer.w) not in owners
+               for layer in group.layers):
+            continue
+        freed += sum(x.nbytes for layer in group.layers
+                     for x in (layer.w, layer.scales, layer.biases))
+        held = _held_group(group, [owners[id(layer.w)] for layer in group.layers])
+        for index, (old, new) in enumerate(zip(group.layers, held.layers, strict=True)):
+            del _layers[id(old.w)]
+            _layers[id(new.w)] = (held, index)
+    return freed
+
+
+def _held_group(group: _Group, modules: list[Any]) -> _Group:
+    """``group`` with each layer's arrays freed (its module's replaced by empty ones)."""
+    layers = []
+    for layer, module in zip(group.layers, modules, strict=True):
+        assert layer.tiled is not None
+        tiled, dtype = layer.tiled, layer.scales.dtype
+        if isinstance(module, nn.QuantizedEmbedding):
+            tiled = _narrowed(tiled)
+            module.__class__ = _HeldEmbedding
+        empty = {name: mx.zeros((module[name].shape[0], 0), module[name].dtype)
+                 for name in ("weight", "scales", "biases")}
+        module.update(empty)
+        layers.append(_Layer(empty["weight"], empty["scales"], empty["biases"],
+                             layer.group_size, layer.bits, tiled, module, dtype))
+    return _group(layers)
+
+
+def _narrowed(t: Tiled) -> Tiled:
+    """An embedding's tiles with its scales and biases in 16 bits where they hold them
+    exactly (float32_on_cpu widened them from there): the kernel reads both kinds as the
+    same floats, and the lookup widens them again."""
+    for dtype in (mx.float16, mx.bfloat16):
+        if t.scales.dtype == mx.float32 and all(
+                mx.array_equal(a.astype(dtype).astype(mx.float32), a).item()
+                for a in (t.scales, t.biases)):
+            scales, biases = t.scales.astype(dtype), t.biases.astype(dtype)
+            mx.eval(scales, biases)
+            return t._replace(scales=scales, biases=biases)
+    return t
+
+
+def _restore() -> None:
+    """Put back the arrays :func:`hold_once` freed (from the tiles), before the layers are
+    forgotten: a model used after that takes MLX's own products again."""
+    for group, index in list(_layers.values()):
+        layer = group.layers[index]
+        if layer.module is None or layer.tiled is None:
+            continue
+        w, scales, biases = untile(layer.tiled)
+        dtype = layer.dtype or scales.dtype
+        module: Any = layer.module
+        embedding = isinstance(module, _HeldEmbedding)
+        if embedding:
+            module.__class__ = nn.QuantizedEmbedding
+        module.update({"weight": w, "scales": scales.astype(dtype),
+                             "biases": biases.astype(dtype)})
+
+
+def untile(t: Tiled) -> tuple[mx.array, mx.array, mx.array]:
+    """MLX's arrays (w, scales, biases) from ``t``: :func:`tile` undone (MLX's operations;
+    the extension's ``dequantize_tiled`` does this a tile at a time)."""
+    rows, k = t.tiles.shape[0], t.tiles.shape[1] // (2 * t.bits)
+    if t.bits == 8:  # [tile, chunk, column, element] -> [tile, column, chunk, element]
+        raw = t.tiles.reshape(rows, k // 2, 16, 2).transpose(0, 2, 1, 3).reshape(rows * 16, k)
+    else:  # a chunk's bytes (4c | 4c + 2, 4c + 1 | 4c + 3) as MLX's (4c | 4c + 1, 4c + 2 | 4c + 3)
+        b = t.tiles.reshape(rows, k // 4, 16, 2)
+        lo, hi = b[..., 0], b[..., 1]
+        pair = mx.stack([(lo & 15) | ((hi & 15) << 4), (lo >> 4) | (hi & 0xF0)], axis=-1)
+        raw = pair.transpose(0, 2, 1, 3).reshape(rows * 16, k // 2)
+    w = mx.contiguous(raw[:t.n]).view(mx.uint32)
+
+    def side(a: mx.array) -> mx.array:
+        return mx.contiguous(a.transpose(0, 2, 1).reshape(rows * 16, -1)[:t.n])
+
+    out = (w, side(t.scales), side(t.biases))
+    mx.eval(*out)
+    return out
+
+
+def lookup(t: Tiled, ids: mx.array, group_size: int, dtype: Any) -> mx.array:
+    """Rows ``ids`` of a tiled embedding, dequantized as ``nn.QuantizedEmbedding`` does
+    from MLX's arrays (its words and scales gathered from the tiles, then
+    ``mx.dequantize``, the scales in ``dtype``: the same floats)."""
+    k = t.tiles.shape[1] // (2 * t.bits)
+    groups = t.scales.shape[1]
+    flat = ids.reshape(-1).astype(mx.int64)
+    tile_of, column = flat // 16, flat % 16
+    chunks = k * t.bits // 16  # a column's 2 bytes in each chunk of 32
+    at = ((tile_of * t.tiles.shape[1] + 2 * column)[:, None, None]
+          + (mx.arange(chunks, dtype=mx.int64) * 32)[None, :, None]
+          + mx.arange(2, dtype=mx.int64)[None, None, :])
+    b = mx.take(t.tiles.reshape(-1), at)
+    if t.bits == 4:
+        lo, hi = b[..., 0], b[..., 1]
+        b = mx.stack([(lo & 15) | ((hi & 15) << 4), (lo >> 4) | (hi & 0xF0)], axis=-1)
+    w = mx.contiguous(b.reshape(flat.size, -1)).view(mx.uint32)
+    side_at = (tile_of * (groups * 16) + column)[:, None] + \
+        (mx.arange(groups, dtype=mx.int64) * 16)[None, :]
+    scales = mx.take(t.scales.reshape(-1), side_at).astype(dtype)
+    biases = mx.take(t.biases.reshape(-1), side_at).astype(dtype)
+    out = mx.dequantize(w, scales, biases, group_size=group_size, bits=t.bits)
+    return out.reshape(*ids.shape, out.shape[-1])
+
+
+class _HeldEmbedding(nn.QuantizedEmbedding):
+    """A tied quantized embedding whose tiles are its only copy (:func:`hold_once`): rows
+    looked up in them; ``as_linear`` is MLX's, which the switch answers from them."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        entry = _layers.get(id(self["weight"]))
+        assert entry is not None, "a held embedding's tiles were forgotten"
+        layer = entry[0].layers[entry[1]]
+        assert layer.tiled is not None
+        return lookup(layer.tiled, x, self.group_size, layer.dtype)
+
+
 def mlx_own() -> Any:
     """MLX's own ``mx.quantized_matmul`` (the one the switch passes on to, or in place)."""
     return _original[0] if _original else mx.quantized_matmul
@@ -349,6 +505,18 @@ def _dense(ext: Any, x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     step = n if n * k <= DENSE_WHOLE else max(1, DENSE_PIECE // k)
     parts = [mx.matmul(xb, ext.dequantize_blocked(w[i:i + step], scales[i:i + step],
                                                   biases[i:i + step], group_size, bits).T)
+             for i in range(0, n, step)]
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+
+
+def _dense_tiled(ext: Any, x: mx.array, t: Tiled) -> mx.array:
+    """:func:`_dense` for a tiled weight: the same pieces, dequantized from the tiles to the
+    same floats (``dequantize_tiled``), so the same sums."""
+    xb = ext.block_order(x, t.bits)
+    n, k = t.n, x.shape[-1]
+    step = n if n * k <= DENSE_WHOLE else max(1, DENSE_PIECE // k)
+    parts = [mx.matmul(xb, ext.dequantize_tiled(t.tiles, t.scales, t.biases, i,
+                                                min(step, n - i), t.group_size, t.bits).T)
              for i in range(0, n, step)]
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
 
@@ -420,11 +588,21 @@ def takes(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None,
             and tuple(biases.shape) == tuple(scales.shape))
 
 
+def _held(w: mx.array) -> bool:
+    entry = _layers.get(id(w))
+    return entry is not None and entry[0].layers[entry[1]].module is not None
+
+
 def _quantized_matmul_with(fallback: Any, activations: str | None) -> Any:
     def fast_quantized_matmul(x: mx.array, w: mx.array, /, scales: mx.array,
                               biases: mx.array | None = None, transpose: bool = True,
                               group_size: int | None = None, bits: int | None = None,
                               mode: str = "affine", *, stream: Any = None) -> mx.array:
+        if (stream is None and _layers and biases is not None and transpose
+                and x.dtype != mx.float32 and _held(w)):
+            # a held layer has no other copy: its product in float32, as x's dtype
+            return fast_quantized_matmul(x.astype(mx.float32), w, scales, biases, transpose,
+                                         group_size, bits, mode).astype(x.dtype)
         if (stream is None and _layers and biases is not None and transpose
                 and x.dtype == mx.float32):
             # an adopted layer's own arrays: their checks were made when it was adopted

@@ -214,3 +214,52 @@ def test_products_add_a_layers_own_bias_as_its_call_does(models: dict[str, Path]
     for out, layer in zip(got, qkv, strict=True):
         assert np.array_equal(np.array(out), np.array(layer(x)))
     assert quant.products(x, (attn.q_proj,), mx.zeros_like(got[0])) is None
+
+
+@pytest.mark.parametrize("arch", ["llama3", "llama3-q8", "qwen3"])
+@pytest.mark.parametrize("stored16", [False, True])
+def test_layers_held_once_give_the_same_bits_from_their_tiles_alone(
+        arch: str, stored16: bool, models: dict[str, Path]) -> None:
+    """``hold_once`` frees the arrays of every tiled layer (the tied embedding too): a
+    decode row, a prompt past the tiles' rows (dense, dequantized from the tiles) and the
+    embedding's rows give the bits they gave with MLX's arrays beside the tiles; the
+    parameters shrink by what was freed; forgetting the layers puts the arrays back, and
+    MLX's own products give what they gave before adoption. ``stored16``: scales stored in
+    16 bits and widened by float32_on_cpu (a GGUF import on the CPU), the embedding's kept
+    in 16 bits in its tiles."""
+    from mlx.utils import tree_flatten, tree_map
+
+    from appliance.backend.cpu import float32_on_cpu
+
+    assert quant.install() is None
+    if not quant.holds_once():
+        pytest.fail("tiles need x rounded to 16 bits (AVX2, AVX-512) and dequantize_tiled")
+    model = load(str(models[arch]))[0]
+    if stored16:
+        model.update(tree_map(lambda a: a.astype(mx.float16) if a.dtype == mx.float32 else a,
+                              model.parameters()))
+        float32_on_cpu(model)
+    short, long = [5, 41, 77], [5 + 37 * i % 4000 for i in range(quant.TILED_ROWS + 1)]
+
+    def run() -> list[np.ndarray]:
+        outs = [model(mx.array([short])), model(mx.array([long])),
+                model.model.embed_tokens(mx.array([short, short[::-1]]))]
+        mx.eval(outs)
+        return [np.array(o) for o in outs]
+
+    def size() -> int:
+        return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+    alone = run()
+    quant.adopt(model)
+    want, before = run(), size()
+    freed = quant.hold_once(model)
+    assert freed > 0 and size() == before - freed
+    if "lm_head" not in model:  # tied: the embedding is the output layer, tiled
+        assert model.model.embed_tokens["weight"].size == 0
+    for got, expected in zip(run(), want, strict=True):
+        assert got.dtype == expected.dtype and np.array_equal(got, expected)
+    quant.adopt(None)
+    assert size() == before
+    for got, expected in zip(run(), alone, strict=True):
+        assert np.array_equal(got, expected)

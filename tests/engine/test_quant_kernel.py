@@ -147,6 +147,30 @@ def test_the_dequantized_weights_are_mlxs_in_the_order_x_is_put_in(bits: int, gr
         assert np.array_equal(np.array(ext.block_order(x, bits)), np.array(x)[:, order])
 
 
+@pytest.mark.parametrize("bits", quant.BITS)
+@pytest.mark.parametrize("group", quant.GROUP_SIZES)
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_tiles_dequantize_to_the_floats_of_mlxs_arrays(bits: int, group: int,
+                                                        scale_dtype: mx.Dtype) -> None:
+    """A layer held once has only its tiles: any rows of them dequantize to what
+    dequantize_blocked gives from MLX's arrays, bit for bit (50 rows: a partial last
+    tile; 576: a partial last block), and untile gives MLX's arrays back."""
+    ext = fast_ops._extension()
+    for k in (576, 1024):
+        if k % group:
+            continue
+        w, s, b, _ = packed(50, k, bits, group, scale_dtype)
+        t = quant.tile(w, s, b, group)
+        want = np.array(ext.dequantize_blocked(w, s, b, group, bits))
+        for row0, count in ((0, 50), (0, 1), (7, 20), (16, 16), (33, 17), (49, 1)):
+            got = ext.dequantize_tiled(t.tiles, t.scales, t.biases, row0, count, group, bits)
+            assert np.array_equal(np.array(got), want[row0:row0 + count]), (row0, count)
+        for mine, theirs in zip(quant.untile(t), (w, s, b), strict=True):
+            assert mine.dtype == theirs.dtype and mx.array_equal(mine, theirs).item()
+        with pytest.raises(ValueError, match="rows outside"):
+            ext.dequantize_tiled(t.tiles, t.scales, t.biases, 40, 30, group, bits)
+
+
 def test_products_of_up_to_32_rows_take_the_kernel_and_more_go_dense() -> None:
     from appliance.backend import profile
 

@@ -577,6 +577,116 @@ class QuantDequant : public mx::UnaryPrimitive {
   int group_, bits_;
 };
 
+// Tiles back to MLX's layout: rows [0, rows) of one tile (16 columns side by side; see
+// quant_kernels.h, "Tiled 4-bit weights") as MLX's packed words, element 2i of a row in the
+// low nibble of its byte i (8 bits: byte i is element i), and their scales and biases
+// [rows, groups]. A 4-bit chunk's bytes for column j are element 4c + h low and 4c + 2 + h
+// high (h = 0, 1); MLX's bytes 2c and 2c + 1 hold the pairs (4c, 4c + 1), (4c + 2, 4c + 3).
+void untile_one(const uint8_t* tile, const uint8_t* ts, const uint8_t* tb, int64_t rows,
+                int64_t k, int64_t groups, int bits, size_t ssize, uint8_t* w, uint8_t* s,
+                uint8_t* b) {
+  const int64_t row_bytes = k * bits / 8, chunks = k * bits / 16;
+  for (int64_t j = 0; j < rows; j++) {
+    const uint8_t* p = tile + 2 * j;
+    uint8_t* out = w + j * row_bytes;
+    if (bits == 8) {
+      for (int64_t c = 0; c < chunks; c++) {
+        out[2 * c] = p[32 * c];
+        out[2 * c + 1] = p[32 * c + 1];
+      }
+    } else {
+      for (int64_t c = 0; c < chunks; c++) {
+        const uint8_t b0 = p[32 * c], b1 = p[32 * c + 1];
+        out[2 * c] = static_cast<uint8_t>((b0 & 15) | ((b1 & 15) << 4));
+        out[2 * c + 1] = static_cast<uint8_t>((b0 >> 4) | (b1 & 0xF0));
+      }
+    }
+    for (int64_t g = 0; g < groups; g++) {
+      const size_t from = static_cast<size_t>((g * TILE + j)) * ssize;
+      std::memcpy(s + static_cast<size_t>(j * groups + g) * ssize, ts + from, ssize);
+      std::memcpy(b + static_cast<size_t>(j * groups + g) * ssize, tb + from, ssize);
+    }
+  }
+}
+
+// dequantize_tiled's work: rows [row0, row0 + rows) of a tiled weight, a tile at a time
+// back in MLX's layout (in a buffer the cache keeps), then dequantize_blocked's own loop on
+// it, so the floats are dequantize_blocked's of MLX's arrays, bit for bit.
+struct TiledDequant {
+  const uint8_t* tiles;
+  const uint8_t* scales;
+  const uint8_t* biases;
+  int64_t row0, rows, k, groups;
+  int group, bits;
+  size_t ssize;
+  columns_fn fn;
+  float* y;
+};
+
+void dequant_tiled_unit(const void* ctx, int64_t t0, int64_t t1) {
+  const auto& d = *static_cast<const TiledDequant*>(ctx);
+  const int64_t row_bytes = d.k * d.bits / 8, tile_bytes = TILE * row_bytes;
+  const int64_t side = d.groups * TILE * static_cast<int64_t>(d.ssize);
+  std::vector<uint32_t> w(static_cast<size_t>(tile_bytes / 4));
+  std::vector<uint8_t> s(static_cast<size_t>(side)), b(static_cast<size_t>(side));
+  for (int64_t t = t0; t < t1; t++) {
+    const int64_t first = std::max(d.row0, t * TILE);
+    const int64_t last = std::min(d.row0 + d.rows, (t + 1) * TILE);
+    untile_one(d.tiles + t * tile_bytes, d.scales + t * side, d.biases + t * side,
+               last - t * TILE, d.k, d.groups, d.bits, d.ssize,
+               reinterpret_cast<uint8_t*>(w.data()), s.data(), b.data());
+    const int64_t skip = first - t * TILE;
+    QArgs a{nullptr, 0, d.k, d.k, last - t * TILE, w.data(), row_bytes / 4, s.data(), b.data(),
+            d.groups, d.group, __builtin_ctz(d.group), d.y + (t * TILE - d.row0) * d.k,
+            nullptr, nullptr, nullptr};
+    d.fn(a, skip, last - t * TILE);
+  }
+}
+
+class TiledDequantize : public mx::UnaryPrimitive {
+ public:
+  TiledDequantize(mx::Stream s, int64_t row0, int group, int bits)
+      : mx::UnaryPrimitive(s), row0_(row0), group_(group), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    staging::Staged staged;
+    std::vector<mx::array> outs;
+    auto& enc = prepare(stream(), inputs, {out}, staged, outs);
+    enc.dispatch([staged = std::move(staged), out = outs[0], row0 = row0_, group = group_,
+                  bits = bits_]() mutable {
+      staged.fill();
+      const auto& ins = staged.ins;
+      const int64_t rows = out.shape(0), k = out.shape(1);
+      TiledDequant d{ins[0].data<uint8_t>(), ins[1].data<uint8_t>(), ins[2].data<uint8_t>(),
+                     row0, rows, k, ins[1].shape(1), group, bits, ins[1].itemsize(),
+                     pick_dequant(bits, group, ins[1].dtype()), out.data<float>()};
+      const int64_t t0 = row0 / TILE, t1 = (row0 + rows + TILE - 1) / TILE;
+      auto& pool = QuantPool::get();
+      if (rows * k < SPLIT_MIN || pool.threads() < 2 || t1 - t0 < 2) {
+        dequant_tiled_unit(&d, t0, t1);
+        return;
+      }
+      const int64_t per = std::max<int64_t>(1, (t1 - t0) / (8 * pool.threads()));
+      std::vector<Task> tasks;
+      for (int64_t t = t0; t < t1; t += per)
+        tasks.push_back({nullptr, nullptr, t, std::min(t1, t + per), dequant_tiled_unit, &d});
+      pool.run(tasks.data(), static_cast<int64_t>(tasks.size()));
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("appliance dequantize_tiled runs on the CPU only");
+  }
+  const char* name() const override { return "ApplianceDequantizeTiled"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const TiledDequantize&>(other);
+    return row0_ == o.row0_ && group_ == o.group_ && bits_ == o.bits_;
+  }
+
+ private:
+  int64_t row0_;
+  int group_, bits_;
+};
+
 // x @ W.T for one or more weights W of the same K, group and bits (q/k/v, gate/up): x is
 // rounded once and the parts' columns go to the pool as one job, each part to its output.
 class QuantMatmul : public mx::Primitive {
@@ -711,6 +821,29 @@ mx::array dequantize_blocked(const mx::array& w, const mx::array& scales,
   std::vector<mx::array> ins = {w, scales, biases};
   return mx::array({w.shape(0), static_cast<int32_t>(k)}, mx::float32,
                    std::make_shared<QuantDequant>(s, group, bits), std::move(ins));
+}
+
+mx::array dequantize_tiled(const mx::array& tiles, const mx::array& scales,
+                           const mx::array& biases, int64_t row0, int64_t rows, int group,
+                           int bits) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("dequantize_tiled: bits must be 4 or 8");
+  if (group != 32 && group != 64 && group != 128)
+    throw std::invalid_argument("dequantize_tiled: group_size must be 32, 64 or 128");
+  if (tiles.dtype() != mx::uint8 || tiles.ndim() != 2 || tiles.shape(1) % tblock(bits))
+    throw std::invalid_argument("dequantize_tiled: tiles must be uint8 [tiles, K * 8] (K * 16 for 8 bits)");
+  const int64_t k = tiles.shape(1) / tblock(bits) * IBLOCK;
+  const mx::Shape sshape = {tiles.shape(0), static_cast<int32_t>(k / group), TILE};
+  if (k % group || scales.shape() != sshape || biases.shape() != sshape ||
+      scales.dtype() != biases.dtype() ||
+      (scales.dtype() != mx::float32 && scales.dtype() != mx::float16 &&
+       scales.dtype() != mx::bfloat16))
+    throw std::invalid_argument("dequantize_tiled: scales and biases must be [tiles, K / group_size, 16]");
+  if (row0 < 0 || rows < 1 || row0 + rows > static_cast<int64_t>(tiles.shape(0)) * TILE)
+    throw std::invalid_argument("dequantize_tiled: rows outside the tiles");
+  auto s = mx::to_stream({}, mx::Device::cpu);
+  return mx::array({static_cast<int32_t>(rows), static_cast<int32_t>(k)}, mx::float32,
+                   std::make_shared<TiledDequantize>(s, row0, group, bits),
+                   {tiles, scales, biases});
 }
 
 mx::array block_order(const mx::array& x, int bits) {
@@ -882,6 +1015,12 @@ void define_quant(nb::module_& m) {
         "dequantize(w, scales, biases) as float32 [N, K], each row's K in the kernel's block "
         "order (block_order permutes x to match); the pool's "
         "threads share the rows.");
+  m.def("dequantize_tiled", &dequantize_tiled, nb::arg("tiles"), nb::arg("scales"),
+        nb::arg("biases"), nb::arg("row0"), nb::arg("rows"), nb::arg("group_size"),
+        nb::arg("bits"),
+        "Rows [row0, row0 + rows) of a tiled weight (appliance/backend/quant.py's tile()) "
+        "as dequantize_blocked gives them from MLX's arrays, bit for bit: the tiles are the "
+        "only copy of an adopted layer's weights.");
   m.def("block_order", &block_order, nb::arg("x"), nb::arg("bits"),
         "x with its last axis in dequantize_blocked's order for bits-wide weights.");
   m.def("quant_simd", [] { return std::string(simd_name()); },

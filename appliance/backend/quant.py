@@ -398,8 +398,9 @@ def _narrowed(t: Tiled) -> Tiled:
 
 
 def _restore() -> None:
-    """Put back the arrays :func:`hold_once` freed (from the tiles), before the layers are
-    forgotten: a model used after that takes MLX's own products again."""
+    """Put back the arrays :func:`hold_once` freed (from the tiles, computed when first
+    read), before the layers are forgotten: a model used after that takes MLX's own
+    products again."""
     for group, index in list(_layers.values()):
         layer = group.layers[index]
         if layer.module is None or layer.tiled is None:
@@ -430,9 +431,8 @@ def untile(t: Tiled) -> tuple[mx.array, mx.array, mx.array]:
     def side(a: mx.array) -> mx.array:
         return mx.contiguous(a.transpose(0, 2, 1).reshape(rows * 16, -1)[:t.n])
 
-    out = (w, side(t.scales), side(t.biases))
-    mx.eval(*out)
-    return out
+    # left lazy: a model forgotten as another loads (a switch of model) is dropped unread
+    return w, side(t.scales), side(t.biases)
 
 
 def lookup(t: Tiled, ids: mx.array, group_size: int, dtype: Any) -> mx.array:

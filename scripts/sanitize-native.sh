@@ -1,33 +1,58 @@
 #!/usr/bin/env bash
-# The native kernels under AddressSanitizer and UndefinedBehaviorSanitizer (issue 53 item 5),
-# run by scripts/test.sh: a small build of their own, without MLX, of each kernel with a
-# driver that checks its products against a plain double-precision loop (skinny_matmul:
-# tests/native/skinny_race.c; the quantized products' float loops: quant_sanitize.cpp), on
-# every instruction set the processor runs; any report fails the run. ThreadSanitizer over
-# skinny_matmul's hand-off is scripts/tsan-skinny.sh.
-#   ./scripts/sanitize-native.sh [rounds]
+# The native kernels under AddressSanitizer and UndefinedBehaviorSanitizer, and the one pool
+# under ThreadSanitizer (issue 53 item 5), run by scripts/test.sh: small builds of their own,
+# without MLX. ASan and UBSan: each kernel with a driver that checks its products against a
+# plain double-precision loop (skinny_matmul: tests/native/skinny_race.c; the quantized
+# products' float loops: quant_sanitize.cpp), on every instruction set the processor runs.
+# TSan: tests/native/pool_tsan.cpp runs the pool (pool.c) with three helpers over
+# skinny_matmul's products and the fast operations' loops from two callers at once, on every
+# instruction set, then once with a planted race, which TSan must report. Any other report
+# fails the run.
+#   ./scripts/sanitize-native.sh [rounds] [pool rounds]   (400 and 150: TSan adds some 15 s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OPENBLAS=$(python3 -c "import sys; sys.path.insert(0, '.'); from appliance.backend.blas import openblas_lib; print(openblas_lib() or '')")
 [ -n "$OPENBLAS" ] || { echo "Debian's libopenblas0-pthread is not installed" >&2; exit 1; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+mkdir "$out/asan" "$out/tsan"
 N=appliance/backend/native
+SKINNY=($N/skinny_matmul.c $N/skinny_avx2.c $N/skinny_avx512.c $N/simd.c $N/pool.c)
 SAN=("-fsanitize=address,undefined" -fno-sanitize-recover=all -fno-omit-frame-pointer -Wno-psabi)
-gcc -O1 -g "${SAN[@]}" -o "$out/skinny" tests/native/skinny_race.c $N/skinny_matmul.c \
+TSAN=(-fsanitize=thread -O1 -g -Wno-psabi)
+gcc -O1 -g "${SAN[@]}" -o "$out/skinny" tests/native/skinny_race.c "${SKINNY[@]}" \
   "$OPENBLAS" -ldl -lpthread -lm &
 pids=($!)
 # the quantized loops at -O0: their templates took four times as long to compile at -O1
 for src in tests/native/quant_sanitize.cpp $N/quant_avx2.cpp $N/quant_avx512.cpp; do
-  g++ -std=c++20 -O0 "${SAN[@]}" -c "$src" -o "$out/$(basename "$src").o" &
+  g++ -std=c++20 -O0 "${SAN[@]}" -c "$src" -o "$out/asan/$(basename "$src").o" &
+  pids+=($!)
+done
+for src in "${SKINNY[@]}"; do
+  gcc "${TSAN[@]}" -c "$src" -o "$out/tsan/$(basename "$src").o" &
+  pids+=($!)
+done
+for src in tests/native/pool_tsan.cpp $N/fast_loops.cpp $N/fast_avx2.cpp $N/fast_avx512.cpp; do
+  g++ -std=c++20 "${TSAN[@]}" -c "$src" -o "$out/tsan/$(basename "$src").o" &
   pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid"; done  # each compile's status, not only the last's
-g++ -fsanitize=address,undefined -o "$out/quant" "$out"/*.o
-# ASan must be the first library loaded: none of the test command's preloads; leaks are not
-# looked for (the kernel's helper thread lives as long as the process, by design)
+g++ -fsanitize=address,undefined -o "$out/quant" "$out"/asan/*.o
+g++ -fsanitize=thread -o "$out/pool_tsan" "$out"/tsan/*.o "$OPENBLAS" -ldl -lpthread
+# a sanitizer's runtime must be the first library loaded: none of the test command's
+# preloads; leaks are not looked for (the pool's helpers live as long as the process)
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
+export TSAN_OPTIONS=halt_on_error=1
 for simd in avx512 avx2 portable; do
   env -u LD_PRELOAD APPLIANCE_SIMD=$simd "$out/skinny" "${1:-400}"
+  env -u LD_PRELOAD APPLIANCE_SIMD=$simd APPLIANCE_QUANT_THREADS=4 "$out/pool_tsan" "${2:-150}"
 done
 env -u LD_PRELOAD "$out/quant"  # every variant the processor runs
+# the planted race: a run that TSan does not stop means it could not see one in the pool
+if env -u LD_PRELOAD APPLIANCE_QUANT_THREADS=4 "$out/pool_tsan" 20 plant >"$out/plant.log" 2>&1 \
+   || ! grep -q "ThreadSanitizer: data race" "$out/plant.log"; then
+  cat "$out/plant.log" >&2
+  echo "sanitize-native: ThreadSanitizer did not report the planted race" >&2
+  exit 1
+fi
+echo "sanitize-native: ThreadSanitizer reported the planted race, as it must"

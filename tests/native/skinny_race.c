@@ -1,8 +1,8 @@
-/* A stress driver for skinny_matmul's hand-off between the caller and its helper thread,
- * built with ThreadSanitizer by scripts/tsan-skinny.sh (docs/backends.md has the last run).
- * Thousands of products of 1-32 rows, big enough to be shared, each checked against a plain
- * double-precision loop: a torn job or a lost block shows as a wrong result, a data race
- * as TSan's report. */
+/* A stress driver for skinny_matmul's products shared with the native code's pool, built
+ * with AddressSanitizer and UBSan by scripts/sanitize-native.sh (ThreadSanitizer runs the
+ * pool in tests/native/pool_tsan.cpp). Thousands of products of 1-32 rows, big enough to be
+ * shared, each checked against a plain double-precision loop: a lost block shows as a wrong
+ * result, a bad read or write as the sanitizers' report. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

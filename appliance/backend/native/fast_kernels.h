@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "fast_loops.h"
 #include "mlx/array.h"
 
 namespace fast_kernels {
@@ -24,16 +25,8 @@ void rope_apply(const float* x, float* y, int64_t b_len, int64_t heads, int64_t 
 // exp(-i * log(base) / half) for i < half, as MLX's RoPE fallback computes it (kept).
 mlx::core::array rope_inv_freq(int half, float base);
 
-struct Strided {  // an input's base and element strides of its four axes (0: broadcast)
-  const char* base;
-  int64_t st[4];
-  bool half = false;  // float16 elements (a KV cache's), else float32 (or a mask's own type)
-};
-
 // a's base and strides, an axis of size 1 read with stride 0 (broadcast), 4 axes aligned right.
 Strided strided(const mlx::core::array& a);
-
-enum MaskKind : int { NO_MASK = 0, BOOL_MASK = 1, ADD_MASK = 2 };
 
 // DecodeAttention's arithmetic and threads: q [B, H, 1, D], k and v [B, KV, L, D] by strides
 // (float32, or both float16: read into float32 as they are loaded),
@@ -45,13 +38,11 @@ void decode_attention(const Strided& q, const Strided& k, const Strided& v, cons
                       int64_t l_len, int64_t d, float scale, int64_t causal = -1);
 
 // quant_matmul.cpp: n floats narrowed to float16 (a KV cache kept in 16 bits, its bits),
-// rounded to nearest even as MLX casts, by the quantized kernels' instruction set; that
-// instruction set (APPLIANCE_SIMD): 0 portable, 1 AVX2, 2 AVX-512.
+// rounded to nearest even as MLX casts, by the variant appliance_simd_level() names.
 void narrow_half(const float* src, uint16_t* dst, int64_t n);
-int simd_level();
 
-// quant_matmul.cpp: f(u0, u1) over [0, units) in pieces, on the caller and the quantized
-// products' helper threads (each unit once).
+// quant_matmul.cpp: f(u0, u1) over [0, units) in pieces, on the caller and the native
+// code's one pool (pool.h; each unit once).
 void parallel_units(int64_t units, void (*f)(const void*, int64_t, int64_t), const void* ctx);
 
 template <class F>

@@ -8,9 +8,10 @@
 // over 512 x 1536 activations a layer. A decode step spends less there (its scores are one
 // row per head), but the softmax still grows with the context.
 //
-// This file defines them as MLX primitives with a vectorised exp (GCC vector extensions;
-// the softmax and SwiGLU loops are compiled for AVX-512, AVX2 with FMA and the baseline,
-// and the loader picks what the processor runs: see HOT):
+// This file defines them as MLX primitives with a vectorised exp (GCC vector extensions).
+// Their loops are in fast_loops.inc, compiled for the baseline in fast_loops.cpp and for AVX2
+// and AVX-512 in fast_avx2.cpp and fast_avx512.cpp; fast_loops::loops() is the variant the native code's
+// one choice names (simd.h: the processor's widest, or the `simd` setting's):
 //  - softmax(x, causal): over the last axis, float32; a row that is all -inf gives zeros
 //    (the attention rows of left padding, which attend to nothing), never NaN; with causal,
 //    attention's causal mask applied as it reads (no masked copy of the scores);
@@ -32,6 +33,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -40,10 +42,6 @@
 #include <mutex>
 #include <utility>
 #include <vector>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "mlx/version.h"
 // mlx/backend/cpu/encoder.h is MLX's private header: it is read only from the versions this
@@ -60,7 +58,7 @@
 #include "mlx/transforms.h"
 #include "mlx/utils.h"
 #include "fast_kernels.h"
-#include "lane_sums.h"
+#include "fast_loops.h"
 #include "staging.h"
 
 namespace nb = nanobind;
@@ -68,153 +66,7 @@ namespace mx = mlx::core;
 
 namespace {
 
-// Function multi-versioning: one copy of a hot loop per instruction set, chosen when the
-// library loads (an ifunc), so a build on one processor runs on any other x86-64. The
-// helpers above are always inlined into each copy, so they too use its instructions.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define HOT
-#endif
-#define FORCE_INLINE inline __attribute__((always_inline))
-
-constexpr int LANES = 16;
-typedef float vf __attribute__((vector_size(LANES * sizeof(float))));
-typedef int32_t vi __attribute__((vector_size(LANES * sizeof(int32_t))));
-
-FORCE_INLINE vf splat(float v) { return vf{} + v; }
-
-FORCE_INLINE vf load(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-FORCE_INLINE void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
-
-// exp of 16 floats: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-6 polynomial
-// (Cephes' expf coefficients), 2^n by building the exponent bits. Below -87.3 (the smallest
-// normal) the result is 0, which is what a masked (-inf) attention score must give.
-FORCE_INLINE vf vexp(vf x) {
-  const vf lo = splat(-87.3365478515625f), hi = splat(88.3762626647949f);
-  const vi under = x < lo;
-  x = x < lo ? lo : x;
-  x = x > hi ? hi : x;
-  const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  vf t = x * 1.44269504088896341f + magic;
-  vf n = t - magic;
-  vf r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  vf p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  vi ti;
-  std::memcpy(&ti, &t, sizeof(ti));
-  vi bits = ((ti - 0x4B400000) + 127) << 23;
-  vf scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  vf out = p * scale;
-  vi oi;
-  std::memcpy(&oi, &out, sizeof(oi));
-  oi = under ? 0 : oi;
-  std::memcpy(&out, &oi, sizeof(out));
-  return out;
-}
-
-FORCE_INLINE float sexp(float x) {  // the same arithmetic for one element (row tails)
-  float buf[LANES] = {x};
-  vf v = vexp(load(buf));
-  return v[0];
-}
-
-// x's lanes at and past `limit` (of the 16 from j) as -inf: what a causal mask puts there.
-FORCE_INLINE vf load_below(const float* p, int64_t j, int64_t limit) {
-  vf v = load(p + j);
-  if (j + LANES <= limit) return v;
-  vi lane;
-  for (int l = 0; l < LANES; l++) lane[l] = l;
-  return (lane + static_cast<int32_t>(j)) < static_cast<int32_t>(limit) ? v : splat(-INFINITY);
-}
-
-// Softmax of `rows` rows of n, the first of them row `first` of the whole array. causal > 0:
-// row r sees only its first n - causal + 1 + r % causal columns (the rows are queries
-// causal at a time, the last causal positions of the keys; attention's causal mask), and
-// the rest is 0. The numbers are those of the rest set to -inf first, bit for bit: the sums
-// run over the same lanes in the same order, and a masked lane adds an exact 0.
-HOT void softmax_rows(const float* x, float* y, int64_t first, int64_t rows, int64_t n,
-                  int64_t causal) {
-  const int64_t nv = n - n % LANES;
-  for (int64_t row = 0; row < rows; row++) {
-    const float* xr = x + row * n;
-    float* yr = y + row * n;
-    const int64_t limit = causal > 0 ? n - causal + 1 + (first + row) % causal : n;
-    const int64_t seen = std::min(nv, (limit + LANES - 1) / LANES * LANES);  // vectors read
-    vf mv = splat(-INFINITY);
-    int64_t j = 0;
-    for (; j < seen; j += LANES) {
-      vf v = load_below(xr, j, limit);
-      mv = v > mv ? v : mv;
-    }
-    float m = -INFINITY;
-    for (int l = 0; l < LANES; l++) m = mv[l] > m ? mv[l] : m;
-    for (j = nv; j < std::min(n, limit); j++) m = xr[j] > m ? xr[j] : m;
-    if (m == -INFINITY) {  // nothing to attend to: zeros, not 0/0
-      std::memset(yr, 0, n * sizeof(float));
-      continue;
-    }
-    vf sv = splat(0.0f);
-    for (j = 0; j < seen; j += LANES) {
-      vf e = vexp(load_below(xr, j, limit) - m);
-      store(yr + j, e);
-      sv += e;
-    }
-    if (seen < nv) std::memset(yr + seen, 0, (nv - seen) * sizeof(float));
-    float s = 0.0f;
-    for (int l = 0; l < LANES; l++) s += sv[l];
-    for (j = nv; j < n; j++) {
-      yr[j] = j < limit ? sexp(xr[j] - m) : 0.0f;
-      s += yr[j];
-    }
-    const float inv = 1.0f / s;
-    for (j = 0; j < seen; j += LANES) store(yr + j, load(yr + j) * inv);
-    for (j = nv; j < n; j++) yr[j] *= inv;
-  }
-}
-
-HOT void silu_mul_span(const float* a, const float* b, float* y, int64_t n) {
-  const int64_t nv = n - n % LANES;
-  int64_t j = 0;
-  for (; j < nv; j += LANES) {
-    vf av = load(a + j);
-    store(y + j, av * load(b + j) / (1.0f + vexp(-av)));
-  }
-  for (; j < n; j++) y[j] = a[j] * b[j] / (1.0f + sexp(-a[j]));
-}
-
-HOT void rms_norm_rows(const float* src, const float* pw, float* dst, int64_t rows, int64_t n,
-                       float eps) {
-  const int64_t nv = n - n % LANES;
-  for (int64_t r = 0; r < rows; r++) {
-    const float* xr = src + r * n;
-    float* yr = dst + r * n;
-    vf acc = splat(0.0f);
-    int64_t j = 0;
-    for (; j < nv; j += LANES) {
-      vf v = load(xr + j);
-      acc += v * v;
-    }
-    float ss = 0.0f;
-    for (int l = 0; l < LANES; l++) ss += acc[l];
-    for (; j < n; j++) ss += xr[j] * xr[j];
-    const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-    for (j = 0; j < nv; j += LANES) store(yr + j, (load(xr + j) * scale) * load(pw + j));
-    for (; j < n; j++) yr[j] = (xr[j] * scale) * pw[j];
-  }
-}
+using fast_loops::loops;
 
 constexpr int64_t SPLIT = 1 << 18;
 // Elements above which the work is shared with the quantized products' pool (the CPU
@@ -263,7 +115,7 @@ class Softmax : public mx::UnaryPrimitive {
       const float* src = x.data<float>();
       float* dst = out.data<float>();
       in_parts(rows, n, [&](int64_t r0, int64_t r1) {
-        softmax_rows(src + r0 * n, dst + r0 * n, r0, r1 - r0, n, causal);
+        loops().softmax_rows(src + r0 * n, dst + r0 * n, r0, r1 - r0, n, causal);
       });
     });
   }
@@ -291,7 +143,7 @@ class SiluMul : public mx::UnaryPrimitive {
       float* py = out.data<float>();
       in_parts((n + block - 1) / block, block, [&](int64_t u0, int64_t u1) {
         const int64_t s = u0 * block, e = std::min(n, u1 * block);
-        if (e > s) silu_mul_span(pa + s, pb + s, py + s, e - s);
+        if (e > s) loops().silu_mul_span(pa + s, pb + s, py + s, e - s);
       });
     });
   }
@@ -318,7 +170,7 @@ class RmsNorm : public mx::UnaryPrimitive {
       const float* pw = w.data<float>();
       float* dst = out.data<float>();
       in_parts(rows, n, [&](int64_t r0, int64_t r1) {
-        rms_norm_rows(src + r0 * n, pw, dst + r0 * n, r1 - r0, n, eps);
+        loops().rms_norm_rows(src + r0 * n, pw, dst + r0 * n, r1 - r0, n, eps);
       });
     });
   }
@@ -416,16 +268,6 @@ class Rope : public mx::UnaryPrimitive {
   float scale_;
 };
 
-// The sum of a vector's lanes, halves folded onto halves: a fixed order in a few steps
-// (a lane-by-lane sum is a chain of sixteen dependent additions, per key of the cache).
-FORCE_INLINE float hsum(vf v) {
-  float a[LANES];
-  store(a, v);
-  for (int w = LANES / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; l++) a[l] += a[l + w];
-  return a[0];
-}
-
 constexpr int64_t ATTENTION_SPLIT = 1 << 14;  // elements of keys read (see attend)
 
 using fast_kernels::Strided;
@@ -435,121 +277,12 @@ using fast_kernels::ADD_MASK;
 
 using fast_kernels::strided;
 
-constexpr int64_t KEY_BLOCK = 64;  // value positions a pass reads for every head (.inc)
-
-// Keys and values are read through a loader L: L::at gives 16 elements as floats, L::one
-// one (L::T: float, or float16's bits for a cache kept in 16 bits). attention_heads.inc holds
-// the loop, compiled here for the fast ops' clones and, for a float16 cache, once more per
-// instruction set below (F16C's conversions are intrinsics, which `target_clones` code
-// cannot call).
-struct LoadF32 {
-  typedef float T;
-  static FORCE_INLINE vf at(const float* p) { return load(p); }
-  static FORCE_INLINE float one(const float* p) { return *p; }
-};
-
-struct LoadHalf {  // element by element: a processor without F16C, or not x86
-  typedef uint16_t T;
-  static FORCE_INLINE float one(const uint16_t* p) {
-    _Float16 h;
-    std::memcpy(&h, p, sizeof(h));
-    return static_cast<float>(h);
-  }
-  static FORCE_INLINE vf at(const uint16_t* p) {
-    float f[LANES];
-    for (int l = 0; l < LANES; l++) f[l] = one(p + l);
-    return load(f);
-  }
-};
-
-#include "attention_heads.inc"
-
-HOT void decode_attention_heads(const Strided& q, const Strided& k, const Strided& v,
-                                const Strided& m, int kind, float* out, int64_t u0, int64_t u1,
-                                int64_t kv_len, int64_t rep, int64_t keys_len, int64_t d,
-                                float scale, int64_t causal) {
-  heads_body<LoadF32>(q, k, v, m, kind, out, u0, u1, kv_len, rep, keys_len, d, scale, causal);
-}
-
-HOT void decode_attention_heads_half(const Strided& q, const Strided& k, const Strided& v,
-                                     const Strided& m, int kind, float* out, int64_t u0,
-                                     int64_t u1, int64_t kv_len, int64_t rep, int64_t keys_len,
-                                     int64_t d, float scale, int64_t causal) {
-  heads_body<LoadHalf>(q, k, v, m, kind, out, u0, u1, kv_len, rep, keys_len, d, scale, causal);
-}
-
-typedef void (*heads_fn)(const Strided&, const Strided&, const Strided&, const Strided&, int,
-                         float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float,
-                         int64_t);
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-namespace avx512 {
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")
-struct LoadHalf {
-  typedef uint16_t T;
-  static FORCE_INLINE vf at(const uint16_t* p) {
-    const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    vf r;
-    std::memcpy(&r, &v, sizeof(r));
-    return r;
-  }
-  static FORCE_INLINE float one(const uint16_t* p) { return _cvtsh_ss(*p); }
-};
-#include "attention_heads.inc"
-void heads_half(const Strided& q, const Strided& k, const Strided& v, const Strided& m, int kind,
-                float* out, int64_t u0, int64_t u1, int64_t kv_len, int64_t rep,
-                int64_t keys_len, int64_t d, float scale, int64_t causal) {
-  heads_body<LoadHalf>(q, k, v, m, kind, out, u0, u1, kv_len, rep, keys_len, d, scale, causal);
-}
-#pragma GCC pop_options
-}  // namespace avx512
-
-namespace avx2 {
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-struct LoadHalf {
-  typedef uint16_t T;
-  static FORCE_INLINE vf at(const uint16_t* p) {
-    const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-    vf r;
-    std::memcpy(&r, &lo, sizeof(lo));
-    std::memcpy(reinterpret_cast<char*>(&r) + sizeof(lo), &hi, sizeof(hi));
-    return r;
-  }
-  static FORCE_INLINE float one(const uint16_t* p) { return _cvtsh_ss(*p); }
-};
-#include "attention_heads.inc"
-void heads_half(const Strided& q, const Strided& k, const Strided& v, const Strided& m, int kind,
-                float* out, int64_t u0, int64_t u1, int64_t kv_len, int64_t rep,
-                int64_t keys_len, int64_t d, float scale, int64_t causal) {
-  heads_body<LoadHalf>(q, k, v, m, kind, out, u0, u1, kv_len, rep, keys_len, d, scale, causal);
-}
-#pragma GCC pop_options
-}  // namespace avx2
-#endif
-
-// A float16 cache's attention for the quantized kernels' instruction set (APPLIANCE_SIMD): the
-// same sums in each, its elements converted as they are loaded.
-heads_fn half_heads() {
-  static const heads_fn chosen = []() -> heads_fn {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-    const int simd = fast_kernels::simd_level();
-    if (simd == 2) return avx512::heads_half;
-    if (simd == 1) return avx2::heads_half;
-#endif
-    return decode_attention_heads_half;
-  }();
-  return chosen;
-}
-
 void attend(const Strided& q, const Strided& k, const Strided& v, const Strided& m, int kind,
             float* o, int64_t b_len, int64_t kv_len, int64_t rep, int64_t l_len, int64_t d,
             float scale, int64_t causal = -1) {
   // The units shared with the quantized products' threads, but for a short context's few.
   const auto heads = [&](int64_t u0, int64_t u1) {
-    (k.half ? half_heads() : decode_attention_heads)(
+    (k.half ? loops().heads_half : loops().heads)(
         q, k, v, m, kind, o, u0, u1, kv_len, rep, l_len, d, scale, causal);
   };
   const int64_t units = b_len * kv_len;
@@ -714,11 +447,11 @@ namespace fast_kernels {
 
 void rms_norm_rows(const float* src, const float* pw, float* dst, int64_t rows, int64_t n,
                    float eps) {
-  ::rms_norm_rows(src, pw, dst, rows, n, eps);
+  loops().rms_norm_rows(src, pw, dst, rows, n, eps);
 }
 
 void silu_mul_span(const float* a, const float* b, float* y, int64_t n) {
-  ::silu_mul_span(a, b, y, n);
+  loops().silu_mul_span(a, b, y, n);
 }
 
 void rope_apply(const float* x, float* y, int64_t b_len, int64_t heads, int64_t t_len, int64_t d,

@@ -1,6 +1,6 @@
 // The quantized kernel's AVX2 variants (with FMA and F16C): quant_kernels.h's loops compiled
 // for them, per function, in a file of their own so they build beside the others. Chosen by
-// quant_matmul.cpp's dispatch when the processor runs them.
+// quant_matmul.cpp when appliance_simd_level() (simd.h) names them.
 
 #include "quant_kernels.h"
 
@@ -12,23 +12,23 @@ namespace {
 // 4 rows in registers: AVX2's 16 (two per 16-lane vector) hold 4 rows' accumulators with a
 // little spilling.
 template <int BITS, int LPG, class S>
-__attribute__((target("avx2,fma,f16c"))) void columns_avx2(const QArgs& a, int64_t n0, int64_t n1) {
+__attribute__((target(APPLIANCE_AVX2_TARGET))) void columns_avx2(const QArgs& a, int64_t n0, int64_t n1) {
   columns_body<BITS, LPG, S, 4>(a, n0, n1);
 }
 
 template <int LPG, class S>
-__attribute__((target("avx2,fma,f16c"), flatten))
+__attribute__((target(APPLIANCE_AVX2_TARGET), flatten))
 void columns_i16_avx2(const QArgs& a, int64_t n0, int64_t n1) {
   columns_i16_body<LPG, S, I16Avx2>(a, n0, n1);
 }
 
 template <int BITS, int LPG, class S>
-__attribute__((target("avx2,fma,f16c"))) void dequant_avx2(const QArgs& a, int64_t n0, int64_t n1) {
+__attribute__((target(APPLIANCE_AVX2_TARGET))) void dequant_avx2(const QArgs& a, int64_t n0, int64_t n1) {
   dequant_body<BITS, LPG, S>(a, n0, n1);
 }
 
 template <class S, int BITS>
-__attribute__((target("avx2,fma,f16c"), flatten))
+__attribute__((target(APPLIANCE_AVX2_TARGET), flatten))
 void tiled_avx2(const QArgs& a, int64_t n0, int64_t n1) {
   tiled_body<S, TAvx2, BITS>(a, n0, n1);
 }
@@ -50,13 +50,13 @@ struct Dequant {
   static columns_fn get() { return dequant_avx2<BITS, LPG, S>; }
 };
 
-__attribute__((target("avx2,fma,f16c")))
+__attribute__((target(APPLIANCE_AVX2_TARGET)))
 void round_plain_avx2(const float* x, int64_t m, int64_t k, int group, int16_t* xq, float* xs,
                       float* xsum) {
   round_plain_body(x, m, k, group, xq, xs, xsum);
 }
 
-__attribute__((target("avx2,fma,f16c")))
+__attribute__((target(APPLIANCE_AVX2_TARGET)))
 void narrow_avx2(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)

@@ -1,6 +1,7 @@
 // The quantized kernel's AVX-512 variants (F, DQ, BW, VL; VNNI for the 16-bit path):
 // quant_kernels.h's loops compiled for them, per function, in a file of their own so they
-// build beside the others. Chosen by quant_matmul.cpp's dispatch when the processor runs them.
+// build beside the others. Chosen by quant_matmul.cpp when
+// appliance_simd_level() (simd.h) names them.
 
 #include "quant_kernels.h"
 
@@ -11,25 +12,25 @@ namespace {
 
 // 8 rows in registers: AVX-512's 32 registers hold 8 rows' accumulators beside the weights.
 template <int BITS, int LPG, class S>
-__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+__attribute__((target(APPLIANCE_AVX512_TARGET)))
 void columns_avx512(const QArgs& a, int64_t n0, int64_t n1) {
   columns_body<BITS, LPG, S, 8>(a, n0, n1);
 }
 
 template <int LPG, class S>
-__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), flatten))
+__attribute__((target(APPLIANCE_VNNI_TARGET), flatten))
 void columns_i16_vnni(const QArgs& a, int64_t n0, int64_t n1) {
   columns_i16_body<LPG, S, I16Vnni>(a, n0, n1);
 }
 
 template <int BITS, int LPG, class S>
-__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+__attribute__((target(APPLIANCE_AVX512_TARGET)))
 void dequant_avx512(const QArgs& a, int64_t n0, int64_t n1) {
   dequant_body<BITS, LPG, S>(a, n0, n1);
 }
 
 template <class S, int BITS>
-__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), flatten))
+__attribute__((target(APPLIANCE_VNNI_TARGET), flatten))
 void tiled_vnni(const QArgs& a, int64_t n0, int64_t n1) {
   tiled_body<S, TVnni, BITS>(a, n0, n1);
 }
@@ -51,13 +52,13 @@ struct Dequant {
   static columns_fn get() { return dequant_avx512<BITS, LPG, S>; }
 };
 
-__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+__attribute__((target(APPLIANCE_AVX512_TARGET)))
 void round_plain_avx512(const float* x, int64_t m, int64_t k, int group, int16_t* xq, float* xs,
                       float* xsum) {
   round_plain_body(x, m, k, group, xq, xs, xsum);
 }
 
-__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+__attribute__((target(APPLIANCE_AVX512_TARGET)))
 void narrow_avx512(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)

@@ -6,8 +6,8 @@
 //
 // No MLX or nanobind here: the variant files include only this, so their time goes to the
 // loops, not to parsing MLX's headers once more. The instruction sets stay per function
-// (target attributes, never a file-wide -mavx2), so the baseline's code runs on any x86-64
-// and the variants only where the first call finds their instructions.
+// (simd.h's targets, never a file-wide -mavx2), so the baseline's code runs on any x86-64
+// and the variants only where appliance_simd_level() names them.
 
 #pragma once
 
@@ -19,6 +19,8 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+
+#include "simd.h"
 
 namespace quant_kernels {
 
@@ -319,9 +321,9 @@ struct I16Portable {
 };
 
 #if defined(__x86_64__)
-#define I16_AVX2 __attribute__((target("avx2,fma,f16c"))) inline
+#define I16_AVX2 __attribute__((target(APPLIANCE_AVX2_TARGET))) inline
 #define I16_VNNI \
-  __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) inline
+  __attribute__((target(APPLIANCE_VNNI_TARGET))) inline
 struct I16Avx2 {
   static constexpr int ROWS = 2;  // 8 weight vectors and 2 accumulators a row in 16 registers
   struct W { __m256i v[4][2]; };  // [t][chunks 0-1, chunks 2-3]

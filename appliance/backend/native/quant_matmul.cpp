@@ -16,19 +16,19 @@
 // Every output is summed in one fixed order (16 lanes over the blocks and shifts in order,
 // then the same tree over the lanes), whatever the number of rows, the thread or the
 // neighbours: a row gets the same bits alone and in a batch. The loops are compiled for
-// AVX-512, AVX2 with FMA and the baseline; the first call takes what the processor runs, or
-// the one APPLIANCE_SIMD names (avx512, avx2, portable). FMA makes the variants agree to
+// AVX-512, AVX2 with FMA and the baseline; the one the native code's choice names runs
+// (simd.h: the processor's widest, or the `simd` setting's). FMA makes the variants agree to
 // rounding, not to the bit.
 //
-// Big products are split by output columns between the calling thread and a small pool of
-// persistent helpers (QuantPool), which claim blocks of columns from a shared counter.
+// Big products are split by output columns across the native code's one pool (pool.h),
+// whose threads claim blocks of columns from a shared counter.
 //
 // Products of many rows (a prompt's) are better done by a gemm: dequantize_blocked (below)
 // writes the weights out in float32 for one, and appliance/backend/quant.py chooses.
 //
 // The loops themselves are in quant_kernels.h, compiled for each instruction set in a file of
 // its own (quant_avx2.cpp, quant_avx512.cpp; the baseline's here), so the build compiles
-// them side by side; this file chooses among them and holds the pool and MLX's primitives.
+// them side by side; this file chooses among them (simd.h) and holds MLX's primitives.
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
@@ -36,20 +36,13 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
-#if defined(__linux__)
-#include <sched.h>
-#endif
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "mlx/allocator.h"
@@ -59,7 +52,9 @@
 #include "mlx/primitives.h"
 
 #include "fast_kernels.h"
+#include "pool.h"
 #include "quant_kernels.h"
+#include "simd.h"
 #include "staging.h"
 
 namespace nb = nanobind;
@@ -106,43 +101,10 @@ struct PortableDequant {
   static columns_fn get() { return dequant_portable<BITS, LPG, S>; }
 };
 
-enum Simd { PORTABLE = 0, AVX2 = 1, AVX512 = 2 };
+enum Simd { PORTABLE = APPLIANCE_SIMD_PORTABLE, AVX2 = APPLIANCE_SIMD_AVX2, AVX512 = APPLIANCE_SIMD_AVX512 };
 
-Simd choose_simd() {
-  const char* want = std::getenv("APPLIANCE_SIMD");
-  Simd best = PORTABLE;
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("f16c");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
-  if (avx512) best = AVX512;
-  else if (avx2) best = AVX2;
-  if (want != nullptr && *want != '\0') {
-    if (std::strcmp(want, "avx2") == 0 && avx2) best = AVX2;
-    else if (std::strcmp(want, "avx512") == 0 && avx512) best = AVX512;
-    else best = PORTABLE;
-  }
-#else
-  (void)want;
-#endif
-  return best;
-}
-
-Simd simd() {
-  static const Simd chosen = choose_simd();
-  return chosen;
-}
-
-const char* simd_name() {
-  switch (simd()) {
-    case AVX512: return "avx512";
-    case AVX2: return "avx2";
-    default: return "portable";
-  }
-}
+// The native code's one choice (simd.h): the processor's widest, or the `simd` setting's.
+Simd simd() { return static_cast<Simd>(appliance_simd_level()); }
 
 Scales scales_of(mx::Dtype dtype) {
   if (dtype == mx::float16) return SCALES_F16;
@@ -167,11 +129,7 @@ columns_fn pick_i16(int group, mx::Dtype dtype) {
   const int lpg = group == 32 ? 4 : group == 64 ? 8 : 16;
   const Scales s = scales_of(dtype);
 #if defined(__x86_64__)
-  static const bool vnni = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni");
-  }();
-  if (simd() == AVX512 && vnni) return vnni_columns_i16(lpg, s);
+  if (appliance_simd_vnni()) return vnni_columns_i16(lpg, s);
   if (simd() != PORTABLE) return avx2_columns_i16(lpg, s);
 #endif
   return by_lpg<PortableColumnsI16, 4>(lpg, s);
@@ -181,11 +139,7 @@ columns_fn pick_i16(int group, mx::Dtype dtype) {
 columns_fn pick_tiled(int bits, mx::Dtype dtype) {
   const Scales s = scales_of(dtype);
 #if defined(__x86_64__)
-  static const bool vnni = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni");
-  }();
-  if (simd() == AVX512 && vnni) return vnni_tiled(bits, s);
+  if (appliance_simd_vnni()) return vnni_tiled(bits, s);
   if (simd() != PORTABLE) return avx2_tiled(bits, s);
 #endif
   return bits == 8 ? by_scales<PortableTiled, 8, 16>(s) : by_scales<PortableTiled, 4, 16>(s);
@@ -292,142 +246,12 @@ void narrow_portable(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; i++) dst[i] = half_bits(src[i]);
 }
 
-// A small pool of persistent helpers sharing a product's columns with the caller. The
-// columns are cut into tasks claimed from one counter, so a helper that is not running
-// (another process has the core) delays nothing: the caller takes its blocks. Between
-// products a helper spins a while (a decode step's products come microseconds apart), then
-// yields, then sleeps, so an idle daemon uses no CPU for it. A job is identified by its
-// number in the claim counter's high half; the caller closes the counter before it posts
-// the next job, so a late helper's claim on an old job fails and it never reads a job that
-// is gone.
-// The cores this process may run on: its affinity mask where there is one (a process pinned
-// to one core, as a machine of a distributed group is, gets no helper spinning beside it).
-int usable_cores() {
-#if defined(__linux__)
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-#endif
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+// Big products are shared with the native code's one pool (pool.h): the caller and its
+// helpers claim the tasks from one counter.
+void run_tasks(const std::vector<Task>& tasks) {
+  appliance_pool_run([](const void* c, long i) { static_cast<const Task*>(c)[i].run(); },
+                     tasks.data(), static_cast<long>(tasks.size()));
 }
-
-class QuantPool {
- public:
-  static QuantPool& get() {
-    static QuantPool* pool = new QuantPool();  // never destroyed: helpers outlive main()
-    return *pool;
-  }
-
-  int threads() const { return threads_; }
-
-  // Runs every task, on the caller and the helpers.
-  void run(const Task* tasks, int64_t count) {
-    std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
-    if (threads_ < 2 || count < 2 || !busy.owns_lock()) {
-      for (int64_t i = 0; i < count; i++) tasks[i].run();
-      return;
-    }
-    start_helpers();
-    const uint32_t number = posted_.load() + 1;
-    tasks_.store(tasks);
-    count_.store(count);
-    done_.store(0);
-    claim_.store(static_cast<uint64_t>(number) << 32);
-    posted_.store(number);
-    wake();
-    work(number);
-    for (long spin = 1; done_.load() < count; spin++) {
-      relax();
-      if (spin % 4096 == 0) wake();  // never wait on a helper that sleeps
-    }
-    claim_.store((static_cast<uint64_t>(number) << 32) | CLOSED);
-  }
-
- private:
-  static constexpr uint32_t CLOSED = 0x7fffffff;
-  // About 0.1 ms of spinning, then a few yields: long enough for the next product of a step,
-  // short enough that the helper sleeps while the engine's thread builds the next step (on
-  // two cores it took that core: docs/decisions.md).
-  static constexpr long PAUSES = 2000, YIELDS = 200;
-
-  QuantPool() {
-    // the quant_threads setting (appliance/settings.py); unset or 0: the machine's cores
-    const char* env = std::getenv("APPLIANCE_QUANT_THREADS");
-    const int asked = env != nullptr ? std::atoi(env) : 0;
-    threads_ = asked > 0 ? asked : std::min(usable_cores(), 8);
-    threads_ = std::max(1, std::min(threads_, 64));
-  }
-
-  static void relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-  }
-
-  // A task of job `number`, or -1 when none is left or the job is over. A claim succeeds only
-  // while its job is live (the caller waits for every task), so the tasks are read after one.
-  int64_t take(uint32_t number) {
-    uint64_t seen = claim_.load();
-    for (;;) {
-      const uint32_t index = static_cast<uint32_t>(seen);
-      if (static_cast<uint32_t>(seen >> 32) != number || index >= CLOSED || index >= count_.load())
-        return -1;
-      if (claim_.compare_exchange_weak(seen, seen + 1)) return index;
-    }
-  }
-
-  void work(uint32_t number) {
-    for (int64_t i; (i = take(number)) >= 0;) {
-      tasks_.load()[i].run();
-      done_.fetch_add(1);
-    }
-  }
-
-  void helper() {
-    uint32_t seen = 0;
-    for (;;) {
-      for (long spin = 0; posted_.load() == seen; spin++) {
-        if (spin < PAUSES) {
-          relax();
-        } else if (spin < PAUSES + YIELDS) {
-          std::this_thread::yield();
-        } else {
-          std::unique_lock<std::mutex> hold(sleep_);
-          asleep_.fetch_add(1);
-          wake_.wait(hold, [&] { return posted_.load() != seen; });
-          asleep_.fetch_sub(1);
-        }
-      }
-      seen = posted_.load();
-      work(seen);
-    }
-  }
-
-  void start_helpers() {
-    if (started_) return;
-    started_ = true;
-    for (int t = 1; t < threads_; t++) std::thread([this] { helper(); }).detach();
-  }
-
-  void wake() {
-    if (asleep_.load() > 0) {
-      std::lock_guard<std::mutex> hold(sleep_);
-      wake_.notify_all();
-    }
-  }
-
-  int threads_ = 1;
-  bool started_ = false;
-  std::mutex busy_, sleep_;
-  std::condition_variable wake_;
-  std::atomic<uint32_t> posted_{0};
-  std::atomic<uint64_t> claim_{0};
-  std::atomic<int64_t> done_{0};
-  std::atomic<int> asleep_{0};
-  std::atomic<const Task*> tasks_{nullptr};
-  std::atomic<int64_t> count_{0};
-};
 
 constexpr int64_t SPLIT_MIN = 1 << 16;  // weights below which one thread does it all
 constexpr int64_t SLICE_ROWS = 32;
@@ -469,19 +293,19 @@ columns_fn pick_dequant(int bits, int group, mx::Dtype dtype) {
 // products of less than SPLIT_MIN weights in all.
 // ``align``: a task's first column is a multiple of it (the tiled kernel's 16).
 void run_columns(columns_fn fn, const std::vector<QArgs>& parts, int64_t k, int64_t align = 1) {
-  auto& pool = QuantPool::get();
+  const int threads = appliance_pool_threads();
   int64_t n = 0;
   for (const auto& a : parts) n += a.n;
-  if (n * k < SPLIT_MIN || pool.threads() < 2) {
+  if (n * k < SPLIT_MIN || threads < 2) {
     for (const auto& a : parts) fn(a, 0, a.n);
     return;
   }
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(n / 16, 8 * pool.threads()));
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(n / 16, 8 * threads));
   const int64_t width = ((n + blocks - 1) / blocks + align - 1) / align * align;
   std::vector<Task> tasks;
   for (const auto& a : parts)
     for (int64_t n0 = 0; n0 < a.n; n0 += width) tasks.push_back({fn, &a, n0, std::min(a.n, n0 + width)});
-  pool.run(tasks.data(), static_cast<int64_t>(tasks.size()));
+  run_tasks(tasks);
 }
 
 // x's columns in the dequantized weights' order (each row as dequant_body writes one).
@@ -943,8 +767,6 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
 
 namespace fast_kernels {
 
-int simd_level() { return static_cast<int>(simd()); }
-
 void narrow_half(const float* src, uint16_t* dst, int64_t n) {
   static const narrow_fn variant = []() -> narrow_fn {
 #if defined(__x86_64__)
@@ -957,12 +779,11 @@ void narrow_half(const float* src, uint16_t* dst, int64_t n) {
 }
 
 void parallel_units(int64_t units, void (*f)(const void*, int64_t, int64_t), const void* ctx) {
-  auto& pool = QuantPool::get();
-  const int64_t pieces = std::min<int64_t>(units, 4 * pool.threads());
+  const int64_t pieces = std::min<int64_t>(units, 4 * appliance_pool_threads());
   std::vector<Task> tasks;
   for (int64_t i = 0; i < pieces; i++)
     tasks.push_back({nullptr, nullptr, units * i / pieces, units * (i + 1) / pieces, f, ctx});
-  pool.run(tasks.data(), static_cast<int64_t>(tasks.size()));
+  run_tasks(tasks);
 }
 
 void tiled_products(const float* x, int64_t m, int64_t k, int group, int bits,
@@ -1023,12 +844,14 @@ void define_quant(nb::module_& m) {
         "only copy of an adopted layer's weights.");
   m.def("block_order", &block_order, nb::arg("x"), nb::arg("bits"),
         "x with its last axis in dequantize_blocked's order for bits-wide weights.");
-  m.def("quant_simd", [] { return std::string(simd_name()); },
+  m.def("quant_simd", [] { return std::string(appliance_simd_name()); },
         "The instruction set the quantized kernel runs: avx512, avx2 or portable.");
   m.def("quant_activations", [] { return std::string(act_name(4)); },
         "How 4-bit products take x by default: int16 (rounded per block of 32; AVX2 and "
         "AVX-512) or float (portable, or APPLIANCE_QUANT_ACT=float); 8-bit products always "
         "take it in float.");
-  m.def("quant_threads", [] { return QuantPool::get().threads(); },
-        "Threads a big quantized product is split across (APPLIANCE_QUANT_THREADS).");
+  m.def("quant_threads", [] { return appliance_pool_threads(); },
+        "Threads of the native code's one pool, the caller included (APPLIANCE_QUANT_THREADS).");
+  m.def("pool_shared", [] { return appliance_pool_shared() != 0; },
+        "Whether the pool is the preloaded skinny_matmul's (one pool for all the native code).");
 }

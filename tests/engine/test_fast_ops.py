@@ -373,3 +373,35 @@ def test_an_extension_built_for_another_mlx_is_refused_before_it_loads(
     assert "built for MLX 0.0.1" in why and fast_ops.MLX_VERSION in why
     stamp.unlink()  # no stamp at all: refused as well
     assert fast_ops._load_extension()[0] is None
+
+
+SOFTMAX_BITS = """
+import sys
+import numpy as np
+import mlx.core as mx
+from appliance.backend import fast_ops
+x = mx.array(np.random.default_rng(3).standard_normal((64, 301)).astype(np.float32) * 4)
+y = np.array(fast_ops._extension().softmax(x, 0))
+sys.stdout.write(fast_ops._extension().quant_simd() + " " + y.tobytes().hex())
+"""
+
+
+def test_the_fast_ops_follow_the_simd_setting() -> None:
+    """The softmax's loops are chosen by the same setting as the kernels' (native/simd.h): the
+    baseline (no FMA) rounds its exponentials differently from AVX2 and AVX-512, which agree
+    to the bit (the same multiply-adds); a setting the loops ignored would give one answer."""
+    if fast_ops.available() is not None:
+        pytest.skip(fast_ops.available())
+    got = {}
+    for want in ("portable", "avx2", "avx512"):
+        done = subprocess.run([sys.executable, "-c", SOFTMAX_BITS], cwd=ROOT, timeout=120,
+                              env={**__import__("os").environ, "APPLIANCE_SIMD": want},
+                              capture_output=True, text=True, check=True)
+        simd, bits = done.stdout.split()
+        got[simd] = np.frombuffer(bytes.fromhex(bits), dtype=np.float32)
+    if "avx2" not in got:
+        pytest.skip("this processor has no AVX2")
+    assert not np.array_equal(got["portable"], got["avx2"])
+    np.testing.assert_allclose(got["portable"], got["avx2"], rtol=1e-5, atol=1e-7)
+    if "avx512" in got:
+        assert np.array_equal(got["avx512"], got["avx2"])

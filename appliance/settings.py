@@ -147,8 +147,9 @@ class EngineSettings:
         "(prefill 1.7-2.3x faster, long-context decode steps up to 1.8x, on a 2-core x86); "
         "the logits agree with MLX's to float32 rounding.")
     simd: str = _opt(
-        "auto", "The instruction set of the native CPU code (skinny_matmul, the quantized "
-        "products, float16 KV caches): 'auto' takes the widest the processor runs; 'avx512', "
+        "auto", "The instruction set of all the native CPU code (skinny_matmul, the quantized "
+        "products, the fast operations and the fused layer, float16 KV caches), chosen once: "
+        "'auto' takes the widest the processor runs; 'avx512', "
         "'avx2' or 'portable' ask for one (taken when the processor runs it), for comparisons "
         "and tests. The variants agree to rounding, not to the bit (FMA).",
         choices=("auto", "avx512", "avx2", "portable"))
@@ -158,9 +159,10 @@ class EngineSettings:
         "'auto' takes int16 there and float on the portable variant. 8-bit products always "
         "take floats.", choices=("auto", "float", "int16"))
     quant_threads: int = _opt(
-        0, "Threads of the native code's pool (quantized products, the fused decode layer, "
-        "the fast operations' big ones), the caller included. 0: the cores this process may "
-        "run on (its affinity mask), at most 8.", lo=0, hi=64)
+        0, "Threads of the native code's one pool (skinny_matmul's float products, the "
+        "quantized products, the fused decode layer, the fast operations' big ones), the "
+        "caller included. 0: the cores this process may run on (its affinity mask), at "
+        "most 8.", lo=0, hi=64)
     kv_dtype: str = _opt(
         "float16", "The KV cache of a quantized model on the CPU with the fast operations: "
         "'float16' (half the bytes a decode step reads and half the KV budget's; llama.cpp "

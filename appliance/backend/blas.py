@@ -29,7 +29,7 @@ SPIN_EXPONENT = "20"
 """OpenBLAS's worker threads spin for 2**N cycles after a product before they sleep; N is
 28 by default, about 0.1 s at 2.5 GHz. The engine alternates OpenBLAS's products (prefill,
 and decode steps with prompt chunks riding in them) with skinny_matmul's (plain decode
-steps, which share their products with a helper thread of their own). On 2 cores, a worker
+steps, which share their products with the native code's pool). On 2 cores, a worker
 still spinning after a prefill takes a core from the decode step that follows it, and that
 step ran at half speed. Measured on the SmolLM-135M shape (in-process, 12 prompts of 58
 and of 512 tokens read straight into the batch, then 6 decode steps each): the first step

@@ -31,9 +31,9 @@
  *
  * Instruction sets are chosen at run time, not at build time (a package built on one
  * processor must not die with SIGILL on another): the tile loops are compiled for AVX-512
- * (skinny_avx512.c), AVX2 with FMA (skinny_avx2.c) and the baseline (here), and the library
- * takes the variant that appliance_simd_level() names when it loads (simd.h: the one choice
- * for all the native code, the processor's widest or the `simd` setting's). A width of
+ * (skinny_avx512.c), AVX2 with FMA (skinny_avx2.c) and the baseline (here), and the first
+ * product takes the variant that appliance_simd_level() names (simd.h: the one choice for
+ * all the native code, the processor's widest or the `simd` setting's). A width of
  * tile never changes a sum, but FMA does: the variants agree to rounding, not to the bit.
  *
  * Big enough products are split by columns across the native code's one pool (pool.h; see
@@ -64,12 +64,9 @@ static sgemm_fn next_sgemm;
 static sgemv_fn next_sgemv;
 static unsigned long n_kernel, n_gemv;
 
-static void choose_simd(void);
-
 __attribute__((constructor)) static void resolve(void) {
     next_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
     next_sgemv = (sgemv_fn)dlsym(RTLD_NEXT, "cblas_sgemv");
-    choose_simd();
 }
 
 /* Products that ran the kernel, and that went to gemv (the tests read them via ctypes). */
@@ -80,15 +77,17 @@ unsigned long appliance_skinny_gemv_calls(void) { return __atomic_load_n(&n_gemv
 int appliance_skinny_active(void) { return next_sgemm != NULL && next_sgemv != NULL; }
 
 static ROWS_VARIANT(rows_portable, 0)
-static rows_fn rows_up_to_8 = rows_portable;
-
-/* The variant appliance_simd_level() chose (simd.h: the processor's widest, or APPLIANCE_SIMD's). */
-static void choose_simd(void) {
+/* The variant appliance_simd_level() names (simd.h: the processor's widest, or the `simd`
+ * setting's), asked at the first product rather than when the library loads: a library
+ * preloaded by a parent process is loaded before the CLI exports the setting. */
+static rows_fn rows_variant(void) {
 #if defined(__x86_64__)
-    const int level = appliance_simd_level();
-    if (level == APPLIANCE_SIMD_AVX512) rows_up_to_8 = skinny_rows_avx512;
-    else if (level == APPLIANCE_SIMD_AVX2) rows_up_to_8 = skinny_rows_avx2;
+    switch (appliance_simd_level()) {
+        case APPLIANCE_SIMD_AVX512: return skinny_rows_avx512;
+        case APPLIANCE_SIMD_AVX2: return skinny_rows_avx2;
+    }
 #endif
+    return rows_portable;
 }
 
 /* The variant in use: "avx512", "avx2" or "portable" (the tests and the log read it). */
@@ -99,6 +98,7 @@ const char *appliance_skinny_simd(void) { return appliance_simd_name(); }
  * the later groups. Every output is summed as rows_kernel sums it, whatever its group. */
 static void skinny(int m, int n, int k, float alpha, const float *a, int lda, const float *b,
                    int ldb, float beta, float *c, int ldc) {
+    const rows_fn rows_up_to_8 = rows_variant();
     if (m <= MAX_ROWS) {
         rows_up_to_8(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;

@@ -10,8 +10,8 @@
 //
 // This file defines them as MLX primitives with a vectorised exp (GCC vector extensions).
 // Their loops are in fast_loops.inc, compiled for the baseline in fast_loops.cpp and for AVX2
-// and AVX-512 in fast_avx2.cpp and fast_avx512.cpp; fast_loops::loops() is the variant the native code's
-// one choice names (simd.h: the processor's widest, or the `simd` setting's):
+// and AVX-512 in fast_avx2.cpp and fast_avx512.cpp; fast_loops::loops() is the variant the
+// native code's one choice names (simd.h: the processor's widest, or the `simd` setting's):
 //  - softmax(x, causal): over the last axis, float32; a row that is all -inf gives zeros
 //    (the attention rows of left padding, which attend to nothing), never NaN; with causal,
 //    attention's causal mask applied as it reads (no masked copy of the scores);

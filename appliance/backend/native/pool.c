@@ -45,7 +45,8 @@ static const void *job_ctx;
 static int usable_cores(void) {
 #if defined(__linux__)
     cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : 1;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        return CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : 1;
 #endif
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
@@ -172,7 +173,8 @@ static const appliance_pool_api *chosen;
 static pthread_once_t looked = PTHREAD_ONCE_INIT;
 
 static void look_up(void) {
-    const appliance_pool_api *found = (const appliance_pool_api *)dlsym(RTLD_DEFAULT, APPLIANCE_POOL_SYMBOL);
+    const appliance_pool_api *found =
+        (const appliance_pool_api *)dlsym(RTLD_DEFAULT, APPLIANCE_POOL_SYMBOL);
     chosen = found != NULL && found->version == APPLIANCE_POOL_VERSION ? found : &own;
 }
 

@@ -101,7 +101,11 @@ struct PortableDequant {
   static columns_fn get() { return dequant_portable<BITS, LPG, S>; }
 };
 
-enum Simd { PORTABLE = APPLIANCE_SIMD_PORTABLE, AVX2 = APPLIANCE_SIMD_AVX2, AVX512 = APPLIANCE_SIMD_AVX512 };
+enum Simd {
+  PORTABLE = APPLIANCE_SIMD_PORTABLE,
+  AVX2 = APPLIANCE_SIMD_AVX2,
+  AVX512 = APPLIANCE_SIMD_AVX512
+};
 
 // The native code's one choice (simd.h): the processor's widest, or the `simd` setting's.
 Simd simd() { return static_cast<Simd>(appliance_simd_level()); }

@@ -143,7 +143,8 @@ static void skinny_shared(int m, int n, int k, float alpha, const float *a, int 
         skinny(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
-    const int most = BLOCKS_PER_THREAD * threads, blocks = n / BLOCK_MIN < most ? n / BLOCK_MIN : most;
+    const int most = BLOCKS_PER_THREAD * threads;
+    const int blocks = n / BLOCK_MIN < most ? n / BLOCK_MIN : most;
     const job_t job = {m, n, k, lda, ldb, ldc, ((n + blocks - 1) / blocks + 1) & ~1, alpha, beta,
                        a, b, c};
     appliance_pool_run(run_block, &job, (n + job.width - 1) / job.width);

@@ -104,7 +104,7 @@ int fast_ops(uint32_t seed, int rounds) {
     for (auto* w : {&q, &k, &v})
       for (auto& e : *w) e = frand(seed);
     const Softmax s{x.data(), y.data(), n, 4};
-    appliance_pool_run(softmax_task, &s, rows / s.per);
+    appliance_pool_run(softmax_task, &s, rows / s.per, APPLIANCE_POOL_SHORT);
     fast_loops::loops().softmax_rows(x.data(), y1.data(), 0, rows, n, 0);
     bad += std::memcmp(y.data(), y1.data(), y.size() * sizeof(float)) != 0;
     const auto view = [](const std::vector<float>& e, int64_t s0, int64_t s1, int64_t s2) {
@@ -113,7 +113,7 @@ int fast_ops(uint32_t seed, int rounds) {
     const Attention a{view(q, KV * REP * D, D, 0), view(k, KV * L * D, L * D, D),
                       view(v, KV * L * D, L * D, D), {nullptr, {0, 0, 0, 0}}, o.data(),
                       KV, REP, L, D};
-    appliance_pool_run(attention_task, &a, B * KV);
+    appliance_pool_run(attention_task, &a, B * KV, APPLIANCE_POOL_LONG);
     fast_loops::loops().heads(a.q, a.k, a.v, a.m, fast_kernels::NO_MASK, o1.data(), 0, B * KV, KV,
                               REP, L, D, 0.125f, -1);
     bad += std::memcmp(o.data(), o1.data(), o.size() * sizeof(float)) != 0;

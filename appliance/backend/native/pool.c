@@ -22,10 +22,14 @@
 
 #define SC __ATOMIC_SEQ_CST
 
-/* About 0.1 ms of pauses, then a few yields, then asleep: long enough for the next product
- * of a step, short enough that the helpers sleep while the engine's thread builds the next
- * step (docs/decisions/quant-pool-sleeps-sooner.md). */
-enum { PAUSES = 2000, YIELDS = 200, MAX_THREADS = 64, PER_MACHINE = 8 };
+/* How long a helper waits for the next job, by the last job's linger (pool.h): pauses, then
+ * yields, then asleep. SHORT, about 0.1 ms: long enough for the next product of a step,
+ * short enough that the helpers sleep while the engine's thread builds the next step
+ * (docs/decisions/quant-pool-sleeps-sooner.md). LONG, about 1 ms then many yields: a float32
+ * model's step was 4-10 % slower at eight rows when they slept sooner
+ * (docs/decisions/one-simd-scheme-one-pool.md). */
+static const long PAUSES[2] = {2000, 20000}, YIELDS[2] = {200, 20000};
+enum { MAX_THREADS = 64, PER_MACHINE = 8 };
 static const unsigned CLOSED = 0x7fffffffu;  /* a finished job's claim index */
 
 static int threads;
@@ -36,7 +40,7 @@ static int started;  /* under busy */
 static unsigned posted;
 static unsigned long long claim;  /* (job number << 32) | next task to claim */
 static long done, job_count;
-static int asleep;
+static int asleep, job_linger;
 static appliance_task_fn job_fn;
 static const void *job_ctx;
 
@@ -97,10 +101,12 @@ static void *helper(void *unused) {
     (void)unused;
     unsigned seen = 0;
     for (;;) {
+        const int linger = __atomic_load_n(&job_linger, SC) == APPLIANCE_POOL_LONG;
+        const long pauses = PAUSES[linger], yields = YIELDS[linger];
         for (long spin = 0; __atomic_load_n(&posted, SC) == seen; spin++) {
-            if (spin < PAUSES) {
+            if (spin < pauses) {
                 relax();
-            } else if (spin < PAUSES + YIELDS) {
+            } else if (spin < pauses + yields) {
                 sched_yield();
             } else {
                 pthread_mutex_lock(&sleep_lock);
@@ -138,7 +144,7 @@ static void wake(void) {
     }
 }
 
-static void own_run(appliance_task_fn fn, const void *ctx, long count) {
+static void own_run(appliance_task_fn fn, const void *ctx, long count, int linger) {
     if (own_threads() < 2 || count < 2 || pthread_mutex_trylock(&busy) != 0) {
         for (long i = 0; i < count; i++) fn(ctx, i);
         return;
@@ -148,6 +154,7 @@ static void own_run(appliance_task_fn fn, const void *ctx, long count) {
     __atomic_store_n(&job_fn, fn, SC);
     __atomic_store_n(&job_ctx, ctx, SC);
     __atomic_store_n(&job_count, count, SC);
+    __atomic_store_n(&job_linger, linger, SC);
     __atomic_store_n(&done, 0, SC);
     __atomic_store_n(&claim, (unsigned long long)number << 32, SC);
     __atomic_store_n(&posted, number, SC);
@@ -184,7 +191,7 @@ static const appliance_pool_api *pool(void) {
 }
 
 int appliance_pool_threads(void) { return pool()->threads(); }
-void appliance_pool_run(appliance_task_fn fn, const void *ctx, long count) {
-    pool()->run(fn, ctx, count);
+void appliance_pool_run(appliance_task_fn fn, const void *ctx, long count, int linger) {
+    pool()->run(fn, ctx, count, linger);
 }
 int appliance_pool_shared(void) { return pool()->run != own_run; }

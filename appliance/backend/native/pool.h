@@ -19,8 +19,14 @@ typedef void (*appliance_task_fn)(const void *ctx, long task);
 APPLIANCE_HIDDEN int appliance_pool_threads(void);
 /* Runs fn(ctx, i) once for every i < count, on the caller and the pool's helpers, and
  * returns when all are done. While another thread's job runs (or inside a task) the caller
- * runs its tasks alone, so a call never waits for a pool that is busy. */
-APPLIANCE_HIDDEN void appliance_pool_run(appliance_task_fn fn, const void *ctx, long count);
+ * runs its tasks alone, so a call never waits for a pool that is busy. linger: how long the
+ * helpers wait for the next job before they sleep, APPLIANCE_POOL_SHORT (about 0.1 ms: the
+ * quantized products, whose engine thread builds the next step on the same cores) or
+ * APPLIANCE_POOL_LONG (about a millisecond, then yielding: float32 models' products, whose
+ * steps the helpers' waking slowed). */
+enum { APPLIANCE_POOL_SHORT = 0, APPLIANCE_POOL_LONG = 1 };
+APPLIANCE_HIDDEN void appliance_pool_run(appliance_task_fn fn, const void *ctx, long count,
+                                         int linger);
 /* 1 when the two calls above reach the pool of another library (the preloaded
  * _skinny_matmul's, below), 0 when they reach this library's own. */
 APPLIANCE_HIDDEN int appliance_pool_shared(void);
@@ -32,10 +38,10 @@ APPLIANCE_HIDDEN int appliance_pool_shared(void);
 typedef struct {
     int version;
     int (*threads)(void);
-    void (*run)(appliance_task_fn fn, const void *ctx, long count);
+    void (*run)(appliance_task_fn fn, const void *ctx, long count, int linger);
 } appliance_pool_api;
 #define APPLIANCE_POOL_SYMBOL "appliance_pool_v1"
-#define APPLIANCE_POOL_VERSION 1
+#define APPLIANCE_POOL_VERSION 2
 
 #ifdef __cplusplus
 }

@@ -254,7 +254,7 @@ void narrow_portable(const float* src, uint16_t* dst, int64_t n) {
 // helpers claim the tasks from one counter.
 void run_tasks(const std::vector<Task>& tasks) {
   appliance_pool_run([](const void* c, long i) { static_cast<const Task*>(c)[i].run(); },
-                     tasks.data(), static_cast<long>(tasks.size()));
+                     tasks.data(), static_cast<long>(tasks.size()), APPLIANCE_POOL_SHORT);
 }
 
 constexpr int64_t SPLIT_MIN = 1 << 16;  // weights below which one thread does it all

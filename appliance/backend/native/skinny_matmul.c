@@ -147,7 +147,7 @@ static void skinny_shared(int m, int n, int k, float alpha, const float *a, int 
     const int blocks = n / BLOCK_MIN < most ? n / BLOCK_MIN : most;
     const job_t job = {m, n, k, lda, ldb, ldc, ((n + blocks - 1) / blocks + 1) & ~1, alpha, beta,
                        a, b, c};
-    appliance_pool_run(run_block, &job, (n + job.width - 1) / job.width);
+    appliance_pool_run(run_block, &job, (n + job.width - 1) / job.width, APPLIANCE_POOL_LONG);
 }
 
 void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,

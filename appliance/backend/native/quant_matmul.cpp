@@ -489,16 +489,16 @@ class TiledDequantize : public mx::UnaryPrimitive {
                      row0, rows, k, ins[1].shape(1), group, bits, ins[1].itemsize(),
                      pick_dequant(bits, group, ins[1].dtype()), out.data<float>()};
       const int64_t t0 = row0 / TILE, t1 = (row0 + rows + TILE - 1) / TILE;
-      auto& pool = QuantPool::get();
-      if (rows * k < SPLIT_MIN || pool.threads() < 2 || t1 - t0 < 2) {
+      const int threads = appliance_pool_threads();
+      if (rows * k < SPLIT_MIN || threads < 2 || t1 - t0 < 2) {
         dequant_tiled_unit(&d, t0, t1);
         return;
       }
-      const int64_t per = std::max<int64_t>(1, (t1 - t0) / (8 * pool.threads()));
+      const int64_t per = std::max<int64_t>(1, (t1 - t0) / (8 * threads));
       std::vector<Task> tasks;
       for (int64_t t = t0; t < t1; t += per)
         tasks.push_back({nullptr, nullptr, t, std::min(t1, t + per), dequant_tiled_unit, &d});
-      pool.run(tasks.data(), static_cast<int64_t>(tasks.size()));
+      run_tasks(tasks);
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {

@@ -24,7 +24,8 @@ from __future__ import annotations
 import importlib.metadata
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar, Self
 
 from appliance.sched.cost import CostProfile
 
@@ -92,3 +93,37 @@ def as_shipped(kind: str) -> dict[str, Any]:
 
     return {"kind": kind, "device": str(mx.default_device()), "native": False, "kernel": None,
             "fast_ops": False, "quant": None, "heap": NOT_TUNED, "profile": PLAIN}
+
+
+@dataclass(frozen=True, slots=True)
+class AsShipped(Backend):
+    """A plug that runs MLX as shipped (Metal, CUDA): none of the CPU's tuning, a step
+    ahead to hide the tick's host part, and no fused decode layer or batched products of
+    its own (None), which is where a device's kernels would come in."""
+
+    KIND: ClassVar[str] = ""
+
+    @staticmethod
+    def prepare(blas: str, kernel: bool, argv: list[str], data_dir: Path | None) -> None:
+        from appliance.backend import process
+
+        process.log_blas(kernel)
+
+    @classmethod
+    def start(cls, *, native: bool, fast_cpu_ops: bool) -> Self:
+        return cls(**as_shipped(cls.KIND))
+
+    @property
+    def look_ahead(self) -> bool:
+        return True  # a tick's host part is what a step ahead hides on a GPU
+
+    @property
+    def decode_layer(self) -> None:
+        return None
+
+    @property
+    def products(self) -> None:
+        return None
+
+    def adopt(self, model: Any) -> int:
+        return 0

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from appliance.backend import Backend, as_shipped
+from appliance.backend import AsShipped
 
 
 @dataclass(frozen=True, slots=True)
-class CudaPlug(Backend):
+class CudaPlug(AsShipped):
+    KIND: ClassVar[str] = "cuda"
+
     @staticmethod
     def prepare(blas: str, kernel: bool, argv: list[str], data_dir: Path | None) -> None:
         from appliance.backend import gpu, process
@@ -24,22 +26,6 @@ class CudaPlug(Backend):
         process.log_blas(kernel)
         if data_dir is not None:
             gpu.keep_kernel_cache("cuda", data_dir)
-
-    @classmethod
-    def start(cls, *, native: bool, fast_cpu_ops: bool) -> CudaPlug:
-        return cls(**as_shipped("cuda"))
-
-    @property
-    def look_ahead(self) -> bool:
-        return True  # a tick's host part is what a step ahead hides on a GPU
-
-    @property
-    def decode_layer(self) -> None:
-        return None
-
-    @property
-    def products(self) -> None:
-        return None
 
     def adopt(self, model: Any) -> int:
         """Its quantized products' kernels compiled now, not at the first requests."""

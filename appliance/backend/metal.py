@@ -9,35 +9,11 @@ those two attributes, and the engine would not change.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
-from appliance.backend import Backend, as_shipped
+from appliance.backend import AsShipped
 
 
 @dataclass(frozen=True, slots=True)
-class MetalPlug(Backend):
-    @staticmethod
-    def prepare(blas: str, kernel: bool, argv: list[str], data_dir: Path | None) -> None:
-        from appliance.backend import process
-
-        process.log_blas(kernel)
-
-    @classmethod
-    def start(cls, *, native: bool, fast_cpu_ops: bool) -> MetalPlug:
-        return cls(**as_shipped("metal"))
-
-    @property
-    def look_ahead(self) -> bool:
-        return True  # a tick's host part is what a step ahead hides on a GPU
-
-    @property
-    def decode_layer(self) -> None:
-        return None
-
-    @property
-    def products(self) -> None:
-        return None
-
-    def adopt(self, model: Any) -> int:
-        return 0
+class MetalPlug(AsShipped):
+    KIND: ClassVar[str] = "metal"

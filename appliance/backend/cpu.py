@@ -145,14 +145,16 @@ class CpuPlug(Backend):
                      widened)
         if half_kv(model, self):  # where its layers' caches can (appliance/engine/kvcache.py)
             model.appliance_kv_dtype = mx.float16
-        groups, tiled = quant.adopt(model)
-        freed = quant.hold_once(model)
+        # a plug started without the quantized kernel tiles nothing, whatever an earlier
+        # plug of this process installed (None forgets that one's tiles)
+        groups, tiled = quant.adopt(model if self.quant is not None else None)
+        freed = quant.hold_once(model) if tiled else 0
         if groups or tiled:
             log.info("quantized layers adopted: groups=%d tiles=%d bytes, freed=%d bytes",
                      groups, quant.tiled_bytes(), freed)
         if freed:  # the freed arrays' pages back to the system, for the KV budget to count
             heap.give_back()
-        return quant.tiled_bytes()
+        return quant.tiled_bytes() if tiled else 0
 
 
 def _degraded(native_wanted: bool, native_missing: str | None) -> list[str]:

@@ -57,17 +57,21 @@ class Daemon:
 
 def start_daemon(model: Path, data_dir: Path, *flags: str, log_name: str = "daemon.log",
                  env: dict[str, str] | None = None, prefix: tuple[str, ...] = (),
-                 wait: bool = True) -> Daemon:
+                 wait: bool = True, python: str = sys.executable, cwd: Path | None = None,
+                 unset: tuple[str, ...] = ()) -> Daemon:
     """``prefix``: what runs the interpreter (``taskset -c 0``); without ``wait`` the
-    daemon is returned as soon as it is started (a group waits for its other machines)."""
+    daemon is returned as soon as it is started (a group waits for its other machines).
+    ``python``, ``cwd``: another interpreter (a wheel's venv) or directory (``-m`` imports
+    from it); ``unset``: variables of this environment the daemon must not see."""
     port = free_port()
     log = data_dir / log_name
-    env = {**os.environ, "APPLIANCE_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1",
-           **(env or {})}
+    env = {**{k: v for k, v in os.environ.items() if k not in unset},
+           "APPLIANCE_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "appliance", "serve", "--model", str(model),
-             "--port", str(port), *flags], env=env, stdout=fh, stderr=subprocess.STDOUT)
+            [*prefix, python, "-m", "appliance", "serve", "--model", str(model),
+             "--port", str(port), *flags], env=env, cwd=cwd, stdout=fh,
+            stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     daemon = Daemon(proc, url, log, data_dir)
     if wait:

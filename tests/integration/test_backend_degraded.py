@@ -5,16 +5,13 @@ compiled libraries left out, as ``APPLIANCE_BUILD_NATIVE=off`` builds it."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import free_port
-from tests.daemon import Daemon, make_household, wait_up
+from tests.daemon import make_household, start_daemon
 from tests.integration.test_authz_matrix import login
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,17 +39,11 @@ def test_a_daemon_without_its_native_code_says_so_with_the_fix(tiny_model: Path,
     data = tmp_path / "data"
     data.mkdir()
     make_household(data)
-    port, log = free_port(), data / "daemon.log"
-    env = {**os.environ, "PYTHONPATH": str(src), "APPLIANCE_DATA_DIR": str(data),
-           "PYTHONUNBUFFERED": "1"}
-    env.pop("APPLIANCE_NATIVE", None)  # the leg without native code asks for none
-    with open(log, "ab") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "appliance", "serve", "--model",
-                                 str(tiny_model), "--port", str(port)], cwd=tmp_path, env=env,
-                                stdout=fh, stderr=subprocess.STDOUT)
-    d = Daemon(proc, f"http://127.0.0.1:{port}", log, data)
+    # the leg without native code asks for none: this daemon must want it
+    d = start_daemon(tiny_model, data, env={"PYTHONPATH": str(src)}, cwd=tmp_path,
+                     unset=("APPLIANCE_NATIVE",))
+    log = d.log
     try:
-        wait_up(d)
         backend = httpx.get(d.url + "/health", timeout=10).json()["backend"]
         with httpx.Client(base_url=d.url, timeout=60) as browser:
             login(browser, "alice")

@@ -14,8 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
-from tests.daemon import Daemon, wait_up
+from tests.daemon import start_daemon
 
 WHEEL_DIR = os.environ.get("APPLIANCE_TEST_WHEEL_DIR")
 
@@ -46,19 +45,14 @@ def test_the_wheel_pip_builds_serves_with_the_fast_path(tiny_model: Path,
     # then the test environment's packages after the wheel's (pip would have taken its
     # appliance for this one), as a plain path: its editable finder is never installed
     (site / "test-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    data, port = tmp_path / "data", free_port()
+    data = tmp_path / "data"
     data.mkdir()
-    log = data / "daemon.log"
-    env.update(APPLIANCE_DATA_DIR=str(data), PYTHONUNBUFFERED="1")
-    with open(log, "ab") as fh:  # outside the source tree too: `-m` would import it
-        proc = subprocess.Popen([str(python), "-m", "appliance", "serve", "--model",
-                                 str(tiny_model), "--port", str(port)], cwd=tmp_path, env=env,
-                                stdout=fh, stderr=subprocess.STDOUT)
-    d = Daemon(proc, f"http://127.0.0.1:{port}", log, data)
+    # outside the source tree too: `-m` would import it
+    d = start_daemon(tiny_model, data, python=str(python), cwd=tmp_path,
+                     unset=("PYTHONPATH", "APPLIANCE_NATIVE"))
     try:
-        wait_up(d)
         backend = httpx.get(d.url + "/health", timeout=10).json()["backend"]
-        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        maps = Path(f"/proc/{d.proc.pid}/maps").read_text()
     finally:
         assert d.terminate() == 0
     if backend["kind"] != "cpu":

@@ -87,6 +87,17 @@ def shot(tab: Any, name: str, size: dict[str, int]) -> None:
         tab.page.screenshot(path=f"{SHOTS}/{name}-{size['width']}.png", caret="initial")
 
 
+def sign_in(page: Any, url: str, who: str, shared: bool = False) -> None:
+    """Through the login page, as ``who`` (``shared``: "this is a shared device")."""
+    page.goto(url + "/login")
+    page.fill("input[name=name]", who)
+    page.fill("input[name=password]", PASSWORD)
+    if shared:
+        page.check("input[name=shared]")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/chat")
+
+
 def open_menu(page: Any) -> None:
     """On a phone the header's links and Log out are in its Menu: open it (a no-op on a
     desktop, where they are in the header's row)."""

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from tests.browser.conftest import DESKTOP, PHONE, SIZES, Tab
+from tests.browser.conftest import DESKTOP, PHONE, SIZES, Tab, sign_in
 from tests.browser.support import slow_fault
 from tests.helpers import PASSWORD, LiveServer, live_server, make_settings
 
@@ -156,12 +156,7 @@ def test_axe_finds_nothing_serious_in_the_phone_menus_or_the_shared_marker(
     cid = _setup(server)
     context = chromium.new_context(viewport=PHONE, color_scheme=scheme, bypass_csp=True)
     page = context.new_page()
-    page.goto(server.url + "/login")
-    page.fill("input[name=name]", "alice")
-    page.fill("input[name=password]", PASSWORD)
-    page.check("input[name=shared]")
-    page.click("button[type=submit]")
-    page.wait_for_url("**/chat")
+    sign_in(page, server.url, "alice", shared=True)
     page.goto(server.url + f"/chat/{cid}")
     assert page.locator("header .badge.shared").is_visible()
     page.click("#menu-button")

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import SIZES, Tab, shot
+from tests.browser.conftest import SIZES, Tab, shot, sign_in
 from tests.browser.support import add_conversation
-from tests.helpers import PASSWORD, LiveServer
+from tests.helpers import LiveServer
 
 pytestmark = pytest.mark.browser
 
@@ -87,12 +87,7 @@ def test_a_shared_device_login_is_marked_in_the_header(
         chromium: Any, server: LiveServer, size: dict[str, int]) -> None:
     context = chromium.new_context(viewport=size)
     page = context.new_page()
-    page.goto(server.url + "/login")
-    page.fill("input[name=name]", "carol")
-    page.fill("input[name=password]", PASSWORD)
-    page.check("input[name=shared]")
-    page.click("button[type=submit]")
-    page.wait_for_url("**/chat")
+    sign_in(page, server.url, "carol", shared=True)
     marker = page.locator("header .badge.shared")
     assert marker.is_visible() and marker.inner_text() == "Shared device"
     assert "10 minutes" in (marker.get_attribute("title") or "")
@@ -180,11 +175,7 @@ def test_an_answer_is_read_aloud_with_a_local_voice_where_the_browser_speaks(
     context = chromium.new_context(viewport=size)
     context.add_init_script(f"({FAKE_SPEECH})()")
     page = context.new_page()
-    page.goto(server.url + "/login")
-    page.fill("input[name=name]", "carol")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url("**/chat")
+    sign_in(page, server.url, "carol")
     page.goto(server.url + f"/chat/{cid}")
     buttons = page.locator(".msg.assistant [data-speak]")
     assert buttons.count() == 2 and buttons.first.is_visible()
@@ -208,11 +199,7 @@ def test_an_answer_is_read_aloud_with_a_local_voice_where_the_browser_speaks(
     context = chromium.new_context(viewport=size)
     context.add_init_script(f"({NO_SPEECH})()")
     page = context.new_page()
-    page.goto(server.url + "/login")
-    page.fill("input[name=name]", "carol")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url("**/chat")
+    sign_in(page, server.url, "carol")
     page.goto(server.url + f"/chat/{cid}")
     assert page.evaluate("'speechSynthesis' in window") is False
     assert page.locator(".msg.assistant .copy").first.is_visible()

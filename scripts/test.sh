@@ -75,7 +75,7 @@ if [ $# -gt 0 ]; then
   exec "$VENV/bin/python" -m pytest -q --durations=25 "$@"
 fi
 if [ "$(uname -s)" = Linux ]; then
-  echo "== the native kernels under AddressSanitizer and UndefinedBehaviorSanitizer"
+  echo "== the native kernels under AddressSanitizer, UBSan and ThreadSanitizer (the pool)"
   ./scripts/sanitize-native.sh
 fi
 # Two processes for the tests that only wait on daemons and clients (a file per process at a

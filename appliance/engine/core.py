@@ -136,7 +136,9 @@ class Engine:
         self._inbox: queue.SimpleQueue[RequestHandle] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()
-        self._pending = 0
+        # rids submitted and not yet admitted: the queue depth back-pressure counts. A request
+        # leaves it when admitted or when it ends, whichever path ends it (``_done``).
+        self._waiting: set[int] = set()
         self._accepting = True
         self._stop = False
         self._ready = threading.Event()
@@ -230,15 +232,15 @@ class Engine:
                 raise ModelChanging(self.switching_to)
             if not self._accepting:
                 raise EngineStopping("the server is shutting down")
-            if self._pending >= self.config.max_queue_depth:
+            if len(self._waiting) >= self.config.max_queue_depth:
                 raise EngineBusy("Server is busy. Retry later.")
             live = self._live.get(request.user_key, 0)
             if max_concurrent is not None and live >= max_concurrent:
                 raise UserBusy(f"{live} requests in progress; your limit is {max_concurrent} "
                                "at a time; retry when one finishes")
             self._live[request.user_key] = live + 1
-            self._pending += 1
             handle = RequestHandle(request, sink)
+            self._waiting.add(handle.rid)
             self._open[handle.rid] = handle
         self._inbox.put(handle)
         self._wake.set()
@@ -414,6 +416,7 @@ class Engine:
         user_key = handle.request.user_key
         with self._lock:
             self._open.pop(handle.rid, None)
+            self._waiting.discard(handle.rid)
             left = self._live.get(user_key, 0) - 1
             if left > 0:
                 self._live[user_key] = left
@@ -603,7 +606,7 @@ class Engine:
         left = runner.left_queue()
         if left:
             with self._lock:
-                self._pending -= left
+                self._waiting.difference_update(left)
         try:
             self.snapshot = runner.snapshot()
         except Exception:

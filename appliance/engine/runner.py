@@ -99,7 +99,7 @@ class Runner:
         if link is not None:  # caches of their own: partly read, or read and about to join
             link.live = lambda: [s.rid for s in self.seqs.values() if s.cache is not None] + [
                 rid for rids, _, _ in self._joining for rid in rids]
-        self._left_queue = 0
+        self._left_queue: list[int] = []
         self.completed = 0
         self.ticks = 0
         self.prompt_total = 0
@@ -127,7 +127,7 @@ class Runner:
                 self._take_one(h, now)
             except Exception as exc:
                 log.error("request failed rid=%d phase=intake: %s", h.rid, type(exc).__name__)
-                self._left_queue += 1
+                self._left_queue.append(h.rid)
                 self.errors_total += 1
                 self.completed += 1
                 error = str(exc) if isinstance(exc, ValueError) else BACKEND_ERROR
@@ -173,10 +173,10 @@ class Runner:
         tok = ll_tokenizer(self.loaded.tokenizer, self.vocab_size, self.eos)
         return GrammarRow(tok, r.grammar, len(r.prompt))
 
-    def left_queue(self) -> int:
-        """Requests that left the waiting queue for good since the last call."""
-        n, self._left_queue = self._left_queue, 0
-        return n
+    def left_queue(self) -> list[int]:
+        """The requests (rids) that left the waiting queue for good since the last call."""
+        rids, self._left_queue = self._left_queue, []
+        return rids
 
     # ---- the tick ----
     def tick(self) -> bool:
@@ -416,7 +416,7 @@ class Runner:
             if first:
                 s.admitted_at = now
                 s.handle.queue_s = now - s.arrival
-                self._left_queue += 1
+                self._left_queue.append(s.rid)
             try:
                 s.cache, s.computed = self._cached_prefix(s)
             except Exception as exc:
@@ -502,7 +502,7 @@ class Runner:
             log.error("request failed rid=%d phase=finish: %s", s.rid, type(exc).__name__)
             reason, error, tail = FinishReason.ERROR, BACKEND_ERROR, ""
         if s.state is RequestState.QUEUED and s.admitted_at is None:
-            self._left_queue += 1
+            self._left_queue.append(s.rid)
         s.move(finish_state(reason))
         s.cache = None
         del self.seqs[s.rid]

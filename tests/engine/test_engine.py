@@ -305,3 +305,51 @@ def _answers(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[st
             text += ev.text
         out.append((text + ev.text, ev.usage.completion_tokens))
     return out
+
+
+def test_requests_that_end_while_queued_give_back_their_place_in_the_queue(
+        tiny_model: Path) -> None:
+    """The queue's back-pressure counts only requests still waiting: cancelled or failed
+    while queued, they leave it, however they ended (a storm of clients that hang up once
+    left the queue full with nothing in it)."""
+    def fault(request: GenerationRequest, phase: str) -> None:
+        if request.max_tokens == 7 and phase == "intake":
+            raise RuntimeError("injected at intake")
+
+    from appliance.engine.core import Engine as _Engine
+    from appliance.engine.core import EngineBusy
+    from tests.helpers import wait_until
+    engine = _Engine(engine_config(make_settings(tiny_model, max_batch_size=1,
+                                                 max_queue_depth=3)), fault=fault)
+    engine.start()
+    try:
+        ban_eos = tuple((t, -100.0) for t in engine.loaded.eos_token_ids)  # type: ignore[attr-defined]
+        sp = SamplingParams(logit_bias=ban_eos)
+        q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+        long = engine.submit(GenerationRequest(prompt=(1, 2, 3), max_tokens=100_000,
+                                               sampling=sp), blocking_sink(q))
+        assert isinstance(q.get(timeout=60), TokenEvent)  # it holds the batch's one row
+        wait_until(lambda: engine.snapshot.active == 1)  # its tick has ended
+        for _ in range(5):
+            waiting = [engine.submit(GenerationRequest(prompt=(1, 2, 4), max_tokens=5),
+                                     blocking_sink(queue.SimpleQueue())) for _ in range(2)]
+            failing: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+            engine.submit(GenerationRequest(prompt=(1, 2, 5), max_tokens=7),
+                          blocking_sink(failing))
+            assert _collect(failing)[1].reason == "error"
+            with pytest.raises(EngineBusy):
+                for _ in range(2):  # the failed one's place is free again, not a third
+                    engine.submit(GenerationRequest(prompt=(1, 2, 6), max_tokens=5),
+                                  blocking_sink(queue.SimpleQueue()))
+            for h in engine._open.copy().values():  # type: ignore[attr-defined]
+                if h is not long:
+                    engine.cancel(h)
+            wait_until(lambda: len(engine._open) == 1)  # type: ignore[attr-defined]
+            del waiting
+        engine.cancel(long)
+        wait_until(lambda: not engine._open)  # type: ignore[attr-defined]
+        done: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+        engine.submit(GenerationRequest(prompt=(1, 2, 3), max_tokens=2), blocking_sink(done))
+        assert _collect(done)[1].reason == "length"
+    finally:
+        engine.stop()

@@ -304,7 +304,10 @@ struct I16Portable {
     return w;
   }
   // ws: the quad's weight scales, one per lane; xs: the row's block scales, one per lane
-  static QINLINE Acc step(Acc acc, const W& w, const int16_t* x, const float* xs, vf ws) {
+  typedef vf Ws;
+  template <int LPG>
+  static QINLINE Ws scales(f4 s4) { return spread<LPG>(s4); }
+  static QINLINE Acc step(Acc acc, const W& w, const int16_t* x, const float* xs, Ws ws) {
     for (int j = 0; j < 16; j++) {
       int32_t s = 0;
       for (int t = 0; t < 4; t++)
@@ -357,12 +360,26 @@ struct I16Avx2 {
     }
     return _mm256_cvtepi32_ps(s);
   }
-  static I16_AVX2 Acc step(Acc acc, const W& w, const int16_t* x, const float* xs, vf ws) {
-    __m256 wlo, whi;
-    std::memcpy(&wlo, &ws, sizeof(wlo));
-    std::memcpy(&whi, reinterpret_cast<const float*>(&ws) + 8, sizeof(whi));
-    const __m256 dlo = _mm256_mul_ps(wlo, _mm256_loadu_ps(xs));
-    const __m256 dhi = _mm256_mul_ps(whi, _mm256_loadu_ps(xs + 8));
+  // The 16 lanes' weight scales as two native vectors: a 16-lane generic vector is not a
+  // register under AVX2, and GCC moved it through the stack on every quad.
+  struct Ws { __m256 lo, hi; };
+  template <int LPG>
+  static I16_AVX2 Ws scales(f4 s4) {
+    const __m256 s = _mm256_castps128_ps256(reinterpret_cast<__m128>(s4));
+    if constexpr (LPG == 16) {
+      const __m256 b = _mm256_permutevar8x32_ps(s, _mm256_setzero_si256());
+      return Ws{b, b};
+    } else if constexpr (LPG == 8) {
+      return Ws{_mm256_permutevar8x32_ps(s, _mm256_set1_epi32(0)),
+                _mm256_permutevar8x32_ps(s, _mm256_set1_epi32(1))};
+    } else {
+      return Ws{_mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)),
+                _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3))};
+    }
+  }
+  static I16_AVX2 Acc step(Acc acc, const W& w, const int16_t* x, const float* xs, Ws ws) {
+    const __m256 dlo = _mm256_mul_ps(ws.lo, _mm256_loadu_ps(xs));
+    const __m256 dhi = _mm256_mul_ps(ws.hi, _mm256_loadu_ps(xs + 8));
     return Acc{_mm256_fmadd_ps(lanes(w, 0, x), dlo, acc.lo),
                _mm256_fmadd_ps(lanes(w, 1, x), dhi, acc.hi)};
   }
@@ -390,7 +407,10 @@ struct I16Vnni {
     return W{{_mm512_unpacklo_epi8(lo, z), _mm512_unpackhi_epi8(lo, z),
               _mm512_unpacklo_epi8(hi, z), _mm512_unpackhi_epi8(hi, z)}};
   }
-  static I16_VNNI Acc step(Acc acc, const W& w, const int16_t* x, const float* xs, vf ws) {
+  typedef vf Ws;
+  template <int LPG>
+  static I16_VNNI Ws scales(f4 s4) { return spread<LPG>(s4); }
+  static I16_VNNI Acc step(Acc acc, const W& w, const int16_t* x, const float* xs, Ws ws) {
     __m512 wv;
     std::memcpy(&wv, &ws, sizeof(wv));
     const __m512 d = _mm512_mul_ps(wv, _mm512_loadu_ps(xs));
@@ -441,7 +461,7 @@ inline void column_rows_i16(const QArgs& a, int64_t n, int64_t r0) {
       for (int c = 0; c < C && g0 + c < a.groups; c++) s4[c] = to_f32(sr[g0 + c], S{});
       w = Ops::weights(wp, static_cast<int>(blocks - 4 * q) * 16);
     }
-    const vf ws = spread<LPG>(s4);
+    const typename Ops::Ws ws = Ops::template scales<LPG>(s4);
     for (int r = 0; r < R; r++)
       acc[r] = Ops::step(acc[r], w, xq + (r * quads + q) * QUAD, xs + (r * quads + q) * LANES, ws);
   }

@@ -631,6 +631,9 @@ struct TPortable {
   struct I { int32_t l[16]; };
   struct W { int16_t v[2][32]; };
   typedef vf F;
+  typedef vf Ws;
+  template <class S>
+  static QINLINE Ws scales(const typename S::raw* p) { return tile16(p, S{}); }
   static QINLINE I izero() { return I{}; }
   static QINLINE F fzero() { return F{}; }
   static QINLINE void store(float* out, F acc) { std::memcpy(out, &acc, sizeof(acc)); }
@@ -655,12 +658,12 @@ struct TPortable {
     for (int j = 0; j < 16; j++) a.l[j] += b.l[j];
     return a;
   }
-  static QINLINE F block(F acc, const I& s, vf ws, float xs) {
+  static QINLINE F block(F acc, const I& s, Ws ws, float xs) {
     for (int j = 0; j < 16; j++)
       acc[j] = __builtin_fmaf(static_cast<float>(s.l[j]), ws[j] * xs, acc[j]);
     return acc;
   }
-  static QINLINE F bias(F acc, vf wb, float xsum) {
+  static QINLINE F bias(F acc, Ws wb, float xsum) {
     for (int j = 0; j < 16; j++) acc[j] = __builtin_fmaf(wb[j], xsum, acc[j]);
     return acc;
   }
@@ -705,19 +708,31 @@ struct TAvx2 {
   static I16_AVX2 I add(I a, const I& b) {
     return I{_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
   }
-  static I16_AVX2 __m256 half(vf v, int h) {
-    __m256 r;
-    std::memcpy(&r, reinterpret_cast<const float*>(&v) + 8 * h, sizeof(r));
-    return r;
+  // A tile's 16 scales (or biases) as two native vectors, converted as tile16 converts
+  // them: a 16-lane generic vector is not a register under AVX2 and went through the stack.
+  typedef F Ws;
+  static I16_AVX2 Ws scales_of(const float* p, F32) {
+    return Ws{_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
   }
-  static I16_AVX2 F block(F acc, const I& s, vf ws, float xs) {
+  static I16_AVX2 Ws scales_of(const uint16_t* p, F16) {
+    return Ws{_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+  }
+  static I16_AVX2 __m256 bf16_8(const uint16_t* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  static I16_AVX2 Ws scales_of(const uint16_t* p, BF16) { return Ws{bf16_8(p), bf16_8(p + 8)}; }
+  template <class S>
+  static I16_AVX2 Ws scales(const typename S::raw* p) { return scales_of(p, S{}); }
+  static I16_AVX2 F block(F acc, const I& s, const Ws& ws, float xs) {
     const __m256 x = _mm256_set1_ps(xs);
-    return F{_mm256_fmadd_ps(_mm256_cvtepi32_ps(s.lo), _mm256_mul_ps(half(ws, 0), x), acc.lo),
-             _mm256_fmadd_ps(_mm256_cvtepi32_ps(s.hi), _mm256_mul_ps(half(ws, 1), x), acc.hi)};
+    return F{_mm256_fmadd_ps(_mm256_cvtepi32_ps(s.lo), _mm256_mul_ps(ws.lo, x), acc.lo),
+             _mm256_fmadd_ps(_mm256_cvtepi32_ps(s.hi), _mm256_mul_ps(ws.hi, x), acc.hi)};
   }
-  static I16_AVX2 F bias(F acc, vf wb, float xsum) {
+  static I16_AVX2 F bias(F acc, const Ws& wb, float xsum) {
     const __m256 x = _mm256_set1_ps(xsum);
-    return F{_mm256_fmadd_ps(half(wb, 0), x, acc.lo), _mm256_fmadd_ps(half(wb, 1), x, acc.hi)};
+    return F{_mm256_fmadd_ps(wb.lo, x, acc.lo), _mm256_fmadd_ps(wb.hi, x, acc.hi)};
   }
 };
 struct TVnni {
@@ -748,6 +763,9 @@ struct TVnni {
     return _mm512_dpwssd_epi32(s, w.v[t], _mm512_set1_epi32(pair_at(x)));
   }
   static I16_VNNI I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  typedef vf Ws;
+  template <class S>
+  static I16_VNNI Ws scales(const typename S::raw* p) { return tile16(p, S{}); }
   static I16_VNNI F block(F acc, I s, vf ws, float xs) {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(v512(ws), _mm512_set1_ps(xs)),
                            acc);
@@ -771,7 +789,7 @@ inline void tile_rows(const QArgs& a, int64_t t, int64_t r0) {
   typename Ops::F acc[R];
   for (int r = 0; r < R; r++) acc[r] = Ops::fzero();
   for (int64_t g = 0; g < a.groups; g++) {
-    const vf ws = tile16(st + g * TILE, S{});
+    const typename Ops::Ws ws = Ops::template scales<S>(st + g * TILE);
     for (int64_t b = g * per; b < (g + 1) * per; b++) {
       const uint8_t* wb = wt + b * BLOCK;
       for (int64_t l = 0; l < BLOCK; l += 64) __builtin_prefetch(wb + TILE_AHEAD * BLOCK + l);
@@ -803,7 +821,7 @@ inline void tile_rows(const QArgs& a, int64_t t, int64_t r0) {
         acc[r] = Ops::block(acc[r], sum[r][0], ws, a.xs[(r0 + r) * blocks + b]);
       }
     }
-    const vf wb = tile16(bt + g * TILE, S{});
+    const typename Ops::Ws wb = Ops::template scales<S>(bt + g * TILE);
     for (int r = 0; r < R; r++) acc[r] = Ops::bias(acc[r], wb, a.xsum[(r0 + r) * a.groups + g]);
   }
   const int64_t cols = std::min<int64_t>(TILE, a.n - t * TILE);

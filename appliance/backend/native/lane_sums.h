@@ -1,5 +1,6 @@
 /* lane_sums.h: the lane sums of 16 vectors of 16 floats at once, for skinny_matmul.c (C) and
- * mlx_fast.cpp (C++). Lane r of the result is the sum of v[r]'s lanes, each by one fixed
+ * mlx_fast.cpp (C++), and the same sums of 16-float vectors held as 8- or 4-float parts
+ * (skinny_kernel.h's AVX2 and baseline tiles). Lane r of the result is the sum of v[r]'s lanes, each by one fixed
  * tree (lanes l and l + 8, then 4, 2 and 1 apart: a vector's own horizontal sum, the same
  * additions), whatever its neighbours; two vectors at a time, in a quarter of the
  * operations of 16 sums one by one. */
@@ -28,5 +29,44 @@ static inline __attribute__((always_inline)) lanes16 lane_sums16(const lanes16 *
     for (int i = 0; i < 2; i++)
         e[i] = __builtin_shuffle(q[2 * i], q[2 * i + 1], lo3) +
                __builtin_shuffle(q[2 * i], q[2 * i + 1], hi3);
+    return __builtin_shuffle(e[0], e[1], lo4) + __builtin_shuffle(e[0], e[1], hi4);
+}
+
+typedef float lanes8 __attribute__((vector_size(8 * sizeof(float))));
+typedef int lanes8_index __attribute__((vector_size(8 * sizeof(int))));
+
+/* Lane r is the sum of v[r]'s 8 lanes by lane_sums16's tree less its first step (lanes l and
+ * l + 4, then 2 and 1 apart): a 16-lane vector held as 8-lane halves lo and hi has the sum
+ * lane_sums16 gives it in lane_sums8 of lo + hi. */
+static inline __attribute__((always_inline)) lanes8 lane_sums8(const lanes8 *v) {
+    const lanes8_index lo2 = {0, 1, 2, 3, 8, 9, 10, 11};
+    const lanes8_index hi2 = {4, 5, 6, 7, 12, 13, 14, 15};
+    const lanes8_index lo3 = {0, 1, 4, 5, 8, 9, 12, 13};
+    const lanes8_index hi3 = {2, 3, 6, 7, 10, 11, 14, 15};
+    const lanes8_index lo4 = {0, 2, 4, 6, 8, 10, 12, 14};
+    const lanes8_index hi4 = {1, 3, 5, 7, 9, 11, 13, 15};
+    lanes8 q[4], e[2]; /* 2 sums a vector (4 lanes each), then 4, then 8 */
+    for (int i = 0; i < 4; i++)
+        q[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], lo2) +
+               __builtin_shuffle(v[2 * i], v[2 * i + 1], hi2);
+    for (int i = 0; i < 2; i++)
+        e[i] = __builtin_shuffle(q[2 * i], q[2 * i + 1], lo3) +
+               __builtin_shuffle(q[2 * i], q[2 * i + 1], hi3);
+    return __builtin_shuffle(e[0], e[1], lo4) + __builtin_shuffle(e[0], e[1], hi4);
+}
+
+typedef float lanes4 __attribute__((vector_size(4 * sizeof(float))));
+typedef int lanes4_index __attribute__((vector_size(4 * sizeof(int))));
+
+/* Lane r is the sum of v[r]'s 4 lanes by lane_sums16's last two steps (lanes l and l + 2,
+ * then 1 apart): a 16-lane vector held as 4-lane quarters q0..q3 has the sum lane_sums16
+ * gives it in lane_sums4 of (q0 + q2) + (q1 + q3). */
+static inline __attribute__((always_inline)) lanes4 lane_sums4(const lanes4 *v) {
+    const lanes4_index lo3 = {0, 1, 4, 5}, hi3 = {2, 3, 6, 7};
+    const lanes4_index lo4 = {0, 2, 4, 6}, hi4 = {1, 3, 5, 7};
+    lanes4 e[2]; /* 2 sums a vector (2 lanes each), then 4 */
+    for (int i = 0; i < 2; i++)
+        e[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], lo3) +
+               __builtin_shuffle(v[2 * i], v[2 * i + 1], hi3);
     return __builtin_shuffle(e[0], e[1], lo4) + __builtin_shuffle(e[0], e[1], hi4);
 }

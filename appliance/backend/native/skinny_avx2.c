@@ -3,5 +3,5 @@
 #include "skinny_kernel.h"
 
 #if defined(__x86_64__)
-__attribute__((target(APPLIANCE_AVX2_TARGET))) APPLIANCE_HIDDEN ROWS_VARIANT(skinny_rows_avx2, 0)
+__attribute__((target(APPLIANCE_AVX2_TARGET))) APPLIANCE_HIDDEN ROWS_VARIANT_SPLIT(skinny_rows_avx2, 8)
 #endif

@@ -76,7 +76,7 @@ unsigned long appliance_skinny_gemv_calls(void) { return __atomic_load_n(&n_gemv
 /* 1 when OpenBLAS's gemm and gemv were found after this library, else 0. */
 int appliance_skinny_active(void) { return next_sgemm != NULL && next_sgemv != NULL; }
 
-static ROWS_VARIANT(rows_portable, 0)
+static ROWS_VARIANT_SPLIT(rows_portable, 4)
 /* The variant appliance_simd_level() names (simd.h: the processor's widest, or the `simd`
  * setting's), asked at the first product rather than when the library loads: a library
  * preloaded by a parent process is loaded before the CLI exports the setting. */

@@ -27,7 +27,8 @@
  * over them, then the tail), whatever the number of rows, the tile or its neighbours: a row
  * gets the same bits alone and in a batch, so greedy decoding does not depend on batching.
  * Tiles of M rows by N columns keep M * N <= 24 accumulators in AVX-512's 32 registers;
- * without AVX-512 a tile is 2 columns (skinny_kernel.h).
+ * AVX2 and the baseline hold the same sums in vectors of 8 and 4 floats, in tiles of 2 rows
+ * by 2 columns (skinny_kernel.h; docs/decisions/skinny-avx2-tile.md).
  *
  * Instruction sets are chosen at run time, not at build time (a package built on one
  * processor must not die with SIGILL on another): the tile loops are compiled for AVX-512

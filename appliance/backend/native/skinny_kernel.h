@@ -29,8 +29,8 @@ static inline void store(float *c, float alpha, float beta, float dot) {
     *c = beta == 0.0f ? alpha * dot : alpha * dot + beta * *c;
 }
 
-/* Output (i, j) of a tile: its vector sums[j * M + i] plus its tail, the products past the last
- * whole 16 of k in order. */
+/* Output (i, j) of a split tile (below): its vector sums[j * M + i] plus its tail, the
+ * products past the last whole 16 of k in order, as tile adds them. */
 static inline __attribute__((always_inline)) void tile_tails(
         const int M, const int N, int k, int kv, const float *sums, float alpha, const float *a,
         int lda, const float *b, int ldb, float beta, float *c, int ldc) {
@@ -72,7 +72,15 @@ static inline __attribute__((always_inline)) void tile(
     }
     float sums[32] __attribute__((aligned(64)));
     for (int t = 0; t < M * N; t += 16) *(vec *)(sums + t) = lane_sums16(acc + t);
-    tile_tails(M, N, k, kv, sums, alpha, a, lda, b, ldb, beta, c, ldc);
+    for (int j = 0; j < N; j++) {
+        const float *w = b + (long)j * ldb;
+        for (int i = 0; i < M; i++) {
+            const float *x = a + (long)i * lda;
+            float tail = 0.0f;
+            for (int p = kv; p < k; p++) tail += x[p] * w[p];
+            store(c + (long)i * ldc + j, alpha, beta, sums[j * M + i] + tail);
+        }
+    }
 }
 
 /* C[M x n] (+)= A[M x k] . B[n x k]^T for a fixed M, N columns of C at a time (the last few

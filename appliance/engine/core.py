@@ -146,7 +146,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.loaded: LoadedModel | None = None
         """The model once the engine thread has loaded it (None before, or when loading failed)."""
-        self.snapshot = EngineSnapshot.empty()
+        self._snapshot = EngineSnapshot.empty()
         self._open: dict[int, RequestHandle] = {}
         """Every submitted request not yet finished (the supervisor fails them if need be)."""
         self._beat = time.monotonic()
@@ -221,6 +221,19 @@ class Engine:
     def cancel_all(self) -> None:
         self._cancel_all = True
         self._wake.set()
+
+    @property
+    def snapshot(self) -> EngineSnapshot:
+        """The last tick's snapshot, its ``queued`` counting also what was submitted since
+        and not yet taken in (a client that polls /slots after submitting sees its request
+        waiting, not an empty engine)."""
+        snap = self._snapshot
+        waiting = len(self._waiting)
+        return snap if waiting <= snap.queued else replace(snap, queued=waiting)
+
+    @snapshot.setter
+    def snapshot(self, snap: EngineSnapshot) -> None:
+        self._snapshot = snap
 
     # ---- submission (asyncio thread) ----
     def submit(self, request: GenerationRequest, sink: Callable[[Event], None],

@@ -333,6 +333,7 @@ def test_requests_that_end_while_queued_give_back_their_place_in_the_queue(
         for _ in range(5):
             waiting = [engine.submit(GenerationRequest(prompt=(1, 2, 4), max_tokens=5),
                                      blocking_sink(queue.SimpleQueue())) for _ in range(2)]
+            assert engine.snapshot.queued >= 2  # counted from submission, not the next tick
             failing: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
             engine.submit(GenerationRequest(prompt=(1, 2, 5), max_tokens=7),
                           blocking_sink(failing))

@@ -145,6 +145,20 @@ def lost_error(reason: str) -> sqlite3.OperationalError:
     return exc
 
 
+def _release(connection: Any) -> None:
+    """Roll back the failed transaction before the connection is invalidated. Closing alone
+    does not end it while the failed statement's cursor lives on (in the exception's
+    traceback, until the garbage collector breaks the cycle): SQLite keeps such a
+    connection open as a zombie, holding the write lock, and every other writer waits it
+    out as "database is locked" long after the disk has room again."""
+    try:
+        raw = connection.connection.dbapi_connection
+        if raw is not None and raw.in_transaction:
+            raw.rollback()
+    except Exception as exc:  # the connection is discarded whatever happens here
+        log.debug("store: rollback after a storage fault failed (%s)", type(exc).__name__)
+
+
 def install(engine: Engine, health: StoreHealth) -> None:
     """Note storage faults in ``health`` and recycle connections after them (see above)."""
 
@@ -155,6 +169,7 @@ def install(engine: Engine, health: StoreHealth) -> None:
             return
         health.note_fault(name, driver_message(ctx.original_exception))
         if ctx.connection is not None and not ctx.is_pre_ping:
+            _release(ctx.connection)
             ctx.is_disconnect = True  # invalidates this connection and the whole pool
 
     @event.listens_for(engine, "do_connect")

@@ -33,6 +33,14 @@ def _health(d: Daemon) -> httpx.Response:
     return httpx.get(d.url + "/health", timeout=10)
 
 
+def _wait_healthy(d: Daemon) -> None:
+    """/health says ok again within 30 s; otherwise fail with its body and the log's tail."""
+    try:
+        wait_until(lambda: _health(d).json()["status"] == "ok", 30, "health ok again")
+    except AssertionError:
+        raise AssertionError(f"{_health(d).text}\n{d.log.read_text()[-6000:]}") from None
+
+
 def _no_tracebacks(d: Daemon) -> str:
     log = d.log.read_text()
     assert "Traceback" not in log, log[-4000:]
@@ -77,7 +85,7 @@ def test_a_full_disk_loses_no_answered_row_and_refuses_only_past_the_backlog(
             assert body["storage"]["ledger_backlog"] >= 5
 
             control.write_text("")  # the disk has room again
-            wait_until(lambda: _health(d).json()["status"] == "ok", 30, "health ok again")
+            _wait_healthy(d)
             assert _health(d).json()["storage"]["ledger_backlog"] == 0
             again = bob.post("/v1/chat/completions", json=CHAT)
             assert again.status_code == 200
@@ -136,7 +144,7 @@ def test_a_read_only_database_answers_503_to_writes_and_nothing_fails_after_it(
             control.write_text("")  # writable again: the very next write succeeds
             after = bob.post("/me/keys", json={"name": "after"})
             assert after.status_code == 201, after.text
-            wait_until(lambda: _health(d).json()["status"] == "ok", 30, "health ok again")
+            _wait_healthy(d)
         assert d.terminate() == 0
     finally:
         if d.proc.poll() is None:

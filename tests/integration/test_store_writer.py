@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import sqlite3
 import threading
@@ -16,7 +17,7 @@ from sqlalchemy.exc import OperationalError
 from appliance.store import conversations as convs
 from appliance.store import limits
 from appliance.store.db import Store
-from appliance.store.ledger import LedgerRecord
+from appliance.store.ledger import LedgerRecord, insert_records
 from appliance.store.models import LedgerEntry
 from appliance.store.writer import StoreWriter
 from tests.helpers import FAST_HASHER
@@ -321,6 +322,36 @@ def test_a_fault_seen_only_by_a_handler_clears_when_a_probe_write_succeeds(
         assert faulty.health.fault == "SQLITE_READONLY"
         control.write_text("")
         assert wait_until(lambda: not faulty.health.faulted, timeout=15)
+
+
+def test_a_write_that_met_a_full_disk_holds_no_lock_while_its_error_lives(
+        faulty: Store, control: Path, db_path: Path, ids: dict[str, int]) -> None:
+    # The failed statement's cursor lives in the error's traceback until the garbage
+    # collector breaks the cycle; closing its connection then leaves SQLite a zombie that
+    # kept the write lock, and the daemon's writer saw "database is locked" for as long
+    # (the intermittent full-disk failure of the daemon test).
+    from appliance.store.db import open_store
+
+    control.write_text("full")
+    kept: list[OperationalError] = []
+    gc.disable()
+    try:
+        try:
+            with faulty.sessions.begin() as s:
+                insert_records(s, [record(f"z-{i}", ids["bob"]) for i in range(300)])
+        except OperationalError as exc:
+            kept.append(exc)
+        assert kept and faulty.health.fault == "SQLITE_FULL"
+        control.write_text("")
+        other = open_store(db_path, busy_timeout_ms=500)
+        try:
+            with other.sessions.begin() as s:
+                insert_records(s, [record("after", ids["bob"])])
+        finally:
+            other.close()
+    finally:
+        gc.enable()
+    assert ledger_rows(faulty) == 1
 
 
 def test_closing_while_the_disk_is_full_names_every_row_it_could_not_write(

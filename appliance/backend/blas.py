@@ -12,8 +12,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,6 +40,77 @@ after the prompt took up to 64-83 ms with the default, against 40 ms for the ste
 it. With 20 (about 0.4 ms; a forward's products come closer together than that), it took
 at most 43-52 ms, and reading the prompts was no slower. The engine sets it when OpenBLAS
 is preloaded, unless the environment already sets it."""
+
+
+CORETYPE = "OPENBLAS_CORETYPE"
+_BEFORE_AVX2 = frozenset({
+    "katmai", "coppermine", "northwood", "prescott", "banias", "core2", "penryn",
+    "dunnington", "nehalem", "atom", "sandybridge", "unknown"})
+"""OpenBLAS cores whose kernels use no AVX2. OpenBLAS (DYNAMIC_ARCH) picks its kernels by
+the processor's model number and falls back to one of these for a model newer than the
+library: Debian 12's 0.3.21 took a 2023 Xeon (family 6, model 207, AVX-512) for a Prescott,
+whose SSE3 gemm read a 512-token chunk of the SmolLM-135M shape's products 5.6x slower than
+its SkylakeX kernels (25.6 against 4.5 ms for 512 x 576 x 1536), slower per row than the
+skinny_matmul kernel it takes over from."""
+
+
+def coretype_for(flags: frozenset[str], detected: str) -> str | None:
+    """The OpenBLAS core to ask for (``OPENBLAS_CORETYPE``) when its own detection fell
+    back below what a processor with these ``/proc/cpuinfo`` flags runs, else None."""
+    if detected.lower() not in _BEFORE_AVX2:
+        return None
+    if {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"} <= flags:
+        return "SkylakeX"
+    if {"avx2", "fma"} <= flags:
+        return "Haswell"
+    return None
+
+
+def cpu_flags() -> frozenset[str]:
+    """The processor's flags (Linux), empty where unknown."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+@functools.cache
+def detected_core(lib: str) -> str:
+    """The core OpenBLAS picks on its own here, asked of a fresh process (this one may
+    hold the library already, told otherwise); "" when it cannot say."""
+    env = {k: v for k, v in os.environ.items() if k not in (CORETYPE, "LD_PRELOAD")}
+    env["OPENBLAS_NUM_THREADS"] = "1"
+    code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
+            "lib.openblas_get_corename.restype = ctypes.c_char_p; "
+            "print(lib.openblas_get_corename().decode())")
+    try:
+        done = subprocess.run([sys.executable, "-S", "-c", code, lib], env=env, timeout=30,
+                              capture_output=True, text=True, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip()
+
+
+def wanted_coretype(lib: str | None = None) -> str | None:
+    """``OPENBLAS_CORETYPE`` for the installed OpenBLAS when its detection falls short of
+    this processor (:data:`_BEFORE_AVX2`), else None."""
+    lib = lib or openblas_lib()
+    if lib is None:
+        return None
+    detected = detected_core(lib)
+    return coretype_for(cpu_flags(), detected) if detected else None
+
+
+def running_core(lib: str) -> str:
+    """The core of the OpenBLAS this process has mapped (its kernels in use), or ""."""
+    try:
+        handle = ctypes.CDLL(lib)
+        handle.openblas_get_corename.restype = ctypes.c_char_p
+        return str(handle.openblas_get_corename().decode())
+    except (OSError, AttributeError):
+        return ""
 
 
 def openblas_lib() -> str | None:
@@ -77,7 +151,7 @@ def preload_env(blas: str, skinny_matmul: bool) -> dict[str, str] | None:
     have = preloaded()
     want = [*wanted_preload(blas, skinny_matmul), *(p for p in have if p not in ours)]
     env = blas_env(want)
-    if want == have and env.get(THREAD_TIMEOUT) == os.environ.get(THREAD_TIMEOUT):
+    if want == have and all(env.get(v) == os.environ.get(v) for v in (THREAD_TIMEOUT, CORETYPE)):
         return None
     return env
 
@@ -85,12 +159,17 @@ def preload_env(blas: str, skinny_matmul: bool) -> dict[str, str] | None:
 def blas_env(preload: list[str]) -> dict[str, str]:
     """This process's environment with ``LD_PRELOAD`` set to ``preload`` (removed when
     empty) and, when OpenBLAS is among them, its spin as the engine wants it
-    (:data:`SPIN_EXPONENT`) unless the environment sets it already."""
+    (:data:`SPIN_EXPONENT`) and its kernels for this processor (:func:`wanted_coretype`),
+    unless the environment sets them already."""
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     if preload:
         env["LD_PRELOAD"] = ":".join(preload)
-    if any("libopenblas" in Path(p).name for p in preload):
+    openblas = next((p for p in preload if "libopenblas" in Path(p).name), None)
+    if openblas is not None:
         env.setdefault(THREAD_TIMEOUT, SPIN_EXPONENT)
+        core = None if CORETYPE in env else wanted_coretype(openblas)
+        if core is not None:
+            env[CORETYPE] = core
     return env
 
 

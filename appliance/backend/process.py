@@ -10,7 +10,16 @@ import logging
 import os
 import sys
 
-from appliance.backend.blas import THREAD_TIMEOUT, loaded_libraries, preload_env, skinny_matmul_lib
+from appliance.backend.blas import (
+    CORETYPE,
+    THREAD_TIMEOUT,
+    detected_core,
+    loaded_libraries,
+    openblas_lib,
+    preload_env,
+    running_core,
+    skinny_matmul_lib,
+)
 from appliance.backend.degraded import reinstall_command
 
 log = logging.getLogger("appliance")
@@ -68,6 +77,12 @@ def log_blas(kernel: bool) -> None:
     spin = f" ({THREAD_TIMEOUT}={os.environ.get(THREAD_TIMEOUT, 'unset')})" if openblas else ""
     log.info("BLAS: %s%s%s", "Debian's OpenBLAS" if openblas else "the BLAS bundled with mlx",
              ", with skinny_matmul" if lib and lib in maps else "", spin)
+    core = running_core(openblas_lib() or "") if openblas else ""
+    if core:
+        why = (f" ({CORETYPE}={os.environ[CORETYPE]}; its own detection: "
+               f"{detected_core(openblas_lib() or '') or 'unknown'})"
+               if CORETYPE in os.environ else "")
+        log.info("BLAS: OpenBLAS runs its %s kernels%s", core, why)
     if kernel and openblas and lib is None:
         log.warning("skinny_matmul is on but was not built (the package was built with "
                     "APPLIANCE_BUILD_NATIVE=off?): decode steps run on OpenBLAS's gemm, about "

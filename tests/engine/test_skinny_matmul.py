@@ -167,14 +167,24 @@ def test_appliance_run_preloads_skinny_matmul_before_openblas(preload: list[str]
 def test_the_preload_puts_ours_first_and_keeps_the_rest(preload: list[str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """What `appliance serve` and the dashboards benchmark restart with (appliance.backend.blas)."""
-    from appliance.backend.blas import THREAD_TIMEOUT, blas_env, preload_env
+    from appliance.backend.blas import (
+        CORETYPE,
+        THREAD_TIMEOUT,
+        blas_env,
+        preload_env,
+        wanted_coretype,
+    )
 
     monkeypatch.setenv("LD_PRELOAD", f"/opt/other.so:{preload[1]}")
     monkeypatch.delenv(THREAD_TIMEOUT, raising=False)
+    monkeypatch.delenv(CORETYPE, raising=False)
     env = preload_env("auto", True)
     assert env is not None and env["LD_PRELOAD"] == ":".join([*preload, "/opt/other.so"])
     assert env[THREAD_TIMEOUT] == SPIN_EXPONENT  # OpenBLAS's workers spin briefly
+    assert env.get(CORETYPE) == wanted_coretype(preload[1])  # its kernels for this processor
     monkeypatch.setenv("LD_PRELOAD", env["LD_PRELOAD"])
+    if CORETYPE in env:
+        monkeypatch.setenv(CORETYPE, env[CORETYPE])
     assert preload_env("auto", True) is not None  # the spin is not set yet: restart
     monkeypatch.setenv(THREAD_TIMEOUT, SPIN_EXPONENT)
     assert preload_env("auto", True) is None  # already as wanted: no restart
@@ -187,6 +197,24 @@ def test_the_preload_puts_ours_first_and_keeps_the_rest(preload: list[str],
     assert blas_env(preload)[THREAD_TIMEOUT] == "26"
     monkeypatch.delenv(THREAD_TIMEOUT)
     assert THREAD_TIMEOUT not in blas_env(["/opt/other.so"])  # no OpenBLAS, nothing to set
+
+
+def test_openblas_runs_kernels_as_wide_as_the_processor_takes(preload: list[str]) -> None:
+    """OpenBLAS falls back to SSE kernels on a processor model newer than it knows
+    (appliance.backend.blas.coretype_for); the environment the daemon restarts with runs
+    AVX2 or wider ones wherever the processor has AVX2 and FMA."""
+    from appliance.backend.blas import _BEFORE_AVX2, blas_env, cpu_flags
+
+    if not {"avx2", "fma"} <= cpu_flags():
+        pytest.skip("a processor without AVX2 and FMA")
+    code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
+            "lib.openblas_get_corename.restype = ctypes.c_char_p; "
+            "print(lib.openblas_get_corename().decode())")
+    env = blas_env(preload)
+    env.pop("LD_PRELOAD")
+    core = subprocess.run([sys.executable, "-c", code, preload[1]], env=env, check=True,
+                          capture_output=True, text=True).stdout.strip()
+    assert core and core.lower() not in _BEFORE_AVX2, core
 
 
 def test_a_kernel_asked_for_but_never_built_is_a_warning(

@@ -115,8 +115,11 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
       :data:`BURST_STEPS` decode steps (and at least the ITL objective).
     * Floor: when that leaves prefill less than ``prefill_floor`` forward fixed costs the
       objectives cannot be met here, and the tick gets the most efficient chunk on top of
-      the decode step, so a slow machine reads prompts at its best pace. Riding, the floor
-      is ``prefill_floor`` times a ``min_chunk`` chunk's riding time.
+      the decode step, so a slow machine reads prompts at its best pace; while streams
+      decode, that chunk's time stops at the TTFT objective (or the decode step, if
+      longer): where attention is nearly free the most efficient chunk is thousands of
+      tokens. Riding, the floor is ``prefill_floor`` times a ``min_chunk`` chunk's riding
+      time.
     * Patient share: while someone is ``present``, work that can wait gets no more than
       keeps the tick within reading one arrival (``arrival_tokens``) alone, and at least a
       ``min_chunk`` chunk (riding, also at least ``prefill_floor`` times a riding chunk's
@@ -151,7 +154,10 @@ def tick_budget(costs: CostModel, objectives: TickObjectives, decode_rows: int,
     if floor > 0 and share < floor and not riding:
         best = costs.efficient_chunk()
         if best is not None:
-            floor = max(floor, costs.prefill(best, 0))
+            efficient = costs.prefill(best, 0)
+            if decode_rows:  # streams wait out the tick: no longer than a TTFT objective more
+                efficient = min(efficient, max(objectives.ttft_target_s, decode_s))
+            floor = max(floor, efficient)
     return TickBudget(target_s=max(target, decode_s + floor), decode_s=decode_s,
                       patient_s=patient, riding=riding, rows=decode_rows)
 

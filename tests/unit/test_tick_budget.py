@@ -170,6 +170,19 @@ def test_past_every_objective_a_tick_still_has_the_decode_step_and_the_prefill_f
     assert no_floor.target_s == no_floor.decode_s
 
 
+def test_a_flat_cost_per_token_never_makes_a_stream_wait_out_a_huge_chunk() -> None:
+    """Attention almost free: the most efficient chunk is thousands of tokens, seconds of
+    reading. While a stream decodes, the floor stops at the TTFT objective (a fairness run
+    once planned a 10.9 s tick beside a stream for a 998-token chunk)."""
+    flat = Machine(p0=0.25, p1=3.0, p2=0.05)
+    costs = trained(flat)
+    best = costs.efficient_chunk()
+    assert best is not None and costs.prefill(best, 0) > 5.0
+    objectives = TickObjectives(ttft_target_s=1.0, itl_factor=1.0)
+    streaming = tick_budget(costs, objectives, 1, 500, present=False)
+    assert streaming.target_s <= streaming.decode_s + 1.0 + 1e-9
+
+
 def test_a_busy_machine_still_reads_several_short_prompts_in_one_forward() -> None:
     """Ten times slower than the objectives assume: the floor keeps prompts batched."""
     busy = Machine(**{k: 10 * v for k, v in SLOW_CPU.__dict__.items()})

@@ -66,6 +66,12 @@ PRELOAD=$(preload True)
 if [ -n "$PRELOAD" ]; then
   export LD_PRELOAD="$PRELOAD${OTHER_PRELOAD:+:$OTHER_PRELOAD}"
   export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-$("$VENV/bin/python" -c "from appliance.backend.blas import SPIN_EXPONENT; print(SPIN_EXPONENT)")}
+  # OpenBLAS's kernels as the daemon picks them (docs/decisions/openblas-coretype.md), so the
+  # tests' own products round as the daemons' do
+  CORE=$("$VENV/bin/python" -c "from appliance.backend.blas import wanted_coretype; print(wanted_coretype() or '')")
+  if [ -n "$CORE" ]; then
+    export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-$CORE}
+  fi
 fi
 
 "$VENV/bin/ruff" check appliance web migrations tests bench

@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 
+from appliance.backend.blas import CORETYPE, wanted_coretype
 from bench.report import display_command, relative
 
 T = TypeVar("T")
@@ -260,6 +261,10 @@ def server_env(blas: str, base: Mapping[str, str] | None = None) -> dict[str, st
     env.pop("LD_PRELOAD", None)
     if blas == "openblas":
         env["LD_PRELOAD"] = str(OPENBLAS_PATH)
+        # the kernels our daemon asks OpenBLAS for, for every peer on it too
+        core = wanted_coretype(str(OPENBLAS_PATH))
+        if core is not None:
+            env.setdefault(CORETYPE, core)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

@@ -6,6 +6,7 @@ one-column products of other layouts go to OpenBLAS's gemv; the rest is untouche
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from appliance.backend.blas import SPIN_EXPONENT, openblas_lib, skinny_matmul_lib, wanted_preload
+from appliance.backend.blas import (
+    _BEFORE_AVX2,
+    SPIN_EXPONENT,
+    cpu_flags,
+    openblas_lib,
+    skinny_matmul_lib,
+    wanted_preload,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,15 +101,11 @@ def preload() -> list[str]:
 
 def _clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("LD_PRELOAD", "APPLIANCE_BLAS_REEXEC", "OPENBLAS_THREAD_TIMEOUT")}
+           if k not in ("LD_PRELOAD", "APPLIANCE_BLAS_REEXEC", "OPENBLAS_THREAD_TIMEOUT",
+                        "OPENBLAS_CORETYPE")}
     return {**env, **extra}
 
 
-def cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def simd_expected(asked: str) -> str:
@@ -146,6 +150,11 @@ def test_appliance_run_preloads_skinny_matmul_before_openblas(preload: list[str]
     assert on.returncode == 0, on.stderr
     spin = f" (OPENBLAS_THREAD_TIMEOUT={SPIN_EXPONENT})"
     assert f"BLAS: Debian's OpenBLAS, with skinny_matmul{spin}\n" in on.stderr, on.stderr
+    # the kernels OpenBLAS runs, chosen by the daemon itself (the environment is cleared)
+    core = re.search(r"BLAS: OpenBLAS runs its (\w+) kernels", on.stderr)
+    assert core is not None, on.stderr
+    if {"avx2", "fma"} <= cpu_flags():
+        assert core.group(1).lower() not in _BEFORE_AVX2, on.stderr
     off = subprocess.run([*args, "--no-skinny-matmul"], capture_output=True, text=True,
                          timeout=180, cwd=ROOT,
                          env=_clean_env(HF_HUB_OFFLINE="1", LD_PRELOAD=":".join(preload)))
@@ -203,7 +212,7 @@ def test_openblas_runs_kernels_as_wide_as_the_processor_takes(preload: list[str]
     """OpenBLAS falls back to SSE kernels on a processor model newer than it knows
     (appliance.backend.blas.coretype_for); the environment the daemon restarts with runs
     AVX2 or wider ones wherever the processor has AVX2 and FMA."""
-    from appliance.backend.blas import _BEFORE_AVX2, blas_env, cpu_flags
+    from appliance.backend.blas import blas_env
 
     if not {"avx2", "fma"} <= cpu_flags():
         pytest.skip("a processor without AVX2 and FMA")

@@ -85,6 +85,8 @@ class Replica:
                 self.batch.join(entries)
             elif kind == "remove":
                 self.batch.remove(set(op[1]))
+            elif kind == "expect":
+                self.batch.expect(*op[1:])
             elif kind == "reset":
                 self.batch = DecodeBatch(self.model, self.max_rows)
             elif kind == "forward":

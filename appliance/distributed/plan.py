@@ -14,6 +14,8 @@ Operations, in the order rank 0 did them:
 
 - ``["join", [rid, ...]]``: those sequences' caches join the decode batch, in that order;
 - ``["remove", [rid, ...]]``: those rows leave it;
+- ``["expect", rows, length, ticks]``: prompts being read will join it (its room is made
+  ahead, ``DecodeBatch.expect``);
 - ``["reset"]``: the batch starts empty;
 - ``["forward", rows, [[rid, start, n], ...], [rid, ...]]``: one forward of the batch's
   ``rows`` decode rows (all of them; 0: the chunks alone) and prompt chunks (``n`` tokens of sequence ``rid`` from position

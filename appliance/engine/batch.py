@@ -197,6 +197,14 @@ class DecodeBatch:
         for rids, _, _ in entries:
             self.rids.extend(rids)
 
+    def expect(self, rows: int, length: int, ticks: int) -> None:
+        """Prompts being read that will join (:meth:`SlotBatch.expect`)."""
+        if self.slots is None or self.slots.awaited == (rows, length, max(ticks, 1)):
+            return
+        if self.journal is not None:
+            self.journal(["expect", rows, length, ticks])
+        self.slots.expect(rows, length, ticks)
+
     def add(self, rid: int, cache: list[Any]) -> None:
         """A sequence's own per-layer caches join the batch as row ``rid``."""
         self.join([([rid], cache, None)])

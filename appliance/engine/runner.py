@@ -200,6 +200,7 @@ class Runner:
         chunks = [(rid, n, self.seqs[rid].computed) for rid, n in plan.prefill
                   if rid in self.seqs]
         self._apply(plan, now)
+        self._expect(plan)
         decoded = self._forwards(plan)
         self._join()
         self._enforce_quotas()
@@ -260,6 +261,18 @@ class Runner:
             return False
         self._decoded(rows, self.forwards.decode(rows))
         return True
+
+    def _expect(self, plan: Plan) -> None:
+        """Tell the batch which prompts being read will join it: how many, the longest,
+        and in how many ticks at this tick's chunk (one token a tick if it has none)."""
+        reading = [s for s in self.seqs.values() if s.state is RequestState.PREFILLING]
+        if not reading or not self.batch.rids:
+            self.batch.expect(0, 0, 1)
+            return
+        longest = max(reading, key=lambda s: len(s.tokens))
+        chunk = max(dict(plan.prefill).get(longest.rid, 0), 1)
+        left = len(longest.tokens) - longest.computed
+        self.batch.expect(len(reading), len(longest.tokens), -(-left // chunk))
 
     def _chunks(self, plan: Plan) -> list[tuple[Seq, int]]:
         """The plan's prefill chunks still to read: (sequence, tokens) each."""

@@ -231,3 +231,36 @@ def test_a_chat_turn_of_someone_with_nothing_streaming_is_read_in_a_forward_of_i
         assert runner.mixed_forwards == mixed + rides
         assert runner.costs.prefill_fit.observations == apart + (not rides)
         assert runner.seqs[rid].first_token_at is not None
+
+
+def test_a_document_read_beside_streams_joins_them_without_a_copy(demo_model: Path) -> None:
+    """While a long prompt is read in chunks beside two short streams, the runner tells the
+    batch it will join (``SlotBatch.expect``), and the batch makes its room a share of the
+    layers a tick: no tick copies every layer, as the join alone did before."""
+    loaded = load_model(demo_model, fast_cpu_ops=True, native=NATIVE)
+    runner = Runner(loaded, Scheduler(SchedulerConfig(prefill_chunk_size=24)), time.monotonic,
+                    None)
+    slots = runner.batch.slots
+    assert slots is not None
+    layers = len(slots.layers)
+
+    def submit(prompt: list[int], max_tokens: int) -> list[object]:
+        sink: list[object] = []
+        runner.take([RequestHandle(GenerationRequest(prompt=tuple(prompt),
+                                                     max_tokens=max_tokens), sink.append)])
+        return sink
+
+    submit([5, 6, 7, 8], 60)
+    submit([9, 10, 11], 60)
+    for _ in range(3):
+        runner.tick()
+    document = submit([3 + i % 300 for i in range(400)], 4)
+    copied = []
+    while not any(isinstance(e, TokenEvent) for e in document):
+        before = slots.reallocations
+        assert runner.tick()
+        copied.append(slots.reallocations - before)
+    runner.tick()  # its row joined after the tick that read its last chunk
+    assert len(runner.batch.rids) == 3
+    assert sum(copied) >= layers, "the document's room was made"
+    assert max(copied) < layers, copied

@@ -172,6 +172,34 @@ def test_a_longer_row_joins_a_batch_of_short_ones(model: Any) -> None:
 
 
 @EXACT_BATCHES
+def test_a_long_row_announced_ahead_joins_without_a_copy(model: Any) -> None:
+    """A document still being read will join a batch of short rows: its room is made a
+    share of the layers each step before (:meth:`SlotBatch.expect`), so its join, which
+    copied every layer at once, copies none."""
+    batch = DecodeBatch(model, max_rows=4)
+    assert batch.slots is not None
+    seqs = {0: Alone(model, 20, 0), 1: Alone(model, 30, 1), 2: Alone(model, 600, 2)}
+    inputs = dict.fromkeys(seqs, 9)
+    _join(batch, 0, seqs[0])
+    _join(batch, 1, seqs[1])
+    layers = len(model.model.layers)
+    ticks = 3
+    grew = []
+    for left in range(ticks, 0, -1):
+        batch.expect(1, 600, left)
+        before = batch.slots.reallocations
+        inputs.update(_same(batch, seqs, inputs))
+        grew.append(batch.slots.reallocations - before)
+    assert sum(grew) == layers and max(grew) == -(-layers // ticks), grew
+    batch.expect(0, 0, 1)
+    copies = batch.slots.reallocations
+    _join(batch, 2, seqs[2])
+    assert batch.slots.reallocations == copies
+    for _ in range(3):
+        inputs.update(_same(batch, seqs, inputs))
+
+
+@EXACT_BATCHES
 def test_a_row_taken_out_holds_its_own_kv(model: Any) -> None:
     batch = DecodeBatch(model)
     seqs = {0: Alone(model, 90, 0), 1: Alone(model, 50, 1)}

@@ -45,6 +45,8 @@ DEFAULT_BACKLOG_LIMIT = 1000
 """Ledger rows kept in memory while the database takes no writes before model requests are
 refused: a few hundred bytes each, and about an hour of a busy household's requests."""
 _RETRY_DELAYS_S = (0.05, 0.2, 0.5)
+_STILL_EVERY_S = 60.0
+"""While the database takes no writes, the writer says so again this often."""
 _BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 """Waits between attempts while the database takes no writes: a disk that frees up is
 noticed within seconds, a lasting fault costs one attempt per 5 s."""
@@ -149,6 +151,7 @@ class StoreWriter:
         self.backlog_limit = backlog_limit
         self._backlog = _Batch()  # unwritten rows and who waits for them (writer thread)
         self._failures = 0  # attempts failed in a row: the backoff step
+        self._said = ("", 0.0)  # the failure last logged, and when
         self._retry_at: float | None = None
         self.stats = WriterStats()
         self.health.on_fault.append(self._nudge)  # a handler's fault: probe, then clear
@@ -341,13 +344,23 @@ class StoreWriter:
             self._recovered(0)
 
     def _failed(self, exc: SQLAlchemyError) -> None:
-        """The database took no writes: keep everything and try again after a backoff."""
+        """The database took no writes: keep everything and try again after a backoff.
+        Logged at a spell's first failure, when the reason changes (a disk freed, then
+        another connection holding the lock) and every :data:`_STILL_EVERY_S` besides."""
         self._backoff()
-        if self._failures == 1:  # once per spell; the store's health says the rest
+        reason = f"{storage_fault(exc) or type(exc).__name__}: {driver_message(exc)}"
+        now = time.monotonic()
+        if self._failures == 1:
             log.warning("store writer: %d ledger rows and %d counters kept, retrying every "
-                        "%.1f-%.0f s (%s: %s)", len(self._backlog.ledger),
-                        len(self._backlog.counters), _BACKOFF_S[0], _BACKOFF_S[-1],
-                        storage_fault(exc) or type(exc).__name__, driver_message(exc))
+                        "%.1f-%.0f s (%s)", len(self._backlog.ledger),
+                        len(self._backlog.counters), _BACKOFF_S[0], _BACKOFF_S[-1], reason)
+        elif reason != self._said[0] or now - self._said[1] >= _STILL_EVERY_S:
+            log.warning("store writer: still no writes after %d attempts; %d ledger rows and "
+                        "%d counters kept (%s)", self._failures, len(self._backlog.ledger),
+                        len(self._backlog.counters), reason)
+        else:
+            return
+        self._said = (reason, now)
 
     def _backoff(self) -> None:
         self._failures += 1

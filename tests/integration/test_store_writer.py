@@ -367,3 +367,34 @@ def test_closing_while_the_disk_is_full_names_every_row_it_could_not_write(
     lines = [r.getMessage() for r in caplog.records if "NOT written" in r.getMessage()]
     assert len(lines) == 1 and "200 ledger rows" in lines[0] and "lost-0" in lines[0]
     assert ledger_rows(faulty) == 0
+
+
+def test_a_new_reason_for_refused_writes_is_logged_again(
+        store: Store, control: Path, db_path: Path, ids: dict[str, int],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A spell of refused writes is logged once, and again when its reason changes: a file
+    that turns writable while another connection holds the write lock says so, where
+    only the first reason was logged and the lockout went unsaid."""
+    from appliance.store.db import open_store
+
+    caplog.set_level(logging.WARNING, logger="appliance.store.writer")
+    faulty = open_store(db_path, busy_timeout_ms=200, test_fault=control)
+    control.write_text("readonly")
+    blocker = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        with StoreWriter(faulty.sessions, flush_interval=0.0, health=faulty.health) as writer:
+            writer.submit_ledger(record("spell-0", ids["bob"]))
+            assert writer.flush(timeout=10) is False
+            blocker.execute("BEGIN IMMEDIATE")
+            control.write_text("")
+            assert wait_until(lambda: any("still no writes" in r.getMessage()
+                                          for r in caplog.records), timeout=30)
+            blocker.execute("COMMIT")
+            assert wait_until(lambda: writer.stats.backlog == 0, timeout=30)
+    finally:
+        blocker.close()
+        faulty.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "appliance.store.writer"]
+    assert sum("SQLITE_READONLY" in m for m in said) == 1, said
+    assert any("still no writes" in m and "locked" in m for m in said), said
+    assert any("takes writes again" in m for m in said)

@@ -264,8 +264,11 @@ class Runner:
 
     def _expect(self, plan: Plan) -> None:
         """Tell the batch which prompts being read will join it: how many, the longest,
-        and in how many ticks at this tick's chunk (one token a tick if it has none)."""
-        reading = [s for s in self.seqs.values() if s.state is RequestState.PREFILLING]
+        and in how many ticks at this tick's chunk (one token a tick if it has none).
+        Only prompts begun count: room for every document queued behind them made at
+        once cost a copy of 8 rows' windows a tick while one row decoded."""
+        reading = [s for s in self.seqs.values()
+                   if s.state is RequestState.PREFILLING and s.computed > 0]
         if not reading or not self.batch.rids:
             self.batch.expect(0, 0, 1)
             return

@@ -165,6 +165,11 @@ class DecodeBatch:
     def nbytes(self) -> int:
         return self.slots.nbytes if self.slots is not None else self.merged.nbytes
 
+    @property
+    def kv_copies(self) -> int:
+        """KV layers copied into new windows so far (slots only; 0 otherwise)."""
+        return self.slots.reallocations if self.slots is not None else 0
+
     def join(self, entries: list[tuple[list[int], list[Any], list[int] | None]]) -> None:
         """Rows joining the batch together, ``(rids, cache, keep)`` each: a sequence's own
         per-layer caches (``keep`` None, one rid), or rows ``keep`` of a batched prefill

@@ -192,6 +192,7 @@ class Runner:
             return False
         now = self.clock()
         self.timing.begin()
+        copies = self.batch.kv_copies
         cached = self.prompt_cache.nbytes if self.prompt_cache else 0
         plan = self.scheduler.step(now, self._views(),
                                    cache_tokens=cached // self.loaded.kv_bytes_per_token,
@@ -210,7 +211,7 @@ class Runner:
         self._counters_dirty = True
         budget = self.scheduler.budget
         self.timing.end(self.ticks, None if budget is None else budget.target_s, chunks,
-                        plan.ride)
+                        plan.ride, self.batch.kv_copies - copies)
         if now - self._counters_at >= COUNTERS_EVERY_S:
             self.flush_counters()
             self._counters_at = now

@@ -54,6 +54,10 @@ class TickRecord:
     """The prompt chunks read: (request id, tokens, positions already read) each."""
     ride: bool = False
     """The chunks rode in the decode step's forward."""
+    kv_copies: int = 0
+    """Layers of the decode batch's KV copied into new windows during the tick (growth, more
+    slots, a row reaching before the window: appliance/engine/slots.py), in fresh memory:
+    in a VM some 100 ms each for long windows, inside a forward or between them."""
 
     @property
     def why(self) -> str:
@@ -73,7 +77,7 @@ class TickRecord:
                 f"measured_ms={self.measured_s * 1e3:.0f} "
                 f"predicted_ms={self.predicted_s * 1e3:.0f} "
                 f"target_ms={(self.target_s or 0) * 1e3:.0f} decode_rows={self.decode_rows} "
-                f"ride={self.ride} chunks={chunks} why={self.why}")
+                f"ride={self.ride} chunks={chunks} kv_copies={self.kv_copies} why={self.why}")
 
 
 class TickTiming:
@@ -126,14 +130,15 @@ class TickTiming:
             self.costs.observe_prefill(rows, tokens, offset, seconds)
 
     def end(self, tick: int, target_s: float | None,
-            chunks: Sequence[tuple[int, int, int]] = (), ride: bool = False) -> TickRecord:
+            chunks: Sequence[tuple[int, int, int]] = (), ride: bool = False,
+            kv_copies: int = 0) -> TickRecord:
         """Record the tick; ``chunks``: the prompt chunks it read, (request id, tokens,
-        positions already read) each."""
+        positions already read) each; ``kv_copies``: KV layers copied into new windows."""
         record = TickRecord(target_s=target_s, predicted_s=self._predicted,
                             measured_s=self._measured, decode_rows=self._rows,
                             prefill_tokens=sum(n for _, n, _ in chunks),
                             wait_s=self._waited, wall_s=self.timer() - self._began,
-                            tick=tick, chunks=tuple(chunks), ride=ride)
+                            tick=tick, chunks=tuple(chunks), ride=ride, kv_copies=kv_copies)
         self.log.append(record)
         log.debug("%s", record.describe())
         if target_s is not None and record.measured_s > OVER_TARGET * target_s:

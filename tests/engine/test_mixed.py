@@ -264,3 +264,5 @@ def test_a_document_read_beside_streams_joins_them_without_a_copy(demo_model: Pa
     assert len(runner.batch.rids) == 3
     assert sum(copied) >= layers, "the document's room was made"
     assert max(copied) < layers, copied
+    logged = [r.kv_copies for r in runner.timing.log][-len(copied) - 1:-1]
+    assert logged == copied, "the tick log names each tick's copies"

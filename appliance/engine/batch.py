@@ -204,11 +204,12 @@ class DecodeBatch:
 
     def expect(self, rows: int, length: int, ticks: int) -> None:
         """Prompts being read that will join (:meth:`SlotBatch.expect`)."""
-        if self.slots is None or self.slots.awaited == (rows, length, max(ticks, 1)):
+        if self.slots is None:
             return
-        if self.journal is not None:
-            self.journal(["expect", rows, length, ticks])
+        before = self.slots.awaited
         self.slots.expect(rows, length, ticks)
+        if self.journal is not None and self.slots.awaited != before:
+            self.journal(["expect", rows, length, ticks])
 
     def add(self, rid: int, cache: list[Any]) -> None:
         """A sequence's own per-layer caches join the batch as row ``rid``."""

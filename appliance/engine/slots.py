@@ -372,7 +372,7 @@ class SlotBatch:
         start, last = layout.start, layout.end + n
         spare = min(layout.rows + 1, self.max_rows)
         joining, length, ticks = self.awaited
-        first, rows = start, spare
+        first, rows = start, spare  # what every copy made now covers (at least ``spare``)
         if joining:
             first = min(start, last - length)
             rows = min(layout.rows + joining, self.max_rows)
@@ -396,7 +396,7 @@ class SlotBatch:
         for c in due:
             assert c.keys is not None and c.values is not None
             self.reallocations += 1
-            fresh += c.reallocate(first, last, self._row_capacity(c, max(spare, rows)),
+            fresh += c.reallocate(first, last, self._row_capacity(c, rows),
                                   (c.keys, c.values))
         mx.eval(fresh)
 

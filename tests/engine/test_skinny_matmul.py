@@ -106,8 +106,6 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-
-
 def simd_expected(asked: str) -> str:
     """The variant the kernel must run when ``asked`` is forced (APPLIANCE_SIMD): that one
     where this processor has it, else the portable code."""

@@ -1,9 +1,9 @@
 """One tick of the engine: run the scheduler's plan on the model (engine thread only).
 
 The :class:`Runner` keeps the requests (intake, admission, tokens, finishing, preemption,
-quotas, the prompt cache, the snapshot) and applies what the forwards it runs return
-(:class:`~appliance.engine.forwards.Forwards`, forwards.py: a token or a failure per
-row)."""
+quotas and access as access.py rules them, the prompt cache, the snapshot) and applies what
+the forwards it runs return (:class:`~appliance.engine.forwards.Forwards`, forwards.py: a
+token or a failure per row)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from appliance.engine.access import AccessRules
 from appliance.engine.batch import DecodeBatch, cache_nbytes, new_sequence_cache, plain_kv
 from appliance.engine.embed import Embedder
 from appliance.engine.forwards import Failure, Forwards, Link, Outcome, Reads
@@ -21,7 +22,6 @@ from appliance.engine.mixed import supports_mixed
 from appliance.engine.model import LoadedModel
 from appliance.engine.prompt_cache import PromptCache
 from appliance.engine.request import (
-    ACCESS_ENDED,
     FaultHook,
     FinishEvent,
     GenerationRequest,
@@ -74,8 +74,7 @@ class Runner:
         self.on_done = on_done
         self.on_counters = on_counters
         self.usage = usage or RollingUsage()
-        self._access: dict[str, UserAccess] = {}
-        """Per user, what an admin's change left allowed (:meth:`restrict`)."""
+        self.access = AccessRules(self.usage)
         self._served: dict[str, list[int]] = {}
         self.prompt_cache = PromptCache(prompt_cache_entries) if prompt_cache_entries else None
         self._counters_at = 0.0
@@ -375,18 +374,12 @@ class Runner:
     def restrict(self, user_key: str, access: UserAccess) -> None:
         """What an admin left ``user_key`` allowed; the requests already running obey it from
         the next tick (:meth:`_enforce_access`), and so do the ones taken later."""
-        self._access[user_key] = access
-
-    def _daily_limit(self, s: Seq) -> int | None:
-        access = self._access.get(s.handle.request.user_key)
-        return s.handle.request.tokens_per_day if access is None else access.tokens_per_day
+        self.access.restrict(user_key, access)
 
     def _enforce_quotas(self) -> None:
         """A request whose user has used up the day's tokens finishes with ``quota`` (the
         limit an admin set since it was submitted, if one did)."""
-        now = time.time()
-        over = [s for s in self.seqs.values() if (limit := self._daily_limit(s)) is not None
-                and self.usage.total(s.handle.request.user_key, now) >= limit]
+        over = self.access.over_quota(self.seqs.values(), time.time())
         if over:
             self.batch.remove({s.rid for s in over})
         for s in over:
@@ -395,16 +388,7 @@ class Runner:
     def _enforce_access(self) -> None:
         """End the requests of a disabled user or made with a revoked key: ``cancelled``,
         with the reason as the error, and a ledger row, as a caller's cancellation."""
-        ended: list[tuple[Seq, str]] = []
-        for s in self.seqs.values():
-            r = s.handle.request
-            access = self._access.get(r.user_key)
-            if access is None:
-                continue
-            if access.disabled:
-                ended.append((s, ACCESS_ENDED["disabled"]))
-            elif r.api_key_id is not None and r.api_key_id in access.revoked_keys:
-                ended.append((s, ACCESS_ENDED["revoked"]))
+        ended = self.access.cut_off(self.seqs.values())
         if ended:
             self.batch.remove({s.rid for s, _ in ended})
         for s, why in ended:

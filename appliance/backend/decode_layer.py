@@ -6,11 +6,12 @@ few).
 :func:`plan` reads a loaded model's layers once: those it takes are pre-norm Llama, Qwen 2
 and Qwen 3 blocks (mlx-lm's modules: RMSNorm, nn.RoPE or Llama 3's RoPE, attention with or
 without q/k/v biases or q/k norms, SwiGLU) whose seven linear layers the quantized kernel
-adopted as 4-bit tiles (:func:`appliance.backend.quant.tiled_args`), with the fast operations
-installed, so the operation computes what the operations one by one compute, bit for bit.
-Prompt chunks may ride in the step (their own sequences' plain KV caches): the decode rows
-keep those bits, a chunk's attention is summed in another order than the matrix products of
-its own forward. Any other layer, and any step whose decode rows are not over a slot cache's
+adopted as tiles, 4- or 8-bit each as a Q4_K_M file mixes them
+(:func:`appliance.backend.quant.tiled_args`), with the fast operations installed, so the
+operation computes what the operations one by one compute, bit for bit. Prompt chunks
+may ride in the step (their own sequences' plain KV caches): the decode rows keep those
+bits, a chunk's attention is summed in another order than the matrix products of its own
+forward. Any other layer, and any step whose decode rows are not over a slot cache's
 buffers, goes the way it went before (appliance/engine/mixed.py).
 """
 
@@ -56,6 +57,19 @@ def _rope(rope: Any) -> tuple[mx.array, float] | None:
     return None
 
 
+def _tiled(linears: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """``quant.tiled_args`` of ``linears``, adopted as one group or each alone (a Q4_K_M
+    file's v_proj is 8-bit beside a 4-bit q and k, so they are no group): tiles, scales,
+    biases, n's, group size; None unless every one is tiled, with one group size."""
+    whole = quant.tiled_args(linears)
+    if whole is not None or len(linears) == 1:
+        return whole
+    parts = [p for x in linears if (p := quant.tiled_args((x,))) is not None]
+    if len(parts) != len(linears) or len({p[4] for p in parts}) != 1:
+        return None
+    return (*([a for p in parts for a in p[i]] for i in range(4)), parts[0][4])
+
+
 def _layer(layer: Any, qk_norm: bool) -> Layer | None:
     try:
         attn, mlp = layer.self_attn, layer.mlp
@@ -72,7 +86,7 @@ def _layer(layer: Any, qk_norm: bool) -> Layer | None:
             or (any(biased) and not (all(biased)
                                      and all(x["bias"].dtype == mx.float32 for x in qkv)))):
         return None
-    groups = [quant.tiled_args(g) for g in (qkv, rest[:1], rest[1:3], rest[3:])]
+    groups = [_tiled(g) for g in (qkv, rest[:1], rest[1:3], rest[3:])]
     linears: list[mx.array] = []
     widths: list[int] = []
     sizes = set()

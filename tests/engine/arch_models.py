@@ -49,10 +49,12 @@ test, and the two-machine tests use it (mlx_lm pipelines it)."""
 
 
 def build(out: Path, demo_model: Path, arch: str, *, bits: int = 0, seed: int = 0,
-          dtype: Any = mx.float32) -> Path:
+          dtype: Any = mx.float32, eight: tuple[str, ...] = ()) -> Path:
     """A model directory for ``arch`` (a key of :data:`CONFIGS`, or qwen2), its float
     parameters in ``dtype``, quantized to ``bits`` with ``nn.quantize`` (group size 32) when
-    asked (as mlx-lm's convert does it: cast, then quantized)."""
+    asked (as mlx-lm's convert does it: cast, then quantized); layers whose path ends with
+    one of ``eight`` in 8 bits, named in the config as mlx-lm reads per-layer bits (as a
+    Q4_K_M file's import keeps v_proj and down_proj)."""
     from mlx_lm.utils import _get_classes
 
     config = dict(QWEN2 if arch == "qwen2" else CONFIGS[arch])
@@ -64,8 +66,18 @@ def build(out: Path, demo_model: Path, arch: str, *, bits: int = 0, seed: int = 
         "gemma") else p, model.parameters()))
     model.set_dtype(dtype)
     if bits:
-        nn.quantize(model, group_size=32, bits=bits)
-        config["quantization"] = {"group_size": 32, "bits": bits}
+        quantization: dict[str, Any] = {"group_size": 32, "bits": bits}
+
+        def predicate(path: str, module: Any) -> bool | dict[str, int]:
+            if not hasattr(module, "to_quantized"):
+                return False
+            if path.endswith(eight):
+                quantization[path] = {"group_size": 32, "bits": 8}
+                return quantization[path]
+            return True
+
+        nn.quantize(model, group_size=32, bits=bits, class_predicate=predicate)
+        config["quantization"] = quantization
     out.mkdir(parents=True)
     weights = dict(nn.utils.tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights)

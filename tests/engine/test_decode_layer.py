@@ -1,6 +1,6 @@
 """A decoder layer's decode step in one operation (appliance/backend/decode_layer.py,
 appliance/backend/native/decode_layer.cpp) on small random 4-bit models of the architectures
-it takes: every layer of a plain decode step goes through it, with the bits of the
+it takes (and two with 8-bit v and down projections): every layer of a plain decode step goes through it, with the bits of the
 operations one by one (logits and KV buffers); prompt chunks ride in it, the decode rows
 keeping those bits and the chunks their numbers; a buffer someone else still holds is
 copied, not written; what it does not take goes the old way; bad arguments get a clear
@@ -25,6 +25,7 @@ from tests.engine.test_mixed_archs import _batch, _tokens
 pytestmark = CPU_TUNING
 
 TAKEN = ("llama3", "mistral", "qwen2", "qwen3")
+MIXED = ("llama3", "qwen2")
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,9 @@ def models(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dict[s
     made = {arch: build(root / arch, demo_model, arch, bits=4)
             for arch in (*TAKEN, "phi3", "gemma3_text")}
     made["llama3-fp32"] = build(root / "llama3-fp32", demo_model, "llama3", bits=0)
+    for arch in MIXED:  # a Q4_K_M file's import: v_proj and down_proj in 8 bits
+        made[f"{arch}-mixed"] = build(root / f"{arch}-mixed", demo_model, arch, bits=4,
+                                      eight=("v_proj", "down_proj"))
     return made
 
 
@@ -40,9 +44,11 @@ def _model(models: dict[str, Path], name: str) -> Any:
     return load_model(models[name], fast_cpu_ops=True, native=True).model
 
 
-@pytest.mark.parametrize("arch", TAKEN)
+@pytest.mark.parametrize("arch", [*TAKEN, *(f"{a}-mixed" for a in MIXED)])
 def test_each_layer_of_a_decode_step_is_one_operation_with_the_same_bits(
         models: dict[str, Path], arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also where a layer's linears differ in bits (4 and 8, as a Q4_K_M file's): those
+    layers went the old way, each operation on its own, a Q4_K_M step's half."""
     model = _model(models, arch)
     plan = decode_layer.plan(model, qk_norm=arch == "qwen3")
     assert plan is not None and all(layer is not None for layer in plan)

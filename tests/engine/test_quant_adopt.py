@@ -143,10 +143,11 @@ def test_an_embedding_is_tiled_only_where_it_is_the_output_layer(
         assert (id(embedding) in quant._layers) is tied, arch
 
 
-def test_an_8_bit_output_layer_is_tiled_and_other_8_bit_layers_are_not(
+def test_8_bit_layers_are_tiled_as_4_bit_ones_are(
         models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tied 8-bit embedding is the output layer, a decode step's biggest product: read
-    from tiles (x in 16 bits). The other 8-bit layers keep the float kernel."""
+    """8-bit layers (a Q8_0 file's, a Q4_K_M file's Q6_K tensors) and a tied 8-bit embedding,
+    the output layer, are read from tiles with x in 16 bits, as 4-bit ones: the float kernel
+    took 0.48 ms a prompt token for the 1B shape's 8-bit down_proj, tiles 0.14."""
     assert quant.install() is None
     model = load(str(models["llama3-q8"]))[0]
     tokens = [5, 41, 77]
@@ -154,10 +155,12 @@ def test_an_8_bit_output_layer_is_tiled_and_other_8_bit_layers_are_not(
     quant.adopt(model)
     got, adopted = logits(model, tokens, monkeypatch)
     np.testing.assert_allclose(got, want, rtol=0, atol=3e-4 * np.abs(want).max())
-    assert alone["tiled_matmul"] == 0 and adopted["tiled_matmul"] == 1
-    group, _ = quant._layers[id(model.model.embed_tokens["weight"])]
-    assert group.layers[0].tiled is not None and group.layers[0].tiled.bits == 8
-    assert id(model.layers[0].self_attn.o_proj["weight"]) not in quant._layers  # not tiled
+    layers = len(model.layers)
+    # per layer q/k/v, o, gate/up and down; and the head
+    assert alone["tiled_matmul"] == 0 and adopted["tiled_matmul"] == 4 * layers + 1
+    for weight in (model.model.embed_tokens["weight"], model.layers[0].self_attn.o_proj["weight"]):
+        group, _ = quant._layers[id(weight)]
+        assert group.layers[0].tiled is not None and group.layers[0].tiled.bits == 8
 
 
 def test_products_gives_a_groups_outputs_in_one_call_or_none(

@@ -1,5 +1,5 @@
-// decode_layer: a pre-norm decoder layer's decode step (Llama, Qwen 2 and 3 with 4-bit tiled
-// weights) in one MLX operation.
+// decode_layer: a pre-norm decoder layer's decode step (Llama, Qwen 2 and 3 with tiled 4- or
+// 8-bit weights, each linear its own) in one MLX operation.
 //
 // Built of the appliance's operations one by one, a layer's decode step is some twenty graph
 // nodes (norms, the products, views, RoPE, the KV cache's two slice updates and their views,
@@ -30,6 +30,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -64,6 +65,7 @@ struct Shape {
   std::vector<int64_t> chunks;  // per prompt chunk riding after them: its offset and length
   float rope_scale, attn_scale, eps_in, eps_post, eps_qk;
   mx::Dtype scales;
+  std::array<int, LINEARS> bits;  // each linear's, from its tiles' width (4 or 8)
 
   bool operator==(const Shape&) const = default;
 
@@ -95,9 +97,10 @@ void run(const Shape& s, std::vector<mx::array>& in, float* h_out,
     auto n = ns.begin();
     for (int i : which) {
       const int at = s.linears() + 3 * i;
-      ws.push_back({in[at].data<void>(), in[at + 1].data<void>(), in[at + 2].data<void>(), *n++});
+      ws.push_back({in[at].data<void>(), in[at + 1].data<void>(), in[at + 2].data<void>(), *n++,
+                    s.bits[i]});
     }
-    fk::tiled_products(xin, m, kin, s.group, 4, s.scales, ws.data(), std::data(ys),
+    fk::tiled_products(xin, m, kin, s.group, s.scales, ws.data(), std::data(ys),
                        static_cast<int>(ws.size()), residual);
   };
   // attention: norm, q/k/v (+ biases, q/k norms), RoPE, the cache's new position, attention
@@ -278,20 +281,23 @@ LayerWeights layer_weights(const std::vector<mx::array>& norms,
   for (int i = 0; i < 3 && !biases.empty(); i++)
     need_f32(biases[i], widths[i], "q/k/v biases must be float32 of their outputs");
   const mx::Dtype sd = linears[1].dtype();
+  std::array<int, LINEARS> bits{};
   for (int i = 0; i < LINEARS; i++) {
     const mx::array &t = linears[3 * i], &sc = linears[3 * i + 1], &bi = linears[3 * i + 2];
     const int64_t n = widths[i] < 0 ? inter : widths[i];
     const int32_t tn = static_cast<int32_t>((n + 15) / 16);
     need(n > 0 && n % 16 == 0 && ks[i] % group == 0, "N a multiple of 16, K of the group size");
-    need(t.dtype() == mx::uint8 && t.shape() == mx::Shape({tn, static_cast<int32_t>(ks[i] * 8)}),
-         "tiles must be uint8 [N / 16, K * 8]");
+    bits[i] = t.ndim() == 2 && t.shape(1) == ks[i] * 16 ? 8 : 4;
+    need(t.dtype() == mx::uint8 &&
+             t.shape() == mx::Shape({tn, static_cast<int32_t>(ks[i] * 2 * bits[i])}),
+         "tiles must be uint8 [N / 16, K * 8] (8-bit: K * 16)");
     need(sc.shape() == mx::Shape({tn, static_cast<int32_t>(ks[i] / group), 16}) &&
              bi.shape() == sc.shape() && sc.dtype() == sd && bi.dtype() == sd,
          "scales and biases must be [N / 16, K / group, 16], one dtype");
   }
   LayerWeights w{{group, heads, kv_heads, d, inter, dims, traditional, !qk_norms.empty(),
                   !biases.empty(), fk::NO_MASK, 0, 0, 0, {}, rope_scale, attn_scale, eps[0],
-                  eps[1], eps[2], sd},
+                  eps[1], eps[2], sd, bits},
                  {inv_freq},
                  dm};
   for (const auto* list : {&norms, &qk_norms, &biases, &linears})
@@ -374,8 +380,9 @@ void define_layer(nb::module_& m) {
         nb::arg("first"), nb::arg("chunk_kv") = std::vector<mx::array>{},
         nb::arg("chunk_at") = std::vector<int64_t>{},
         nb::arg("chunk_len") = std::vector<int64_t>{},
-        "A pre-norm decoder layer's decode step (Llama, Qwen 2 and 3; tiled 4-bit weights) in one "
-        "operation: [h + attention + MLP, keys, values], the new KV at `at` of rows 0..B-1, "
+        "A pre-norm decoder layer's decode step (Llama, Qwen 2 and 3; tiled 4- or 8-bit "
+        "weights) in one operation: [h + attention + MLP, keys, values], the new KV at `at` "
+        "of rows 0..B-1, "
         "attention over first..at (appliance/backend/native/decode_layer.cpp). Prompt chunks "
         "may ride after the B rows of h: chunk c's length tokens at positions chunk_at[c].., "
         "its keys and values (chunk_kv[2c], [2c + 1], [1, KV, W, d]) written there and "

@@ -59,9 +59,10 @@ struct TiledWeight {
   const void* scales;
   const void* biases;
   int64_t n;
+  int bits;  // 4 or 8, each its own (a Q4_K_M layer's v is 8-bit beside a 4-bit q and k)
 };
-void tiled_products(const float* x, int64_t m, int64_t k, int group, int bits,
-                    mlx::core::Dtype scales, const TiledWeight* weights, float* const* ys,
-                    int count, const float* residual);
+void tiled_products(const float* x, int64_t m, int64_t k, int group, mlx::core::Dtype scales,
+                    const TiledWeight* weights, float* const* ys, int count,
+                    const float* residual);
 
 }  // namespace fast_kernels

@@ -142,7 +142,7 @@ columns_fn pick_i16(int group, mx::Dtype dtype) {
   return by_lpg<PortableColumnsI16, 4>(lpg, s);
 }
 
-// The tiled 4-bit kernel (quant_kernels.h, "Tiled 4-bit weights") for the processor.
+// The tiled kernel (quant_kernels.h, "Tiled 4-bit weights"; 8-bit too) for the processor.
 columns_fn pick_tiled(int bits, mx::Dtype dtype) {
   const Scales s = scales_of(dtype);
 #if defined(__x86_64__)
@@ -259,20 +259,29 @@ columns_fn pick_dequant(int bits, int group, mx::Dtype dtype) {
 // pool: several a thread, so a helper that is not running delays little; one thread for
 // products of less than SPLIT_MIN weights in all.
 // ``align``: a task's first column is a multiple of it (the tiled kernel's 16).
-void run_columns(columns_fn fn, const std::vector<QArgs>& parts, int64_t k, int64_t align = 1) {
+// Each part with its own loop (fns[p]: a tiled product's parts may differ in bits).
+void run_columns(const std::vector<columns_fn>& fns, const std::vector<QArgs>& parts,
+                 int64_t k, int64_t align = 1) {
   const int threads = appliance_pool_threads();
   int64_t n = 0;
   for (const auto& a : parts) n += a.n;
   if (n * k < SPLIT_MIN || threads < 2) {
-    for (const auto& a : parts) fn(a, 0, a.n);
+    for (size_t p = 0; p < parts.size(); p++) fns[p](parts[p], 0, parts[p].n);
     return;
   }
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(n / 16, 8 * threads));
   const int64_t width = ((n + blocks - 1) / blocks + align - 1) / align * align;
   std::vector<Task> tasks;
-  for (const auto& a : parts)
-    for (int64_t n0 = 0; n0 < a.n; n0 += width) tasks.push_back({fn, &a, n0, std::min(a.n, n0 + width)});
+  for (size_t p = 0; p < parts.size(); p++) {
+    const QArgs& a = parts[p];
+    for (int64_t n0 = 0; n0 < a.n; n0 += width)
+      tasks.push_back({fns[p], &a, n0, std::min(a.n, n0 + width)});
+  }
   run_tasks(tasks);
+}
+
+void run_columns(columns_fn fn, const std::vector<QArgs>& parts, int64_t k, int64_t align = 1) {
+  run_columns(std::vector<columns_fn>(parts.size(), fn), parts, k, align);
 }
 
 
@@ -442,10 +451,10 @@ class QuantMatmul : public mx::Primitive {
     std::vector<float*> ys(out.size());
     for (size_t p = 0; p < out.size(); p++) {
       ws[p] = {in[1 + 3 * p].data<void>(), in[2 + 3 * p].data<void>(),
-               in[3 + 3 * p].data<void>(), out[p].shape(-1)};
+               in[3 + 3 * p].data<void>(), out[p].shape(-1), bits};
       ys[p] = out[p].data<float>();
     }
-    fast_kernels::tiled_products(x.data<float>(), m, k, group, bits, in[2].dtype(), ws.data(),
+    fast_kernels::tiled_products(x.data<float>(), m, k, group, in[2].dtype(), ws.data(),
                                  ys.data(), static_cast<int>(out.size()),
                                  residual ? in.back().data<float>() : nullptr);
   }
@@ -673,8 +682,8 @@ void parallel_units(int64_t units, void (*f)(const void*, int64_t, int64_t), con
   run_tasks(tasks);
 }
 
-void tiled_products(const float* x, int64_t m, int64_t k, int group, int bits,
-                    mx::Dtype scales, const TiledWeight* weights, float* const* ys, int count,
+void tiled_products(const float* x, int64_t m, int64_t k, int group, mx::Dtype scales,
+                    const TiledWeight* weights, float* const* ys, int count,
                     const float* residual) {
   const int64_t groups = k / group;
   std::vector<int16_t> xq(static_cast<size_t>(m * k));
@@ -683,14 +692,16 @@ void tiled_products(const float* x, int64_t m, int64_t k, int group, int bits,
   const QArgs a{nullptr, m, k, k, 0, nullptr, 0, nullptr, nullptr, groups, group,
                 __builtin_ctz(group), nullptr, xq.data(), xs.data(), xsum.data()};
   std::vector<QArgs> parts(static_cast<size_t>(count), a);
+  std::vector<columns_fn> fns(static_cast<size_t>(count));
   for (int p = 0; p < count; p++) {
     parts[p].n = weights[p].n;
     parts[p].w = static_cast<const uint32_t*>(weights[p].tiles);
     parts[p].scales = weights[p].scales;
     parts[p].biases = weights[p].biases;
     parts[p].y = ys[p];
+    fns[p] = pick_tiled(weights[p].bits, scales);
   }
-  run_columns(pick_tiled(bits, scales), parts, k, TILE);
+  run_columns(fns, parts, k, TILE);
   if (residual != nullptr) {  // y + r per element, as MLX's add of the two gives it
     float* y = ys[0];
     for (int64_t i = 0, n = m * weights[0].n; i < n; i++) y[i] += residual[i];

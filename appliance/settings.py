@@ -154,10 +154,10 @@ class EngineSettings:
         "and tests. The variants agree to rounding, not to the bit (FMA).",
         choices=("auto", "avx512", "avx2", "portable"))
     quant_act: str = _opt(
-        "auto", "How the native 4-bit products take their activations: 'int16' (rounded to 16 "
-        "bits once a product; faster at every row count on AVX2 and AVX-512) or 'float'; "
-        "'auto' takes int16 there and float on the portable variant. 8-bit products always "
-        "take floats.", choices=("auto", "float", "int16"))
+        "auto", "How the native 4- and 8-bit products take their activations: 'int16' "
+        "(rounded to 16 bits once a product, the weights read from tiles; faster at every "
+        "row count on AVX2 and AVX-512) or 'float'; 'auto' takes int16 there and float on "
+        "the portable variant.", choices=("auto", "float", "int16"))
     quant_threads: int = _opt(
         0, "Threads of the native code's one pool (skinny_matmul's float products, the "
         "quantized products, the fused decode layer, the fast operations' big ones), the "

@@ -570,9 +570,9 @@ def tiled_matmul(x: mx.array, *parts: Tiled) -> list[mx.array]:
 
 
 def activations() -> str:
-    """How 4-bit products take x unless told: ``"int16"`` on the AVX2 and AVX-512 variants,
-    ``"float"`` on the portable one; ``APPLIANCE_QUANT_ACT=float`` or ``int16`` overrides
-    (8-bit products always take it in float)."""
+    """How products take x unless told: ``"int16"`` on the AVX2 and AVX-512 variants (4- and
+    8-bit layers tiled), ``"float"`` on the portable one; ``APPLIANCE_QUANT_ACT=float`` or
+    ``int16`` overrides (an 8-bit layer the tiles do not hold takes x in float)."""
     return str(fast_ops._extension().quant_activations())
 
 

@@ -48,10 +48,12 @@ KERNEL_ROWS = 32
 """The most rows the kernel takes; more go dense. Not below 32: the fixed-order promise
 (appliance/engine/mixed.py) holds to 32 rows, as for skinny_matmul's fp32 products. Dense was
 faster from 33 rows up on SmolLM2's layers (docs/decisions.md)."""
-TILED_ROWS = 256
-"""The most rows a tiled layer's product takes from its tiles; more go dense. The tiled kernel
-was faster than dense up to 256 rows on SmolLM2's layers, about even there
-(docs/decisions.md); each row's sums are in a fixed order at any count."""
+TILED_ROWS = 4096
+"""The most rows a tiled layer's product takes from its tiles (a prompt's chunk is at most
+2,048 tokens); more go dense. Each row's sums are in a fixed order at any count. On a Zen 4
+(2 threads) the tiles were faster than dense at every count from 64 to 2,048 rows: the 1B
+shape's gate and up 283 against 441 us a row at 2,048, its 8-bit down 247 against 383;
+SmolLM2's layers as fast or faster (at 256 rows once the limit: 26 against 38 us)."""
 DENSE_WHOLE = 1 << 20
 """Weights of at most this many elements (4 MiB dequantized) are dequantized whole for the
 dense path; bigger ones in pieces of rows of at most :data:`DENSE_PIECE`, which the gemm

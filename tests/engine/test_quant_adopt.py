@@ -116,7 +116,7 @@ def test_a_prompts_rows_and_changed_weights_take_ordinary_products(
     layers = len(model.layers)
     quant.adopt(model)
     _, prompt = logits(model, list(range(5, 5 + quant.KERNEL_ROWS + 1)), monkeypatch)
-    # tiles take prompts of up to 256 rows (four a layer and the tied head)
+    # tiles take prompts of up to TILED_ROWS rows (four a layer and the tied head)
     assert prompt["tiled_matmul"] == 4 * layers + 1
     _, prompt = logits(model, [5 + i % 4000 for i in range(quant.TILED_ROWS + 1)], monkeypatch)
     assert prompt["tiled_matmul"] == 0 and prompt["quantized_matmul_many"] == 0

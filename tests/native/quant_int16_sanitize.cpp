@@ -278,7 +278,7 @@ int check_dequant(const Variant& v, const Weight& w, const Tiles& t, int64_t row
   return wrong;
 }
 
-// More rows than the tiles take (quant.py's TILED_ROWS, 256): x in the dequantized order
+// More rows than the tiles take (quant.py's TILED_ROWS): x in the dequantized order
 // (block_order_rows) times dequantize_tiled's rows, in two pieces of columns.
 int check_dense(const Variant& v, const Weight& w, const Tiles& t, int64_t m) {
   const std::vector<float> x = random_x(m, w.k);

@@ -32,6 +32,23 @@ OPENBLAS_PATH = Path("/usr/lib/x86_64-linux-gnu/libopenblas.so.0")
 """Debian's OpenBLAS (apt package `libopenblas0-pthread`), preloaded into both servers."""
 
 
+def resident(pid: int | None) -> dict[str, int] | None:
+    """A live process's resident memory in bytes (Linux's /proc): ``rss`` now and ``peak``
+    (the high-water mark since it started); None where there is no such file."""
+    if pid is None:
+        return None
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    try:  # "VmRSS:   123456 kB"
+        return {key: int(fields[name].split()[0]) * 1024
+                for key, name in (("rss", "VmRSS"), ("peak", "VmHWM"))}
+    except (KeyError, ValueError, IndexError):
+        return None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago on `host`."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

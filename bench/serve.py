@@ -51,6 +51,7 @@ from bench.process import (
     blas_report,
     default_blas,
     free_port,
+    resident,
     run_guarded,
     running,
     server_env,
@@ -319,6 +320,8 @@ async def drive_server(
             file=sys.stderr,
             flush=True,
         )
+    # after every level, the server still up: what serving these clients held (rank 0's)
+    info["memory"] = resident(server.pid)
 
 
 def server_result(starts: Sequence[dict[str, Any]], runs: Sequence[LevelRun]) -> dict[str, Any]:
@@ -331,6 +334,9 @@ def server_result(starts: Sequence[dict[str, Any]], runs: Sequence[LevelRun]) ->
         "openblas_loaded": combine_flags([s.get("openblas_loaded") for s in starts]),
         "skinny_matmul_loaded": combine_flags([s.get("skinny_matmul_loaded") for s in starts]),
         "error": "; ".join(errors) or None,
+        "resident_bytes": max((m["rss"] for s in starts if (m := s.get("memory"))), default=None),
+        "resident_peak_bytes": max((m["peak"] for s in starts if (m := s.get("memory"))),
+                                   default=None),
         "levels": [asdict(stats) for stats in pool_runs(runs)],
         "staggered": stagger_comparison(runs),
         "starts": list(starts),

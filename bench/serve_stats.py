@@ -201,6 +201,23 @@ def render_stagger(report: Mapping[str, Any], stagger_ms: float) -> str:
     return "\n".join(lines)
 
 
+def resident_text(server: Mapping[str, Any]) -> str:
+    """"; resident ..." for a server whose memory was read after its levels, else ""."""
+    rss, peak = server.get("resident_bytes"), server.get("resident_peak_bytes")
+    if rss is None:
+        return ""
+    return f"; resident after the levels {rss / 1e9:.2f} GB (peak {(peak or rss) / 1e9:.2f} GB)"
+
+
+def resident_ratios(report: Mapping[str, Any]) -> list[str]:
+    """Ours' resident memory against each other server's, where both were read."""
+    servers = report["servers"]
+    mine = servers.get(OURS, {}).get("resident_bytes")
+    return [f"- resident memory {OURS}/{name}: {fmt_ratio(mine / other)}"
+            for name, server in servers.items()
+            if name != OURS and mine and (other := server.get("resident_bytes"))]
+
+
 def render_report(report: Mapping[str, Any]) -> str:
     """The whole Markdown report: facts about the run, the table, notes."""
     meta = report["meta"]
@@ -226,9 +243,11 @@ def render_report(report: Mapping[str, Any]) -> str:
         lines.append(f"- {meta['ranks']} ranks per server on this machine (ring backend over "
                      f"loopback), {'each rank pinned to a core of its own' if meta.get('pinned') else 'not pinned'}")
     for name, server in report["servers"].items():
-        lines.append(f"- {name}: `{server['command']}` (log `{server['log']}`)")
+        lines.append(f"- {name}: `{server['command']}` (log `{server['log']}`)"
+                     f"{resident_text(server)}")
         for rank in (server.get("ranks") or [])[1:]:
             lines.append(f"  - rank {rank['rank']}: `{rank['command']}`")
+    lines += resident_ratios(report)
     lines += ["", render_table(results, ratios, more), ""]
     if meta.get("stagger_ms"):
         lines += [render_stagger(report, meta["stagger_ms"]), ""]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +23,7 @@ from bench.client import (
     stream_chat,
     usage_completion_tokens,
 )
+from bench.process import resident
 from bench.provision import last_line
 from bench.report import describe_model, safe_ratio
 from bench.serve import (
@@ -31,6 +33,7 @@ from bench.serve import (
     needs_provisioning,
     pool_runs,
     round_order,
+    server_result,
     stagger_comparison,
 )
 from bench.serve_stats import (
@@ -433,3 +436,34 @@ def test_stagger_comparison_sets_staggered_itl_against_steady() -> None:
     assert rows[0]["itl_p95_staggered_s"] == pytest.approx(0.15)
     assert rows[0]["ratio"] == pytest.approx(1.5)
     assert stagger_comparison([steady]) == []
+
+
+def test_resident_reads_a_live_process_and_nothing_for_none() -> None:
+    memory = resident(os.getpid())
+    assert memory is not None and 0 < memory["rss"] <= memory["peak"]
+    assert resident(None) is None
+    assert resident(2**22 + 12345) is None  # above Linux's largest PID: no such process
+
+
+def test_resident_memory_is_kept_per_server_and_set_against_ours() -> None:
+    starts: list[dict[str, Any]] = [
+        {"command": "x", "log": "a.log", "error": None, "memory": {"rss": 2 * 10**9,
+                                                                   "peak": 3 * 10**9}},
+              {"command": "x", "log": "b.log", "error": None, "memory": None},
+              {"command": "x", "log": "c.log", "error": None,
+               "memory": {"rss": 10**9, "peak": 4 * 10**9}}]
+    ours = server_result(starts, [])
+    assert (ours["resident_bytes"], ours["resident_peak_bytes"]) == (2 * 10**9, 4 * 10**9)
+    peer = server_result([{"command": "y", "log": "p.log", "error": None,
+                           "memory": {"rss": 16 * 10**8, "peak": 16 * 10**8}}], [])
+    unread = server_result([{"command": "z", "log": "m.log", "error": None}], [])
+    assert unread["resident_bytes"] is None
+    report = {"meta": {"date": "2025-01-01T00:00:00+00:00", "command": "c",
+                       "model": {"path": "/m"}, "blas_report": "b", "git_commit": "abc",
+                       "versions": {"python": "3.11"}, "machine": "m",
+                       "requests_per_client": 1, "max_tokens": 8, "max_batch_size": 1},
+              "servers": {"ours": ours, "llama_cpp": peer, "mlx_lm": unread}, "ratios": []}
+    text = render_report(report)
+    assert "resident after the levels 2.00 GB (peak 4.00 GB)" in text
+    assert "resident memory ours/llama_cpp: **1.25×**" in text
+    assert "ours/mlx_lm" not in text

@@ -147,8 +147,10 @@ class CpuPlug(Backend):
             model.appliance_kv_dtype = mx.float16
         # a plug started without the quantized kernel tiles nothing, whatever an earlier
         # plug of this process installed (None forgets that one's tiles)
-        groups, tiled = quant.adopt(model if self.quant is not None else None)
-        freed = quant.hold_once(model) if tiled else 0
+        # each group's arrays freed as its tiles are made: loading peaks near the model's
+        # size, not twice it (docs/decisions/weights-held-once.md)
+        groups, tiled = quant.adopt(model if self.quant is not None else None, hold=True)
+        freed = quant.freed_bytes() + (quant.hold_once(model) if tiled else 0)
         if groups or tiled:
             log.info("quantized layers adopted: groups=%d tiles=%d bytes, freed=%d bytes",
                      groups, quant.tiled_bytes(), freed)

@@ -97,6 +97,8 @@ class _Group(NamedTuple):
 _layers: dict[int, tuple[_Group, int]] = {}
 """id of an adopted layer's weight -> (its group, or itself alone; its index). The entries
 hold the arrays, so an id is never reused while here."""
+_freed = [0]
+"""Bytes of MLX's arrays freed since the last :func:`adopt`."""
 _pending = threading.local()
 """The last group product on this thread: (x, group, outputs not yet taken)."""
 
@@ -142,19 +144,23 @@ def uninstall() -> None:
     adopt(None)
 
 
-def adopt(model: Any) -> tuple[int, int]:
+def adopt(model: Any, hold: bool = False) -> tuple[int, int]:
     """Take ``model``'s quantized layers into the kernel's own forms while it is installed,
     forgetting any other model's: 4- and 8-bit weights as tiles where x is rounded to 16
     bits (:func:`tile`), and sibling layers (:data:`SIBLINGS`: quantized alike, one input width) grouped, so that the first
     call of a group computes all its products. The groups, and the bytes the tiles take
-    (beside MLX's arrays, until :func:`hold_once`). None forgets them all (a layer whose
-    arrays were freed gets them back from its tiles)."""
+    (beside MLX's arrays, until :func:`hold_once`; with ``hold``, each group's arrays are
+    freed as soon as its tiles exist, so loading never holds the model twice:
+    :func:`freed_bytes`). None forgets them all (a layer whose arrays were freed gets them
+    back from its tiles)."""
     _restore()
     _layers.clear()
     _pending.__dict__.clear()
+    _freed[0] = 0
     if model is None or not _original:
         return 0, 0
     tiling = _tiling()
+    owners = _owners(model) if hold and holds_once() else None
     grouped: set[int] = set()
     groups = 0
     for _, module in model.named_modules():
@@ -162,7 +168,7 @@ def adopt(model: Any) -> tuple[int, int]:
             members: list[Any] = [module.get(name) for name in names]
             if not members or not all(_fusable(m, members[0]) for m in members):
                 continue
-            group = _group([_adopt_layer(m, tiling) for m in members])
+            group = _held_now(_group([_adopt_layer(m, tiling) for m in members]), owners)
             for index, m in enumerate(members):
                 _layers[id(m["weight"])] = (group, index)
                 grouped.add(id(m))
@@ -176,8 +182,44 @@ def adopt(model: Any) -> tuple[int, int]:
     for _, module in model.named_modules():
         if (id(module) not in grouped and _fusable(module, module) and tiling
                 and (tied or not isinstance(module, nn.QuantizedEmbedding))):
-            _layers[id(module["weight"])] = (_group([_adopt_layer(module, tiling)]), 0)
+            group = _held_now(_group([_adopt_layer(module, tiling)]), owners)
+            _layers[id(module["weight"])] = (group, 0)
     return groups, tiled_bytes()
+
+
+def freed_bytes() -> int:
+    """The bytes of MLX's arrays freed since the last :func:`adopt` (its ``hold`` and
+    :func:`hold_once`)."""
+    return _freed[0]
+
+
+def _owners(model: Any) -> dict[int, Any]:
+    """id of each quantized module's weight -> the module."""
+    return {id(m["weight"]): m for _, m in model.named_modules()
+            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+
+
+def _held_now(group: _Group, owners: dict[int, Any] | None) -> _Group:
+    """``group`` held once right away where ``owners`` is given (and it can be), its freed
+    buffers handed back to MLX's allocator at once, so the next group's tiles reuse them
+    rather than add to the peak."""
+    if owners is None:
+        return group
+    freed, held = _hold(group, owners)
+    if freed:
+        mx.clear_cache()
+    return held
+
+
+def _hold(group: _Group, owners: dict[int, Any]) -> tuple[int, _Group]:
+    """``group`` with its layers' arrays freed where all are tiled, owned by ``owners``'
+    modules and not yet freed, and the bytes freed; else (0, ``group``)."""
+    if any(layer.tiled is None or layer.module is not None or id(layer.w) not in owners
+           for layer in group.layers):
+        return 0, group
+    freed = sum(x.nbytes for layer in group.layers for x in (layer.w, layer.scales, layer.biases))
+    _freed[0] += freed
+    return freed, _held_group(group, [owners[id(layer.w)] for layer in group.layers])
 
 
 def tiled_bytes() -> int:
@@ -351,16 +393,13 @@ def hold_once(model: Any) -> int:
     empty one of its dtype and rows, so nothing keeps it. The bytes freed."""
     if not holds_once():
         return 0
-    owners = {id(m["weight"]): m for _, m in model.named_modules()
-              if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    owners = _owners(model)
     freed = 0
     for group in {id(g): g for g, _ in _layers.values()}.values():
-        if any(layer.tiled is None or layer.module is not None or id(layer.w) not in owners
-               for layer in group.layers):
+        bytes_, held = _hold(group, owners)
+        if not bytes_:
             continue
-        freed += sum(x.nbytes for layer in group.layers
-                     for x in (layer.w, layer.scales, layer.biases))
-        held = _held_group(group, [owners[id(layer.w)] for layer in group.layers])
+        freed += bytes_
         for index, (old, new) in enumerate(zip(group.layers, held.layers, strict=True)):
             del _layers[id(old.w)]
             _layers[id(new.w)] = (held, index)
@@ -537,21 +576,33 @@ class Tiled(NamedTuple):
     bits: int = 4
 
 
+TILE_PIECE = 1024
+"""Rows :func:`tile` converts at a time (a multiple of 16)."""
+
+
 def tile(w: mx.array, scales: mx.array, biases: mx.array, group_size: int) -> Tiled:
     """MLX's 4-bit ``w`` [n, k / 8] (8-bit: [n, k / 4]) with its scales and biases
     [n, k / group] as tiles."""
     n = w.shape[0]
-    raw = np.array(w).view(np.uint8)  # little-endian: 4 bits, element 2i low, 2i + 1 high
-    bits = 8 if raw.shape[1] == scales.shape[1] * group_size else 4
-    values = raw if bits == 8 else np.stack((raw & 15, raw >> 4), axis=-1).reshape(n, -1)
-    k = values.shape[1]
+    bits = 8 if w.shape[1] * 4 == scales.shape[1] * group_size else 4
+    k = w.shape[1] * 32 // bits
     t = -(-n // 16)
-    values = np.pad(values, ((0, t * 16 - n), (0, 0)))
-    if bits == 8:  # [tile, column, block, chunk, element] -> [tile, block, chunk, column, element]
-        packed = values.reshape(t, 16, k // 32, 16, 2).transpose(0, 2, 3, 1, 4).reshape(t, -1)
-    else:
-        v = values.reshape(t, 16, k // 32, 8, 4).transpose(0, 2, 3, 1, 4)
-        packed = (v[..., 0:2] | (v[..., 2:4] << 4)).astype(np.uint8).reshape(t, -1)
+    packed = np.empty((t, k * 2 * bits), np.uint8)
+    # a piece of rows at a time: the whole weight's temporaries were 3-4 times its size,
+    # the load's peak (docs/decisions/weights-held-once.md)
+    for r0 in range(0, n, TILE_PIECE):
+        r1 = min(n, r0 + TILE_PIECE)
+        # little-endian words: 4 bits, element 2i low, 2i + 1 high; 8 bits, element i
+        raw = np.array(w[r0:r1]).view(np.uint8)
+        values = raw if bits == 8 else np.stack((raw & 15, raw >> 4), axis=-1).reshape(r1 - r0, -1)
+        p = -(-(r1 - r0) // 16)
+        values = np.pad(values, ((0, p * 16 - (r1 - r0)), (0, 0)))
+        if bits == 8:  # [tile, column, block, chunk, element] -> [tile, block, chunk, column, element]
+            piece = values.reshape(p, 16, k // 32, 16, 2).transpose(0, 2, 3, 1, 4).reshape(p, -1)
+        else:
+            v = values.reshape(p, 16, k // 32, 8, 4).transpose(0, 2, 3, 1, 4)
+            piece = (v[..., 0:2] | (v[..., 2:4] << 4)).astype(np.uint8).reshape(p, -1)
+        packed[r0 // 16:r0 // 16 + p] = piece
 
     def side(a: mx.array) -> mx.array:
         raw = np.array(a.view(mx.uint16) if a.dtype != mx.float32 else a)

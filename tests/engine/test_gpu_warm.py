@@ -65,7 +65,7 @@ def test_loading_warms_the_kernels_on_cuda_only(kind: str, warmed: int,
 
     calls: list[Any] = []
     monkeypatch.setattr(gpu, "warm_quantized", lambda model: calls.append(model) or 0)
-    monkeypatch.setattr(quant, "adopt", lambda model: (0, 0))  # this process's kernel state
+    monkeypatch.setattr(quant, "adopt", lambda model, hold=False: (0, 0))  # this process's kernel state
     described = plug.SHIPPED[kind](kind=kind, device="Device(gpu, 0)", native=False,
                                    kernel=None, fast_ops=False, quant=None, heap="not tuned",
                                    profile=profile_for(False))

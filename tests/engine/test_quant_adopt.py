@@ -266,3 +266,48 @@ def test_layers_held_once_give_the_same_bits_from_their_tiles_alone(
     assert size() == before
     for got, expected in zip(run(), alone, strict=True):
         assert np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("arch", ["llama3", "llama3-q8"])
+def test_holding_while_adopting_frees_each_group_before_the_next_is_tiled(
+        arch: str, models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``adopt(model, hold=True)`` (the CPU plug's load) frees a group's arrays as soon as
+    its tiles are made, so a load never holds the whole model twice: when a layer is tiled,
+    every layer of the groups before it already lost its arrays. The products then give
+    the bits that adopting first and ``hold_once`` after give, and nothing is left to hold."""
+    import mlx.nn as nn
+
+    assert quant.install() is None
+    if not quant.holds_once():
+        pytest.fail("tiles need x rounded to 16 bits (AVX2, AVX-512) and dequantize_tiled")
+    tokens = [[5, 41, 77], [5 + 37 * i % 4000 for i in range(quant.TILED_ROWS + 1)]]
+
+    def run(model: Any) -> list[np.ndarray]:
+        outs = [model(mx.array([t])) for t in tokens]
+        mx.eval(outs)
+        return [np.array(o) for o in outs]
+
+    first = load(str(models[arch]))[0]
+    quant.adopt(first)
+    freed_after = quant.hold_once(first)
+    want = run(first)
+
+    model = load(str(models[arch]))[0]
+    quantized = [m for _, m in model.named_modules()
+                 if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    full: list[int] = []
+    real_tile = quant.tile
+
+    def tile(*args: Any) -> Any:
+        full.append(sum(1 for m in quantized if m["weight"].size))
+        return real_tile(*args)
+
+    monkeypatch.setattr(quant, "tile", tile)
+    quant.adopt(model, hold=True)
+    assert len(full) > 3
+    # a group is at most 3 layers (q/k/v): at the i-th tile, at least i - 2 were freed
+    assert all(left <= len(quantized) - i + 2 for i, left in enumerate(full)), full
+    assert quant.freed_bytes() == freed_after > 0
+    assert quant.hold_once(model) == 0
+    for got, expected in zip(run(model), want, strict=True):
+        assert got.dtype == expected.dtype and np.array_equal(got, expected)

@@ -171,6 +171,19 @@ def test_tiles_dequantize_to_the_floats_of_mlxs_arrays(bits: int, group: int,
             ext.dequantize_tiled(t.tiles, t.scales, t.biases, 40, 30, group, bits)
 
 
+@pytest.mark.parametrize("bits", quant.BITS)
+def test_tiles_made_a_piece_of_rows_at_a_time_are_the_same(
+        bits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tile`` converts ``TILE_PIECE`` rows at a time (the whole weight's temporaries were
+    a load's peak): pieces of 16 and 32 rows, the last one partial, give one piece's tiles."""
+    w, s, b, _ = packed(50, 576, bits, 32)
+    whole = quant.tile(w, s, b, 32)
+    for piece in (16, 32):
+        monkeypatch.setattr(quant, "TILE_PIECE", piece)
+        for got, want in zip(quant.tile(w, s, b, 32)[:3], whole[:3], strict=True):
+            assert got.dtype == want.dtype and mx.array_equal(got, want).item()
+
+
 def test_products_of_up_to_32_rows_take_the_kernel_and_more_go_dense() -> None:
     from appliance.backend import profile
 

@@ -150,7 +150,9 @@ class CpuPlug(Backend):
         # each group's arrays freed as its tiles are made: loading peaks near the model's
         # size, not twice it (docs/decisions/weights-held-once.md)
         groups, tiled = quant.adopt(model if self.quant is not None else None, hold=True)
-        freed = quant.freed_bytes() + (quant.hold_once(model) if tiled else 0)
+        if tiled:
+            quant.hold_once(model)  # what adopting could not hold as it went (none yet)
+        freed = quant.freed_bytes()
         if groups or tiled:
             log.info("quantized layers adopted: groups=%d tiles=%d bytes, freed=%d bytes",
                      groups, quant.tiled_bytes(), freed)

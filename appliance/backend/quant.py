@@ -200,9 +200,9 @@ def _owners(model: Any) -> dict[int, Any]:
 
 
 def _held_now(group: _Group, owners: dict[int, Any] | None) -> _Group:
-    """``group`` held once right away where ``owners`` is given (and it can be), its freed
-    buffers handed back to MLX's allocator at once, so the next group's tiles reuse them
-    rather than add to the peak."""
+    """``group`` held once right away where ``owners`` is given (and it can be), MLX's
+    cache of the freed buffers emptied into the heap at once, so the next group's tiles and
+    temporaries reuse that memory rather than add to the peak."""
     if owners is None:
         return group
     freed, held = _hold(group, owners)

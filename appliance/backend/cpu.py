@@ -134,8 +134,9 @@ class CpuPlug(Backend):
         """A quantized model's 16-bit parameters in float32 (:func:`float32_on_cpu`) and its
         KV cache in float16 (:func:`half_kv`); where the quantized kernel runs, its 4-bit
         weights tiled and the products its modules take of one input (q/k/v, gate/up) made
-        as one, the tiles then the only copy of those layers (``quant.hold_once``: their
-        MLX arrays freed). The bytes this adds to the model's parameters (the tiles)."""
+        as one, the tiles then the only copy of those layers (held once: their MLX arrays
+        freed as each group is tiled). The bytes this adds to the model's parameters (the
+        tiles)."""
         import mlx.core as mx
 
         from appliance.backend import heap, quant
@@ -146,12 +147,10 @@ class CpuPlug(Backend):
         if half_kv(model, self):  # where its layers' caches can (appliance/engine/kvcache.py)
             model.appliance_kv_dtype = mx.float16
         # a plug started without the quantized kernel tiles nothing, whatever an earlier
-        # plug of this process installed (None forgets that one's tiles)
-        # each group's arrays freed as its tiles are made: loading peaks near the model's
-        # size, not twice it (docs/decisions/weights-held-once.md)
+        # plug of this process installed (None forgets that one's tiles); each group's
+        # arrays freed as its tiles are made, so loading peaks near the model's size, not
+        # twice it (docs/decisions/weights-held-once.md)
         groups, tiled = quant.adopt(model if self.quant is not None else None, hold=True)
-        if tiled:
-            quant.hold_once(model)  # what adopting could not hold as it went (none yet)
         freed = quant.freed_bytes()
         if groups or tiled:
             log.info("quantized layers adopted: groups=%d tiles=%d bytes, freed=%d bytes",

@@ -4,7 +4,7 @@ ones with x in float and rounded to 16 bits), by the kernel and by the dense pat
 more than 32 rows take (dequantized weights into MLX's matmul), the same bits for a row alone and in
 a batch up to 32 rows, each SIMD variant (forced in a subprocess) agreeing with the others, what it
 does not take going to MLX unchanged, and the imported 4-bit SmolLM2 answering with MLX's own
-greedy tokens. The same for 4- and 8-bit weights in tiles of 16 columns (``quant.tile``), for
+greedy tokens. The same for 4- and 8-bit weights in tiles of 16 columns (``tiles.tile``), for
 products of one x made as one, and for inputs that are views."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from appliance.backend import fast_ops, quant
+from appliance.backend import fast_ops, quant, tiles
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 31, 33, 40, 96)  # decode sizes, a slice's edge, a prefill
@@ -160,12 +160,12 @@ def test_tiles_dequantize_to_the_floats_of_mlxs_arrays(bits: int, group: int,
         if k % group:
             continue
         w, s, b, _ = packed(50, k, bits, group, scale_dtype)
-        t = quant.tile(w, s, b, group)
+        t = tiles.tile(w, s, b, group)
         want = np.array(ext.dequantize_blocked(w, s, b, group, bits))
         for row0, count in ((0, 50), (0, 1), (7, 20), (16, 16), (33, 17), (49, 1)):
             got = ext.dequantize_tiled(t.tiles, t.scales, t.biases, row0, count, group, bits)
             assert np.array_equal(np.array(got), want[row0:row0 + count]), (row0, count)
-        for mine, theirs in zip(quant.untile(t), (w, s, b), strict=True):
+        for mine, theirs in zip(tiles.untile(t), (w, s, b), strict=True):
             assert mine.dtype == theirs.dtype and mx.array_equal(mine, theirs).item()
         with pytest.raises(ValueError, match="rows outside"):
             ext.dequantize_tiled(t.tiles, t.scales, t.biases, 40, 30, group, bits)
@@ -177,10 +177,10 @@ def test_tiles_made_a_piece_of_rows_at_a_time_are_the_same(
     """``tile`` converts ``TILE_PIECE`` rows at a time (the whole weight's temporaries were
     a load's peak): pieces of 16 and 32 rows, the last one partial, give one piece's tiles."""
     w, s, b, _ = packed(50, 576, bits, 32)
-    whole = quant.tile(w, s, b, 32)
+    whole = tiles.tile(w, s, b, 32)
     for piece in (16, 32):
-        monkeypatch.setattr(quant, "TILE_PIECE", piece)
-        for got, want in zip(quant.tile(w, s, b, 32)[:3], whole[:3], strict=True):
+        monkeypatch.setattr(tiles, "TILE_PIECE", piece)
+        for got, want in zip(tiles.tile(w, s, b, 32)[:3], whole[:3], strict=True):
             assert got.dtype == want.dtype and mx.array_equal(got, want).item()
 
 
@@ -284,7 +284,7 @@ VARIANT = textwrap.dedent("""
     import json, sys
     import numpy as np
     import mlx.core as mx
-    from appliance.backend import quant
+    from appliance.backend import quant, tiles
     out = {"simd": quant.fast_ops._extension().quant_simd()}
     rng = np.random.default_rng(0)
     for bits, group, k in ((4, 32, 576), (8, 32, 576), (4, 128, 640), (8, 64, 576),
@@ -296,7 +296,7 @@ VARIANT = textwrap.dedent("""
         for act in ("float", "int16") if bits == 4 else (None,):
             y = quant.quantized_matmul(x, w, s, b, group, bits, act)
             out[f"{bits}/{group}/{k}/{act}"] = np.array(y).tolist()
-        y = quant.tiled_matmul(x, quant.tile(w, s, b, group))[0]
+        y = tiles.tiled_matmul(x, tiles.tile(w, s, b, group))[0]
         out[f"{bits}/{group}/{k}/tiled"] = np.array(y).tolist()
         x = mx.array(rng.standard_normal((40, k)).astype(np.float32))
         y = quant.quantized_matmul(x, w, s, b, group, bits, path="dense")
@@ -432,11 +432,11 @@ def test_tiled_weights_match_float64_within_the_rounding_of_x(
         bits: int, group: int, scale_dtype: mx.Dtype) -> None:
     # 300 columns: not a whole number of tiles
     w, s, b, dense = packed(300, 2 * 384, bits, group, scale_dtype)
-    tiled = quant.tile(w, s, b, group)
+    tiled = tiles.tile(w, s, b, group)
     assert tiled.tiles.shape == (19, 2 * 384 * 2 * bits) and tiled.scales.dtype == scale_dtype
     for m in (1, 2, 3, 8, 9, 32):
         x = rows(m, 2 * 384, seed=m)
-        got = np.array(quant.tiled_matmul(x, tiled)[0])
+        got = np.array(tiles.tiled_matmul(x, tiled)[0])
         assert got.shape == (m, 300)
         assert_close(got, np.array(x).astype(np.float64) @ dense.T, x, dense, "int16")
 
@@ -444,36 +444,36 @@ def test_tiled_weights_match_float64_within_the_rounding_of_x(
 @pytest.mark.parametrize("bits", quant.BITS)
 def test_tiled_weights_give_a_row_the_same_bits_alone_and_in_a_batch(bits: int) -> None:
     w, s, b, _ = packed(2000, 576, bits, 32)  # shared with the pool's helpers
-    parts = (quant.tile(w, s, b, 32), quant.tile(*packed(200, 576, bits, 32, seed=3)[:3], 32))
+    parts = (tiles.tile(w, s, b, 32), tiles.tile(*packed(200, 576, bits, 32, seed=3)[:3], 32))
     x = rows(32, 576)
-    batch = [np.array(y) for y in quant.tiled_matmul(x, *parts)]
+    batch = [np.array(y) for y in tiles.tiled_matmul(x, *parts)]
     for m in (1, 3, 8, 9, 31):
-        for got, want in zip(quant.tiled_matmul(x[:m], *parts), batch, strict=True):
+        for got, want in zip(tiles.tiled_matmul(x[:m], *parts), batch, strict=True):
             assert np.array_equal(np.array(got), want[:m])
     for r in (0, 5, 31):
-        alone = quant.tiled_matmul(x[r:r + 1], parts[1])[0]
+        alone = tiles.tiled_matmul(x[r:r + 1], parts[1])[0]
         assert np.array_equal(np.array(alone)[0], batch[1][r])
 
 
 def test_inputs_that_are_views_are_read_in_their_own_order(installed: None) -> None:
     w, s, b, dense = packed(64, 128, 4, 32)
-    tiled = quant.tile(w, s, b, 32)
+    tiled = tiles.tile(w, s, b, 32)
     x = rows(128, 3).T  # a transposed view: not row-contiguous
     want = np.array(mx.contiguous(x))
     for got in (quant.quantized_matmul(x, w, s, b, 32, 4, "int16"),
                 quant.quantized_matmul(x, w, s, b, 32, 4, "float"),
-                quant.tiled_matmul(x, tiled)[0]):
+                tiles.tiled_matmul(x, tiled)[0]):
         np.testing.assert_allclose(np.array(got), want @ dense.T, rtol=0,
                                    atol=1e-3 * np.abs(want @ dense.T).max())
     broadcast = mx.broadcast_to(rows(1, 128), (4, 128))
-    got = np.array(quant.tiled_matmul(broadcast, tiled)[0])
+    got = np.array(tiles.tiled_matmul(broadcast, tiled)[0])
     assert np.array_equal(got[0], got[3])
 
 
 def test_tiled_products_refuse_what_does_not_match() -> None:
     ext = fast_ops._extension()
     w, s, b, _ = packed(40, 256, 4, 32)
-    t = quant.tile(w, s, b, 32)
+    t = tiles.tile(w, s, b, 32)
     x = rows(2, 256)
     with pytest.raises(ValueError, match="tiles must be uint8"):
         ext.tiled_matmul(x, [t.tiles], [t.scales], [t.biases], [60], 32)

@@ -91,6 +91,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         prompt_cache_entries=e.prompt_cache_entries,
         stall_timeout_s=e.engine_stall_timeout,
         gather_s=e.gather_ms / 1000.0,
+        draft_tokens=e.draft_tokens,
         scheduler=SchedulerConfig(
             max_batch_size=1 if e.no_batch else e.max_batch_size,
             prefill_chunk_size=e.prefill_chunk_size,

@@ -168,6 +168,12 @@ class EngineSettings:
         "'float16' (half the bytes a decode step reads and half the KV budget's; llama.cpp "
         "keeps float16 too) or 'float32' (the numbers bit for bit mlx-lm's). Other models keep "
         "their own dtype.", choices=("float16", "float32"))
+    draft_tokens: int = _opt(
+        8, "Speculative decoding by prompt lookup: while one stream decodes alone, the "
+        "tokens that followed its last words where they occurred before (in its prompt or "
+        "output) are checked in one forward, at most this many, and kept as far as they "
+        "agree with what it samples (the same tokens greedy and seeded; as many as pay for "
+        "their forward on this machine, fitted as it runs). 0 turns it off.", lo=0, hi=32)
     gather_ms: float = _opt(
         20.0, "When requests arrive while nothing runs, the engine waits this long for "
         "another before planning a tick (again after each further one, five at most), so "

@@ -55,9 +55,14 @@ QUESTIONS: tuple[str, ...] = (
 )
 
 
-def prompt_for(serial: int, words: int = 0) -> str:
+def prompt_for(serial: int, words: int = 0, quote: bool = False) -> str:
     """The distinct prompt of the `serial`-th request of a run; with ``words``, the question
-    is followed by that many filler words (a longer prompt of a stated length)."""
+    is followed by that many filler words (a longer prompt of a stated length). ``quote``:
+    the request is to repeat two of the questions word for word (text an answer quotes, as
+    a summary quotes its document)."""
+    if quote:
+        text = " ".join(QUESTIONS[(serial + i) % len(QUESTIONS)] for i in range(2))
+        return f"(Request {serial}) Repeat the following text exactly, word for word:\n\n{text}"
     text = f"(Question {serial}) {QUESTIONS[serial % len(QUESTIONS)]}"
     if words > 0:
         filler = QUESTIONS[(serial + 1) % len(QUESTIONS)].split()
@@ -77,6 +82,8 @@ class Workload:
     """Filler words after each question (0: the question alone, about 40 tokens)."""
     stagger_ms: float = 0.0
     """> 0: every level also runs with its clients starting this many ms apart."""
+    quote: bool = False
+    """Each request asks for a text to be repeated (:func:`prompt_for`)."""
 
 
 @dataclass
@@ -119,7 +126,8 @@ async def client_loop(
     await asyncio.sleep(delay_s)
     for index, serial in enumerate(serials):
         payload = chat_payload(
-            target, prompt_for(serial, workload.prompt_words), workload.max_tokens,
+            target, prompt_for(serial, workload.prompt_words, workload.quote),
+            workload.max_tokens,
             workload.include_usage
         )
         timings.append(

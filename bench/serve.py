@@ -397,6 +397,7 @@ def build_report(
         "max_tokens": cfg.workload.max_tokens,
         "prompt_words": cfg.workload.prompt_words,
         "stagger_ms": cfg.workload.stagger_ms,
+        "quote": cfg.workload.quote,
         "max_batch_size": cfg.max_batch_size,
         "ranks": cfg.ranks,
         "pinned": cfg.pin and cfg.ranks > 1,
@@ -524,6 +525,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prompt-words", type=int, default=0,
         help="filler words appended to each question, for longer prompts (default: 0)",
+    )
+    p.add_argument(
+        "--quote", action="store_true",
+        help="each request asks for a text to be repeated word for word (what prompt "
+        "lookup's drafts are for) instead of a question",
     )
     p.add_argument(
         "--stagger-ms", type=float, default=0.0,
@@ -683,6 +689,7 @@ def config_from_args(args: argparse.Namespace, command: str, started: dt.datetim
             request_timeout_s=args.request_timeout,
             prompt_words=args.prompt_words,
             stagger_ms=args.stagger_ms,
+            quote=args.quote,
         ),
         max_batch_size=args.max_batch_size or max(args.concurrency),
         blas=blas,

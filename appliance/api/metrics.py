@@ -60,6 +60,10 @@ class SnapshotCollector(Collector):
             "appliance_engine_mixed_forwards": (
                 "Decode steps that read prompt chunks in their own forward.",
                 snap.mixed_forwards),
+            "appliance_engine_draft_tokens": (
+                "Draft tokens (prompt lookup) lone streams verified.", snap.draft_tokens),
+            "appliance_engine_draft_tokens_kept": (
+                "Draft tokens that came true and were kept.", snap.draft_tokens_kept),
             "appliance_embedding_tokens": ("Embedding input tokens read.",
                                            self.services.engine.embedding_tokens),
             "appliance_embeddings_cancelled": (

@@ -249,6 +249,35 @@ class DecodeBatch:
             self.slots.advance(1)
         return logits
 
+    def verify(self, tokens: list[int]) -> tuple[mx.array, SlotState]:
+        """A lone row's next token and drafts after it read by one forward (a lean batch of
+        one row): the logits at every position, [n, V], evaluated, and the batch's state
+        before it. The row has taken all ``n`` positions; :meth:`keep` gives back those of
+        the drafts not kept. When the forward raises, the batch is as it was."""
+        assert self.lean and self.slots is not None and len(self.rids) == 1
+        before = self.slots.state()
+        try:
+            self.slots.reserve(len(tokens))
+            logits = mixed_step(self.model, None, [], [(self.slots.layers, tokens, True)],
+                                every=True)[1][0]
+            assert logits is not None
+            mx.eval(logits)
+        except Exception:
+            self.slots.set_state(before)
+            raise
+        self.slots.advance(len(tokens))
+        return logits, before
+
+    def keep(self, drop: int) -> None:
+        """After :meth:`verify`: the last ``drop`` positions were drafts not kept."""
+        assert self.slots is not None
+        self.slots.rewind(drop)
+
+    def undo(self, before: SlotState) -> None:
+        """After :meth:`verify`: back to the batch before it (its tokens were not taken)."""
+        assert self.slots is not None
+        self.slots.set_state(before)
+
     def step_ahead(self, inputs: mx.array) -> Ahead:
         """The next decode step's graph, built on ``inputs`` (the rows' tokens, still being
         computed) while the batch stays as it is: :meth:`launch` puts it in place if

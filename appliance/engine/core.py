@@ -104,6 +104,9 @@ class EngineConfig:
     sent together (a household's clients, a job's map) are then read in one tick and start
     together, instead of the first streaming while the rest are read beside it. 0: plan at
     once."""
+    draft_tokens: int = 0
+    """The most draft tokens a lone stream verifies a step by prompt lookup
+    (appliance/engine/lookup.py); 0: none (the daemon's setting turns it on)."""
 
 
 GATHER_ROUNDS = 5
@@ -401,7 +404,7 @@ class Engine:
                         self._fault, self._on_finish, usage=self.usage, on_done=self._done,
                         on_counters=self._on_counters,
                         prompt_cache_entries=self.config.prompt_cache_entries,
-                        meter=self._meter)
+                        meter=self._meter, drafts=self.config.draft_tokens)
         old.flush_counters()
         runner.scheduler.counters.restore(old.scheduler.counters.snapshot())
         self._runner = runner
@@ -530,7 +533,7 @@ class Engine:
                             # across machines a cached prefix would need its KV on each
                             prompt_cache_entries=0 if link is not None
                             else self.config.prompt_cache_entries,
-                            meter=self._meter, link=link)
+                            meter=self._meter, link=link, drafts=self.config.draft_tokens)
         except BaseException as exc:  # reported to start()'s caller
             self._load_error = exc
             self._ready.set()

@@ -18,9 +18,10 @@ from typing import Any, Protocol
 import mlx.core as mx
 
 from appliance.engine.batch import Ahead, DecodeBatch, plain_kv, prefill, prefill_batch
+from appliance.engine.lookup import Drafting, StreamDrafts
 from appliance.engine.mixed import mixed_step, restore_offsets, save_offsets
 from appliance.engine.request import FaultHook, GroupLost
-from appliance.engine.sampling import read_tokens, sample_batch, sample_lazy
+from appliance.engine.sampling import read_tokens, sample_batch, sample_lazy, sample_positions
 from appliance.engine.seq import Seq
 from appliance.engine.ticks import TickTiming
 
@@ -51,8 +52,9 @@ class Failure:
     error: BaseException | str
 
 
-Outcome = int | Failure
-"""A decode row's result: its next token, or why it has none."""
+Outcome = int | list[int] | Failure
+"""A decode row's result: its next token (or tokens, when drafts were kept:
+appliance/engine/lookup.py), or why it has none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +83,7 @@ class Forwards:
 
     def __init__(self, model: Any, max_rows: int, timing: TickTiming,
                  fault: FaultHook | None, look_ahead: bool = True,
-                 link: Link | None = None) -> None:
+                 link: Link | None = None, drafts: int = 0) -> None:
         self.model = model
         self.max_rows = max_rows
         self.timing = timing
@@ -99,6 +101,11 @@ class Forwards:
         self._ahead: Ahead | None = None
         self.steps_ahead = 0
         """Decode steps that ran the graph built ahead."""
+        self.drafting = Drafting(drafts) if drafts > 0 and link is None and fault is None \
+            else None
+        """A lone stream's drafts by prompt lookup (appliance/engine/lookup.py); not across
+        machines (each would need the verify), nor under a fault hook (tests that place
+        faults by forward)."""
 
     def new_batch(self) -> DecodeBatch:
         return DecodeBatch(self.model, self.max_rows,
@@ -112,9 +119,11 @@ class Forwards:
         self.batch = self.new_batch()
 
     # ---- decode ----
-    def decode(self, rows: list[Seq]) -> list[Outcome]:
+    def decode(self, rows: list[Seq], draft: bool = True) -> list[Outcome]:
         """One decode step of the batch, whose rows are ``rows``: each row's token or
-        failure. A batched step that raises is retried one row at a time.
+        failure. A batched step that raises is retried one row at a time. A lone row may
+        verify drafts instead (:meth:`_verify`), unless not ``draft`` (the tick read
+        prompt chunks in forwards of their own: it has had its time).
 
         With ``look_ahead``, the next step's graph is built while this one computes (on
         its tokens, still lazy), as mlx-lm's generator does: the host's graph building,
@@ -122,6 +131,10 @@ class Forwards:
         The next tick runs it only if nothing changed the batch in between (a row that
         finished, joined or was preempted; a mixed forward); else it is dropped unrun, and
         the batch was never touched by it."""
+        if draft and self.drafting is not None and len(rows) == 1 and self.batch.lean:
+            kept = self._verify(rows[0], self.drafting)
+            if kept is not None:
+                return [kept]
         ahead, self._ahead = self._ahead, None
         failed = self._decode_faults(rows)
         start = self.timing.timer()
@@ -162,6 +175,44 @@ class Forwards:
                               len(rows))
                 tokens = self._decode_alone(rows, failed)
         return _outcomes(rows, tokens, failed)
+
+    def _verify(self, s: Seq, drafting: Drafting) -> list[int] | None:
+        """A lone row's step with the drafts worth verifying: its new tokens, the drafts
+        kept and the sample after them (appliance/engine/lookup.py); None, with the batch as
+        it was, when there are none or the verify failed (then the plain step runs)."""
+        if s.sampler.grammar is not None:
+            return None
+        if s.drafts is None:
+            s.drafts = StreamDrafts()
+        drafts = drafting.plan(s.drafts, s.tokens, s.max_tokens - s.generated)
+        if not drafts:
+            return None
+        self._ahead = None  # built on a plain step: dropped unrun
+        start = self.timing.timer()
+        kv_len = self.batch.padded_len + 1
+        step_s = self.timing.costs.decode(1, kv_len)
+        try:
+            logits, before = self.batch.verify([s.next_token, *drafts])
+        except Exception:
+            log.exception("verifying %d drafts failed; the plain step reads the row",
+                          len(drafts))
+            return None
+        try:
+            sampled: list[int] = sample_positions(  # type: ignore[assignment]
+                logits, s.sampler, s.tokens, drafts).tolist()
+            tokens = [int(t) for t in sampled]
+        except Exception:
+            log.exception("sampling a verify failed; the plain step reads the row")
+            self.batch.undo(before)
+            return None
+        kept = 0
+        while kept < len(drafts) and tokens[kept] == drafts[kept]:
+            kept += 1
+        self.batch.keep(len(drafts) - kept)
+        seconds = self.timing.verify(len(drafts), kv_len, start,
+                                     drafting.verify_cost(len(drafts)) * step_s)
+        drafting.observe(s.drafts, len(drafts), kept, seconds, step_s)
+        return tokens[:kept + 1]
 
     def _check_parted(self) -> None:
         """After a forward raised: when the other machines had run their part of it, this

@@ -355,14 +355,15 @@ def _embed(arch: Arch, inner: Any, tokens: list[int]) -> mx.array:
 
 
 def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
-               chunks: Sequence[tuple[list[Any], Sequence[int], bool]]
-               ) -> tuple[mx.array, list[mx.array | None]]:
+               chunks: Sequence[tuple[list[Any], Sequence[int], bool]], *,
+               every: bool = False) -> tuple[mx.array, list[mx.array | None]]:
     """One forward of a decode step (``inputs``: each batch row's next token, over
     ``batch_cache``; none: the chunks alone) and prompt chunks (``chunks``: a sequence's
     per-layer caches, its chunk's tokens, whether its last position's logits are wanted;
     none for a plain decode step). Returns the decode rows' logits [B, V] and, per chunk, its
     last position's logits [1, V] or None (lazy: the caller evaluates them). Every cache
-    advances as its own forward would advance it.
+    advances as its own forward would advance it. ``every`` (one chunk, no decode rows):
+    the chunk's logits at every position, [n, V] (a verify, appliance/engine/lookup.py).
 
     A model split across machines (appliance/distributed) carries its :class:`Stage`: the
     first stage embeds, runs its layers, passes the hidden states on and gets the last
@@ -416,7 +417,7 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
     for _, chunk, want in chunks:
         end += len(chunk)
         if want:
-            rows.append(h[end - 1:end])
+            rows.append(h[end - len(chunk):end] if every else h[end - 1:end])
     if not rows:
         return h[:0], [None] * len(chunks)
     out = inner.norm(mx.concatenate(rows) if len(rows) > 1 else rows[0])
@@ -425,6 +426,9 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
     logits = inner.embed_tokens.as_linear(out) if head is None else head(out)
     lasts: list[mx.array | None] = []
     k = b
+    if every:
+        assert not b and len(chunks) == 1, "every position: one chunk, no decode rows"
+        return logits[:0], [logits]
     for _, _, want in chunks:
         if want:
             lasts.append(logits[k:k + 1])

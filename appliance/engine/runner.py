@@ -64,7 +64,8 @@ class Runner:
                  on_counters: Callable[[dict[str, float]], None] | None = None,
                  prompt_cache_entries: int = 0, timer: Callable[[], float] = time.perf_counter,
                  meter: Meter | None = None, mixed: bool = True,
-                 look_ahead: bool | None = None, link: Link | None = None) -> None:
+                 look_ahead: bool | None = None, link: Link | None = None,
+                 drafts: int = 0) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.scheduler = scheduler
@@ -94,7 +95,7 @@ class Runner:
             # Across machines a step is sent when it is built: none is built ahead.
             look_ahead = loaded.backend.look_ahead and link is None
         self.forwards = Forwards(self.model, scheduler.config.max_batch_size, self.timing,
-                                 fault, look_ahead, link)
+                                 fault, look_ahead, link, drafts)
         if link is not None:  # caches of their own: partly read, or read and about to join
             link.live = lambda: [s.rid for s in self.seqs.values() if s.cache is not None] + [
                 rid for rids, _, _ in self._joining for rid in rids]
@@ -259,7 +260,7 @@ class Runner:
             self._apply_reads(group)
         if not rows:
             return False
-        self._decoded(rows, self.forwards.decode(rows))
+        self._decoded(rows, self.forwards.decode(rows, draft=not chunks))
         return True
 
     def _expect(self, plan: Plan) -> None:
@@ -299,13 +300,16 @@ class Runner:
                 self._finish(s, FinishReason.ERROR, error=BACKEND_ERROR)
                 done.add(s.rid)
                 continue
-            self._serve(s, 0, 1)
-            try:
-                if self._accept(s, out, now):
+            for token in out if isinstance(out, list) else [out]:
+                self._serve(s, 0, 1)
+                try:
+                    if self._accept(s, token, now):
+                        done.add(s.rid)
+                except Exception as exc:
                     done.add(s.rid)
-            except Exception as exc:
-                done.add(s.rid)
-                self._fail(s, "token", exc)
+                    self._fail(s, "token", exc)
+                if s.rid in done:  # drafts kept past a stop are not the answer's
+                    break
         self.batch.remove(done)
 
     def _apply_reads(self, reads: Reads) -> None:
@@ -474,6 +478,10 @@ class Runner:
         else:
             return
         size = int(cache[0].size()) if cache else 0
+        if size >= len(s.tokens) > 1:  # drafts kept past its stop: their KV is not its
+            for c in cache:
+                c.trim(size - len(s.tokens) + 1)
+            size = len(s.tokens) - 1
         if 0 < size < len(s.tokens):
             self.prompt_cache.store(s.handle.request.user_key, s.tokens[:size], cache)
 
@@ -577,6 +585,7 @@ class Runner:
             waiting.sort(key=lambda q: rank.get(q.rid, len(rank)))
         kv = self.batch.nbytes + sum(cache_nbytes(s.cache) for s in self.seqs.values())
         pc = self.prompt_cache
+        drafting = self.forwards.drafting
         return EngineSnapshot(
             active=len(slots), queued=len(waiting), completed=self.completed,
             slots=tuple(slots), queue=tuple(waiting), kv_bytes=kv, ticks=self.ticks,
@@ -587,4 +596,6 @@ class Runner:
             weights=self.scheduler.counters.weights(),
             prompt_cache=None if pc is None else dataclasses.asdict(pc.stats),
             kv_reserved_bytes=self._reserved_tokens() * self.loaded.kv_bytes_per_token,
-            ticks_over_target=self.timing.over_target, mixed_forwards=self.mixed_forwards)
+            ticks_over_target=self.timing.over_target, mixed_forwards=self.mixed_forwards,
+            draft_tokens=0 if drafting is None else drafting.drafted,
+            draft_tokens_kept=0 if drafting is None else drafting.accepted)

@@ -156,6 +156,23 @@ def sample_lazy(logits: mx.array, samplers: Sequence[RowSampler],
     return mx.stack([t for _, t in live]), [i for i, _ in live]
 
 
+def sample_positions(logits: mx.array, sampler: RowSampler, context: Sequence[int],
+                     drafts: Sequence[int]) -> mx.array:
+    """The tokens one stream samples at each position of a verify (appliance/engine/lookup.py):
+    ``logits`` [n, V] for its next token and the ``n - 1`` drafts after it, position ``i``
+    sampled as a plain step after ``context`` and the first ``i`` drafts would sample it
+    (the same seeded key, penalties over the same tokens). Lazy, [n]."""
+    if sampler.plain_greedy:
+        return _greedy(logits, [sampler] * logits.shape[0])
+    seen = list(context)
+    out = []
+    for i in range(logits.shape[0]):
+        out.append(sampler.sample(logits[i:i + 1], seen).reshape(()))
+        if i < len(drafts):
+            seen.append(drafts[i])
+    return mx.stack(out)
+
+
 def read_tokens(tokens: mx.array | None, live: list[int], rows: int) -> list[int | None]:
     """:func:`sample_lazy`'s tokens as one entry per row (None for a row left out)."""
     result: list[int | None] = [None] * rows

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from appliance.engine.lookup import StreamDrafts
 from appliance.engine.request import RequestHandle, Usage
 from appliance.engine.sampling import RowSampler
 from appliance.engine.snapshot import SlotInfo
@@ -44,6 +45,8 @@ class Seq:
     prompt_charged: bool = False
     cached_tokens: int = 0
     """Prompt tokens served from the prompt cache at first admission."""
+    drafts: StreamDrafts | None = None
+    """Its n-grams and record of drafts, once it decodes alone (appliance/engine/lookup.py)."""
 
     @property
     def rid(self) -> int:

@@ -423,6 +423,13 @@ class SlotBatch:
         self.layout.end += n
         self.layout.changed()
 
+    def rewind(self, n: int) -> None:
+        """Every row gives back its last ``n`` positions (drafts a verify did not keep,
+        appliance/engine/lookup.py); the next forward writes over them."""
+        assert 0 <= n <= self.layout.end - max(self.layout.starts, default=self.layout.end)
+        self.layout.end -= n
+        self.layout.changed()
+
     def extract(self, i: int) -> list[KVCache]:
         """A copy of row ``i``'s KV, one plain cache per layer (evaluated)."""
         out = []

@@ -54,6 +54,10 @@ class EngineSnapshot:
     """Ticks that took more than twice their time target (``ticks.OVER_TARGET``)."""
     mixed_forwards: int = 0
     """Decode steps that read prompt chunks in their own forward (engine/mixed.py)."""
+    draft_tokens: int = 0
+    """Draft tokens lone streams verified (engine/lookup.py)."""
+    draft_tokens_kept: int = 0
+    """Of those, the ones that came true and were kept."""
 
     @property
     def prompt_cache_bytes(self) -> int:

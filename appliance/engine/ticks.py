@@ -25,7 +25,7 @@ MISPREDICTED = 1.5
 """A tick whose forwards took more than this many times the cost model's prediction."""
 
 Meter = Callable[[str, int, int, int, float], float]
-"""Test hook: (``decode``|``prefill``, rows, tokens per row, KV offset, measured seconds)
+"""Test hook: (``decode``|``prefill``|``verify``, rows, tokens per row, KV offset, measured seconds)
 -> the seconds the engine books for that forward (and fits its cost model to)."""
 
 
@@ -54,6 +54,8 @@ class TickRecord:
     """The prompt chunks read: (request id, tokens, positions already read) each."""
     ride: bool = False
     """The chunks rode in the decode step's forward."""
+    drafts: int = 0
+    """Draft tokens a lone stream's step verified (appliance/engine/lookup.py)."""
     kv_copies: int = 0
     """Layers of the decode batch's KV copied into new windows during the tick (growth, more
     slots, a row reaching before the window: appliance/engine/slots.py), in fresh memory:
@@ -77,7 +79,8 @@ class TickRecord:
                 f"measured_ms={self.measured_s * 1e3:.0f} "
                 f"predicted_ms={self.predicted_s * 1e3:.0f} "
                 f"target_ms={(self.target_s or 0) * 1e3:.0f} decode_rows={self.decode_rows} "
-                f"ride={self.ride} chunks={chunks} kv_copies={self.kv_copies} why={self.why}")
+                f"ride={self.ride} chunks={chunks} drafts={self.drafts} "
+                f"kv_copies={self.kv_copies} why={self.why}")
 
 
 class TickTiming:
@@ -96,6 +99,7 @@ class TickTiming:
         self._rows = 0
         self._began = 0.0
         self._waited = 0.0
+        self._drafts = 0
         self.longest: list[TickRecord] = []
         """The longest ticks of the spell since they were last logged, longest first."""
         self._longest_since: float | None = None
@@ -104,6 +108,7 @@ class TickTiming:
         self._measured = self._predicted = 0.0
         self._rows = 0
         self._waited = 0.0
+        self._drafts = 0
         self._began = self.timer()
 
     def waited(self, since: float) -> None:
@@ -129,6 +134,19 @@ class TickTiming:
             self._predicted += self.costs.prefill_rows(rows, tokens, offset)
             self.costs.observe_prefill(rows, tokens, offset, seconds)
 
+    def verify(self, drafts: int, offset: int, start: float, predicted: float) -> float:
+        """Book a lone row's verify of ``drafts`` drafts that began at ``start`` (its
+        ``predicted`` seconds are the drafting's, not the cost model's, which it does not
+        fit: appliance/engine/lookup.py); returns its seconds."""
+        seconds = self.timer() - start
+        if self.meter is not None:
+            seconds = self.meter("verify", 1, drafts + 1, offset, seconds)
+        self._measured += seconds
+        self._predicted += predicted
+        self._rows = 1
+        self._drafts += drafts
+        return seconds
+
     def end(self, tick: int, target_s: float | None,
             chunks: Sequence[tuple[int, int, int]] = (), ride: bool = False,
             kv_copies: int = 0) -> TickRecord:
@@ -138,7 +156,8 @@ class TickTiming:
                             measured_s=self._measured, decode_rows=self._rows,
                             prefill_tokens=sum(n for _, n, _ in chunks),
                             wait_s=self._waited, wall_s=self.timer() - self._began,
-                            tick=tick, chunks=tuple(chunks), ride=ride, kv_copies=kv_copies)
+                            tick=tick, chunks=tuple(chunks), ride=ride,
+                            drafts=self._drafts, kv_copies=kv_copies)
         self.log.append(record)
         log.debug("%s", record.describe())
         if target_s is not None and record.measured_s > OVER_TARGET * target_s:

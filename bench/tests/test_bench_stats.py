@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from appliance.percentiles import percentile
-from bench.chat_load import Workload, level_serials, prompt_for
+from bench.chat_load import QUESTIONS, Workload, level_serials, prompt_for
 from bench.client import (
     RequestTiming,
     chunk_text,
@@ -328,6 +328,10 @@ def test_prompts_are_distinct_across_a_run() -> None:
         offset += c * 3
     assert len(set(serials)) == len(serials) == 45
     assert len({prompt_for(s) for s in serials}) == 45
+    quoted = {prompt_for(s, quote=True) for s in serials}
+    assert len(quoted) == 45
+    assert all("word for word" in q and QUESTIONS[0] in prompt_for(0, quote=True)
+               for q in quoted)
 
 
 # ---- the streaming client against an in-process transport (no server) -----------------

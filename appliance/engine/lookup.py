@@ -1,0 +1,135 @@
+"""Speculative decoding by prompt lookup: no second model. A stream's last few tokens are
+looked up in its own prompt and output; the tokens that followed their latest earlier
+occurrence are proposed as drafts, and one forward reads the stream's next token with the
+drafts behind it (:meth:`appliance.engine.batch.DecodeBatch.verify`). Position ``i`` is
+sampled as the plain step would sample it, with the drafts before it as its context; the
+drafts are kept up to the first one that differs from its sample, and that sample is the
+step's last token. Each sample has the distribution of the plain step's (a draft is a
+point mass: keeping it when the sample equals it, else taking the sample, is the
+acceptance rule of speculative sampling for it), so greedy and seeded requests get the
+same tokens, but for the rounding of a forward that reads several positions
+(docs/decisions/prompt-lookup.md).
+
+What a verify costs next to a plain step depends on the device (on a 2-core CPU a draft
+token costs about a third of a 1B step; on a GPU next to nothing) and is fitted from the
+engine's own verifies; whether drafts come true depends on the text (a summary quoting its
+document, code being edited, a loop). :class:`Drafting` proposes only as many drafts as
+pay for themselves by those two estimates, so a stream whose drafts fail goes back to
+plain steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from appliance.sched.cost import OnlineFit
+
+LONGEST_NGRAM = 4
+SHORTEST_NGRAM = 2
+"""The n-grams looked up, longest first. One token alone matches almost anywhere and its
+drafts seldom come true."""
+
+VERIFY_PRIOR = (1.5, 0.35)
+"""A verify's time in plain decode steps: a fixed share and a share per draft token (a
+1B Q4_K_M file on a 2-core Zen 4: 1.48x with one draft, 2.23x with four). Fitted from
+each verify; a device where drafts are nearly free learns it."""
+
+ACCEPT_PRIOR = 0.75
+PRIOR_WEIGHT = 4.0
+"""A stream's drafts are first expected to come true this often, as if seen
+``PRIOR_WEIGHT`` times; a match of two to four tokens is good evidence of copying."""
+
+ACCEPT_MEMORY = 16.0
+"""Tokens over which a stream's own record of drafts weighs half as much: a stream whose
+drafts failed tries again some tokens later, when its text may have turned to quoting."""
+
+
+@dataclass(slots=True)
+class StreamDrafts:
+    """One stream's n-gram index and record of drafts."""
+
+    seen: dict[tuple[int, ...], int] = field(default_factory=dict)
+    """Each n-gram of the tokens indexed so far: the position after its latest occurrence."""
+    indexed: int = 0
+    """N-grams ending before this position are in :attr:`seen`."""
+    accepted: float = 0.0
+    tried: float = 0.0
+    at: int = 0
+    """Tokens of the stream when the record was last decayed."""
+
+    def propose(self, tokens: list[int], most: int) -> list[int]:
+        """Up to ``most`` tokens that followed the latest earlier occurrence of the longest
+        of ``tokens``' last n-grams found; none when no n-gram recurs."""
+        end = len(tokens) - 1  # the last n-gram itself is not an earlier occurrence
+        for j in range(max(self.indexed, SHORTEST_NGRAM), end + 1):
+            for n in range(SHORTEST_NGRAM, min(LONGEST_NGRAM, j) + 1):
+                self.seen[tuple(tokens[j - n:j])] = j
+        self.indexed = max(self.indexed, end + 1)
+        for n in range(min(LONGEST_NGRAM, len(tokens)), SHORTEST_NGRAM - 1, -1):
+            after = self.seen.get(tuple(tokens[-n:]))
+            if after is not None:
+                return tokens[after:after + most]
+        return []
+
+    def rate(self, length: int) -> float:
+        """The expected chance that a draft comes true, given the one before it did."""
+        if length > self.at:
+            keep = 0.5 ** ((length - self.at) / ACCEPT_MEMORY)
+            self.accepted *= keep
+            self.tried *= keep
+            self.at = length
+        return ((self.accepted + ACCEPT_PRIOR * PRIOR_WEIGHT)
+                / (self.tried + PRIOR_WEIGHT))
+
+    def record(self, drafted: int, kept: int) -> None:
+        """A verify kept ``kept`` of ``drafted`` drafts: each kept one came true, and the
+        first one not kept, if any, did not."""
+        self.accepted += kept
+        self.tried += kept + (1 if kept < drafted else 0)
+
+
+class Drafting:
+    """How many drafts a lone stream verifies (``most`` at most; 0: never), from its record
+    and the fitted cost of a verify."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.verify_fit = OnlineFit(VERIFY_PRIOR, forget=0.9)
+        """A verify's seconds over a plain step's predicted seconds, by draft tokens."""
+        self.drafted = 0
+        self.accepted = 0
+        self.verifies = 0
+
+    def verify_cost(self, drafts: int) -> float:
+        """A verify of ``drafts`` drafts in plain decode steps."""
+        return self.verify_fit.predict((1.0, float(drafts)))
+
+    def plan(self, stream: StreamDrafts, tokens: list[int], room: int) -> list[int]:
+        """The drafts worth verifying after ``tokens``; ``room``: tokens the stream may
+        still generate (the step's own token included)."""
+        most = min(self.most, room - 1)
+        if most < 1:
+            return []
+        drafts = stream.propose(tokens, most)
+        if not drafts:
+            return []
+        rate = stream.rate(len(tokens))
+        best, best_k = 1.0, 0  # a plain step: one token for one step
+        expected = 1.0
+        for k in range(1, len(drafts) + 1):
+            expected += rate ** k
+            value = expected / self.verify_cost(k)
+            if value > best:
+                best, best_k = value, k
+        return drafts[:best_k]
+
+    def observe(self, stream: StreamDrafts, drafted: int, kept: int, seconds: float,
+                step_s: float) -> None:
+        """A verify of ``drafted`` drafts kept ``kept`` and took ``seconds``, where a plain
+        step was predicted to take ``step_s``."""
+        stream.record(drafted, kept)
+        self.drafted += drafted
+        self.accepted += kept
+        self.verifies += 1
+        if step_s > 0:
+            self.verify_fit.observe((1.0, float(drafted)), seconds / step_s)

@@ -1,0 +1,135 @@
+"""Speculative decoding by prompt lookup (appliance/engine/lookup.py): drafts found in a
+stream's own tokens, how many a verify is worth, and a lone stream's tokens, finish and
+kept KV the same with drafts as without, whatever its sampling."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from appliance.engine.lookup import ACCEPT_MEMORY, ACCEPT_PRIOR, Drafting, StreamDrafts
+from appliance.engine.model import LoadedModel, load_model
+from appliance.engine.request import (
+    FinishEvent,
+    GenerationRequest,
+    RequestHandle,
+    SamplingParams,
+    TokenEvent,
+)
+from appliance.engine.runner import Runner
+from appliance.sched.scheduler import Scheduler
+from appliance.sched.types import SchedulerConfig
+
+
+def test_drafts_follow_the_latest_earlier_occurrence_of_the_longest_ngram() -> None:
+    s = StreamDrafts()
+    tokens = [5, 1, 2, 3, 7, 8, 1, 2, 3, 9, 6, 2, 3]
+    # "2 3" last came before 9 6; "1 2 3" does not end the tokens
+    assert s.propose(tokens, 3) == [9, 6, 2]
+    tokens += [9]
+    # now "2 3 9" recurs (longer than "3 9"): what followed it
+    assert s.propose(tokens, 8) == [6, 2, 3, 9]
+    assert StreamDrafts().propose([1, 2, 3, 4], 4) == []
+    assert StreamDrafts().propose([4, 1, 2, 4], 4) == [], "one token alone is no match"
+
+
+def test_the_index_grows_with_the_tokens_and_gives_what_a_fresh_one_gives() -> None:
+    grown = StreamDrafts()
+    tokens: list[int] = []
+    for t in [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3]:
+        tokens.append(t)
+        assert grown.propose(tokens, 5) == StreamDrafts().propose(tokens, 5)
+
+
+def test_a_verify_that_costs_more_than_its_drafts_keep_is_not_planned() -> None:
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]
+    cheap, dear = Drafting(8), Drafting(8)
+    for _ in range(40):  # one draft costs a step as much again: never worth it
+        dear.verify_fit.observe((1.0, 1.0), 2.5)
+        dear.verify_fit.observe((1.0, 4.0), 4.0)
+        cheap.verify_fit.observe((1.0, 1.0), 1.05)
+        cheap.verify_fit.observe((1.0, 4.0), 1.2)
+    assert dear.plan(StreamDrafts(), tokens, 100) == []
+    planned = cheap.plan(StreamDrafts(), tokens, 100)
+    assert len(planned) >= 4 and planned == [4, 5, 6, 7, 8, 1, 2, 3][:len(planned)]
+    assert cheap.plan(StreamDrafts(), tokens, 3) == [4, 5], "no drafts past max_tokens"
+    assert cheap.plan(StreamDrafts(), tokens, 1) == []
+
+
+def test_a_stream_whose_drafts_fail_drafts_again_later() -> None:
+    s = StreamDrafts()
+    assert s.rate(10) == pytest.approx(ACCEPT_PRIOR)
+    for _ in range(6):
+        s.record(4, 0)
+    failed = s.rate(10)
+    assert failed < 0.4
+    assert s.rate(10 + int(4 * ACCEPT_MEMORY)) > 0.65  # its record has faded
+    assert s.rate(10 + int(4 * ACCEPT_MEMORY)) < ACCEPT_PRIOR
+
+
+@pytest.fixture(scope="module")
+def loaded(demo_model: Path) -> LoadedModel:
+    return load_model(demo_model)
+
+
+REPEAT = ("Repeat after me: the kettle is on the stove, the kettle is on the stove, "
+          "the kettle is on the stove, the kettle is on the stove.")
+SAMPLINGS: list[tuple[dict[str, Any], int, tuple[str, ...]]] = [
+    ({}, 60, ()),
+    ({"temperature": 0.8, "seed": 11}, 60, ()),
+    ({"temperature": 0.7, "seed": 3, "repetition_penalty": 1.05, "top_p": 0.9}, 40, ()),
+    ({}, 7, ()),  # drafts would run past max_tokens
+    ({}, 60, ("stove",)),
+]
+
+
+def serve_alone(loaded: LoadedModel, drafts: int) -> tuple[list[Any], Runner]:
+    """Each request of :data:`SAMPLINGS` alone, one after the other, by one runner: its
+    tokens and finish."""
+    tok = loaded.tokenizer
+    runner = Runner(loaded, Scheduler(SchedulerConfig(prefill_chunk_size=64)),
+                    time.monotonic, None, drafts=drafts, prompt_cache_entries=8)
+    prompt = tuple(tok.apply_chat_template([{"role": "user", "content": REPEAT}],
+                                           add_generation_prompt=True))
+    streams: list[Any] = []
+    ho = tok.encode("ho", add_special_tokens=False)
+    assert len(ho) == 1
+    forced = ({"logit_bias": ((ho[0], 100.0),)}, 60, ("ho" * 12,))  # stops on a kept draft
+    for kw, max_tokens, stop in [*SAMPLINGS, forced]:
+        events: list[Any] = []
+        runner.take([RequestHandle(GenerationRequest(
+            prompt=prompt, max_tokens=max_tokens, sampling=SamplingParams(**kw), stop=stop,
+            user=f"u{len(streams)}"), events.append)])
+        while runner.tick():
+            pass
+        streams.append(([e.token for e in events if isinstance(e, TokenEvent)],
+                        [(e.reason, e.usage) for e in events if isinstance(e, FinishEvent)]))
+    return streams, runner
+
+
+def test_a_lone_stream_gives_the_same_tokens_and_finish_with_drafts(
+        loaded: LoadedModel) -> None:
+    plain, _ = serve_alone(loaded, 0)
+    drafted, runner = serve_alone(loaded, 8)
+    drafting = runner.forwards.drafting
+    assert drafting is not None and drafting.verifies > 0
+    assert drafting.accepted > 0, "some drafts should have come true and been kept"
+    assert drafted == plain
+    assert all(len(finish) == 1 for _, finish in plain)
+    assert any(r.drafts for r in runner.timing.log)
+    assert runner.snapshot().draft_tokens == drafting.drafted
+
+
+def test_every_drafting_stream_leaves_its_kv_for_the_next_turn(loaded: LoadedModel) -> None:
+    """Its KV may run past its tokens (drafts kept past its stop): it is cut to them, so
+    the prompt cache keeps and reuses what it does without drafts."""
+    _, plain = serve_alone(loaded, 0)
+    _, drafted = serve_alone(loaded, 8)
+    assert plain.prompt_cache is not None and drafted.prompt_cache is not None
+    same = dataclasses.replace(drafted.prompt_cache.stats, bytes=0)
+    assert same == dataclasses.replace(plain.prompt_cache.stats, bytes=0)  # a cut KV keeps its buffer
+    assert plain.prompt_cache.stats.hits > 0

@@ -173,7 +173,8 @@ class EngineSettings:
         "tokens that followed its last words where they occurred before (in its prompt or "
         "output) are checked in one forward, at most this many, and kept as far as they "
         "agree with what it samples (the same tokens greedy and seeded; as many as pay for "
-        "their forward on this machine, fitted as it runs). 0 turns it off.", lo=0, hi=32)
+        "their forward on this machine, fitted as it runs, in a forward no longer than "
+        "itl_factor plain steps). 0 turns it off.", lo=0, hi=32)
     gather_ms: float = _opt(
         20.0, "When requests arrive while nothing runs, the engine waits this long for "
         "another before planning a tick (again after each further one, five at most), so "

@@ -32,6 +32,13 @@ class AccessRules:
         return [s for s in seqs if (limit := self.daily_limit(s)) is not None
                 and self.usage.total(s.handle.request.user_key, now) >= limit]
 
+    def tokens_left(self, s: Seq, now: float) -> int | None:
+        """Tokens the user of ``s`` may still generate today (None: no daily limit)."""
+        limit = self.daily_limit(s)
+        if limit is None:
+            return None
+        return max(limit - self.usage.total(s.handle.request.user_key, now), 0)
+
     def cut_off(self, seqs: Iterable[Seq]) -> list[tuple[Seq, str]]:
         """The requests of a disabled user or made with a revoked key, each with the error
         it ends with."""

@@ -11,7 +11,7 @@ changes no request. What a token, a finish or a failure does to a request is the
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,6 +24,7 @@ from appliance.engine.request import FaultHook, GroupLost
 from appliance.engine.sampling import read_tokens, sample_batch, sample_lazy, sample_positions
 from appliance.engine.seq import Seq
 from appliance.engine.ticks import TickTiming
+from appliance.sched.budget import TickObjectives
 
 log = logging.getLogger("appliance.engine.runner")  # one logger for the whole tick, as ticks.py
 
@@ -83,7 +84,8 @@ class Forwards:
 
     def __init__(self, model: Any, max_rows: int, timing: TickTiming,
                  fault: FaultHook | None, look_ahead: bool = True,
-                 link: Link | None = None, drafts: int = 0) -> None:
+                 link: Link | None = None, drafts: int = 0,
+                 objectives: TickObjectives | None = None) -> None:
         self.model = model
         self.max_rows = max_rows
         self.timing = timing
@@ -101,8 +103,12 @@ class Forwards:
         self._ahead: Ahead | None = None
         self.steps_ahead = 0
         """Decode steps that ran the graph built ahead."""
-        self.drafting = Drafting(drafts) if drafts > 0 and link is None and fault is None \
-            else None
+        self.room: Callable[[Seq], int] = lambda s: s.max_tokens - s.generated
+        """Tokens a row may still generate (the runner's: its daily quota too), so that
+        drafts kept never take it past what a plain step would have stopped at."""
+        self.objectives = objectives or TickObjectives()
+        self.drafting = Drafting(drafts, self.objectives.itl_factor) \
+            if drafts > 0 and link is None and fault is None else None
         """A lone stream's drafts by prompt lookup (appliance/engine/lookup.py); not across
         machines (each would need the verify), nor under a fault hook (tests that place
         faults by forward)."""
@@ -184,13 +190,15 @@ class Forwards:
             return None
         if s.drafts is None:
             s.drafts = StreamDrafts()
-        drafts = drafting.plan(s.drafts, s.tokens, s.max_tokens - s.generated)
+        kv_len = self.batch.padded_len + 1
+        step_s = self.timing.costs.decode(1, kv_len)
+        itl = self.objectives.itl_target_s
+        drafts = drafting.plan(s.drafts, s.tokens, self.room(s),
+                               itl / step_s if itl > 0 and step_s > 0 else None)
         if not drafts:
             return None
         self._ahead = None  # built on a plain step: dropped unrun
         start = self.timing.timer()
-        kv_len = self.batch.padded_len + 1
-        step_s = self.timing.costs.decode(1, kv_len)
         try:
             logits, before = self.batch.verify([s.next_token, *drafts])
         except Exception:

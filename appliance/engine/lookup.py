@@ -29,15 +29,17 @@ SHORTEST_NGRAM = 2
 """The n-grams looked up, longest first. One token alone matches almost anywhere and its
 drafts seldom come true."""
 
-VERIFY_PRIOR = (1.5, 0.35)
+VERIFY_PRIOR = (1.2, 0.3)
 """A verify's time in plain decode steps: a fixed share and a share per draft token (a
-1B Q4_K_M file on a 2-core Zen 4: 1.48x with one draft, 2.23x with four). Fitted from
-each verify; a device where drafts are nearly free learns it."""
+1B Q4_K_M file on a 2-core Zen 4: 1.48x with one draft, 1.83x with two, 2.23x with four;
+SmolLM2 there: 2.5x with one). Fitted from each verify; from this prior a stream first
+drafts two tokens, and a device where drafts are nearly free learns it."""
 
-ACCEPT_PRIOR = 0.75
 PRIOR_WEIGHT = 4.0
-"""A stream's drafts are first expected to come true this often, as if seen
-``PRIOR_WEIGHT`` times; a match of two to four tokens is good evidence of copying."""
+"""A stream's drafts are expected to come true as often as its text has repeated the
+earlier occurrence (:meth:`StreamDrafts.prior`), as if seen this many times, besides its
+own record of drafts."""
+LONGEST_RUN = 64
 
 ACCEPT_MEMORY = 16.0
 """Tokens over which a stream's own record of drafts weighs half as much: a stream whose
@@ -52,6 +54,9 @@ class StreamDrafts:
     """Each n-gram of the tokens indexed so far: the position after its latest occurrence."""
     indexed: int = 0
     """N-grams ending before this position are in :attr:`seen`."""
+    run: int = 0
+    """Tokens the last match repeated its earlier occurrence for (at most
+    :data:`LONGEST_RUN`)."""
     accepted: float = 0.0
     tried: float = 0.0
     at: int = 0
@@ -67,9 +72,21 @@ class StreamDrafts:
         self.indexed = max(self.indexed, end + 1)
         for n in range(min(LONGEST_NGRAM, len(tokens)), SHORTEST_NGRAM - 1, -1):
             after = self.seen.get(tuple(tokens[-n:]))
-            if after is not None:
-                return tokens[after:after + most]
+            if after is not None:  # copied on into the drafts themselves, as a repeat goes on
+                self.run = n
+                while (self.run < min(LONGEST_RUN, after)
+                       and tokens[after - 1 - self.run] == tokens[-1 - self.run]):
+                    self.run += 1
+                drafts = tokens[after:after + most]
+                while len(drafts) < most:
+                    drafts.append(drafts[len(drafts) - (len(tokens) - after)])
+                return drafts
         return []
+
+    def prior(self) -> float:
+        """The chance that the next token goes on repeating, by the rule of succession
+        over the tokens the last match has repeated: 0.75 after two, 0.9 after eight."""
+        return (self.run + 1) / (self.run + 2)
 
     def rate(self, length: int) -> float:
         """The expected chance that a draft comes true, given the one before it did."""
@@ -78,7 +95,7 @@ class StreamDrafts:
             self.accepted *= keep
             self.tried *= keep
             self.at = length
-        return ((self.accepted + ACCEPT_PRIOR * PRIOR_WEIGHT)
+        return ((self.accepted + self.prior() * PRIOR_WEIGHT)
                 / (self.tried + PRIOR_WEIGHT))
 
     def record(self, drafted: int, kept: int) -> None:
@@ -90,10 +107,13 @@ class StreamDrafts:
 
 class Drafting:
     """How many drafts a lone stream verifies (``most`` at most; 0: never), from its record
-    and the fitted cost of a verify."""
+    and the fitted cost of a verify. A verify lasts at most ``longest`` plain steps: the
+    tick objective while a batch decodes (``itl_factor``), so the stream's gap before its
+    kept drafts is no longer than a tick's may be (docs/decisions/prompt-lookup.md)."""
 
-    def __init__(self, most: int) -> None:
+    def __init__(self, most: int, longest: float = 2.0) -> None:
         self.most = most
+        self.longest = longest
         self.verify_fit = OnlineFit(VERIFY_PRIOR, forget=0.9)
         """A verify's seconds over a plain step's predicted seconds, by draft tokens."""
         self.drafted = 0
@@ -104,9 +124,12 @@ class Drafting:
         """A verify of ``drafts`` drafts in plain decode steps."""
         return self.verify_fit.predict((1.0, float(drafts)))
 
-    def plan(self, stream: StreamDrafts, tokens: list[int], room: int) -> list[int]:
+    def plan(self, stream: StreamDrafts, tokens: list[int], room: int,
+             longest: float | None = None) -> list[int]:
         """The drafts worth verifying after ``tokens``; ``room``: tokens the stream may
-        still generate (the step's own token included)."""
+        still generate (the step's own token included); ``longest``: plain steps a verify
+        may last, if not :attr:`longest`."""
+        longest = self.longest if longest is None else longest
         most = min(self.most, room - 1)
         if most < 1:
             return []
@@ -118,7 +141,10 @@ class Drafting:
         expected = 1.0
         for k in range(1, len(drafts) + 1):
             expected += rate ** k
-            value = expected / self.verify_cost(k)
+            cost = self.verify_cost(k)
+            if cost > longest:
+                break
+            value = expected / cost
             if value > best:
                 best, best_k = value, k
         return drafts[:best_k]

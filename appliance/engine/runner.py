@@ -95,7 +95,9 @@ class Runner:
             # Across machines a step is sent when it is built: none is built ahead.
             look_ahead = loaded.backend.look_ahead and link is None
         self.forwards = Forwards(self.model, scheduler.config.max_batch_size, self.timing,
-                                 fault, look_ahead, link, drafts)
+                                 fault, look_ahead, link, drafts,
+                                 scheduler.config.objectives)
+        self.forwards.room = self._room
         if link is not None:  # caches of their own: partly read, or read and about to join
             link.live = lambda: [s.rid for s in self.seqs.values() if s.cache is not None] + [
                 rid for rids, _, _ in self._joining for rid in rids]
@@ -374,6 +376,12 @@ class Runner:
         row[0] += prefill
         row[1] += output
         self.usage.add(user, time.time(), output)
+
+    def _room(self, s: Seq) -> int:
+        """Tokens ``s`` may still generate: to its ``max_tokens`` and its user's quota."""
+        room = s.max_tokens - s.generated
+        left = self.access.tokens_left(s, time.time())
+        return room if left is None else min(room, left)
 
     def restrict(self, user_key: str, access: UserAccess) -> None:
         """What an admin left ``user_key`` allowed; the requests already running obey it from

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from appliance.engine.lookup import ACCEPT_MEMORY, ACCEPT_PRIOR, Drafting, StreamDrafts
+from appliance.engine.lookup import ACCEPT_MEMORY, Drafting, StreamDrafts
 from appliance.engine.model import LoadedModel, load_model
 from appliance.engine.request import (
     FinishEvent,
@@ -21,6 +21,7 @@ from appliance.engine.request import (
     TokenEvent,
 )
 from appliance.engine.runner import Runner
+from appliance.sched.budget import TickObjectives
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.types import SchedulerConfig
 
@@ -31,8 +32,8 @@ def test_drafts_follow_the_latest_earlier_occurrence_of_the_longest_ngram() -> N
     # "2 3" last came before 9 6; "1 2 3" does not end the tokens
     assert s.propose(tokens, 3) == [9, 6, 2]
     tokens += [9]
-    # now "2 3 9" recurs (longer than "3 9"): what followed it
-    assert s.propose(tokens, 8) == [6, 2, 3, 9]
+    # now "2 3 9" recurs (longer than "3 9"): what followed it, copied on into itself
+    assert s.propose(tokens, 8) == [6, 2, 3, 9, 6, 2, 3, 9]  # the repeat goes on
     assert StreamDrafts().propose([1, 2, 3, 4], 4) == []
     assert StreamDrafts().propose([4, 1, 2, 4], 4) == [], "one token alone is no match"
 
@@ -60,15 +61,38 @@ def test_a_verify_that_costs_more_than_its_drafts_keep_is_not_planned() -> None:
     assert cheap.plan(StreamDrafts(), tokens, 1) == []
 
 
-def test_a_stream_whose_drafts_fail_drafts_again_later() -> None:
+def test_a_verify_lasts_no_longer_than_a_tick_may_while_a_stream_decodes() -> None:
+    """The stream waits out its verify before the drafts kept: no longer than the ITL
+    objective (``itl_factor`` plain steps), however much longer drafts would pay."""
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
+    drafting = Drafting(8, longest=2.0)
+    for _ in range(40):  # a verify: 1 + 0.4 a draft
+        drafting.verify_fit.observe((1.0, 1.0), 1.4)
+        drafting.verify_fit.observe((1.0, 4.0), 2.6)
+    sure = StreamDrafts(accepted=100.0, tried=100.0)
+    assert drafting.plan(sure, tokens, 100) == [4, 5]
+    assert drafting.plan(sure, tokens, 100, longest=4.0) == [4, 5, 6, 7, 8, 9, 1]
+    assert drafting.plan(sure, tokens, 100, longest=1.2) == []
+
+
+def test_a_longer_repeat_is_expected_to_go_on_longer() -> None:
     s = StreamDrafts()
-    assert s.rate(10) == pytest.approx(ACCEPT_PRIOR)
+    s.propose([7, 1, 2, 9, 1, 2], 4)
+    assert s.run == 2 and s.rate(6) == pytest.approx(0.75)
+    quoted = [5, 6, 7, 8, 9, 10, 11, 12, 13, 0, 5, 6, 7, 8, 9, 10, 11, 12]
+    s.propose(quoted, 4)
+    assert s.run == 8 and s.rate(len(quoted)) == pytest.approx(0.9)
+
+
+def test_a_stream_whose_drafts_fail_drafts_again_later() -> None:
+    s = StreamDrafts(run=2)
+    assert s.rate(10) == pytest.approx(0.75)
     for _ in range(6):
         s.record(4, 0)
     failed = s.rate(10)
     assert failed < 0.4
     assert s.rate(10 + int(4 * ACCEPT_MEMORY)) > 0.65  # its record has faded
-    assert s.rate(10 + int(4 * ACCEPT_MEMORY)) < ACCEPT_PRIOR
+    assert s.rate(10 + int(4 * ACCEPT_MEMORY)) < 0.75
 
 
 @pytest.fixture(scope="module")
@@ -91,19 +115,26 @@ def serve_alone(loaded: LoadedModel, drafts: int) -> tuple[list[Any], Runner]:
     """Each request of :data:`SAMPLINGS` alone, one after the other, by one runner: its
     tokens and finish."""
     tok = loaded.tokenizer
-    runner = Runner(loaded, Scheduler(SchedulerConfig(prefill_chunk_size=64)),
-                    time.monotonic, None, drafts=drafts, prompt_cache_entries=8)
+    # a verify costs the demo model some two plain steps: a tick objective of four lets
+    # drafts through (the default, two, keeps its ITL; docs/decisions/prompt-lookup.md)
+    config = SchedulerConfig(prefill_chunk_size=64, objectives=TickObjectives(itl_factor=4.0))
+    runner = Runner(loaded, Scheduler(config), time.monotonic, None, drafts=drafts,
+                    prompt_cache_entries=8)
     prompt = tuple(tok.apply_chat_template([{"role": "user", "content": REPEAT}],
                                            add_generation_prompt=True))
     streams: list[Any] = []
     ho = tok.encode("ho", add_special_tokens=False)
     assert len(ho) == 1
-    forced = ({"logit_bias": ((ho[0], 100.0),)}, 60, ("ho" * 12,))  # stops on a kept draft
-    for kw, max_tokens, stop in [*SAMPLINGS, forced]:
+    forced = {"logit_bias": ((ho[0], 100.0),)}  # every draft comes true
+    cases = [(kw, n, stop, None, 1) for kw, n, stop in SAMPLINGS] + [
+        # stops among kept drafts, each its own user's (its prompt-cache entry its own)
+        *((forced, 60, ("ho" * n,), None, 10 + n) for n in (10, 11, 12, 13)),
+        (forced, 60, (), len(prompt) + 29, 2)]  # a daily quota (prompt and output)
+    for kw, max_tokens, stop, quota, user in cases:
         events: list[Any] = []
         runner.take([RequestHandle(GenerationRequest(
             prompt=prompt, max_tokens=max_tokens, sampling=SamplingParams(**kw), stop=stop,
-            user=f"u{len(streams)}"), events.append)])
+            user_id=user, tokens_per_day=quota), events.append)])
         while runner.tick():
             pass
         streams.append(([e.token for e in events if isinstance(e, TokenEvent)],

@@ -41,6 +41,12 @@ earlier occurrence (:meth:`StreamDrafts.prior`), as if seen this many times, bes
 own record of drafts."""
 LONGEST_RUN = 64
 
+EXPLORE_EVERY = 32
+"""Drafts declined in a row (their verify was expected to cost more than they keep, or to
+last longer than a tick may), after which one draft is verified anyway, so the fitted cost
+follows the machine: one slow first verify (a cold start, a busy spell) had shut drafts
+out for the engine's life."""
+
 ACCEPT_MEMORY = 16.0
 """Tokens over which a stream's own record of drafts weighs half as much: a stream whose
 drafts failed tries again some tokens later, when its text may have turned to quoting."""
@@ -119,6 +125,8 @@ class Drafting:
         self.drafted = 0
         self.accepted = 0
         self.verifies = 0
+        self.declined = 0
+        """Proposals declined since the last verify (:data:`EXPLORE_EVERY`)."""
 
     def verify_cost(self, drafts: int) -> float:
         """A verify of ``drafts`` drafts in plain decode steps."""
@@ -147,6 +155,12 @@ class Drafting:
             value = expected / cost
             if value > best:
                 best, best_k = value, k
+        if best_k == 0:
+            self.declined += 1
+            if self.declined < EXPLORE_EVERY or rate <= 0.5:
+                return []
+            best_k = 1  # a look at what a verify costs now
+        self.declined = 0
         return drafts[:best_k]
 
     def observe(self, stream: StreamDrafts, drafted: int, kept: int, seconds: float,

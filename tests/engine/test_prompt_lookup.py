@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from appliance.engine.lookup import ACCEPT_MEMORY, Drafting, StreamDrafts
+from appliance.engine.lookup import ACCEPT_MEMORY, EXPLORE_EVERY, Drafting, StreamDrafts
 from appliance.engine.model import LoadedModel, load_model
 from appliance.engine.request import (
     FinishEvent,
@@ -73,6 +73,25 @@ def test_a_verify_lasts_no_longer_than_a_tick_may_while_a_stream_decodes() -> No
     assert drafting.plan(sure, tokens, 100) == [4, 5]
     assert drafting.plan(sure, tokens, 100, longest=4.0) == [4, 5, 6, 7, 8, 9, 1]
     assert drafting.plan(sure, tokens, 100, longest=1.2) == []
+
+
+def test_a_verify_once_dear_is_looked_at_again() -> None:
+    """One slow verify (a cold start, a busy spell) does not shut drafts out for good:
+    after EXPLORE_EVERY declined proposals one draft is verified, and the cost refitted."""
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
+    drafting = Drafting(8, longest=2.0)
+    for _ in range(3):
+        drafting.verify_fit.observe((1.0, 2.0), 3.0)
+    sure = StreamDrafts(accepted=100.0, tried=100.0)
+    assert all(drafting.plan(sure, tokens, 100) == [] for _ in range(EXPLORE_EVERY - 1))
+    assert drafting.plan(sure, tokens, 100) == [4]
+    assert drafting.plan(sure, tokens, 100) == []
+    doubtful = StreamDrafts(accepted=0.0, tried=100.0)
+    assert all(drafting.plan(doubtful, tokens, 100) == [] for _ in range(2 * EXPLORE_EVERY))
+    for _ in range(8):  # what the look found: drafts are cheap now
+        drafting.verify_fit.observe((1.0, 1.0), 1.1)
+        drafting.verify_fit.observe((1.0, 3.0), 1.5)
+    assert len(drafting.plan(sure, tokens, 100)) > 1
 
 
 def test_a_longer_repeat_is_expected_to_go_on_longer() -> None:

@@ -11,7 +11,7 @@ same tokens, but for the rounding of a forward that reads several positions
 (docs/decisions/prompt-lookup.md).
 
 What a verify costs next to a plain step depends on the device (on a 2-core CPU a draft
-token costs about a third of a 1B step; on a GPU next to nothing) and is fitted from the
+token costs a quarter to a third of a 1B step; on a GPU next to nothing) and is fitted from the
 engine's own verifies; whether drafts come true depends on the text (a summary quoting its
 document, code being edited, a loop). :class:`Drafting` proposes only as many drafts as
 pay for themselves by those two estimates, so a stream whose drafts fail goes back to
@@ -30,10 +30,10 @@ SHORTEST_NGRAM = 2
 drafts seldom come true."""
 
 VERIFY_PRIOR = (1.2, 0.3)
-"""A verify's time in plain decode steps: a fixed share and a share per draft token (a
-1B Q4_K_M file on a 2-core Zen 4: 1.48x with one draft, 1.83x with two, 2.23x with four;
-SmolLM2 there: 2.5x with one). Fitted from each verify; from this prior a stream first
-drafts two tokens, and a device where drafts are nearly free learns it."""
+"""A verify's time in plain decode steps: a fixed share and a share per draft token (as
+fitted on a 2-core Zen 4: a 1B Q4_K_M file 0.9-1.2 + 0.2-0.3, SmolLM2 1.7-1.9 +
+0.16-0.4). Fitted from each verify; from this prior a stream first drafts two tokens, and
+a device where drafts are nearly free learns it."""
 
 PRIOR_WEIGHT = 4.0
 """A stream's drafts are expected to come true as often as its text has repeated the

@@ -44,7 +44,7 @@ def health(state: State) -> Response[dict[str, Any]]:
         body["backend"] = loaded.backend.describe()
         body["kv_cache"] = {"dtype": loaded.kv_dtype,
                             "bytes_per_token": loaded.kv_bytes_per_token}
-        # the model's resident weights (held once: appliance/backend/quant.py's hold_once)
+        # the model's resident weights (held once: appliance/backend/quant.py's adopt)
         # and the KV budget counted from what was free once they were
         body["memory"] = {"weights_bytes": loaded.weight_bytes,
                           "kv_budget_bytes": services.engine.kv_budget_bytes}

@@ -186,7 +186,7 @@ def held_bytes(model: Any, part: Any) -> int:
     """The bytes ``part`` (a module of ``model``; from the shapes: nothing need be loaded)
     will hold once the plug has adopted ``model``: its arrays, the 16-bit ones
     :func:`float32_on_cpu` widens twice their size, and for a layer the quantized kernel
-    tiles, its tiles in place of its arrays (``quant.hold_once``; a tied embedding's scales
+    tiles, its tiles in place of its arrays (``quant.adopt(..., hold=True)``; a tied embedding's scales
     in the 16 bits they are stored in). Machines that split a model by the bytes before
     adoption held 51 and 93 MiB of SmolLM2 (issue 52)."""
     import mlx.core as mx

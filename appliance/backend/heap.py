@@ -65,7 +65,7 @@ def give_back() -> bool:
     """Hand the heap's free pages back to the system (glibc's ``malloc_trim``, which also
     returns whole free pages inside the heap): the thresholds above keep freed buffers, and
     arrays freed once at load (a model's weights held once, appliance/backend/quant.py's
-    ``hold_once``) would otherwise stay resident, unused, and out of what
+    ``adopt(..., hold=True)``) would otherwise stay resident, unused, and out of what
     ``psutil.virtual_memory().available`` counts for the KV budget. MLX's own cache of
     buffers is cleared first. Whether anything was trimmed."""
     import mlx.core as mx

@@ -183,3 +183,31 @@ def test_every_drafting_stream_leaves_its_kv_for_the_next_turn(loaded: LoadedMod
     same = dataclasses.replace(drafted.prompt_cache.stats, bytes=0)
     assert same == dataclasses.replace(plain.prompt_cache.stats, bytes=0)  # a cut KV keeps its buffer
     assert plain.prompt_cache.stats.hits > 0
+
+
+def test_a_tick_that_read_a_prompt_in_its_own_forward_does_not_also_verify(
+        loaded: LoadedModel) -> None:
+    """The tick's time went to the prompt: the lone row takes a plain step, not a verify."""
+    tok = loaded.tokenizer
+    config = SchedulerConfig(prefill_chunk_size=16, objectives=TickObjectives(itl_factor=4.0))
+    runner = Runner(loaded, Scheduler(config), time.monotonic, None, drafts=8, mixed=False)
+    ho = tok.encode("ho", add_special_tokens=False)[0]
+
+    def request(text: str, user: int) -> RequestHandle:
+        prompt = tuple(tok.apply_chat_template([{"role": "user", "content": text}],
+                                               add_generation_prompt=True))
+        return RequestHandle(GenerationRequest(
+            prompt=prompt, max_tokens=80, user_id=user,
+            sampling=SamplingParams(logit_bias=((ho, 100.0),))), lambda e: None)
+
+    runner.take([request("Say ho.", 1)])
+    for _ in range(12):
+        runner.tick()
+    runner.take([request(REPEAT, 2)])  # read 16 tokens a tick beside the lone row
+    while runner.tick():
+        pass
+    log = list(runner.timing.log)
+    assert any(r.drafts for r in log), "the lone row should have verified drafts"
+    read = [r for r in log if r.prefill_tokens and r.decode_rows == 1]
+    assert read, "the second prompt should have been read beside the lone row"
+    assert all(r.drafts == 0 for r in read)

@@ -51,10 +51,10 @@ class _FusedLayer:
         return decode_layer.plan(model, qk_norm)
 
     def step(self, layer: Any, h: Any, keys: Any, values: Any, offset: Any, mask: Any,
-             at: int, first: int, chunks: Sequence[tuple[Any, Any, int, int]] = ()
-             ) -> list[Any] | None:
+             at: int, first: int, chunks: Sequence[tuple[Any, Any, int, int]] = (),
+             span: int = 1) -> list[Any] | None:
         out: list[Any] | None = self._module.step(layer, h, keys, values, offset, mask, at,
-                                                  first, chunks)
+                                                  first, chunks, span)
         return out
 
 

@@ -131,7 +131,8 @@ def plan(model: Any, qk_norm: bool) -> list[Layer | None] | None:
 
 def step(layer: Layer, h: mx.array, keys: mx.array, values: mx.array, offset: mx.array,
          mask: mx.array | None, at: int, first: int,
-         chunks: Sequence[tuple[mx.array, mx.array, int, int]] = ()) -> list[mx.array] | None:
+         chunks: Sequence[tuple[mx.array, mx.array, int, int]] = (), span: int = 1
+         ) -> list[mx.array] | None:
     """``h`` [B, D] through the layer, its new keys and values written at ``at`` of rows
     0..B-1 of the buffers [R, KV, W, d], attention over ``first..at``: [h, keys, values].
     None where the step's arrays are not the operation's (another dtype).
@@ -139,7 +140,11 @@ def step(layer: Layer, h: mx.array, keys: mx.array, values: mx.array, offset: mx
     ``chunks``: prompt chunks riding in the step, each (keys, values, offset, length) of its
     sequence's buffers [1, KV, W, d] with room for its tokens, which are rows after the B of
     ``h``; their keys and values follow in the result, written at offset.. (their queries
-    attend causally over their own sequence)."""
+    attend causally over their own sequence).
+
+    ``span`` > 1: the first ``span`` rows of ``h`` are one row's tokens (a verify of drafts,
+    appliance/engine/lookup.py), written at ``at..`` of buffer row 0, token ``i`` attending
+    over ``first..at + i`` (no mask): each gets the bits a plain step at its position gets."""
     if (h.dtype != mx.float32 or keys.dtype not in (mx.float32, mx.float16)
             or values.dtype != keys.dtype or offset.dtype != mx.int32
             or any(k.dtype != keys.dtype or v.dtype != keys.dtype for k, v, _, _ in chunks)):
@@ -147,4 +152,4 @@ def step(layer: Layer, h: mx.array, keys: mx.array, values: mx.array, offset: mx
     return fast_ops._extension().decode_layer(
         h, keys, values, offset, mask, layer.native, at, first,
         [a for k, v, _, _ in chunks for a in (k, v)], [c[2] for c in chunks],
-        [c[3] for c in chunks])
+        [c[3] for c in chunks], span)

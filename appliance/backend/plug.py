@@ -45,10 +45,11 @@ class DecodeLayer(Protocol):
         ...
 
     def step(self, layer: Any, h: Any, keys: Any, values: Any, offset: Any, mask: Any,
-             at: int, first: int, chunks: Sequence[tuple[Any, Any, int, int]] = ()
-             ) -> list[Any] | None:
+             at: int, first: int, chunks: Sequence[tuple[Any, Any, int, int]] = (),
+             span: int = 1) -> list[Any] | None:
         """The layer's step: [h, keys, values, then each chunk's keys and values], or None
-        where the arrays are not the operation's."""
+        where the arrays are not the operation's. ``span`` > 1: one row's ``span`` tokens
+        (a verify), each attending up to its own position."""
         ...
 
 

@@ -317,12 +317,15 @@ def _decode_layer(fused: plug.DecodeLayer, layer: Any, h: mx.array, parts: list[
                   ) -> mx.array | None:
     """Layer ``i`` of a decode step in one operation, with any prompt chunks riding in it,
     every cache's buffers written as ``update_and_fetch`` writes them; None where it cannot
-    be (the caller goes on as before)."""
+    be (the caller goes on as before). A first part of one row and several tokens over the
+    batch's slots is a verify: its tokens go as one row's span."""
     part, chunks = parts[0], parts[1:]
     cache = part.cache[i]
     window = getattr(cache, "decode_window", None)  # a slot cache's (appliance/engine/slots.py)
     found = window() if window is not None else None
+    span = part.length
     if (layer is None or found is None or h.dtype != mx.float32
+            or (span > 1 and (part.rows != 1 or chunks))
             or found[0].dtype not in (mx.float32, mx.float16)
             or any(type(c.cache[i]) not in PLAIN or c.masks[i] not in (None, "causal")
                    or (c.cache[i].keys is not None and c.cache[i].keys.dtype != found[0].dtype)
@@ -330,7 +333,9 @@ def _decode_layer(fused: plug.DecodeLayer, layer: Any, h: mx.array, parts: list[
         return None  # before a chunk's buffers grow: the old way grows them as it would
     keys, values, at, first = found
     riding = [(*_room(c.cache[i], c.length, keys), c.cache[i].offset, c.length) for c in chunks]
-    out = fused.step(layer, h, keys, values, cache.offset, part.masks[i], at, first, riding)
+    # a span's own causal order stands in for its mask (a lone row has no padding)
+    out = fused.step(layer, h, keys, values, cache.offset, part.masks[i] if span == 1 else None,
+                     at, first, riding, span)
     if out is None:
         return None
     cache.took(out[1], out[2])
@@ -395,10 +400,11 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
                           whole=not b and len(chunks) == 1))
         start += len(chunk)
     # A decode step's layers, chunks riding or not, in one operation each where the device
-    # has it (for at most the rows it takes).
+    # has it (for at most the rows it takes); a verify's too.
     op = forward.decode_layer
-    fused = op.plan(model, arch.qk_norm) \
-        if op is not None and b and arch.block is _pre_norm and len(tokens) <= op.rows else None
+    fused = op.plan(model, arch.qk_norm) if (op is not None and (b or every)
+                                            and arch.block is _pre_norm
+                                            and len(tokens) <= op.rows) else None
     for i, layer in enumerate(inner.layers):
         done = None if fused is None or op is None else _decode_layer(op, fused[i], h, parts, i)
         if done is not None:

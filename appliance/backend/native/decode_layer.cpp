@@ -25,6 +25,10 @@
 // values into its own sequence's buffers (outputs after the batch's) and its queries attend
 // causally over them. The batch's rows get the bits they get alone; a chunk's attention is
 // summed in another order than its own forward's (a matrix product there).
+//
+// A verify (appliance/engine/lookup.py) is one row's next token and drafts: `span` tokens at
+// at.. of slot 0, token i attending over first..at + i. Each gets the bits a plain step at
+// its position would (the products are row by row; attention stops at its own key).
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
@@ -66,6 +70,7 @@ struct Shape {
   float rope_scale, attn_scale, eps_in, eps_post, eps_qk;
   mx::Dtype scales;
   std::array<int, LINEARS> bits;  // each linear's, from its tiles' width (4 or 8)
+  int64_t span = 1;  // tokens of each decode row: > 1 for a lone row's verify (its drafts)
 
   bool operator==(const Shape&) const = default;
 
@@ -84,8 +89,8 @@ struct Shape {
 void run(const Shape& s, std::vector<mx::array>& in, float* h_out,
          std::vector<mx::array>& kv) {
   const mx::array& h = in[0];
-  // m rows through the products: the decode batch's b, then the chunks' tokens
-  const int64_t m = h.shape(0), b = s.rows, dm = h.shape(1), hd = s.heads * s.d,
+  // m rows through the products: the decode batch's b tokens, then the chunks' tokens
+  const int64_t m = h.shape(0), b = s.rows * s.span, dm = h.shape(1), hd = s.heads * s.d,
                 kd = s.kv * s.d;
   std::vector<float> x(m * dm), q(m * hd), k(m * kd), v(m * kd), qr(m * hd), kr(m * kd),
       att(m * hd), mid(m * dm), gate(m * s.inter), up(m * s.inter);
@@ -123,7 +128,8 @@ void run(const Shape& s, std::vector<mx::array>& in, float* h_out,
   const mx::array& offset = in[3];
   const int32_t* off = offset.data<int32_t>();
   std::vector<int32_t> pos(static_cast<size_t>(m));
-  for (int64_t r = 0; r < b; r++) pos[r] = off[offset.size() > 1 ? r : 0];
+  for (int64_t r = 0; r < b; r++)
+    pos[r] = s.span > 1 ? off[0] + static_cast<int32_t>(r) : off[offset.size() > 1 ? r : 0];
   for (int64_t c = 0, r = b; c < s.count(); c++)
     for (int64_t i = 0; i < s.chunks[2 * c + 1]; i++)
       pos[r++] = static_cast<int32_t>(s.chunks[2 * c] + i);
@@ -151,7 +157,16 @@ void run(const Shape& s, std::vector<mx::array>& in, float* h_out,
   };
   const fk::Strided none{nullptr, {0, 0, 0, 0}};
   const int64_t rep = s.heads / s.kv;
-  {  // the decode rows: row r's new position at `at` of its slot, attention over first..at
+  if (s.span > 1) {  // a lone row's span: token i at at + i of slot 0, over first..at + i
+    char *keys = kv[0].data<char>(), *values = kv[1].data<char>();
+    const int64_t window = kv[0].shape(2), head = window * s.d;
+    for (int64_t i = 0; i < b; i++) put(keys, values, window, 0, i, s.at + i);
+    const fk::Strided sq{reinterpret_cast<const char*>(qr.data()), {hd, s.d, s.d, 1}};
+    const char *k0 = keys + s.first * s.d * esize, *v0 = values + s.first * s.d * esize;
+    const fk::Strided sk{k0, {0, head, s.d, 1}, half}, sv{v0, {0, head, s.d, 1}, half};
+    fk::decode_attention(sq, sk, sv, none, fk::NO_MASK, att.data(), b, s.kv, rep,
+                         s.at + b - s.first, s.d, s.attn_scale, s.at - s.first);
+  } else {  // the decode rows: row r's new position at `at` of its slot, attention over first..at
     char *keys = kv[0].data<char>(), *values = kv[1].data<char>();
     const int64_t window = kv[0].shape(2);
     for (int64_t r = 0; r < b; r++) put(keys, values, window, r, r, s.at);
@@ -311,7 +326,7 @@ std::vector<mx::array> decode_layer(const mx::array& h, const mx::array& keys,
                                     const LayerWeights& w, int at, int first,
                                     const std::vector<mx::array>& chunk_kv,
                                     const std::vector<int64_t>& chunk_at,
-                                    const std::vector<int64_t>& chunk_len) {
+                                    const std::vector<int64_t>& chunk_len, int64_t span) {
   Shape s = w.s;
   need(h.dtype() == mx::float32 && h.ndim() == 2 && h.shape(1) == w.hidden,
        "h must be float32 [B + T, D]");
@@ -335,9 +350,14 @@ std::vector<mx::array> decode_layer(const mx::array& h, const mx::array& keys,
     s.chunks.insert(s.chunks.end(), {chunk_at[c], chunk_len[c]});
   }
   const int64_t b = h.shape(0) - tokens;
-  need(b >= 1 && b <= keys.shape(0), "B rows must fit the buffers' rows");
-  s.rows = b;
-  need(first >= 0 && first <= at && at < keys.shape(2), "positions first..at must lie in W");
+  need(span >= 1 && b % span == 0, "span must be at least 1 and divide h's decode rows");
+  need(span == 1 || (b == span && !mask && offset.size() == 1),
+       "a span is one row's tokens: h's first span rows, no mask, one offset");
+  s.span = span;
+  s.rows = b / span;
+  need(b >= 1 && s.rows <= keys.shape(0), "B rows must fit the buffers' rows");
+  need(first >= 0 && first <= at && at + span <= keys.shape(2),
+       "positions first..at + span - 1 must lie in W");
   need(offset.dtype() == mx::int32 && offset.ndim() == 1 &&
            (offset.size() == 1 || static_cast<int64_t>(offset.size()) == b),
        "offset must be int32 [1] or [B]");
@@ -379,14 +399,16 @@ void define_layer(nb::module_& m) {
         nb::arg("offset"), nb::arg("mask").none(), nb::arg("layer"), nb::arg("at"),
         nb::arg("first"), nb::arg("chunk_kv") = std::vector<mx::array>{},
         nb::arg("chunk_at") = std::vector<int64_t>{},
-        nb::arg("chunk_len") = std::vector<int64_t>{},
+        nb::arg("chunk_len") = std::vector<int64_t>{}, nb::arg("span") = 1,
         "A pre-norm decoder layer's decode step (Llama, Qwen 2 and 3; tiled 4- or 8-bit "
         "weights) in one operation: [h + attention + MLP, keys, values], the new KV at `at` "
         "of rows 0..B-1, "
         "attention over first..at (appliance/backend/native/decode_layer.cpp). Prompt chunks "
         "may ride after the B rows of h: chunk c's length tokens at positions chunk_at[c].., "
         "its keys and values (chunk_kv[2c], [2c + 1], [1, KV, W, d]) written there and "
-        "returned after the batch's, its queries attending causally over its own keys.");
+        "returned after the batch's, its queries attending causally over its own keys. "
+        "span > 1: h's first span rows are one row's tokens at at.. (a verify of drafts), "
+        "each attending over first..its own position.");
   m.def("rope_inv_freq", &fk::rope_inv_freq, nb::arg("half"), nb::arg("base"),
         "RoPE's inverse frequencies for a base, as rope computes them (float32 [half]).");
 }

@@ -169,8 +169,8 @@ class EngineSettings:
         "keeps float16 too) or 'float32' (the numbers bit for bit mlx-lm's). Other models keep "
         "their own dtype.", choices=("float16", "float32"))
     draft_tokens: int = _opt(
-        8, "Speculative decoding by prompt lookup: while one stream decodes alone, the "
-        "tokens that followed its last words where they occurred before (in its prompt or "
+        8, "Speculative decoding by prompt lookup: while one to four streams decode, "
+        "the tokens that followed each one's last words where they occurred before (in its prompt or "
         "output) are checked in one forward, at most this many, and kept as far as they "
         "agree with what it samples (the same tokens greedy and seeded; as many as pay for "
         "their forward on this machine, fitted as it runs, in a forward no longer than "

@@ -249,23 +249,25 @@ class DecodeBatch:
             self.slots.advance(1)
         return logits
 
-    def verify(self, tokens: list[int]) -> tuple[mx.array, SlotState]:
-        """A lone row's next token and drafts after it read by one forward (a lean batch of
-        one row): the logits at every position, [n, V], evaluated, and the batch's state
-        before it. The row has taken all ``n`` positions; :meth:`keep` gives back those of
-        the drafts not kept. When the forward raises, the batch is as it was."""
-        assert self.lean and self.slots is not None and len(self.rids) == 1
+    def verify(self, rows: list[list[int]]) -> tuple[mx.array, SlotState]:
+        """Each row's next token and drafts after it (``n`` tokens a row, the batch's rows in
+        order) read by one forward of a lean batch: the logits at every position,
+        [rows * n, V], evaluated, and the batch's state before it. Every row has taken all
+        ``n`` positions; :meth:`keep` gives back those of the drafts not kept. When the
+        forward raises, the batch is as it was."""
+        n = len(rows[0])
+        assert self.lean and self.slots is not None and len(rows) == len(self.rids)
+        assert n > 1 and all(len(r) == n for r in rows)
         before = self.slots.state()
         try:
-            self.slots.reserve(len(tokens))
-            logits = mixed_step(self.model, None, [], [(self.slots.layers, tokens, True)],
-                                every=True)[1][0]
-            assert logits is not None
+            self.slots.reserve(n)
+            logits = mixed_step(self.model, self.slots.layers,
+                                [t for r in rows for t in r], [], span=n)[0]
             mx.eval(logits)
         except Exception:
             self.slots.set_state(before)
             raise
-        self.slots.advance(len(tokens))
+        self.slots.advance(n)
         return logits, before
 
     def keep(self, drop: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import mlx.core as mx
 
 from appliance.engine.batch import Ahead, DecodeBatch, plain_kv, prefill, prefill_batch
-from appliance.engine.lookup import Drafting, StreamDrafts
+from appliance.engine.lookup import Drafting, StreamDrafts, agreed
 from appliance.engine.mixed import mixed_step, restore_offsets, save_offsets
 from appliance.engine.request import FaultHook, GroupLost
 from appliance.engine.sampling import read_tokens, sample_batch, sample_lazy, sample_positions
@@ -79,6 +79,11 @@ class Reads:
     in_batch: bool = False
 
 
+DRAFT_ROWS = 4
+"""The most rows that verify drafts together: each keeps as many as the one that keeps
+fewest, so with more rows the chance that all of them quote falls fast."""
+
+
 class Forwards:
     """The model side of a tick: the decode batch and the forwards over it."""
 
@@ -109,7 +114,7 @@ class Forwards:
         self.objectives = objectives or TickObjectives()
         self.drafting = Drafting(drafts, self.objectives.itl_factor) \
             if drafts > 0 and link is None and fault is None else None
-        """A lone stream's drafts by prompt lookup (appliance/engine/lookup.py); not across
+        """Streams' drafts by prompt lookup (appliance/engine/lookup.py); not across
         machines (each would need the verify), nor under a fault hook (tests that place
         faults by forward)."""
 
@@ -127,9 +132,10 @@ class Forwards:
     # ---- decode ----
     def decode(self, rows: list[Seq], draft: bool = True) -> list[Outcome]:
         """One decode step of the batch, whose rows are ``rows``: each row's token or
-        failure. A batched step that raises is retried one row at a time. A lone row may
-        verify drafts instead (:meth:`_verify`), unless not ``draft`` (the tick read
-        prompt chunks in forwards of their own: it has had its time).
+        failure. A batched step that raises is retried one row at a time. Up to
+        :data:`DRAFT_ROWS` rows may verify drafts instead (:meth:`_verify`), unless not
+        ``draft`` (the tick read prompt chunks in forwards of their own: it has had its
+        time).
 
         With ``look_ahead``, the next step's graph is built while this one computes (on
         its tokens, still lazy), as mlx-lm's generator does: the host's graph building,
@@ -137,10 +143,11 @@ class Forwards:
         The next tick runs it only if nothing changed the batch in between (a row that
         finished, joined or was preempted; a mixed forward); else it is dropped unrun, and
         the batch was never touched by it."""
-        if draft and self.drafting is not None and len(rows) == 1 and self.batch.lean:
-            kept = self._verify(rows[0], self.drafting)
+        if (draft and self.drafting is not None and len(rows) <= DRAFT_ROWS
+                and self.batch.lean):
+            kept = self._verify(rows, self.drafting)
             if kept is not None:
-                return [kept]
+                return kept
         ahead, self._ahead = self._ahead, None
         failed = self._decode_faults(rows)
         start = self.timing.timer()
@@ -182,45 +189,63 @@ class Forwards:
                 tokens = self._decode_alone(rows, failed)
         return _outcomes(rows, tokens, failed)
 
-    def _verify(self, s: Seq, drafting: Drafting) -> list[int] | None:
-        """A lone row's step with the drafts worth verifying: its new tokens, the drafts
+    def _verify(self, rows: list[Seq], drafting: Drafting) -> list[Outcome] | None:
+        """The rows' step with the drafts worth verifying: each row's new tokens, the drafts
         kept and the sample after them (appliance/engine/lookup.py); None, with the batch as
         it was, when there are none or the verify failed (then the plain step runs)."""
-        if s.sampler.grammar is not None:
+        if any(s.sampler.grammar is not None for s in rows):
             return None
-        if s.drafts is None:
-            s.drafts = StreamDrafts()
+        streams = []
+        for s in rows:
+            if s.drafts is None:
+                s.drafts = StreamDrafts()
+            streams.append(s.drafts)
         kv_len = self.batch.padded_len + 1
-        step_s = self.timing.costs.decode(1, kv_len)
+        costs = self.timing.costs
+        step_s = costs.decode(len(rows), kv_len)
         itl = self.objectives.itl_target_s
-        drafts = drafting.plan(s.drafts, s.tokens, self.room(s),
-                               itl / step_s if itl > 0 and step_s > 0 else None)
-        if not drafts:
-            return None
+        longest = itl / step_s if itl > 0 and step_s > 0 else None
+        if len(rows) == 1:
+            drafts = [drafting.plan(streams[0], rows[0].tokens, self.room(rows[0]), longest)]
+            if not drafts[0]:
+                return None
+        else:
+            drafts = drafting.plan_rows(
+                streams, [s.tokens for s in rows], [self.room(s) for s in rows],
+                lambda k: costs.decode(len(rows) * (k + 1), kv_len) / step_s, longest)
+            if not drafts:
+                return None
+        k = len(drafts[0])
         self._ahead = None  # built on a plain step: dropped unrun
         start = self.timing.timer()
         try:
-            logits, before = self.batch.verify([s.next_token, *drafts])
+            logits, before = self.batch.verify(
+                [[s.next_token, *d] for s, d in zip(rows, drafts, strict=True)])
         except Exception:
-            log.exception("verifying %d drafts failed; the plain step reads the row",
-                          len(drafts))
+            log.exception("verifying %d drafts a row of %d failed; plain steps go on",
+                          k, len(rows))
             return None
         try:
-            sampled: list[int] = sample_positions(  # type: ignore[assignment]
-                logits, s.sampler, s.tokens, drafts).tolist()
-            tokens = [int(t) for t in sampled]
+            tokens = [_ints(sample_positions(logits[i * (k + 1):(i + 1) * (k + 1)], s.sampler,
+                                             s.tokens, d))
+                      for i, (s, d) in enumerate(zip(rows, drafts, strict=True))]
         except Exception:
-            log.exception("sampling a verify failed; the plain step reads the row")
+            log.exception("sampling a verify failed; the plain step reads the rows")
             self.batch.undo(before)
             return None
-        kept = 0
-        while kept < len(drafts) and tokens[kept] == drafts[kept]:
-            kept += 1
-        self.batch.keep(len(drafts) - kept)
-        seconds = self.timing.verify(len(drafts), kv_len, start,
-                                     drafting.verify_cost(len(drafts)) * step_s)
-        drafting.observe(s.drafts, len(drafts), kept, seconds, step_s)
-        return tokens[:kept + 1]
+        kept = [agreed(row, d) for row, d in zip(tokens, drafts, strict=True)]
+        least = min(kept)  # every row keeps as many: the batch's KV stays aligned
+        self.batch.keep(k - least)
+        if len(rows) == 1:
+            seconds = self.timing.verify(k, kv_len, start, drafting.verify_cost(k) * step_s)
+            drafting.observe(streams[0], k, least, seconds, step_s)
+        else:
+            predicted = costs.decode(len(rows) * (k + 1), kv_len)
+            seconds = self.timing.verify(k * len(rows), kv_len, start,
+                                         predicted * drafting.rows_fit.predict((1.0,)),
+                                         rows=len(rows))
+            drafting.observe_rows(streams, k, kept, seconds, predicted)
+        return [row[:least + 1] for row in tokens]
 
     def _check_parted(self) -> None:
         """After a forward raised: when the other machines had run their part of it, this
@@ -427,6 +452,11 @@ def _sample_rows(logits: Any, rows: list[Seq], failed: dict[int, str]) -> list[i
     """Each decode row's next token; a row whose sampling raises is noted in ``failed``."""
     return sample_batch(logits, [s.sampler for s in rows], [s.tokens for s in rows],
                         on_row_error=lambda i, e: failed.setdefault(rows[i].rid, repr(e)))
+
+
+def _ints(tokens: mx.array) -> list[int]:
+    values: list[int] = tokens.tolist()  # type: ignore[assignment]
+    return [int(t) for t in values]
 
 
 def _outcomes(rows: list[Seq], tokens: list[int | None], failed: dict[int, str]

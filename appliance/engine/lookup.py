@@ -20,6 +20,7 @@ plain steps.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from appliance.sched.cost import OnlineFit
@@ -50,6 +51,14 @@ out for the engine's life."""
 ACCEPT_MEMORY = 16.0
 """Tokens over which a stream's own record of drafts weighs half as much: a stream whose
 drafts failed tries again some tokens later, when its text may have turned to quoting."""
+
+
+def agreed(sampled: Sequence[int], drafts: Sequence[int]) -> int:
+    """How many drafts came true: those before the first that differs from its sample."""
+    n = 0
+    while n < len(drafts) and sampled[n] == drafts[n]:
+        n += 1
+    return n
 
 
 @dataclass(slots=True)
@@ -112,16 +121,20 @@ class StreamDrafts:
 
 
 class Drafting:
-    """How many drafts a lone stream verifies (``most`` at most; 0: never), from its record
-    and the fitted cost of a verify. A verify lasts at most ``longest`` plain steps: the
-    tick objective while a batch decodes (``itl_factor``), so the stream's gap before its
-    kept drafts is no longer than a tick's may be (docs/decisions/prompt-lookup.md)."""
+    """How many drafts a stream verifies (``most`` at most; 0: never), from its record and
+    the fitted cost of a verify (:meth:`plan`; several rows together: :meth:`plan_rows`).
+    A verify lasts at most ``longest`` plain steps: the tick objective while a batch
+    decodes (``itl_factor``), so the stream's gap before its kept drafts is no longer than
+    a tick's may be (docs/decisions/prompt-lookup.md)."""
 
     def __init__(self, most: int, longest: float = 2.0) -> None:
         self.most = most
         self.longest = longest
         self.verify_fit = OnlineFit(VERIFY_PRIOR, forget=0.9)
         """A verify's seconds over a plain step's predicted seconds, by draft tokens."""
+        self.rows_fit = OnlineFit((1.0,), forget=0.9)
+        """Several rows' verify: its seconds over the cost model's prediction of a step of
+        all its tokens."""
         self.drafted = 0
         self.accepted = 0
         self.verifies = 0
@@ -173,3 +186,48 @@ class Drafting:
         self.verifies += 1
         if step_s > 0:
             self.verify_fit.observe((1.0, float(drafted)), seconds / step_s)
+
+    def plan_rows(self, streams: Sequence[StreamDrafts], contexts: Sequence[list[int]],
+                  rooms: Sequence[int], cost: Callable[[int], float],
+                  longest: float | None = None) -> list[list[int]]:
+        """Drafts for each of several rows decoding together, as many for each, or none.
+        Their KV stays aligned: every row keeps as many drafts as the row that keeps fewest
+        (a row's first ``m`` drafts and its sample after them are what a plain step would
+        have made, whatever it would have kept beyond). ``cost(k)``: a verify of ``k``
+        drafts a row in the batch's plain steps, as the cost model predicts it, corrected
+        by :attr:`rows_fit`."""
+        longest = self.longest if longest is None else longest
+        most = min(self.most, *(room - 1 for room in rooms))
+        if most < 1:
+            return []
+        drafts = []
+        for stream, tokens in zip(streams, contexts, strict=True):
+            found = stream.propose(tokens, most)
+            if not found:
+                return []
+            drafts.append(found)
+        every = 1.0  # the chance that every row's next draft comes true
+        for stream, tokens in zip(streams, contexts, strict=True):
+            every *= stream.rate(len(tokens))
+        correction = self.rows_fit.predict((1.0,))
+        best, best_k, expected = 1.0, 0, 1.0
+        for k in range(1, min(len(d) for d in drafts) + 1):
+            expected += every ** k
+            spent = cost(k) * correction
+            if spent > longest:
+                break
+            if expected / spent > best:
+                best, best_k = expected / spent, k
+        return [d[:best_k] for d in drafts] if best_k else []
+
+    def observe_rows(self, streams: Sequence[StreamDrafts], drafted: int, kept: Sequence[int],
+                     seconds: float, predicted_s: float) -> None:
+        """A verify of ``drafted`` drafts a row, each row's first ``kept`` true, took
+        ``seconds`` where the cost model predicted ``predicted_s``."""
+        for stream, n in zip(streams, kept, strict=True):
+            stream.record(drafted, n)
+        self.drafted += drafted * len(streams)
+        self.accepted += min(kept) * len(streams)
+        self.verifies += 1
+        if predicted_s > 0:
+            self.rows_fit.observe((1.0,), seconds / predicted_s)

@@ -317,15 +317,15 @@ def _decode_layer(fused: plug.DecodeLayer, layer: Any, h: mx.array, parts: list[
                   ) -> mx.array | None:
     """Layer ``i`` of a decode step in one operation, with any prompt chunks riding in it,
     every cache's buffers written as ``update_and_fetch`` writes them; None where it cannot
-    be (the caller goes on as before). A first part of one row and several tokens over the
-    batch's slots is a verify: its tokens go as one row's span."""
+    be (the caller goes on as before). A decode part of several tokens a row is a verify:
+    each row's tokens go as its span."""
     part, chunks = parts[0], parts[1:]
     cache = part.cache[i]
     window = getattr(cache, "decode_window", None)  # a slot cache's (appliance/engine/slots.py)
     found = window() if window is not None else None
     span = part.length
     if (layer is None or found is None or h.dtype != mx.float32
-            or (span > 1 and (part.rows != 1 or chunks))
+            or (span > 1 and chunks)
             or found[0].dtype not in (mx.float32, mx.float16)
             or any(type(c.cache[i]) not in PLAIN or c.masks[i] not in (None, "causal")
                    or (c.cache[i].keys is not None and c.cache[i].keys.dtype != found[0].dtype)
@@ -333,9 +333,10 @@ def _decode_layer(fused: plug.DecodeLayer, layer: Any, h: mx.array, parts: list[
         return None  # before a chunk's buffers grow: the old way grows them as it would
     keys, values, at, first = found
     riding = [(*_room(c.cache[i], c.length, keys), c.cache[i].offset, c.length) for c in chunks]
-    # a span's own causal order stands in for its mask (a lone row has no padding)
-    out = fused.step(layer, h, keys, values, cache.offset, part.masks[i] if span == 1 else None,
-                     at, first, riding, span)
+    mask = part.masks[i]
+    if span > 1 and mask is not None and mask.ndim < 4:
+        mask = None  # causal, no row padded: the span's own order
+    out = fused.step(layer, h, keys, values, cache.offset, mask, at, first, riding, span)
     if out is None:
         return None
     cache.took(out[1], out[2])
@@ -361,14 +362,15 @@ def _embed(arch: Arch, inner: Any, tokens: list[int]) -> mx.array:
 
 def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
                chunks: Sequence[tuple[list[Any], Sequence[int], bool]], *,
-               every: bool = False) -> tuple[mx.array, list[mx.array | None]]:
+               span: int = 1) -> tuple[mx.array, list[mx.array | None]]:
     """One forward of a decode step (``inputs``: each batch row's next token, over
     ``batch_cache``; none: the chunks alone) and prompt chunks (``chunks``: a sequence's
     per-layer caches, its chunk's tokens, whether its last position's logits are wanted;
     none for a plain decode step). Returns the decode rows' logits [B, V] and, per chunk, its
     last position's logits [1, V] or None (lazy: the caller evaluates them). Every cache
-    advances as its own forward would advance it. ``every`` (one chunk, no decode rows):
-    the chunk's logits at every position, [n, V] (a verify, appliance/engine/lookup.py).
+    advances as its own forward would advance it. ``span`` > 1 (a verify,
+    appliance/engine/lookup.py; no chunks): ``inputs`` are ``span`` tokens a row, row by
+    row, and the logits are every position's, [B * span, V].
 
     A model split across machines (appliance/distributed) carries its :class:`Stage`: the
     first stage embeds, runs its layers, passes the hidden states on and gets the last
@@ -391,8 +393,9 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
     parts = []
     if b:
         assert batch_cache is not None
-        parts.append(Part(len(inputs), 1, batch_cache,
-                          arch.masks(inner, h[None, :1], batch_cache), 0, whole=not chunks))
+        assert span == 1 or not chunks, "a verify reads no prompt chunks"
+        parts.append(Part(b // span, span, batch_cache,
+                          arch.masks(inner, h[None, :span], batch_cache), 0, whole=not chunks))
     start = len(inputs)
     for cache, chunk, _ in chunks:
         parts.append(Part(1, len(chunk), cache,
@@ -402,9 +405,8 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
     # A decode step's layers, chunks riding or not, in one operation each where the device
     # has it (for at most the rows it takes); a verify's too.
     op = forward.decode_layer
-    fused = op.plan(model, arch.qk_norm) if (op is not None and (b or every)
-                                            and arch.block is _pre_norm
-                                            and len(tokens) <= op.rows) else None
+    fused = op.plan(model, arch.qk_norm) \
+        if op is not None and b and arch.block is _pre_norm and len(tokens) <= op.rows else None
     for i, layer in enumerate(inner.layers):
         done = None if fused is None or op is None else _decode_layer(op, fused[i], h, parts, i)
         if done is not None:
@@ -423,7 +425,7 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
     for _, chunk, want in chunks:
         end += len(chunk)
         if want:
-            rows.append(h[end - len(chunk):end] if every else h[end - 1:end])
+            rows.append(h[end - 1:end])
     if not rows:
         return h[:0], [None] * len(chunks)
     out = inner.norm(mx.concatenate(rows) if len(rows) > 1 else rows[0])
@@ -432,9 +434,6 @@ def mixed_step(model: Any, batch_cache: list[Any] | None, inputs: Sequence[int],
     logits = inner.embed_tokens.as_linear(out) if head is None else head(out)
     lasts: list[mx.array | None] = []
     k = b
-    if every:
-        assert not b and len(chunks) == 1, "every position: one chunk, no decode rows"
-        return logits[:0], [logits]
     for _, _, want in chunks:
         if want:
             lasts.append(logits[k:k + 1])

@@ -134,16 +134,17 @@ class TickTiming:
             self._predicted += self.costs.prefill_rows(rows, tokens, offset)
             self.costs.observe_prefill(rows, tokens, offset, seconds)
 
-    def verify(self, drafts: int, offset: int, start: float, predicted: float) -> float:
-        """Book a lone row's verify of ``drafts`` drafts that began at ``start`` (its
-        ``predicted`` seconds are the drafting's, not the cost model's, which it does not
-        fit: appliance/engine/lookup.py); returns its seconds."""
+    def verify(self, drafts: int, offset: int, start: float, predicted: float,
+               rows: int = 1) -> float:
+        """Book a verify of ``drafts`` drafts in all over ``rows`` rows that began at
+        ``start`` (its ``predicted`` seconds are the drafting's; the cost model does not fit
+        verifies: appliance/engine/lookup.py); returns its seconds."""
         seconds = self.timer() - start
         if self.meter is not None:
-            seconds = self.meter("verify", 1, drafts + 1, offset, seconds)
+            seconds = self.meter("verify", rows, (drafts + rows) // rows, offset, seconds)
         self._measured += seconds
         self._predicted += predicted
-        self._rows = 1
+        self._rows = rows
         self._drafts += drafts
         return seconds
 

@@ -127,31 +127,39 @@ def test_prompt_chunks_ride_in_the_operation(
             assert worst <= (1e-4 + 2**-10) * mx.abs(want_keys).max().item(), worst
 
 
-@pytest.mark.parametrize("arch", [*TAKEN, "llama3-mixed"])
+@pytest.mark.parametrize(("arch", "lengths"), [
+    *((a, [40]) for a in (*TAKEN, "llama3-mixed")), ("llama3", [40, 23, 57]),
+    ("qwen3", [23, 40]), ("llama3-mixed", [31, 31])])
 def test_a_verify_is_one_operation_a_layer_with_plain_steps_bits(
-        models: dict[str, Path], arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A lone row's next token and drafts (appliance/engine/lookup.py) go through each layer
-    as one span: every position's logits and KV are those of plain steps one at a time, bit
-    for bit, so drafts change no token even where logits tie."""
+        models: dict[str, Path], arch: str, lengths: list[int],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each row's next token and drafts (appliance/engine/lookup.py) go through each layer
+    as its span (rows of other lengths padded, or not): every position's logits and KV are
+    those of plain steps one at a time, bit for bit, so drafts change no token even where
+    logits tie."""
     model = _model(models, arch)
     plan = decode_layer.plan(model, qk_norm=arch == "qwen3")
     assert plan is not None
     spans = []
     step = decode_layer.step
     monkeypatch.setattr(decode_layer, "step", lambda *a: spans.append(a[9]) or step(*a))
-    tokens = [11, 12, 13, 14, 15]
-    drafted, plain = _batch(model, [40], lean=True), _batch(model, [40], lean=True)
+    b, n = len(lengths), 5
+    tokens = [[11 + 7 * r + i for i in range(n)] for r in range(b)]
+    drafted, plain = _batch(model, lengths, lean=True), _batch(model, lengths, lean=True)
     logits, _ = drafted.verify(tokens)
-    assert spans == [len(tokens)] * len(plan)
-    want = mx.concatenate([plain.step([t]) for t in tokens])
+    assert spans == [n] * len(plan)
+    steps = [plain.step([row[i] for row in tokens]) for i in range(n)]
+    want = mx.stack(steps, axis=1).reshape(b * n, -1)  # row by row, as the verify's
     assert mx.array_equal(logits, want).item()
     drafted.keep(2)  # the last two drafts not kept: plain steps write over them
     for i in (3, 4):
-        assert mx.array_equal(drafted.step([tokens[i]]), want[i:i + 1]).item()
-    assert drafted.slots.layout.end - drafted.slots.layout.start == 40 + len(tokens)
-    for a, b in zip(drafted.slots.layers, plain.slots.layers, strict=True):
-        assert mx.array_equal(a.row(0)[0], b.row(0)[0]).item()
-        assert mx.array_equal(a.row(0)[1], b.row(0)[1]).item()
+        assert mx.array_equal(drafted.step([row[i] for row in tokens]), steps[i]).item()
+    layout = drafted.slots.layout
+    assert layout.end - layout.start == max(lengths) + n
+    for a, c in zip(drafted.slots.layers, plain.slots.layers, strict=True):
+        for r in range(b):
+            assert mx.array_equal(a.row(r)[0], c.row(r)[0]).item()
+            assert mx.array_equal(a.row(r)[1], c.row(r)[1]).item()
 
 
 def _arguments(model: Any) -> tuple[decode_layer.Layer, mx.array, mx.array]:

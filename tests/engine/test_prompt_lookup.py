@@ -130,17 +130,22 @@ SAMPLINGS: list[tuple[dict[str, Any], int, tuple[str, ...]]] = [
 ]
 
 
-def serve_alone(loaded: LoadedModel, drafts: int) -> tuple[list[Any], Runner]:
-    """Each request of :data:`SAMPLINGS` alone, one after the other, by one runner: its
-    tokens and finish."""
-    tok = loaded.tokenizer
+def _runner(loaded: LoadedModel, drafts: int) -> tuple[Runner, tuple[int, ...]]:
+    """A runner, and :data:`REPEAT` as a chat prompt."""
     # a verify costs the demo model some two plain steps: a tick objective of four lets
     # drafts through (the default, two, keeps its ITL; docs/decisions/prompt-lookup.md)
     config = SchedulerConfig(prefill_chunk_size=64, objectives=TickObjectives(itl_factor=4.0))
     runner = Runner(loaded, Scheduler(config), time.monotonic, None, drafts=drafts,
                     prompt_cache_entries=8)
-    prompt = tuple(tok.apply_chat_template([{"role": "user", "content": REPEAT}],
-                                           add_generation_prompt=True))
+    return runner, tuple(loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": REPEAT}], add_generation_prompt=True))
+
+
+def serve_alone(loaded: LoadedModel, drafts: int) -> tuple[list[Any], Runner]:
+    """Each request of :data:`SAMPLINGS` alone, one after the other, by one runner: its
+    tokens and finish."""
+    tok = loaded.tokenizer
+    runner, prompt = _runner(loaded, drafts)
     streams: list[Any] = []
     ho = tok.encode("ho", add_special_tokens=False)
     assert len(ho) == 1
@@ -211,3 +216,39 @@ def test_a_tick_that_read_a_prompt_in_its_own_forward_does_not_also_verify(
     read = [r for r in log if r.prefill_tokens and r.decode_rows == 1]
     assert read, "the second prompt should have been read beside the lone row"
     assert all(r.drafts == 0 for r in read)
+
+
+def serve_together(loaded: LoadedModel, drafts: int) -> tuple[list[Any], Runner]:
+    """Four requests at once, each its own user's: each one's tokens and finish."""
+    tok = loaded.tokenizer
+    runner, prompt = _runner(loaded, drafts)
+    ho = tok.encode("ho", add_special_tokens=False)[0]
+    ha = tok.encode("ha", add_special_tokens=False)[0]
+    forced = SamplingParams(logit_bias=((ho, 100.0),))  # every draft comes true
+    either = [SamplingParams(temperature=1.0, seed=seed, logit_bias=((ho, 100.0), (ha, 100.0)))
+              for seed in (5, 9)]  # some do, some do not
+    cases = [(forced, 60, ("ho" * 10,)), (forced, 45, ()), (either[0], 60, ()),
+             (either[1], 50, ())]
+    streams: list[list[Any]] = [[] for _ in cases]
+    runner.take([RequestHandle(GenerationRequest(
+        prompt=prompt[:len(prompt) - i], max_tokens=n, sampling=sampling, stop=stop,
+        user_id=i + 1), streams[i].append) for i, (sampling, n, stop) in enumerate(cases)])
+    while runner.tick():
+        pass
+    return [([e.token for e in events if isinstance(e, TokenEvent)],
+             [(e.reason, e.usage) for e in events if isinstance(e, FinishEvent)])
+            for events in streams], runner
+
+
+def test_rows_decoding_together_give_the_same_tokens_with_drafts(loaded: LoadedModel) -> None:
+    """Rows of different lengths verify together, each keeping as many drafts as the row
+    that keeps fewest (appliance/engine/lookup.py)."""
+    plain, _ = serve_together(loaded, 0)
+    drafted, runner = serve_together(loaded, 8)
+    drafting = runner.forwards.drafting
+    assert drafting is not None and drafting.accepted > 0
+    assert drafted == plain
+    assert all(len(finish) == 1 for _, finish in plain)
+    together = [r for r in runner.timing.log if r.drafts and r.decode_rows > 1]
+    assert together, "rows decoding together should have verified drafts"
+    assert any(r.decode_rows >= 3 for r in together)

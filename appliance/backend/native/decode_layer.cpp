@@ -26,9 +26,10 @@
 // causally over them. The batch's rows get the bits they get alone; a chunk's attention is
 // summed in another order than its own forward's (a matrix product there).
 //
-// A verify (appliance/engine/lookup.py) is one row's next token and drafts: `span` tokens at
-// at.. of slot 0, token i attending over first..at + i. Each gets the bits a plain step at
-// its position would (the products are row by row; attention stops at its own key).
+// A verify (appliance/engine/lookup.py) is each row's next token and drafts: `span` tokens a
+// row at at.. of its slot, token i attending over first..at + i (and the mask [B, 1, span,
+// L + span - 1] where rows are padded). Each gets the bits a plain step at its position
+// would (the products are row by row; attention stops at its own key).
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
@@ -70,7 +71,7 @@ struct Shape {
   float rope_scale, attn_scale, eps_in, eps_post, eps_qk;
   mx::Dtype scales;
   std::array<int, LINEARS> bits;  // each linear's, from its tiles' width (4 or 8)
-  int64_t span = 1;  // tokens of each decode row: > 1 for a lone row's verify (its drafts)
+  int64_t span = 1;  // tokens of each decode row: > 1 for a verify (its drafts)
 
   bool operator==(const Shape&) const = default;
 
@@ -129,7 +130,7 @@ void run(const Shape& s, std::vector<mx::array>& in, float* h_out,
   const int32_t* off = offset.data<int32_t>();
   std::vector<int32_t> pos(static_cast<size_t>(m));
   for (int64_t r = 0; r < b; r++)
-    pos[r] = s.span > 1 ? off[0] + static_cast<int32_t>(r) : off[offset.size() > 1 ? r : 0];
+    pos[r] = off[offset.size() > 1 ? r / s.span : 0] + static_cast<int32_t>(r % s.span);
   for (int64_t c = 0, r = b; c < s.count(); c++)
     for (int64_t i = 0; i < s.chunks[2 * c + 1]; i++)
       pos[r++] = static_cast<int32_t>(s.chunks[2 * c] + i);
@@ -157,15 +158,25 @@ void run(const Shape& s, std::vector<mx::array>& in, float* h_out,
   };
   const fk::Strided none{nullptr, {0, 0, 0, 0}};
   const int64_t rep = s.heads / s.kv;
-  if (s.span > 1) {  // a lone row's span: token i at at + i of slot 0, over first..at + i
+  if (s.span > 1) {  // row r's token i at at + i of its slot, attention over first..at + i
     char *keys = kv[0].data<char>(), *values = kv[1].data<char>();
-    const int64_t window = kv[0].shape(2), head = window * s.d;
-    for (int64_t i = 0; i < b; i++) put(keys, values, window, 0, i, s.at + i);
-    const fk::Strided sq{reinterpret_cast<const char*>(qr.data()), {hd, s.d, s.d, 1}};
-    const char *k0 = keys + s.first * s.d * esize, *v0 = values + s.first * s.d * esize;
-    const fk::Strided sk{k0, {0, head, s.d, 1}, half}, sv{v0, {0, head, s.d, 1}, half};
-    fk::decode_attention(sq, sk, sv, none, fk::NO_MASK, att.data(), b, s.kv, rep,
-                         s.at + b - s.first, s.d, s.attn_scale, s.at - s.first);
+    const int64_t window = kv[0].shape(2), head = window * s.d, row = s.kv * head;
+    const fk::Strided mask = s.mask_kind == fk::NO_MASK ? none : fk::strided(in[s.mask()]);
+    const int64_t msize = s.mask_kind == fk::BOOL_MASK ? 1 : 4;
+    for (int64_t r = 0; r < s.rows; r++) {
+      for (int64_t i = 0; i < s.span; i++) put(keys, values, window, r, r * s.span + i, s.at + i);
+      const int64_t skip = r * row + s.first * s.d;
+      const fk::Strided sq{reinterpret_cast<const char*>(qr.data() + r * s.span * hd),
+                           {hd, s.d, s.d, 1}};
+      const fk::Strided sk{keys + skip * esize, {0, head, s.d, 1}, half},
+          sv{values + skip * esize, {0, head, s.d, 1}, half};
+      // the row's mask [span, L]: a query's axis where a plain step has the rows'
+      const fk::Strided sm{mask.base ? mask.base + r * mask.st[0] * msize : nullptr,
+                           {mask.st[2], mask.st[1], 0, mask.st[3]}};
+      fk::decode_attention(sq, sk, sv, sm, s.mask_kind, att.data() + r * s.span * hd, s.span,
+                           s.kv, rep, s.at + s.span - s.first, s.d, s.attn_scale,
+                           s.at - s.first);
+    }
   } else {  // the decode rows: row r's new position at `at` of its slot, attention over first..at
     char *keys = kv[0].data<char>(), *values = kv[1].data<char>();
     const int64_t window = kv[0].shape(2);
@@ -351,15 +362,16 @@ std::vector<mx::array> decode_layer(const mx::array& h, const mx::array& keys,
   }
   const int64_t b = h.shape(0) - tokens;
   need(span >= 1 && b % span == 0, "span must be at least 1 and divide h's decode rows");
-  need(span == 1 || (b == span && !mask && offset.size() == 1),
-       "a span is one row's tokens: h's first span rows, no mask, one offset");
+  need(span == 1 || !mask || (mask->ndim() == 4 && mask->shape(0) == b / span &&
+                              mask->shape(2) == span && mask->shape(3) == at + span - first),
+       "a span's mask must be [B, 1 or H, span, L + span - 1]");
   s.span = span;
   s.rows = b / span;
   need(b >= 1 && s.rows <= keys.shape(0), "B rows must fit the buffers' rows");
   need(first >= 0 && first <= at && at + span <= keys.shape(2),
        "positions first..at + span - 1 must lie in W");
   need(offset.dtype() == mx::int32 && offset.ndim() == 1 &&
-           (offset.size() == 1 || static_cast<int64_t>(offset.size()) == b),
+           (offset.size() == 1 || static_cast<int64_t>(offset.size()) == s.rows),
        "offset must be int32 [1] or [B]");
   s.at = at;
   s.first = first;
@@ -368,8 +380,8 @@ std::vector<mx::array> decode_layer(const mx::array& h, const mx::array& keys,
   if (mask) {
     const mx::array& m = *mask;
     need(m.dtype() == mx::bool_ || m.dtype() == mx::float32, "the mask is boolean or float32");
-    need(m.ndim() >= 1 && m.ndim() <= 4 && m.shape(-1) == at + 1 - first &&
-             (m.ndim() < 4 || m.shape(0) == 1 || m.shape(0) == b),
+    need(m.ndim() >= 1 && m.ndim() <= 4 && m.shape(-1) == at + span - first &&
+             (m.ndim() < 4 || m.shape(0) == 1 || m.shape(0) == s.rows),
          "the mask must broadcast to [B, H, 1, L]");
     s.mask_kind = m.dtype() == mx::bool_ ? fk::BOOL_MASK : fk::ADD_MASK;
     ins.push_back(m);
@@ -407,8 +419,9 @@ void define_layer(nb::module_& m) {
         "may ride after the B rows of h: chunk c's length tokens at positions chunk_at[c].., "
         "its keys and values (chunk_kv[2c], [2c + 1], [1, KV, W, d]) written there and "
         "returned after the batch's, its queries attending causally over its own keys. "
-        "span > 1: h's first span rows are one row's tokens at at.. (a verify of drafts), "
-        "each attending over first..its own position.");
+        "span > 1: h's first B * span rows are span tokens a row at at.. (a verify of "
+        "drafts), each attending over first..its own position (and the mask [B, 1, span, "
+        "L + span - 1], where there is one).");
   m.def("rope_inv_freq", &fk::rope_inv_freq, nb::arg("half"), nb::arg("base"),
         "RoPE's inverse frequencies for a base, as rope computes them (float32 [half]).");
 }

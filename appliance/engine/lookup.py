@@ -218,7 +218,13 @@ class Drafting:
                 break
             if expected / spent > best:
                 best, best_k = expected / spent, k
-        return [d[:best_k] for d in drafts] if best_k else []
+        if not best_k:
+            self.declined += 1
+            if self.declined < EXPLORE_EVERY or every <= 0.5:
+                return []
+            best_k = 1  # a look at what such a verify costs now
+        self.declined = 0
+        return [d[:best_k] for d in drafts]
 
     def observe_rows(self, streams: Sequence[StreamDrafts], drafted: int, kept: Sequence[int],
                      seconds: float, predicted_s: float) -> None:

@@ -15,6 +15,8 @@ The model (seconds):
   per chunk of ``n`` tokens after ``k`` cached positions: no forward's fixed cost, but a
   small one of the chunk's own (its attention, mask and positions are its own; without it
   the fit put that cost on each token and never tried bigger chunks: docs/decisions/cost-model-steps.md);
+  ``d3`` and ``d4`` are pulled towards the prefill fit's ``p1`` and ``p2``, which a prompt's
+  own forward teaches before any chunk rides;
 * prefill forward of ``rows`` prompts, ``n`` new tokens each, after ``k`` cached positions:
   ``p0 + p1 * rows * n / 1e3 + p2 * rows * n * (k + n / 2) / 1e6``: a fixed cost per
   forward, the matmuls per token, and attention (every new token looks at every earlier
@@ -50,6 +52,9 @@ d3 s per 1e3 and d4 s per 1e6 token-positions of prompt chunks riding in the ste
 prefill prior's per-token terms); d5 s per chunk riding in the step."""
 PREFILL_PRIOR = (0.08, 1.5, 8.0)
 """p0 s/forward, p1 s per 1e3 tokens, p2 s per 1e6 token-positions (same machine)."""
+PULL_TOLERANCE = 0.05
+"""A pulled prior that moves less than this share is left as it was (no refit for it)."""
+
 STEP_AT = len(BASE_DECODE_PRIOR)
 """Index in the decode fit of the first step's coefficient (the others follow)."""
 
@@ -92,6 +97,7 @@ class OnlineFit:
         self.observations = 0
         self._beta: tuple[float, ...] = self.prior
         self._fitted_at = 0
+        self._pulled = False
 
     REFIT_EVERY = 4
     """Observations between refits once warmed up (a refit is a few small linear solves;
@@ -101,17 +107,21 @@ class OnlineFit:
     def beta(self) -> tuple[float, ...]:
         """The fitted coefficients, refitted lazily."""
         stale = self.observations - self._fitted_at
-        if stale and (self.observations <= 16 or stale >= self.REFIT_EVERY):
+        if self._pulled or (stale and (self.observations <= 16 or stale >= self.REFIT_EVERY)):
             self._beta = self._solve()
             self._fitted_at = self.observations
+            self._pulled = False
         return self._beta
 
-    def pull(self, i: int, value: float) -> None:
+    def pull(self, i: int, value: float, *, refit: bool = False) -> None:
         """Pull coefficient ``i`` towards ``value`` (> 0) instead of its prior, from the
-        next refit on: a coefficient the data seldom informs, whose plausible size follows
-        another's."""
+        next refit on (``refit``: at the next look, when it moved by more than
+        :data:`PULL_TOLERANCE`): a coefficient the data seldom informs, whose plausible
+        size follows another's."""
         if not value > 0:
             raise ValueError("a prior must be positive")
+        if refit and not math.isclose(value, self.prior[i], rel_tol=PULL_TOLERANCE):
+            self._pulled = True
         self.prior = (*self.prior[:i], float(value), *self.prior[i + 1:])
 
     def predict(self, x: Sequence[float]) -> float:
@@ -229,6 +239,15 @@ class CostModel:
     def observe_prefill(self, rows: int, tokens: int, offset: int, seconds: float) -> None:
         if rows > 0 and tokens > 0:
             self.prefill_fit.observe(prefill_features(rows, tokens, offset), seconds)
+            # A chunk riding in the decode step goes through the same products and
+            # attention as a prompt's own forward: until riding is seen, its per-token
+            # costs are the prefill's, not a small model's prior (a 1B file's first
+            # riding chunk ran 2.3x its prediction, its streams' longest gap).
+            _, p1, p2 = self.prefill_fit.beta
+            if p1 > 0:
+                self.decode_fit.pull(3, p1, refit=True)
+            if p2 > 0:
+                self.decode_fit.pull(4, p2, refit=True)
 
     def decode(self, rows: int, kv_len: int, riding: Riding = ()) -> float:
         """A decode step of ``rows`` rows, with the prompt chunks ``riding`` in it."""

@@ -68,3 +68,26 @@ def test_a_profile_refuses_steps_out_of_order() -> None:
         CostProfile("bad", (32, 16))
     with pytest.raises(ValueError, match="increasing"):
         CostProfile("bad", (0,))
+
+
+def test_before_any_chunk_rides_its_tokens_cost_what_a_prompt_forward_taught() -> None:
+    """A model five times slower a token than the priors' small one: its first prompt's
+    forwards teach the prefill fit, and the first chunk riding in a decode step is
+    predicted at that rate, not the prior's (a 1B file's first riding tick ran 2.3x over)."""
+    costs = CostModel(profile=CPU_KERNEL, rides=True)
+    for _ in range(3):
+        costs.observe_decode(1, 100, 0.045)
+    def tokens() -> float:  # a riding chunk's tokens, without its own fixed cost
+        return costs.prefill(16, 0, overhead=False, riding=True)
+
+    prior = tokens()
+    for n, k in ((66, 0), (89, 0), (40, 89)):  # 7.5 ms a token, and attention
+        costs.observe_prefill(1, n, k, 0.03 + n * 0.0075 + n * (k + n / 2) * 8e-6)
+    assert tokens() > 3 * prior
+    assert tokens() == pytest.approx(costs.prefill(16, 0, overhead=False), rel=0.05)
+    for i in range(60):  # riding seen (4 ms a token): its own rate, whatever the prefill's
+        n = 4 + (i * 7) % 40
+        costs.observe_decode(1, 100, 0.045)
+        costs.observe_decode(1, 100, 0.045 + n * 0.004, [(n, 100)])
+    assert costs.decode(1, 100, [(16, 100)]) - costs.decode(1, 100) == pytest.approx(
+        16 * 0.004, rel=0.2)

@@ -572,6 +572,7 @@ class Engine:
         if self.failure is None:
             runner.cancel_everything()
             runner.flush_counters()
+            runner.timing.report_longest()  # the spell the stop cut short
             self.snapshot = runner.snapshot()
         if self.config.group is not None:
             self.config.group.close()

@@ -203,18 +203,14 @@ class Forwards:
         kv_len = self.batch.padded_len + 1
         costs = self.timing.costs
         step_s = costs.decode(len(rows), kv_len)
-        itl = self.objectives.itl_target_s
-        longest = itl / step_s if itl > 0 and step_s > 0 else None
-        if len(rows) == 1:
-            drafts = [drafting.plan(streams[0], rows[0].tokens, self.room(rows[0]), longest)]
-            if not drafts[0]:
-                return None
-        else:
-            drafts = drafting.plan_rows(
-                streams, [s.tokens for s in rows], [self.room(s) for s in rows],
-                lambda k: costs.decode(len(rows) * (k + 1), kv_len) / step_s, longest)
-            if not drafts:
-                return None
+        try:  # drafts are a shortcut: a fault in planning them costs the plain step, no more
+            drafts = self._plan_drafts(rows, streams, drafting, kv_len, step_s)
+        except Exception:
+            log.exception("planning drafts for %d rows failed; the plain step reads them",
+                          len(rows))
+            return None
+        if not drafts:
+            return None
         k = len(drafts[0])
         self._ahead = None  # built on a plain step: dropped unrun
         start = self.timing.timer()
@@ -246,6 +242,21 @@ class Forwards:
                                          rows=len(rows))
             drafting.observe_rows(streams, k, kept, seconds, predicted)
         return [row[:least + 1] for row in tokens]
+
+    def _plan_drafts(self, rows: list[Seq], streams: list[StreamDrafts], drafting: Drafting,
+                     kv_len: int, step_s: float) -> list[list[int]]:
+        """Each row's drafts worth verifying (as many each), or none."""
+        itl = self.objectives.itl_target_s
+        longest = itl / step_s if itl > 0 and step_s > 0 else None
+        if len(rows) == 1:
+            found = drafting.plan(streams[0], rows[0].tokens, self.room(rows[0]), longest)
+            return [found] if found else []
+        if not step_s > 0:  # a cost model that prices steps at nothing prices no verify
+            return []
+        costs = self.timing.costs
+        return drafting.plan_rows(
+            streams, [s.tokens for s in rows], [self.room(s) for s in rows],
+            lambda k: costs.decode(len(rows) * (k + 1), kv_len) / step_s, longest)
 
     def _check_parted(self) -> None:
         """After a forward raised: when the other machines had run their part of it, this

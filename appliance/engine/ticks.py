@@ -18,8 +18,9 @@ OVER_TARGET = 2.0
 """A tick that takes more than this many times its target is logged and counted (the cost
 model mispredicted, or the machine was busy): what stalls a stream shows in the log."""
 LONGEST_EVERY_S = 60.0
-"""While the engine works, the longest ticks of each such spell are logged with why they
-were long (a run's worst gaps are these ticks: docs/engine.md, "The tick log")."""
+"""While the engine works, the longest ticks in which streams decoded are logged for each
+such spell with why they were long (a run's worst gaps are these ticks: docs/engine.md,
+"The tick log"); the last spell's also when the engine stops."""
 LONGEST_KEPT = 3
 MISPREDICTED = 1.5
 """A tick whose forwards took more than this many times the cost model's prediction."""
@@ -55,7 +56,7 @@ class TickRecord:
     ride: bool = False
     """The chunks rode in the decode step's forward."""
     drafts: int = 0
-    """Draft tokens a lone stream's step verified (appliance/engine/lookup.py)."""
+    """Draft tokens the step's rows verified, all together (appliance/engine/lookup.py)."""
     kv_copies: int = 0
     """Layers of the decode batch's KV copied into new windows during the tick (growth, more
     slots, a row reaching before the window: appliance/engine/slots.py), in fresh memory:
@@ -171,9 +172,10 @@ class TickTiming:
         now = self.timer()
         if self._longest_since is None:
             self._longest_since = now
-        self.longest.append(record)
-        self.longest.sort(key=lambda r: -r.wall_s)
-        del self.longest[LONGEST_KEPT:]
+        if record.decode_rows:  # else no stream waited: a first token's wait, not a gap
+            self.longest.append(record)
+            self.longest.sort(key=lambda r: -r.wall_s)
+            del self.longest[LONGEST_KEPT:]
         if now - self._longest_since >= LONGEST_EVERY_S:
             self.report_longest()
 

@@ -317,3 +317,20 @@ def test_a_chat_turn_shows_its_first_token_before_the_ticks_next_forward(
     # and a forward of alice's document came after it in the same tick, not before it
     assert any(o.startswith("prefill:") and not o.endswith("@0") for o in order[at:at + 2]), \
         order
+
+
+def test_a_stop_in_the_middle_of_work_logs_that_spells_longest_ticks(
+        demo_model: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A run that ends with the daemon (a benchmark's last level) still names its longest
+    ticks: they are logged when the spell ends, and the stop ends it."""
+    caplog.set_level(logging.INFO, logger="appliance.engine.runner")
+    with _metered_engine(demo_model, slow_cpu) as engine:
+        q: queue.SimpleQueue = queue.SimpleQueue()  # type: ignore[type-arg]
+        engine.submit(GenerationRequest(prompt=(5, 6, 7, 8), max_tokens=STREAM_TOKENS,
+                                        sampling=_ban_eos(engine)), blocking_sink(q))
+        while not isinstance(q.get(timeout=300), TokenEvent):
+            pass
+        wait_until(lambda: len(engine.tick_log()) > 3, what="a few decode ticks")
+        assert not [r for r in caplog.records if "longest ticks" in r.getMessage()]
+    (line,) = [r.getMessage() for r in caplog.records if "longest ticks" in r.getMessage()]
+    assert "decode_rows=1" in line

@@ -22,6 +22,7 @@ from appliance.engine.request import (
 )
 from appliance.engine.runner import Runner
 from appliance.sched.budget import TickObjectives
+from appliance.sched.cost import CostModel
 from appliance.sched.scheduler import Scheduler
 from appliance.sched.types import SchedulerConfig
 
@@ -278,3 +279,14 @@ def test_rows_decoding_together_give_the_same_tokens_with_drafts(loaded: LoadedM
     together = [r for r in runner.timing.log if r.drafts and r.decode_rows > 1]
     assert together, "rows decoding together should have verified drafts"
     assert any(r.decode_rows >= 3 for r in together)
+
+
+def test_rows_serve_on_where_the_cost_model_prices_steps_at_nothing(
+        loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fit whose decode steps came to zero seconds (seen in a daemon serving jobs) was
+    divided by, which failed the tick and ended every request in flight."""
+    monkeypatch.setattr(CostModel, "decode", lambda self, rows, kv_len, riding=(): 0.0)
+    plain, _ = serve_together(loaded, 0)
+    drafted, _ = serve_together(loaded, 8)
+    assert drafted == plain
+    assert all(len(finish) == 1 and finish[0][0] != "error" for _, finish in drafted)

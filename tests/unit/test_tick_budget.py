@@ -346,6 +346,11 @@ def test_the_longest_ticks_of_a_minute_are_logged_with_why_they_were_long(
     tick(2, 0.050, 0.200, copies=29)  # a row joined: KV windows copied between forwards
     tick(3, 0.400, 0.0, ((7, 32, 900),))  # far over what a fresh cost model predicts
     tick(4, 0.020, 0.0)
+    timing.begin()  # a prompt read with nothing decoding: a first token's wait, no gap
+    start = now[0]
+    now[0] += 0.900
+    timing.forward("prefill", 1, 500, 0, start)
+    timing.end(9, 1.0, ((8, 500, 0),))
     assert [r.tick for r in timing.longest] == [3, 2, 4]
     assert not [r for r in caplog.records if "longest ticks" in r.getMessage()]
     now[0] = 61.0

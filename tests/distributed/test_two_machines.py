@@ -31,9 +31,11 @@ PROMPTS = {
     "d": "Is the back door locked?",
 }
 LONG = "Tell me a long story about a lighthouse keeper and the winter storm " * 3
-FLAGS = ("--prefill-chunk-size", "16", "--max-batch-size", "4")
+FLAGS = ("--prefill-chunk-size", "16", "--max-batch-size", "4", "--draft-tokens", "0")
 """Chunks of 16 tokens: every prompt here is read in parts, most of them riding a decode
-step."""
+step. No drafts: a group verifies none, and the one machine's random weights loop, so
+its drafts all come true and alice's long answer ended before bob's first was answered
+(greedy answers are the same tokens either way)."""
 
 
 def served(url: str) -> str:

@@ -241,6 +241,18 @@ def test_bad_arguments_get_a_clear_error(models: dict[str, Path]) -> None:
                                            [own[0]], [3], [1])
     assert decode_layer.step(layer, rows, keys, values, offset, None, 5, 2,
                              [(own[0].astype(mx.float16), own[1], 3, 1)]) is None
+    # a verify's span: two rows of two tokens each, at 5 and 6 of W = 8
+    spans = mx.concatenate([h, h])
+    assert decode_layer.step(layer, spans, keys, values, offset, None, 5, 2, span=2) is not None
+    with pytest.raises(ValueError, match="span must be at least 1 and divide"):
+        decode_layer.step(layer, spans[:3], keys, values, offset, None, 5, 2, span=2)
+    with pytest.raises(ValueError, match=r"first..at \+ span - 1 must lie in W"):
+        decode_layer.step(layer, spans, keys, values, offset, None, 7, 2, span=2)
+    with pytest.raises(ValueError, match="a span's mask"):
+        decode_layer.step(layer, spans, keys, values, offset, mx.ones((2, 1, 1, 5), mx.bool_),
+                          5, 2, span=2)
+    assert decode_layer.step(layer, spans, keys, values, offset, mx.ones((2, 1, 2, 5), mx.bool_),
+                             5, 2, span=2) is not None
 
 
 @pytest.mark.parametrize("name", ["llama3-fp32", "phi3", "gemma3_text"])

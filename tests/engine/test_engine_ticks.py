@@ -54,7 +54,10 @@ def slow_cpu(kind: str, rows: int, tokens: int, offset: int, measured: float) ->
 def _metered_engine(demo_model: Path, meter: Meter, **overrides: Any) -> Iterator[Engine]:
     """A started engine of the daemon's own assembly (``engine_config``) whose forwards are
     booked through ``meter``; stopped on the way out."""
-    settings = make_settings(demo_model, max_batch_size=8, **overrides)
+    # No drafts: the meter prices a verify as a prompt's forward, and tests that hold the
+    # engine inside a decode step would find a lone stream verifying instead (the demo
+    # model's drafts come true often enough that the four arrivals met in two ticks).
+    settings = make_settings(demo_model, max_batch_size=8, **{"draft_tokens": 0, **overrides})
     engine = Engine(engine_config(settings), meter=meter)
     engine.start()
     try:

@@ -1,18 +1,21 @@
 """Prompt lookup through a started `appliance serve` on the real SmolLM2 (4-bit: its plain
-step is the fused decode layer, its verify the chunk forward): asked to repeat a text, the
-answer is the same with drafts as without, and /metrics counts the drafts kept. A verify
-costs SmolLM2 some 2.5 plain steps on a CPU, past the default tick objective (2 steps):
-both daemons get `--itl-factor 4`, which lets drafts through."""
+step and its verify are each the fused decode layer): asked to repeat a text, alone and two
+members at once (their rows verify together), the answers are the same with drafts as
+without, and /metrics counts the drafts kept. Both daemons get `--itl-factor 4`, so that
+drafts go through however the machine's first verifies were timed."""
 
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.daemon import make_household, start_daemon
 
 TEXT = ("The lamp in the hall turns on at seven. The heating goes down at ten. "
         "The blinds in the kitchen open at eight, and the garden lights stay off.")
+OTHER = ("Water the tomatoes on Monday and Thursday. Feed the cat at six. "
+         "The bins go out on Tuesday night, the recycling every other week.")
 
 
 def _answers(model: Path, data_dir: Path, *flags: str) -> tuple[list[str], dict[str, float]]:
@@ -28,6 +31,17 @@ def _answers(model: Path, data_dir: Path, *flags: str) -> tuple[list[str], dict[
                     "max_tokens": 64, **body})
                 assert r.status_code == 200, r.text
                 answers.append(r.json()["choices"][0]["message"]["content"])
+
+        def ask(key: str, text: str) -> str:
+            with d.client(key) as c:
+                r = c.post("/v1/chat/completions", json={
+                    "messages": [{"role": "user", "content": f"Repeat this text exactly:\n\n{text}"}],
+                    "max_tokens": 64, "temperature": 0})
+                assert r.status_code == 200, r.text
+                return str(r.json()["choices"][0]["message"]["content"])
+
+        with ThreadPoolExecutor(2) as pool:  # two members at once: rows decoding together
+            answers += list(pool.map(ask, [keys["bob"], keys["alice"]], [TEXT, OTHER]))
         with d.client(keys["alice"]) as admin:
             metrics = admin.get("/metrics").text
     finally:

@@ -157,24 +157,31 @@ class Drafting:
         drafts = stream.propose(tokens, most)
         if not drafts:
             return []
-        rate = stream.rate(len(tokens))
+        return drafts[:self._best(stream.rate(len(tokens)), len(drafts), self.verify_cost,
+                                  longest)]
+
+    def _best(self, rate: float, most: int, cost: Callable[[int], float],
+              longest: float) -> int:
+        """How many drafts to verify, each coming true with chance ``rate`` given the one
+        before did, ``cost(k)`` plain steps for ``k``: the most expected tokens per step's
+        time within ``longest``, or none (after :data:`EXPLORE_EVERY` declined proposals,
+        one anyway: a look at what a verify costs now)."""
         best, best_k = 1.0, 0  # a plain step: one token for one step
         expected = 1.0
-        for k in range(1, len(drafts) + 1):
+        for k in range(1, most + 1):
             expected += rate ** k
-            cost = self.verify_cost(k)
-            if cost > longest:
+            spent = cost(k)
+            if spent > longest:
                 break
-            value = expected / cost
-            if value > best:
-                best, best_k = value, k
+            if expected / spent > best:
+                best, best_k = expected / spent, k
         if best_k == 0:
             self.declined += 1
             if self.declined < EXPLORE_EVERY or rate <= 0.5:
-                return []
-            best_k = 1  # a look at what a verify costs now
+                return 0
+            best_k = 1
         self.declined = 0
-        return drafts[:best_k]
+        return best_k
 
     def observe(self, stream: StreamDrafts, drafted: int, kept: int, seconds: float,
                 step_s: float) -> None:
@@ -210,21 +217,9 @@ class Drafting:
         for stream, tokens in zip(streams, contexts, strict=True):
             every *= stream.rate(len(tokens))
         correction = self.rows_fit.predict((1.0,))
-        best, best_k, expected = 1.0, 0, 1.0
-        for k in range(1, min(len(d) for d in drafts) + 1):
-            expected += every ** k
-            spent = cost(k) * correction
-            if spent > longest:
-                break
-            if expected / spent > best:
-                best, best_k = expected / spent, k
-        if not best_k:
-            self.declined += 1
-            if self.declined < EXPLORE_EVERY or every <= 0.5:
-                return []
-            best_k = 1  # a look at what such a verify costs now
-        self.declined = 0
-        return [d[:best_k] for d in drafts]
+        k = self._best(every, min(len(d) for d in drafts), lambda k: cost(k) * correction,
+                       longest)
+        return [d[:k] for d in drafts] if k else []
 
     def observe_rows(self, streams: Sequence[StreamDrafts], drafted: int, kept: Sequence[int],
                      seconds: float, predicted_s: float) -> None:

@@ -5,6 +5,10 @@ flood, a failing accept loop) must not write hundreds of megabytes of tracebacks
 template and exception type) per ``period`` seconds; the rest are counted, and the first
 record let through after a quiet spell says how many were suppressed. Records carry ids and
 numbers only (see STYLE.md), so grouping by template loses nothing a reader needs.
+
+Debug records pass whole: an admin turns debug on to read every line (the tick log writes
+one a tick under one template, which the limit cut to ten a minute), and a flood's records
+are warnings and errors.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ class RepeatFilter(logging.Filter):
         self._windows: dict[Key, list[float | int]] = {}  # key -> [window start, passed, dropped]
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.INFO:
+            return True
         exc = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else ""
         key: Key = (record.name, record.levelno, str(record.msg), exc)
         now = self._clock()

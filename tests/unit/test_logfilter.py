@@ -7,8 +7,9 @@ import logging
 from appliance.logfilter import RepeatFilter
 
 
-def record(msg: str = "accept failed on fd %d", name: str = "asyncio") -> logging.LogRecord:
-    return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, (3,), None)
+def record(msg: str = "accept failed on fd %d", name: str = "asyncio",
+           level: int = logging.ERROR) -> logging.LogRecord:
+    return logging.LogRecord(name, level, __file__, 1, msg, (3,), None)
 
 
 def test_a_repeated_record_passes_a_burst_then_is_counted_and_reported() -> None:
@@ -28,3 +29,12 @@ def test_memory_stays_bounded_with_many_kinds() -> None:
     for i in range(10_000):
         f.filter(record(f"message {i}"))
     assert len(f._windows) <= 100
+
+
+def test_debug_records_pass_whole() -> None:
+    # the tick log at debug: one line a tick under one template, every one wanted
+    f = RepeatFilter(burst=10, period=60.0, clock=lambda: 0.0)
+    ticks = record("%s", "appliance.engine.runner", logging.DEBUG)
+    assert all(f.filter(ticks) for _ in range(1000))
+    info = record("%s", "appliance.engine.runner", logging.INFO)
+    assert sum(f.filter(info) for _ in range(1000)) == 10

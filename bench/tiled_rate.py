@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import summary
 from bench.serve import positive_ints
 
 Shape = tuple[int, int, int]  # n (output columns), k (input width), bits
@@ -109,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--cold-mib", type=int, default=256,
                    help="the copies' size in all (past the last-level cache)")
-    from bench import summary
-
     summary.add_arguments(p)
     a = p.parse_args(argv)
     import mlx.core as mx

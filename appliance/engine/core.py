@@ -395,31 +395,35 @@ class Engine:
         The fairness counters carry over; the prompt cache and grammar checks do not."""
         import gc
 
-        from appliance.engine.runner import Runner
-
         log.info("model switch: loading %s", path)
         loaded = load_model(path, self.config.ctx_size, fast_cpu_ops=self.config.fast_cpu_ops,
                             native=self.config.native)
-        runner = Runner(loaded, Scheduler(self._sched_config(loaded)), self._clock,
-                        self._fault, self._on_finish, usage=self.usage, on_done=self._done,
-                        on_counters=self._on_counters,
-                        prompt_cache_entries=self.config.prompt_cache_entries,
-                        meter=self._meter, drafts=self.config.draft_tokens)
+        runner = self._runner_for(loaded, self._sched_config(loaded))
         old.flush_counters()
         runner.scheduler.counters.restore(old.scheduler.counters.snapshot())
         self._runner = runner
         self.loaded = loaded
-        pad = loaded.tokenizer.pad_token_id
         if self._embedder is not None:
             self._embedder.fail_all("the model was changed")
-        self._embedder = Embedder(loaded.model, pad if pad is not None else
-                                  next(iter(loaded.eos_token_ids), 0))
+        self._embedder = _embedder_for(loaded)
         with self._lock:
             self._grammar_checks.clear()
         self.snapshot = runner.snapshot()
         gc.collect()  # the old model's arrays go now, not at some later collection
         log.info("model switch: serving %s", loaded.name)
         return loaded
+
+    def _runner_for(self, loaded: LoadedModel, sched: SchedulerConfig,
+                    link: Any = None) -> Runner:
+        """The runner of ``loaded``, at start and at a model switch alike."""
+        from appliance.engine.runner import Runner
+
+        return Runner(loaded, Scheduler(sched), self._clock, self._fault, self._on_finish,
+                      usage=self.usage, on_done=self._done, on_counters=self._on_counters,
+                      # across machines a cached prefix would need its KV on each
+                      prompt_cache_entries=0 if link is not None
+                      else self.config.prompt_cache_entries,
+                      meter=self._meter, link=link, drafts=self.config.draft_tokens)
 
     def _sched_config(self, loaded: LoadedModel) -> SchedulerConfig:
         sched = self.config.scheduler
@@ -507,8 +511,6 @@ class Engine:
 
     # ---- the engine thread ----
     def _main(self) -> None:
-        from appliance.engine.runner import Runner
-
         try:
             import psutil
 
@@ -527,23 +529,14 @@ class Engine:
             sched = self._sched_config(self.loaded)
             log.info("kv budget: %s bytes (%s tokens)", self.kv_budget_bytes,
                      sched.kv_budget_tokens)
-            runner = Runner(self.loaded, Scheduler(sched), self._clock, self._fault,
-                            self._on_finish, usage=self.usage, on_done=self._done,
-                            on_counters=self._on_counters,
-                            # across machines a cached prefix would need its KV on each
-                            prompt_cache_entries=0 if link is not None
-                            else self.config.prompt_cache_entries,
-                            meter=self._meter, link=link, drafts=self.config.draft_tokens)
+            runner = self._runner_for(self.loaded, sched, link)
         except BaseException as exc:  # reported to start()'s caller
             self._load_error = exc
             self._ready.set()
             return
         self._runner = runner
-        tokenizer = self.loaded.tokenizer
-        pad = tokenizer.pad_token_id
         if link is None:  # embeddings read the whole model at once: not across machines
-            self._embedder = Embedder(self.loaded.model, pad if pad is not None else
-                                      next(iter(self.loaded.eos_token_ids), 0))
+            self._embedder = _embedder_for(self.loaded)
         self._cancel_all = False
         self._beat = time.monotonic()
         self._ready.set()
@@ -639,3 +632,7 @@ class Engine:
                 return out
 
 
+def _embedder_for(loaded: LoadedModel) -> Embedder:
+    """The embeddings' reader of ``loaded``, padding with its pad token (else an EOS)."""
+    pad = loaded.tokenizer.pad_token_id
+    return Embedder(loaded.model, pad if pad is not None else next(iter(loaded.eos_token_ids), 0))

@@ -52,7 +52,8 @@ def test_sigterm_lets_running_and_queued_requests_finish_then_exits_0(
 
 def test_logs_carry_no_password_key_or_text(tiny_model: Path, tmp_path: Path) -> None:
     keys = make_household(tmp_path)
-    d = start_daemon(tiny_model, tmp_path, "--log-level", "debug")
+    # no drafts: every one of the answer's 24 tokens is a tick of its own
+    d = start_daemon(tiny_model, tmp_path, "--log-level", "debug", "--draft-tokens", "0")
     secret_prompt = "PINEAPPLE-ZEPPELIN-4471"
     with d.client(keys["bob"]) as c:
         reply = c.post("/v1/chat/completions", json={
@@ -68,6 +69,8 @@ def test_logs_carry_no_password_key_or_text(tiny_model: Path, tmp_path: Path) ->
     assert d.terminate() == 0
     log = d.log.read_text()
     assert "request finished" in log  # the log is not simply empty
+    # debug shows every tick, not the repeat filter's ten a minute
+    assert len(re.findall(r"DEBUG appliance\.engine\.runner: tick=\d+ ", log)) > 10, log[-2000:]
     for secret in (PASSWORD, keys["alice"], keys["bob"], secret_prompt, "PINEAPPLE"):
         assert secret not in log
     if len(answer.strip()) >= 12:

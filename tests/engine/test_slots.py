@@ -14,7 +14,7 @@ import pytest
 
 from appliance.engine.batch import DecodeBatch, new_sequence_cache, prefill
 from appliance.engine.model import load_model
-from appliance.engine.slots import _copy
+from appliance.engine.slots import SlotBatch
 from tests.devices import EXACT_BATCHES
 from tests.helpers import NATIVE
 
@@ -213,15 +213,34 @@ def test_a_row_taken_out_holds_its_own_kv(model: Any) -> None:
         assert mx.allclose(mine.values, theirs.values[..., :51, :], atol=ATOL).item()
 
 
-def test_a_row_spanning_its_whole_window_is_copied_out() -> None:
-    """Such a row's view is contiguous, and ``mx.contiguous`` would hand back the batch's
-    own buffer, which a leave then writes in place."""
-    buffer = mx.zeros((2, 3, 8, 4)) + 1
-    mx.eval(buffer)
-    row = _copy(buffer[0:1, :, 0:8, :], 8)
-    mx.eval(row)
-    np.asarray(buffer)[0] = 7
-    assert (np.asarray(row) == 1).all()
+def _rows(lengths: list[int], dtype: Any) -> list[list[tuple[mx.array, mx.array]]]:
+    """Rows of two layers, every position of row ``r`` holding ``r + 1`` (values negated)."""
+    return [[(mx.full((1, 2, n, 4), r + 1, dtype), mx.full((1, 2, n, 4), -(r + 1), dtype))
+             for _ in range(2)] for r, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
+def test_rows_leave_and_are_taken_out_in_every_kv_dtype(
+        dtype: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bfloat16 (a Mac's KV) has no NumPy dtype: a row leaving such a batch raised. Rows
+    past the new end fill the holes, each moved once; a copy taken out is its own."""
+    batch = SlotBatch(2, 4)
+    batch.join(_rows([5, 7, 6, 3], dtype))
+    taken = batch.extract(1)
+    assert [c.offset for c in taken] == [7, 7] and taken[0].keys.dtype == dtype
+    moves: list[list[tuple[int, int]]] = []
+    move = batch._move
+    monkeypatch.setattr(batch, "_move", lambda m: (moves.append(m), move(m)))
+    assert batch.remove({0, 1, 2}) == [3]
+    assert moves == [[(3, 0)]]
+    for c in batch.layers:
+        keys, values = c.row(0)
+        assert keys.shape[2] == 3 and keys.dtype == dtype
+        assert (np.array(keys.astype(mx.float32)) == 4).all()
+        assert (np.array(values.astype(mx.float32)) == -4).all()
+    for c in taken:  # written over by the move, the batch's slot 1 is not the copy's
+        assert (np.array(c.keys.astype(mx.float32)) == 2).all()
+        assert (np.array(c.values.astype(mx.float32)) == -2).all()
 
 
 @EXACT_BATCHES

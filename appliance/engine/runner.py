@@ -195,6 +195,7 @@ class Runner:
         now = self.clock()
         self.timing.begin()
         copies = self.batch.kv_copies
+        rows = set(self.batch.rids)
         cached = self.prompt_cache.nbytes if self.prompt_cache else 0
         plan = self.scheduler.step(now, self._views(),
                                    cache_tokens=cached // self.loaded.kv_bytes_per_token,
@@ -212,8 +213,10 @@ class Runner:
         self.ticks += 1
         self._counters_dirty = True
         budget = self.scheduler.budget
+        now_rows = set(self.batch.rids)
         self.timing.end(self.ticks, None if budget is None else budget.target_s, chunks,
-                        plan.ride, self.batch.kv_copies - copies)
+                        plan.ride, self.batch.kv_copies - copies,
+                        left=len(rows - now_rows), joined=len(now_rows - rows))
         if now - self._counters_at >= COUNTERS_EVERY_S:
             self.flush_counters()
             self._counters_at = now

@@ -61,6 +61,12 @@ class TickRecord:
     """Layers of the decode batch's KV copied into new windows during the tick (growth, more
     slots, a row reaching before the window: appliance/engine/slots.py), in fresh memory:
     in a VM some 100 ms each for long windows, inside a forward or between them."""
+    left: int = 0
+    """Rows that left the decode batch during the tick (finished, failed or preempted):
+    each one's KV copied into the prompt cache and its slot filled, with its stream's end
+    handed to the event loop, the host work a finishing tick shows."""
+    joined: int = 0
+    """Rows that joined the decode batch during the tick."""
 
     @property
     def why(self) -> str:
@@ -81,7 +87,8 @@ class TickRecord:
                 f"predicted_ms={self.predicted_s * 1e3:.0f} "
                 f"target_ms={(self.target_s or 0) * 1e3:.0f} decode_rows={self.decode_rows} "
                 f"ride={self.ride} chunks={chunks} drafts={self.drafts} "
-                f"kv_copies={self.kv_copies} why={self.why}")
+                f"kv_copies={self.kv_copies} left={self.left} joined={self.joined} "
+                f"why={self.why}")
 
 
 class TickTiming:
@@ -151,15 +158,17 @@ class TickTiming:
 
     def end(self, tick: int, target_s: float | None,
             chunks: Sequence[tuple[int, int, int]] = (), ride: bool = False,
-            kv_copies: int = 0) -> TickRecord:
+            kv_copies: int = 0, left: int = 0, joined: int = 0) -> TickRecord:
         """Record the tick; ``chunks``: the prompt chunks it read, (request id, tokens,
-        positions already read) each; ``kv_copies``: KV layers copied into new windows."""
+        positions already read) each; ``kv_copies``: KV layers copied into new windows;
+        ``left``, ``joined``: rows that left and joined the decode batch."""
         record = TickRecord(target_s=target_s, predicted_s=self._predicted,
                             measured_s=self._measured, decode_rows=self._rows,
                             prefill_tokens=sum(n for _, n, _ in chunks),
                             wait_s=self._waited, wall_s=self.timer() - self._began,
                             tick=tick, chunks=tuple(chunks), ride=ride,
-                            drafts=self._drafts, kv_copies=kv_copies)
+                            drafts=self._drafts, kv_copies=kv_copies, left=left,
+                            joined=joined)
         self.log.append(record)
         log.debug("%s", record.describe())
         if target_s is not None and record.measured_s > OVER_TARGET * target_s:

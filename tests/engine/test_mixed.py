@@ -266,3 +266,20 @@ def test_a_document_read_beside_streams_joins_them_without_a_copy(demo_model: Pa
     assert max(copied) < layers, copied
     logged = [r.kv_copies for r in runner.timing.log][-len(copied) - 1:-1]
     assert logged == copied, "the tick log names each tick's copies"
+
+
+def test_the_tick_log_counts_the_rows_that_join_and_leave(demo_model: Path) -> None:
+    """A tick in which rows finish does host work the cost model does not see (their KV
+    copied into the prompt cache, their slots filled, their streams ended): the tick log
+    says how many rows left and joined, so such a tick explains its own length."""
+    loaded = load_model(demo_model, fast_cpu_ops=True, native=NATIVE)
+    runner = Runner(loaded, Scheduler(SchedulerConfig()), time.monotonic, None)
+    for prompt, n in (([5, 6, 7, 8], 3), ([9, 10, 11], 4), ([12, 13], 9)):
+        runner.take([RequestHandle(GenerationRequest(prompt=tuple(prompt), max_tokens=n),
+                                   lambda _event: None)])
+    while runner.tick():
+        pass
+    log = list(runner.timing.log)
+    assert sum(r.joined for r in log) == 3 and sum(r.left for r in log) == 3
+    assert log[-1].left >= 1 and log[-1].decode_rows >= 1  # the last row ended in the last
+    assert "left=" in log[-1].describe() and "joined=" in log[-1].describe()

@@ -333,17 +333,17 @@ def test_the_longest_ticks_of_a_minute_are_logged_with_why_they_were_long(
     timing = TickTiming(CostModel(), lambda: now[0], None)
 
     def tick(n: int, forward_s: float, host_s: float, chunks: tuple = (),
-             copies: int = 0) -> None:
+             copies: int = 0, left: int = 0) -> None:
         timing.begin()
         start = now[0]
         now[0] += forward_s
         timing.forward("decode", 2, 1, 100, start)
         now[0] += host_s
-        timing.end(n, 1.0, chunks, ride=bool(chunks), kv_copies=copies)
+        timing.end(n, 1.0, chunks, ride=bool(chunks), kv_copies=copies, left=left)
 
     caplog.set_level(logging.INFO, logger="appliance.engine.runner")
     tick(1, 0.010, 0.0)
-    tick(2, 0.050, 0.200, copies=29)  # a row joined: KV windows copied between forwards
+    tick(2, 0.050, 0.200, copies=29, left=2)  # KV windows copied, two rows finished
     tick(3, 0.400, 0.0, ((7, 32, 900),))  # far over what a fresh cost model predicts
     tick(4, 0.020, 0.0)
     timing.begin()  # a prompt read with nothing decoding: a first token's wait, no gap
@@ -357,7 +357,7 @@ def test_the_longest_ticks_of_a_minute_are_logged_with_why_they_were_long(
     tick(5, 0.001, 0.0)
     (line,) = [r.getMessage() for r in caplog.records if "longest ticks" in r.getMessage()]
     assert "tick=3 wall_ms=400" in line and "chunks=7:32@900" in line and "ride=True" in line
-    assert "tick=2 wall_ms=250" in line and "kv_copies=29 why=host" in line
+    assert "tick=2 wall_ms=250" in line and "kv_copies=29 left=2 joined=0 why=host" in line
     assert timing.longest == []  # a new minute
     timing.report_longest()  # idle: nothing since, nothing logged
     assert len([r for r in caplog.records if "longest ticks" in r.getMessage()]) == 1

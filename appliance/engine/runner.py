@@ -538,11 +538,13 @@ class Runner:
         s.handle.emit(FinishEvent(reason, usage, tail, error, ttft, s.preemptions,
                                   queue_s=queued, unavailable=unavailable))
         self._done(s.handle)
+        # itl_max_ms: the longest gap between its tokens as the engine made them; a longer
+        # one seen by the client arose after the engine (the event loop, the network).
         log.info("request finished rid=%d id=%s reason=%s prompt_tokens=%d output_tokens=%d "
-                 "ttft_ms=%s preemptions=%d", s.rid, s.handle.request.request_id, reason,
-                 usage.prompt_tokens,
+                 "ttft_ms=%s itl_max_ms=%s preemptions=%d", s.rid,
+                 s.handle.request.request_id, reason, usage.prompt_tokens,
                  usage.completion_tokens, "-" if ttft is None else f"{ttft * 1000:.1f}",
-                 s.preemptions)
+                 f"{max(s.itl) * 1000:.1f}" if s.itl else "-", s.preemptions)
 
     def _preempt(self, s: Seq, keep_kv: bool = False) -> None:
         """Back to the queue with its tokens kept. Its KV is freed and rebuilt on

@@ -69,6 +69,8 @@ def test_logs_carry_no_password_key_or_text(tiny_model: Path, tmp_path: Path) ->
     assert d.terminate() == 0
     log = d.log.read_text()
     assert "request finished" in log  # the log is not simply empty
+    # the longest gap between the answer's tokens as the engine made them: 23 gaps
+    assert re.search(r"request finished .* itl_max_ms=\d+\.\d ", log), log[-2000:]
     # debug shows every tick, not the repeat filter's ten a minute
     assert len(re.findall(r"DEBUG appliance\.engine\.runner: tick=\d+ ", log)) > 10, log[-2000:]
     for secret in (PASSWORD, keys["alice"], keys["bob"], secret_prompt, "PINEAPPLE"):

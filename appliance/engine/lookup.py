@@ -36,6 +36,14 @@ fitted on a 2-core Zen 4: a 1B Q4_K_M file 0.9-1.2 + 0.2-0.3, SmolLM2 1.7-1.9 +
 0.16-0.4). Fitted from each verify; from this prior a stream first drafts two tokens, and
 a device where drafts are nearly free learns it."""
 
+ROWS_PRIOR = 2.0
+"""Several rows' verify over the cost model's price of it (the rows' step with the drafts
+riding): on a 2-core Zen 5 serving SmolLM2 to four clients, every such verify ran 2-3x it
+(four rows with a draft each 40-52 ms, a plain step of the four 14), and each was its
+streams' longest gap, for the first of each run was planned at a ratio of 1. From 2 they
+wait for exploration (:data:`EXPLORE_EVERY`), and a device where they are cheap learns
+it from that one."""
+
 PRIOR_WEIGHT = 4.0
 """A stream's drafts are expected to come true as often as its text has repeated the
 earlier occurrence (:meth:`StreamDrafts.prior`), as if seen this many times, besides its
@@ -132,9 +140,9 @@ class Drafting:
         self.longest = longest
         self.verify_fit = OnlineFit(VERIFY_PRIOR, forget=0.9)
         """A verify's seconds over a plain step's predicted seconds, by draft tokens."""
-        self.rows_fit = OnlineFit((1.0,), forget=0.9)
-        """Several rows' verify: its seconds over the cost model's prediction of a step of
-        all its tokens."""
+        self.rows_fit = OnlineFit((ROWS_PRIOR,), forget=0.9)
+        """Several rows' verify: its seconds over the cost model's prediction of their
+        step with the drafts riding in it (appliance/engine/forwards.py)."""
         self.drafted = 0
         self.accepted = 0
         self.verifies = 0

@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from appliance.engine.lookup import ACCEPT_MEMORY, EXPLORE_EVERY, Drafting, StreamDrafts
+from appliance.engine.lookup import (
+    ACCEPT_MEMORY,
+    EXPLORE_EVERY,
+    ROWS_PRIOR,
+    Drafting,
+    StreamDrafts,
+)
 from appliance.engine.model import LoadedModel, load_model
 from appliance.engine.request import (
     FinishEvent,
@@ -98,15 +104,18 @@ def test_a_verify_once_dear_is_looked_at_again() -> None:
 def test_rows_draft_as_many_each_while_that_pays_and_look_again_after_a_dear_verify(
         ) -> None:
     """Several rows: as many drafts each, as far as the row with fewest goes, while the
-    chance that every row's drafts come true pays for the step of all their tokens; after
+    chance that every row's drafts come true pays for their step with the drafts; after
     a verify dearer than its prediction, declined until EXPLORE_EVERY proposals."""
     rows = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], [5, 6, 7, 5, 6]]
     sure = [StreamDrafts(accepted=100.0, tried=100.0) for _ in rows]
     drafting = Drafting(8, longest=2.0)
 
-    def cost(k: int) -> float:  # the cost model's: a step of 2(k + 1) rows over one of 2
-        return 1.0 + 0.3 * k
+    def cost(k: int) -> float:  # the cost model's: 2 rows with 2k drafts riding, over 2 rows
+        return 0.5 + 0.15 * k  # times the fitted ratio, from ROWS_PRIOR (2): 1 + 0.3k steps
 
+    assert ROWS_PRIOR == 2.0
+    dear = Drafting(8, longest=2.0)  # twice the price of one draft a row is over a tick
+    assert dear.plan_rows(sure, rows, [100, 100], lambda k: 1.0 + 0.3 * k) == []
     assert drafting.plan_rows(sure, rows, [100, 100], cost) == [[4, 5, 6], [7, 5, 6]]
     assert drafting.plan_rows(sure, rows, [100, 3], cost) == [[4, 5], [7, 5]]
     assert drafting.plan_rows([sure[0], StreamDrafts()], [rows[0], [1, 2, 3]], [100, 100],
@@ -114,7 +123,7 @@ def test_rows_draft_as_many_each_while_that_pays_and_look_again_after_a_dear_ver
     doubtful = [StreamDrafts(accepted=0.0, tried=100.0) for _ in rows]
     assert drafting.plan_rows(doubtful, rows, [100, 100], cost) == []
     drafting.declined = 0
-    drafting.observe_rows(sure, 3, [3, 1], seconds=3.0, predicted_s=1.0)
+    drafting.observe_rows(sure, 3, [3, 1], seconds=6.0, predicted_s=1.0)  # 3x the prior
     assert drafting.accepted == 2 and drafting.drafted == 6
     assert all(drafting.plan_rows(sure, rows, [100, 100], cost) == []
                for _ in range(EXPLORE_EVERY - 1))

@@ -299,3 +299,17 @@ def test_rows_serve_on_where_the_cost_model_prices_steps_at_nothing(
     drafted, _ = serve_together(loaded, 8)
     assert drafted == plain
     assert all(len(finish) == 1 and finish[0][0] != "error" for _, finish in drafted)
+
+
+def test_rows_verify_together_only_when_their_drafts_riding_are_worth_it(
+        loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several rows' verify is priced as their step with the drafts riding in it, as a
+    prompt's tokens ride: where riding tokens are dear (a CPU's 16-bit products) no rows
+    verify together, though a step of all their tokens as rows would cost one step."""
+    monkeypatch.setattr("appliance.engine.lookup.EXPLORE_EVERY", 1 << 30)
+    monkeypatch.setattr(CostModel, "decode", lambda self, rows, kv_len, riding=():
+                        0.01 + 0.05 * sum(n for n, _ in riding))
+    plain, _ = serve_together(loaded, 0)
+    drafted, runner = serve_together(loaded, 8)
+    assert drafted == plain
+    assert not [r for r in runner.timing.log if r.drafts and r.decode_rows > 1]
